@@ -1,0 +1,172 @@
+#include "checks.h"
+
+#include <c10/util/Exception.h>
+#include <cmath>
+#include <sstream>
+
+namespace fa2 {
+namespace {
+
+std::string shape_str(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+void check_dtype_for_device(const at::Tensor& q) {
+  const auto dt = q.scalar_type();
+  if (q.is_cuda()) {
+    TORCH_CHECK_TYPE(dt == at::kHalf || dt == at::kBFloat16,
+                     "fa2: q must be float16 or bfloat16 on CUDA (the kernels accumulate in fp32), got ", dt,
+                     "; cast with q.half()/q.bfloat16(), or run float32/float64 on the CPU");
+  } else {
+    TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+                     "fa2: q must be float32, float16, bfloat16 or float64 on ", q.device().type(), ", got ", dt);
+  }
+}
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK_VALUE(q.dim() == 4, "fa2: q must have 4 dims (batch, seqlen_q, nheads, headdim), got ", q.dim(),
+                    " dims with shape ", shape_str(q));
+  TORCH_CHECK_VALUE(k.dim() == 4, "fa2: k must have 4 dims (batch, seqlen_k, nheads_k, headdim), got ", k.dim(),
+                    " dims with shape ", shape_str(k));
+  TORCH_CHECK_VALUE(v.dim() == 4, "fa2: v must have 4 dims (batch, seqlen_k, nheads_k, headdim), got ", v.dim(),
+                    " dims with shape ", shape_str(v));
+  TORCH_CHECK(k.device() == q.device(), "fa2: k must be on the same device as q (", q.device(), "), got ",
+              k.device());
+  TORCH_CHECK(v.device() == q.device(), "fa2: v must be on the same device as q (", q.device(), "), got ",
+              v.device());
+  check_dtype_for_device(q);
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), "fa2: k must have q's dtype (", q.scalar_type(), "), got ",
+                   k.scalar_type());
+  TORCH_CHECK_TYPE(v.scalar_type() == q.scalar_type(), "fa2: v must have q's dtype (", q.scalar_type(), "), got ",
+                   v.scalar_type());
+
+  const int64_t batch = q.size(0), headdim = q.size(3);
+  TORCH_CHECK_VALUE(k.size(0) == batch && v.size(0) == batch, "fa2: batch size mismatch: q has ", batch,
+                    ", k has ", k.size(0), ", v has ", v.size(0));
+  TORCH_CHECK_VALUE(k.size(1) == v.size(1), "fa2: k and v must have the same seqlen_k (dim 1), got ", k.size(1),
+                    " and ", v.size(1));
+  TORCH_CHECK_VALUE(k.size(2) == v.size(2), "fa2: k and v must have the same nheads_k (dim 2), got ", k.size(2),
+                    " and ", v.size(2));
+  TORCH_CHECK_VALUE(k.size(3) == headdim && v.size(3) == headdim, "fa2: headdim (dim 3) must match: q has ",
+                    headdim, ", k has ", k.size(3), ", v has ", v.size(3));
+  TORCH_CHECK_VALUE(headdim >= 1 && headdim <= 256, "fa2: headdim must be in [1, 256], got ", headdim);
+  const int64_t nheads = q.size(2), nheads_k = k.size(2);
+  TORCH_CHECK_VALUE(nheads_k >= 1 || nheads == 0, "fa2: k must have at least one head, got nheads_k=", nheads_k);
+  TORCH_CHECK_VALUE(nheads_k == 0 || nheads % nheads_k == 0,
+                    "fa2: nheads (q.size(2)=", nheads, ") must be a multiple of nheads_k (k.size(2)=", nheads_k,
+                    ") for GQA/MQA");
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"v", v}}) {
+    TORCH_CHECK_VALUE(t.stride(3) == 1 || t.size(3) == 1, "fa2: ", name,
+                      " must be contiguous in its last dim (stride(-1) == 1), got strides ", t.strides(),
+                      "; call .contiguous() on it");
+  }
+}
+
+void check_flags(std::optional<double> scale, int64_t window_left, int64_t window_right, double softcap) {
+  if (scale.has_value()) {
+    TORCH_CHECK_VALUE(std::isfinite(*scale), "fa2: scale must be a finite number, got ", *scale);
+  }
+  TORCH_CHECK_VALUE(window_left >= -1, "fa2: window_left must be >= -1 (-1 = unbounded), got ", window_left);
+  TORCH_CHECK_VALUE(window_right >= -1, "fa2: window_right must be >= -1 (-1 = unbounded), got ", window_right);
+  TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0,
+                    "fa2: softcap must be a finite number >= 0 (0 = off), got ", softcap);
+}
+
+// View attn_bias as (batch, nheads, seqlen_q, seqlen_k), stride 0 on broadcast dims.
+at::Tensor broadcast_bias(const at::Tensor& bias, const at::Tensor& q, int64_t seqlen_k) {
+  TORCH_CHECK(bias.device() == q.device(), "fa2: attn_bias must be on q's device (", q.device(), "), got ",
+              bias.device());
+  const auto bt = bias.scalar_type();
+  TORCH_CHECK_TYPE(bt == q.scalar_type() || bt == at::kFloat || bt == at::kBool,
+                   "fa2: attn_bias must be bool (True = keep), float32 or q's dtype (", q.scalar_type(), "), got ",
+                   bt);
+  const std::array<int64_t, 4> target{q.size(0), q.size(2), q.size(1), seqlen_k};
+  TORCH_CHECK_VALUE(bias.dim() <= 4, "fa2: attn_bias must have at most 4 dims (batch, nheads, seqlen_q, seqlen_k), "
+                    "got shape ", shape_str(bias));
+  std::vector<int64_t> sizes(4, 1), strides(4, 0);
+  const int64_t offset = 4 - bias.dim();
+  for (int64_t d = 0; d < bias.dim(); ++d) {
+    sizes[d + offset] = bias.size(d);
+    strides[d + offset] = bias.stride(d);
+  }
+  for (int d = 0; d < 4; ++d) {
+    TORCH_CHECK_VALUE(sizes[d] == target[d] || sizes[d] == 1,
+                      "fa2: attn_bias of shape ", shape_str(bias),
+                      " is not broadcastable to (batch, nheads, seqlen_q, seqlen_k) = (", target[0], ", ",
+                      target[1], ", ", target[2], ", ", target[3], ")");
+    if (sizes[d] == 1) strides[d] = 0;
+  }
+  return bias.as_strided({target[0], target[1], target[2], target[3]}, strides, bias.storage_offset());
+}
+
+}  // namespace
+
+AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
+                                  bool causal, int64_t window_left, int64_t window_right, double softcap) {
+  check_qkv(q, k, v);
+  check_flags(scale, window_left, window_right, softcap);
+  AttentionProblem p;
+  p.batch = q.size(0);
+  p.seqlen_q = q.size(1);
+  p.nheads = q.size(2);
+  p.headdim = q.size(3);
+  p.seqlen_k = k.size(1);
+  p.nheads_k = k.size(2);
+  p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.headdim));
+  p.softcap = softcap;
+  p.causal = causal;
+  p.window_left = window_left;
+  // Causal is the window [.., i + sk - sq]: intersect it with a given right window.
+  p.window_right = causal ? (window_right < 0 ? 0 : std::min<int64_t>(window_right, 0)) : window_right;
+  if (attn_bias.has_value() && attn_bias->defined()) {
+    p.bias = broadcast_bias(*attn_bias, q, p.seqlen_k);
+  }
+  return p;
+}
+
+AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                  const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
+                                  bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                  bool bias_requires_grad) {
+  AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {
+    TORCH_CHECK_VALUE(t.sizes() == q.sizes(), "fa2.bwd: ", name, " must have q's shape ", shape_str(q), ", got ",
+                      shape_str(t));
+    TORCH_CHECK(t.device() == q.device(), "fa2.bwd: ", name, " must be on q's device (", q.device(), "), got ",
+                t.device());
+    TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "fa2.bwd: ", name, " must have q's dtype (",
+                     q.scalar_type(), "), got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.numel() == 0 || t.stride(3) == 1 || t.size(3) == 1, "fa2.bwd: ", name,
+                      " must be contiguous in its last dim, got strides ", t.strides());
+  }
+  TORCH_CHECK_VALUE(lse.dim() == 3 && lse.size(0) == p.batch && lse.size(1) == p.nheads && lse.size(2) == p.seqlen_q,
+                    "fa2.bwd: lse must have shape (batch, nheads, seqlen_q) = (", p.batch, ", ", p.nheads, ", ",
+                    p.seqlen_q, "), got ", shape_str(lse));
+  TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat, "fa2.bwd: lse must be float32, got ", lse.scalar_type());
+  TORCH_CHECK(lse.device() == q.device(), "fa2.bwd: lse must be on q's device (", q.device(), "), got ",
+              lse.device());
+  if (bias_requires_grad) {
+    TORCH_CHECK_VALUE(p.bias.has_value(), "fa2.bwd: bias_requires_grad=True needs an attn_bias");
+    TORCH_CHECK_TYPE(attn_bias->scalar_type() != at::kBool,
+                     "fa2.bwd: a bool attn_bias has no gradient (bias_requires_grad must be False)");
+  }
+  return p;
+}
+
+at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bias) {
+  // Sum over every dim the bias was broadcast along, then restore the bias's own shape and dtype.
+  const int64_t offset = 4 - attn_bias.dim();
+  std::vector<int64_t> reduce_dims;
+  for (int64_t d = 0; d < 4; ++d) {
+    const int64_t given = d < offset ? 1 : attn_bias.size(d - offset);
+    if (given == 1 && dbias_full.size(d) != 1) reduce_dims.push_back(d);
+  }
+  at::Tensor r = reduce_dims.empty() ? dbias_full : dbias_full.sum(reduce_dims, /*keepdim=*/true);
+  return r.reshape(attn_bias.sizes()).to(attn_bias.scalar_type());
+}
+
+}  // namespace fa2

@@ -1,0 +1,37 @@
+// Input checks shared by every backend (written once: CPU and CUDA both call these).
+// Every failure raises a Python exception (RuntimeError/ValueError) naming the argument, what was expected and
+// what was given.
+#pragma once
+#include <ATen/ATen.h>
+#include <optional>
+
+namespace fa2 {
+
+// Sizes and flags of one attention call after validation. The causal flag is folded into the window:
+// query i sees key j iff  i + sk - sq - window_left <= j <= i + sk - sq + window_right,  -1 = unbounded.
+struct AttentionProblem {
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, nheads = 0, nheads_k = 0, headdim = 0;
+  double scale = 1.0;       // resolved (headdim ** -0.5 when not given)
+  double softcap = 0.0;     // 0 = off
+  bool causal = false;      // as given (already folded into window_right)
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // attn_bias as a (batch, nheads, seqlen_q, seqlen_k) view with stride 0 on broadcast dims: never materialized.
+  std::optional<at::Tensor> bias;
+};
+
+AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
+                                  bool causal, int64_t window_left, int64_t window_right, double softcap);
+
+// Checks the forward's inputs again plus dout/out/lse, and that dbias can be produced when asked for.
+AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                  const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
+                                  bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                  bool bias_requires_grad);
+
+// Reduces a full (batch, nheads, seqlen_q, seqlen_k) float32 gradient to the shape/dtype of the bias as given.
+at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bias);
+
+}  // namespace fa2

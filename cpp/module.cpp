@@ -1,0 +1,21 @@
+// The pybind11 module fa2._C: importing it registers the ops (TORCH_LIBRARY in ops.cpp and the backends).
+// It holds no logic beyond reporting what this build contains.
+#include <pybind11/pybind11.h>
+
+#include "fa2_build_info.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fa2 native extension: registers torch.ops.fa2.* and reports build information";
+  m.def("build_info", []() {
+    py::dict d;
+    d["version"] = FA2_VERSION;
+    d["torch_version"] = FA2_BUILT_TORCH_VERSION;
+    d["torch_cuda"] = FA2_BUILT_TORCH_CUDA;
+    d["with_cuda"] = static_cast<bool>(FA2_BUILT_WITH_CUDA);
+    d["cuda_archs"] = FA2_BUILT_CUDA_ARCHS;
+    d["kernels"] = FA2_BUILT_KERNELS;
+    return d;
+  });
+}

@@ -1,0 +1,63 @@
+// The one parameter struct every fa2 CUDA kernel takes. Plain C++: nothing here (or anywhere under cuda/)
+// includes torch, ATen or c10. Strides are in elements, int64 so that tensors past 2^31 elements index correctly.
+#pragma once
+#include <cstdint>
+
+namespace fa2 {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+enum class BiasType : int { kNone = 0, kSameAsInput = 1, kFloat32 = 2, kBool = 3 };
+
+struct AttentionParams {
+  // ---- forward inputs ---------------------------------------------------------------------------------
+  const void* q = nullptr;  // (batch, seqlen_q, nheads, headdim)
+  const void* k = nullptr;  // (batch, seqlen_k, nheads_k, headdim)
+  const void* v = nullptr;  // (batch, seqlen_k, nheads_k, headdim)
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+
+  // Additive bias read through strides, 0 on broadcast dims (never materialized); bool: true = keep.
+  const void* bias = nullptr;  // logically (batch, nheads, seqlen_q, seqlen_k)
+  BiasType bias_type = BiasType::kNone;
+  int64_t bias_batch_stride = 0, bias_head_stride = 0, bias_row_stride = 0, bias_col_stride = 0;
+
+  // ---- forward outputs --------------------------------------------------------------------------------
+  void* out = nullptr;    // (batch, seqlen_q, nheads, headdim)
+  float* lse = nullptr;   // (batch, nheads, seqlen_q) contiguous; natural log; +inf for a row that sees no key
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+
+  // ---- sizes ------------------------------------------------------------------------------------------
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, nheads = 0, nheads_k = 0;
+  int headdim = 0;         // the user's headdim (<= 256)
+  int headdim_rounded = 0; // the instantiated kernel's headdim (>= headdim); loads/stores are predicated
+  int h_h_k_ratio = 1;     // nheads / nheads_k: query head h reads kv head h / h_h_k_ratio
+
+  // ---- softmax and masking ----------------------------------------------------------------------------
+  float scale = 0.f;       // softmax scale applied to q.k
+  float scale_log2 = 0.f;  // scale * log2(e), folded into one FMA before exp2 (no softcap, no bias)
+  float softcap = 0.f;     // 0 = off; else s = softcap * tanh(s * scale / softcap)
+  bool is_causal = false;  // informational; already folded into window_right
+  int window_left = -1;    // query i sees keys [i + sk - sq - window_left, i + sk - sq + window_right]; -1 = unbounded
+  int window_right = -1;
+
+  DType dtype = DType::kFloat16;
+
+  // ---- backward ---------------------------------------------------------------------------------------
+  const void* dout = nullptr;  // like out
+  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  void* dq = nullptr;  // like q, contiguous (batch, seqlen_q, nheads, headdim)
+  void* dk = nullptr;  // like k, contiguous (batch, seqlen_k, nheads_k, headdim)
+  void* dv = nullptr;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  float* softmax_d = nullptr;   // D = rowsum(dout * out), fp32 (batch, nheads, seqlen_q_rounded)
+  float* dq_accum = nullptr;    // fp32 accumulator for dq, layout chosen by the backward launcher
+  float* dbias = nullptr;       // fp32 (batch, nheads, seqlen_q, seqlen_k) when the bias needs a gradient
+  bool deterministic = false;
+
+  void* workspace = nullptr;    // scratch given by the caller (allocated by torch's caching allocator)
+};
+
+}  // namespace fa2

@@ -1,0 +1,49 @@
+"""python -m fa2: an environment report (like python -m torch.utils.collect_env)."""
+from __future__ import annotations
+
+import platform
+import sys
+
+
+def main() -> int:
+    import torch
+
+    rows = [("python", sys.version.split()[0]), ("platform", platform.platform()),
+            ("torch", torch.__version__), ("torch CUDA", str(torch.version.cuda))]
+    cuda_ok = torch.cuda.is_available()
+    rows.append(("CUDA available", str(cuda_ok)))
+    if cuda_ok:
+        for i in range(torch.cuda.device_count()):
+            cap = torch.cuda.get_device_capability(i)
+            rows.append((f"GPU {i}", f"{torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]})"))
+    try:
+        import fa2
+        info = fa2.build_info()
+        rows += [("fa2", info["version"]), ("fa2 built against torch", info["torch_version"]),
+                 ("fa2 built with CUDA", f"{info['with_cuda']} (torch CUDA '{info['torch_cuda']}')"),
+                 ("fa2 CUDA archs", info["cuda_archs"] if info["with_cuda"] else "-"),
+                 ("fa2 CUDA kernels", (f"{len(info['kernels'].split(','))} instances" if info["kernels"] else "none"))]
+        paths = ["CPU kernel (float32/float64/bfloat16/float16)"]
+        if info["with_cuda"] and cuda_ok:
+            for i in range(torch.cuda.device_count()):
+                cap = torch.cuda.get_device_capability(i)
+                paths.append(f"cuda:{i} sm80 kernels (fp16/bf16)" if cap >= (8, 0)
+                             else f"cuda:{i} unsupported (sm_{cap[0]}{cap[1]} < sm_80)")
+        elif cuda_ok:
+            paths.append("CUDA present but fa2 was built without CUDA kernels")
+        rows.append(("active paths", "; ".join(paths)))
+    except ImportError as e:
+        rows.append(("fa2", f"NOT LOADABLE: {e}"))
+    try:
+        import transformers
+        rows.append(("transformers", transformers.__version__))
+    except ImportError:
+        rows.append(("transformers", "not installed"))
+    width = max(len(k) for k, _ in rows)
+    for k, val in rows:
+        print(f"{k:<{width}} : {val}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

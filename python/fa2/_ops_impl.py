@@ -1,0 +1,85 @@
+"""Python-side registrations for the ops declared in cpp/ops.cpp: fake kernels, autograd, and the
+CompositeImplicitAutograd body of ``fa2::attention``.
+
+Fake kernels derive shapes from the inputs alone (never from kernel tile sizes), so they work with symbolic sizes.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+_state = threading.local()
+
+
+def deterministic_enabled() -> bool:
+    """True inside ``fa2.deterministic()`` or when ``torch.use_deterministic_algorithms(True)`` is on."""
+    return getattr(_state, "deterministic", False) or torch.are_deterministic_algorithms_enabled()
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool = True):
+    """Make fa2's backward bitwise reproducible inside this block (CUDA dQ is then reduced in a fixed order)."""
+    previous = getattr(_state, "deterministic", False)
+    _state.deterministic = enabled
+    try:
+        yield
+    finally:
+        _state.deterministic = previous
+
+
+# ---- fake kernels ------------------------------------------------------------------------------------------
+
+@torch.library.register_fake("fa2::fwd")
+def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    batch, seqlen_q, nheads, headdim = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, headdim))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.register_fake("fa2::bwd")
+def _bwd_fake(dout, q, k, v, out, lse, attn_bias=None, scale=None, causal=False, window_left=-1,
+              window_right=-1, softcap=0.0, bias_requires_grad=False, deterministic=False):
+    dq = q.new_empty(q.shape)
+    dk = k.new_empty(k.shape)
+    dv = v.new_empty(v.shape)
+    if bias_requires_grad:
+        dbias = attn_bias.new_empty(attn_bias.shape)
+    else:
+        dbias = q.new_empty((0,))
+    return dq, dk, dv, dbias
+
+
+# ---- autograd ----------------------------------------------------------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_bias, scale, causal, window_left, window_right, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, attn_bias)
+    ctx.flags = (scale, causal, window_left, window_right, softcap)
+    ctx.bias_requires_grad = (attn_bias is not None and attn_bias.requires_grad
+                              and attn_bias.dtype != torch.bool)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, attn_bias = ctx.saved_tensors
+    scale, causal, window_left, window_right, softcap = ctx.flags
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv, dbias = torch.ops.fa2.bwd(
+        dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
+        ctx.bias_requires_grad, deterministic_enabled())
+    return dq, dk, dv, (dbias if ctx.bias_requires_grad else None), None, None, None, None, None
+
+
+torch.library.register_autograd("fa2::fwd", _backward, setup_context=_setup_context)
+
+
+# ---- attention = fwd(...)[0], differentiable through fwd's autograd ----------------------------------------
+
+@torch.library.impl("fa2::attention", "CompositeImplicitAutograd")
+def _attention(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)[0]

@@ -1,0 +1,68 @@
+"""The friendly Python API over torch.ops.fa2.*."""
+from __future__ import annotations
+
+import torch
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None,
+              scale: float | None = None, causal: bool = False, window_left: int = -1, window_right: int = -1,
+              softcap: float = 0.0) -> torch.Tensor:
+    """Exact attention, flash-attn layout: q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k,
+    headdim); returns (batch, seqlen_q, nheads, headdim). ``causal`` is bottom-right aligned; see DESIGN.md."""
+    return torch.ops.fa2.attention(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)
+
+
+def attention_with_lse(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1,
+                       softcap=0.0):
+    """Like :func:`attention` but also returns lse (batch, nheads, seqlen_q), float32 (not differentiable)."""
+    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)
+
+
+def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+         dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+         enable_gqa: bool = False) -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``: (..., heads, seqlen, headdim) layout,
+    top-left ``is_causal``, bool (True = take part) or float additive ``attn_mask``. No copies of q/k/v: the
+    (B, H, S, D) tensors are read through a transposed view. Differences: rows that see no key give 0, not NaN;
+    dropout is not supported (``dropout_p`` must be 0)."""
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"fa2.sdpa: dropout_p must be 0.0 (fa2 has no dropout), got {dropout_p}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() < 3:
+            raise ValueError(f"fa2.sdpa: {name} must have at least 3 dims (..., seqlen, headdim), got shape "
+                             f"{tuple(t.shape)}")
+    if attn_mask is not None and is_causal:
+        raise ValueError("fa2.sdpa: attn_mask and is_causal cannot both be set (as in "
+                         "F.scaled_dot_product_attention)")
+    out_shape = query.shape[:-1] + value.shape[-1:]
+    q, k, v = (_to_bhsd(t) for t in (query, key, value))
+    if q.shape[1] != k.shape[1] and not enable_gqa:
+        raise ValueError(f"fa2.sdpa: query has {q.shape[1]} heads but key has {k.shape[1]}; pass enable_gqa=True "
+                         "for grouped-query attention")
+    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (q.dtype, torch.float32):
+            attn_mask = attn_mask.to(q.dtype)
+        if attn_mask.dim() > 4:
+            attn_mask = attn_mask.reshape((-1,) + tuple(attn_mask.shape[-3:]))
+    window_right = -1
+    if is_causal:
+        # SDPA's causal is top-left aligned (query i sees keys j <= i); fa2's is bottom-right. With seqlen_q >=
+        # seqlen_k that is a right window of seqlen_q - seqlen_k; otherwise keys past seqlen_q are never seen,
+        # so dropping them (a view) gives exactly top-left causal.
+        if seqlen_q >= seqlen_k:
+            window_right = seqlen_q - seqlen_k
+        else:
+            k, v = k[:, :, :seqlen_q], v[:, :, :seqlen_q]
+            window_right = 0
+    out = torch.ops.fa2.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, scale,
+                                  False, -1, window_right, 0.0)
+    return out.transpose(1, 2).reshape(out_shape)
+
+
+def _to_bhsd(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() == 3:
+        return t.unsqueeze(0)
+    if t.dim() > 4:
+        return t.reshape((-1,) + tuple(t.shape[-3:]))
+    return t

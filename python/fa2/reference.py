@@ -1,0 +1,65 @@
+"""Reference attention in plain PyTorch math, with fa2's exact semantics (DESIGN.md).
+
+Used by the tests (``upcast=True`` gives the fp32/fp64 reference; ``upcast=False`` the naive low-precision math
+that defines the error bound) and by nothing on the fast path.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def visibility_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_left: int, window_right: int,
+                    device=None) -> torch.Tensor | None:
+    """Bool (seqlen_q, seqlen_k), True where query i sees key j (bottom-right aligned), or None if all visible."""
+    if causal:
+        window_right = 0 if window_right < 0 else min(window_right, 0)
+    if window_left < 0 and window_right < 0:
+        return None
+    i = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    diag = i + seqlen_k - seqlen_q
+    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if window_left >= 0:
+        keep &= j >= diag - window_left
+    if window_right >= 0:
+        keep &= j <= diag + window_right
+    return keep
+
+
+def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1,
+                  softcap=0.0, upcast=True, return_lse=False):
+    """q (B, Sq, H, D), k/v (B, Sk, Hk, D). upcast: compute in fp32 (fp64 stays fp64); else in q's dtype."""
+    dtype = q.dtype
+    compute = (torch.float64 if dtype == torch.float64 else torch.float32) if upcast else dtype
+    B, Sq, H, D = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    if scale is None:
+        scale = D ** -0.5
+    qh = q.to(compute).transpose(1, 2)                       # (B, H, Sq, D)
+    kh = k.to(compute).transpose(1, 2).repeat_interleave(H // Hk, dim=1) if Hk else k.to(compute).transpose(1, 2)
+    vh = v.to(compute).transpose(1, 2).repeat_interleave(H // Hk, dim=1) if Hk else v.to(compute).transpose(1, 2)
+    s = (qh * scale) @ kh.transpose(-1, -2)                   # (B, H, Sq, Sk)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    keep = visibility_mask(Sq, Sk, causal, window_left, window_right, device=q.device)
+    if attn_bias is not None:
+        if attn_bias.dtype == torch.bool:
+            keep = attn_bias if keep is None else (attn_bias & keep)
+        else:
+            s = s + attn_bias.to(compute)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    row_max = s.amax(dim=-1, keepdim=True)
+    seen = torch.isfinite(row_max) | torch.isnan(row_max)
+    # Rows that see no key: softmax would be 0/0; fa2 defines their output as 0 (and lse as +inf).
+    p = torch.exp(s - torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)))
+    denom = p.sum(dim=-1, keepdim=True)
+    p = torch.where(seen, p / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(p))
+    out = (p @ vh).transpose(1, 2).to(dtype)
+    if not return_lse:
+        return out
+    lse = (torch.log(denom) + row_max).squeeze(-1).float()
+    lse = torch.where(seen.squeeze(-1), lse, torch.full_like(lse, math.inf))
+    return out, lse
