@@ -1,0 +1,204 @@
+"""opcheck, torch.compile (fullgraph, dynamic), hypothesis properties, fa2.sdpa vs F.sdpa, bad input."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import fa2
+from fa2.reference import attention_ref
+from numerics import assert_close_rule, hi_dtype
+from samples import devices, dtypes_for, make_bias, make_qkv, sample_inputs
+
+DEVICE_DTYPES = [(d, t) for d in devices() for t in dtypes_for(d)]
+IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
+
+
+# ---- opcheck --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", devices())
+def test_opcheck_every_op(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    samples = sample_inputs(device, dtype, requires_grad=True, seed=3)
+    # A representative subset: opcheck runs each op several times (schema, fake, autograd registration, aot).
+    picked = [s for s in samples if s.q.shape[1] * s.k.shape[1] <= 20_000][::3]
+    assert len(picked) >= 8
+    for s in picked:
+        torch.library.opcheck(torch.ops.fa2.attention.default, s.args())
+        torch.library.opcheck(torch.ops.fa2.fwd.default, s.args())
+        with torch.no_grad():
+            out, lse = torch.ops.fa2.fwd(*s.args())
+        bias = s.kwargs.get("attn_bias")
+        bias_grad = bias is not None and bias.dtype != torch.bool
+        a = s.args()
+        bwd_args = (torch.randn_like(out), s.q.detach(), s.k.detach(), s.v.detach(), out, lse,
+                    None if bias is None else bias.detach()) + a[4:] + (bias_grad, False)
+        torch.library.opcheck(torch.ops.fa2.bwd.default, bwd_args)
+
+
+# ---- torch.compile --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_no_graph_break(device, dynamic):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    torch._dynamo.reset()
+
+    def f(q, k, v, bias):
+        return fa2.attention(q, k, v, bias, causal=True, softcap=20.0).float().square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic)
+    for sq, sk in [(64, 64), (37, 80), (80, 37)]:
+        q, k, v = make_qkv(2, sq, sk, 4, 2, 32, dtype=dtype, device=device, requires_grad=True)
+        bias = torch.randn(2, 1, 1, sk, dtype=dtype, device=device, requires_grad=True)
+        loss = compiled(q, k, v, bias)
+        grads = torch.autograd.grad(loss, (q, k, v, bias))
+        loss_e = f(q, k, v, bias)
+        grads_e = torch.autograd.grad(loss_e, (q, k, v, bias))
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        assert torch.allclose(loss, loss_e, rtol=tol)
+        for g, ge in zip(grads, grads_e):
+            assert torch.allclose(g, ge, rtol=tol, atol=tol)
+
+
+# ---- hypothesis -------------------------------------------------------------------------------------------------
+
+@st.composite
+def problems(draw, device):
+    dtype = draw(st.sampled_from(dtypes_for(device)))
+    nheads_k = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    shape = (draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 17, 64, 97, 130])),
+             draw(st.sampled_from([1, 3, 31, 64, 97, 130])), nheads_k * group, nheads_k,
+             draw(st.sampled_from([1, 8, 16, 32, 59, 64, 96, 111, 128, 160, 256])))
+    flags = dict(causal=draw(st.booleans()), window_left=draw(st.sampled_from([-1, -1, 0, 5, 40])),
+                 window_right=draw(st.sampled_from([-1, -1, 0, 3])),
+                 softcap=draw(st.sampled_from([0.0, 0.0, 3.0])), scale=draw(st.sampled_from([None, None, 0.05])))
+    bias_kind = draw(st.sampled_from([None, None, "full", "padding", "2d", "bool_full", "fp32"]))
+    layout = draw(st.sampled_from(["bshd", "bhsd"]))
+    return dtype, shape, flags, bias_kind, layout
+
+
+def _check_problem(device, problem, grads):
+    dtype, (b, sq, sk, h, hk, d), flags, bias_kind, layout = problem
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device=device, layout=layout, requires_grad=grads)
+    bias = None if bias_kind is None else make_bias(bias_kind, b, h, sq, sk, dtype=dtype, device=device,
+                                                    requires_grad=grads)
+    out = fa2.attention(q, k, v, bias, **flags)
+    hi = hi_dtype(dtype)
+    up = lambda t: t if t is None or t.dtype == torch.bool else t.detach().to(hi)  # noqa: E731
+    out_hi = attention_ref(up(q), up(k), up(v), up(bias), **flags)
+    out_lo = attention_ref(q.detach(), k.detach(), v.detach(), None if bias is None else bias.detach(),
+                           upcast=False, **flags)
+    assert_close_rule("out", out, out_hi, out_lo, factor=2)
+    if grads:
+        diff = [q, k, v]
+        dout = torch.randn_like(out)
+        g = torch.autograd.grad(out, diff, dout)
+        leaf_hi = [t.detach().to(hi).requires_grad_() for t in diff]
+        g_hi = torch.autograd.grad(attention_ref(*leaf_hi, up(bias), **flags), leaf_hi, dout.to(hi))
+        leaf_lo = [t.detach().clone().requires_grad_() for t in diff]
+        g_lo = torch.autograd.grad(attention_ref(*leaf_lo, None if bias is None else bias.detach(), upcast=False,
+                                                 **flags), leaf_lo, dout)
+        for name, a, ah, al in zip("qkv", g, g_hi, g_lo):
+            assert_close_rule(f"d{name}", a, ah, al, factor=3)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_hypothesis_forward_and_backward(device):
+    @given(problems(device), st.booleans())
+    def run(problem, grads):
+        _check_problem(device, problem, grads)
+    run()
+
+
+# ---- fa2.sdpa vs F.scaled_dot_product_attention -----------------------------------------------------------------
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
+def test_sdpa_matches_torch(device, dtype):
+    hi = hi_dtype(dtype)
+    combos = itertools.product([(64, 64), (37, 80), (80, 37)], [None, "bool", "float"], [False, True],
+                               [None, 0.25], [False, True])
+    for (sq, sk), mask_kind, is_causal, scale, gqa in combos:
+        if mask_kind is not None and is_causal:
+            continue  # F.sdpa rejects both at once; so does fa2.sdpa (tested below)
+        hk = 2 if gqa else 4
+        q = torch.randn(2, 4, sq, 32, device=device).to(dtype).requires_grad_()
+        k = torch.randn(2, hk, sk, 32, device=device).to(dtype).requires_grad_()
+        v = torch.randn(2, hk, sk, 32, device=device).to(dtype).requires_grad_()
+        mask = None
+        if mask_kind == "bool":
+            mask = torch.rand(2, 1, sq, sk, device=device) > 0.2
+            mask[..., 0] = True  # keep every row non-empty: F.sdpa gives NaN there, fa2 gives 0 (documented)
+        elif mask_kind == "float":
+            mask = torch.randn(1, 4, sq, sk, device=device).to(dtype)
+        kw = dict(attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+        out = fa2.sdpa(q, k, v, **kw)
+        mask_hi = mask if mask is None or mask.dtype == torch.bool else mask.to(hi)
+        ref = F.scaled_dot_product_attention(*(t.detach().to(hi) for t in (q, k, v)), **{**kw, "attn_mask": mask_hi})
+        naive = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), **kw)
+        assert out.shape == ref.shape
+        assert_close_rule(f"sdpa {sq},{sk},{mask_kind},{is_causal},{scale},{gqa}", out, ref, naive, factor=2)
+        g = torch.autograd.grad(out.float().sum(), (q, k, v))
+        assert all(not torch.isnan(x).any() for x in g)
+
+
+def test_sdpa_rejects_what_it_cannot_do():
+    q = torch.randn(1, 4, 8, 16)
+    k = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        fa2.sdpa(q, k, k)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        fa2.sdpa(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="attn_mask and is_causal"):
+        fa2.sdpa(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)
+
+
+# ---- bad input: a clear exception naming the argument -----------------------------------------------------------
+
+def _bad_cases(device):
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    q = torch.randn(2, 8, 4, 16, device=device, dtype=dt)
+    k = torch.randn(2, 8, 2, 16, device=device, dtype=dt)
+    cases = [
+        ("k dtype", (q, k.to(torch.float64 if device == "cpu" else torch.float16), k), {}, "k must have q's dtype"),
+        ("int dtype", (q.int(), k.int(), k.int()), {}, "q must be"),
+        ("rank", (q[0], k, k), {}, "q must have 4 dims"),
+        ("batch", (q, k[:1], k[:1]), {}, "batch size mismatch"),
+        ("headdim", (q, k[..., :8], k[..., :8]), {}, "headdim"),
+        ("headdim>256", (torch.randn(1, 2, 1, 257, device=device, dtype=dt),) * 3, {}, "headdim must be in"),
+        ("nheads", (torch.randn(2, 8, 3, 16, device=device, dtype=dt), k, k), {}, "multiple of nheads_k"),
+        ("last dim", (q.transpose(2, 3).contiguous().transpose(2, 3), k, k), {}, "contiguous in its last dim"),
+        ("bias shape", (q, k, k), {"attn_bias": torch.zeros(3, 8, 8, device=device, dtype=dt)}, "not broadcastable"),
+        ("bias dtype", (q, k, k), {"attn_bias": torch.zeros(8, 8, device=device, dtype=torch.int32)}, "attn_bias must be"),
+        ("window", (q, k, k), {"window_left": -2}, "window_left must be >= -1"),
+        ("softcap", (q, k, k), {"softcap": -1.0}, "softcap must be"),
+        ("scale", (q, k, k), {"scale": float("nan")}, "scale must be a finite"),
+        ("kv seqlen", (q, k, k[:, :3]), {}, "same seqlen_k"),
+    ]
+    if device == "cpu":
+        cases.append(("device", (q, k.to("meta"), k.to("meta")), {}, "same device"))
+    else:
+        cases.append(("fp32 on cuda", (q.float(), k.float(), k.float()), {}, "float16 or bfloat16"))
+        cases.append(("device", (q, k.cpu(), k.cpu()), {}, "same device"))
+    return cases
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bad_input_raises_clear_error(device, compiled):
+    fn = fa2.attention
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fa2.attention, backend="eager")
+    for name, args, kwargs, message in _bad_cases(device):
+        with pytest.raises((RuntimeError, ValueError, TypeError), match=message):
+            fn(*args, **kwargs)
+    # The process is still usable afterwards.
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    q = torch.randn(1, 4, 2, 16, device=device, dtype=dt)
+    assert torch.isfinite(fa2.attention(q, q, q)).all()

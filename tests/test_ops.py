@@ -1,0 +1,149 @@
+"""fa2's ops against the reference math: forward, backward, lse, every flag, CPU and CUDA."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fa2
+from fa2.reference import attention_ref
+from numerics import assert_close_rule, hi_dtype
+from samples import devices, dtypes_for, make_qkv, sample_inputs
+
+DEVICE_DTYPES = [(d, t) for d in devices() for t in dtypes_for(d)]
+IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
+
+
+def _refs(sample, **extra):
+    """(ref_hi, ref_naive) outputs (and lse for ref_hi) of a sample."""
+    hi = hi_dtype(sample.q.dtype)
+    kw = dict(sample.kwargs)
+    bias = kw.pop("attn_bias", None)
+    up = lambda t: None if t is None else (t.detach().to(hi) if t.dtype != torch.bool else t)  # noqa: E731
+    out_hi, lse_hi = attention_ref(up(sample.q), up(sample.k), up(sample.v), up(bias), return_lse=True, **kw)
+    out_naive = attention_ref(sample.q.detach(), sample.k.detach(), sample.v.detach(),
+                              None if bias is None else bias.detach(), upcast=False, **kw)
+    return out_hi, lse_hi, out_naive
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
+def test_forward_matches_reference(device, dtype):
+    for s in sample_inputs(device, dtype, full=(device == "cuda")):
+        out, lse = torch.ops.fa2.fwd(*s.args())
+        assert out.shape == s.q.shape and out.dtype == dtype and out.is_contiguous(), s
+        assert lse.shape == (s.q.shape[0], s.q.shape[2], s.q.shape[1]) and lse.dtype == torch.float32, s
+        out_hi, lse_hi, out_naive = _refs(s)
+        assert_close_rule(f"out {s}", out, out_hi, out_naive, factor=2)
+        finite = torch.isfinite(lse_hi)
+        assert torch.equal(torch.isfinite(lse), finite), f"lse: rows that see no key must be +inf ({s})"
+        assert (lse[~finite] == math.inf).all(), s
+        lse_tol = 1e-3 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+        assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=lse_tol, rtol=lse_tol), s
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
+def test_backward_matches_reference(device, dtype):
+    hi = hi_dtype(dtype)
+    for s in sample_inputs(device, dtype, requires_grad=True, full=(device == "cuda"), seed=1):
+        bias = s.kwargs.get("attn_bias")
+        diff = [s.q, s.k, s.v] + ([bias] if bias is not None and bias.requires_grad else [])
+        out = fa2.attention(*s.args())
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, diff, dout)
+
+        kw = {k: v for k, v in s.kwargs.items() if k != "attn_bias"}
+        leaf_hi = [t.detach().to(hi).requires_grad_() for t in diff]
+        bias_hi = leaf_hi[3] if len(diff) == 4 else (None if bias is None else bias.detach())
+        out_hi = attention_ref(*leaf_hi[:3], bias_hi, **kw)
+        grads_hi = torch.autograd.grad(out_hi, leaf_hi, dout.to(hi))
+        leaf_lo = [t.detach().clone().requires_grad_() for t in diff]
+        bias_lo = leaf_lo[3] if len(diff) == 4 else (None if bias is None else bias.detach())
+        out_lo = attention_ref(*leaf_lo[:3], bias_lo, upcast=False, **kw)
+        grads_lo = torch.autograd.grad(out_lo, leaf_lo, dout)
+        for name, g, g_hi, g_lo in zip(("dq", "dk", "dv", "dbias"), grads, grads_hi, grads_lo):
+            assert g.shape == g_hi.shape and g.dtype == diff[["dq", "dk", "dv", "dbias"].index(name)].dtype
+            assert_close_rule(f"{name} {s}", g, g_hi, g_lo, factor=3)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_fully_masked_rows_are_zero_with_zero_grads(device):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v = make_qkv(2, 40, 24, 2, 1, 64, dtype=dtype, device=device, requires_grad=True)
+    keep = torch.ones(2, 2, 40, 24, dtype=torch.bool, device=device)
+    keep[:, :, 5] = False                       # an all-False bool bias row
+    neg = torch.zeros(2, 2, 40, 24, dtype=dtype, device=device)
+    neg[:, :, 7] = float("-inf")                # an all -inf float bias row
+    for bias in (keep, neg):
+        out, lse = torch.ops.fa2.fwd(q, k, v, bias, None, True)   # causal: rows 0..15 see no key
+        assert not torch.isnan(out).any()
+        dead = [*range(16), 5, 7] if bias is neg else [*range(16), 5]
+        dead = sorted(set(dead) - ({7} if bias is keep else {5}))
+        assert (out[:, dead] == 0).all() and (lse[:, :, dead] == math.inf).all()
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+        assert not any(torch.isnan(g).any() for g in (dq, dk, dv))
+        assert (dq[:, dead] == 0).all()
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("shape", [(0, 5, 5, 2, 2, 16), (1, 0, 5, 2, 2, 16), (1, 5, 0, 2, 2, 16),
+                                   (1, 1, 1, 1, 1, 1), (2, 3, 7, 4, 2, 256)])
+def test_degenerate_sizes(device, shape):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    b, sq, sk, h, hk, d = shape
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device=device, requires_grad=True)
+    out, lse = torch.ops.fa2.fwd(q, k, v)
+    ref, lse_ref = attention_ref(q.detach().double(), k.detach().double(), v.detach().double(), return_lse=True)
+    assert out.shape == q.shape and lse.shape == (b, h, sq)
+    assert torch.allclose(out.double(), ref, atol=2e-2), (out, ref)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_ref))
+    dq, dk, dv = torch.autograd.grad(fa2.attention(q, k, v).sum(), (q, k, v))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    if sk == 0:
+        assert (dq == 0).all()
+    if sq == 0:
+        assert (dk == 0).all() and (dv == 0).all()
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(0)
+    for flags, bias_shape in [({}, None), ({"causal": True}, (1, 2, 5, 7)), ({"softcap": 2.0}, (2, 1, 1, 7)),
+                              ({"window_left": 2, "window_right": 1}, (5, 7)), ({"scale": 0.7}, None)]:
+        q, k, v = make_qkv(2, 5, 7, 2, 1, 6, dtype=torch.float64, device="cpu", requires_grad=True)
+        inputs = [q, k, v]
+        if bias_shape is not None:
+            inputs.append(torch.randn(bias_shape, dtype=torch.float64, requires_grad=True))
+        fn = lambda *xs: fa2.attention(*xs[:3], xs[3] if len(xs) > 3 else None, **flags)  # noqa: E731
+        assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7), flags
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
+def test_deterministic_backward(device, dtype):
+    q, k, v = make_qkv(2, 193, 257, 4, 2, 64, dtype=dtype, device=device, requires_grad=True)
+    dout = torch.randn(q.shape, dtype=dtype, device=device)
+    with fa2.deterministic():
+        runs = [torch.autograd.grad(fa2.attention(q, k, v, causal=True), (q, k, v), dout) for _ in range(5)]
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(r, runs[0]))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bhsd_views_need_no_copy(device):
+    """(B, H, S, D) tensors transposed to (B, S, H, D) are read in place: no aten copy runs in the call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v = make_qkv(2, 64, 64, 4, 4, 64, dtype=dtype, device=device, layout="bhsd")
+    with Log() as log:
+        out = fa2.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    assert not any(("copy" in o or "clone" in o or "contiguous" in o) for o in log.ops), log.ops
+    assert out.shape == (2, 4, 64, 64)
