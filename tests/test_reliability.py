@@ -1,0 +1,210 @@
+"""Edge cases, scale and systems behaviour (issue 7): nothing crashes, nothing is silently wrong."""
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+import fa2
+from fa2.reference import attention_ref
+from samples import devices, make_qkv
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+def _dtype(device):
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _ref(q, k, v, *a, **kw):
+    return attention_ref(q.double(), k.double(), v.double(), *a, **kw)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_nan_inputs_propagate_to_their_rows_only(device):
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 32, dtype=_dtype(device), device=device)
+    q = q.clone()
+    q[0, 3, 1, 0] = float("nan")            # one query row of one head
+    out = fa2.attention(q, k, v)
+    assert torch.isnan(out[0, 3, 1]).all()
+    mask = torch.ones_like(out, dtype=torch.bool)
+    mask[0, 3, 1] = False
+    assert torch.isfinite(out[mask]).all()
+
+
+@pytest.mark.parametrize("device", devices())
+def test_neg_inf_bias_entries(device):
+    dt = _dtype(device)
+    q, k, v = make_qkv(2, 24, 40, 2, 2, 64, dtype=dt, device=device)
+    bias = torch.randn(2, 2, 24, 40, device=device).to(dt)
+    bias[bias > 1.0] = float("-inf")
+    out = fa2.attention(q, k, v, bias)
+    ref = _ref(q, k, v, bias.double())
+    assert torch.allclose(out.double(), ref, atol=3e-2 if dt != torch.float32 else 1e-5)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_large_and_small_magnitudes(device):
+    dtypes = [torch.float16, torch.bfloat16] if device == "cuda" else [torch.float16, torch.float32]
+    for dt in dtypes:
+        for magnitude in (100.0, 1e-3):
+            q, k, v = make_qkv(1, 64, 64, 2, 2, 64, dtype=dt, device=device, magnitude=magnitude)
+            out = fa2.attention(q, k, v, causal=True)
+            assert torch.isfinite(out).all(), (dt, magnitude)
+            ref = _ref(q, k, v, causal=True)
+            tol = 2e-2 * magnitude if dt != torch.float32 else 1e-4 * magnitude
+            assert (out.double() - ref).abs().max() <= tol, (dt, magnitude)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("sq,sk", [(1, 100_000), (20_000, 1)])
+def test_very_unequal_seqlens(device, sq, sk):
+    dt = _dtype(device)
+    q, k, v = make_qkv(1, sq, sk, 2, 1, 64, dtype=dt, device=device, requires_grad=True)
+    out = fa2.attention(q, k, v, causal=True)
+    if sq == 1:
+        ref = _ref(q.detach(), k.detach(), v.detach(), causal=True)
+        assert torch.allclose(out.double(), ref, atol=2e-2 if dt != torch.float32 else 1e-5)
+    else:
+        # 1 key, causal bottom-right: only the last query row sees it; the others are 0.
+        assert (out[:, :-1] == 0).all() and torch.allclose(out[:, -1].double(), v[:, 0].double().repeat_interleave(2, 1))
+    dq, dk, dv = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_no_memory_growth_over_many_calls(device):
+    dt = _dtype(device)
+    q, k, v = make_qkv(1, 64, 64, 2, 2, 32, dtype=dt, device=device, requires_grad=True)
+
+    def step():
+        out = fa2.attention(q, k, v, causal=True)
+        torch.autograd.grad(out.sum(), (q, k, v))
+
+    for _ in range(50):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        for _ in range(1000):
+            step()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == before
+    else:
+        import resource
+        gc.collect()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for _ in range(1000):
+            step()
+        gc.collect()
+        grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        assert grown_kb < 20_000, f"peak RSS grew by {grown_kb} kB over 1000 calls"
+
+
+@pytest.mark.parametrize("device", devices())
+def test_thread_safe(device):
+    dt = _dtype(device)
+    inputs = [make_qkv(1, 97, 131, 4, 2, 64, dtype=dt, device=device) for _ in range(4)]
+    expected = [fa2.attention(*x, causal=True) for x in inputs]
+    errors = []
+
+    def worker(i):
+        try:
+            for _ in range(10):
+                got = fa2.attention(*inputs[i], causal=True)
+                if not torch.equal(got, expected[i]):
+                    errors.append(f"thread {i}: result differs")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# ---- CUDA systems -------------------------------------------------------------------------------------------------
+
+@needs_cuda
+def test_respects_current_stream():
+    q, k, v = make_qkv(2, 256, 256, 4, 4, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    ref = fa2.attention(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fa2.attention(q, k, v, causal=True)
+        g = torch.autograd.grad(out.sum(), (q, k, v))
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+    assert all(torch.isfinite(x).all() for x in g)
+
+
+@needs_cuda
+def test_cuda_graph_capture():
+    q, k, v = make_qkv(2, 128, 128, 4, 2, 64, dtype=torch.bfloat16, device="cuda")
+    static_out = fa2.attention(q, k, v, causal=True)  # warm-up outside capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fa2.attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fa2.attention(q, k, v, causal=True)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, fa2.attention(q, k, v, causal=True))
+
+
+@needs_cuda
+def test_compile_reduce_overhead():
+    torch._dynamo.reset()
+
+    def f(q, k, v):
+        return fa2.attention(q, k, v, causal=True)
+
+    g = torch.compile(f, mode="reduce-overhead")
+    for _ in range(4):
+        q, k, v = make_qkv(2, 128, 128, 4, 2, 64, dtype=torch.bfloat16, device="cuda")
+        assert torch.equal(g(q, k, v).clone(), f(q, k, v))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_gpu_runs_on_its_device():
+    q, k, v = make_qkv(1, 128, 128, 2, 2, 64, dtype=torch.bfloat16, device="cuda:1", requires_grad=True)
+    with torch.cuda.device(0):
+        out = fa2.attention(q, k, v, causal=True)
+        g = torch.autograd.grad(out.sum(), (q, k, v))
+    assert out.device == torch.device("cuda:1") and all(x.device == out.device for x in g)
+    ref = attention_ref(q.detach().float(), k.detach().float(), v.detach().float(), causal=True)
+    assert torch.allclose(out.float(), ref, atol=2e-2)
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_more_than_2_31_elements():
+    # q/k/v of 1 x 1M x 16 x 136 > 2^31 elements each: int64 offsets everywhere.
+    free = torch.cuda.mem_get_info()[0]
+    if free < 40 * 2**30:
+        pytest.skip("needs ~40 GB of free GPU memory")
+    b, s, h, d = 1, 2**20, 16, 128 + 8
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    assert q.numel() > 2**31
+    k = q[:, : 4096]
+    v = torch.randn(b, 4096, h, d, device="cuda", dtype=torch.bfloat16)
+    q.requires_grad_()
+    out = fa2.attention(q, k, v)
+    rows = torch.tensor([0, s // 2, s - 1], device="cuda")
+    ref = attention_ref(q.detach()[:, rows].float(), k.float(), v.float())
+    assert torch.allclose(out[:, rows].float(), ref, atol=2e-2)
+    (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
+    assert torch.isfinite(dq[:, rows]).all()
