@@ -200,3 +200,34 @@ def test_bad_input_raises_clear_error(device, compiled):
     dt = torch.float32 if device == "cpu" else torch.bfloat16
     q = torch.randn(1, 4, 2, 16, device=device, dtype=dt)
     assert torch.isfinite(fa2.attention(q, q, q)).all()
+
+
+# ---- packaging ----------------------------------------------------------------------------------------------------
+
+def test_abi_mismatch_gives_rebuild_message(monkeypatch):
+    import builtins
+    import sys
+
+    from fa2 import _loader
+
+    real_import = builtins.__import__
+
+    def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if fromlist and "_C" in fromlist:
+            raise ImportError("_C.so: undefined symbol: _ZN3c1017SomethingThatMovedEv")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    monkeypatch.delitem(sys.modules, "fa2._C", raising=False)
+    with pytest.raises(ImportError, match="rebuild fa2 against the installed torch"):
+        _loader.load_native()
+
+
+def test_build_info_and_env_report():
+    import subprocess
+    import sys
+
+    info = fa2.build_info()
+    assert info["version"] == fa2.__version__ and info["torch_version"]
+    report = subprocess.run([sys.executable, "-m", "fa2"], capture_output=True, text=True, check=True).stdout
+    assert "fa2 built against torch" in report and "active paths" in report
