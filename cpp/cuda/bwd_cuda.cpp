@@ -1,0 +1,135 @@
+// CUDA backward: torch tensors -> checks -> AttentionParams -> fa2::run_bwd. Registers only fa2::bwd for the CUDA
+// dispatch key (schemas live in cpp/ops.cpp). Scratch (dq_accum, D, the fp32 GQA partials, dbias, the deterministic
+// counters) comes from torch's caching allocator. No host synchronization.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+#include "checks.h"
+
+#if FA2_CUDA_BWD
+#include "cuda/params_from_tensors.h"
+#include "fa2/bwd_launch.h"
+
+namespace fa2 {
+namespace {
+
+using at::Tensor;
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                    const Tensor& v, const Tensor& out, const Tensor& lse,
+                                                    const std::optional<Tensor>& attn_bias,
+                                                    std::optional<double> scale, bool causal, int64_t window_left,
+                                                    int64_t window_right, double softcap, bool bias_requires_grad,
+                                                    bool deterministic) {
+  const AttentionProblem prob = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
+                                                 window_right, softcap, bias_requires_grad);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const int64_t batch = prob.batch, seqlen_q = prob.seqlen_q, seqlen_k = prob.seqlen_k;
+  const int64_t nheads = prob.nheads, nheads_k = prob.nheads_k, headdim = prob.headdim;
+
+  Tensor dq = at::empty({batch, seqlen_q, nheads, headdim}, q.options());
+  Tensor dk = at::empty({batch, seqlen_k, nheads_k, headdim}, k.options());
+  Tensor dv = at::empty({batch, seqlen_k, nheads_k, headdim}, v.options());
+  if (batch == 0 || nheads == 0 || seqlen_q == 0 || seqlen_k == 0) {  // nothing attends: all gradients are 0
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    Tensor dbias = bias_requires_grad ? at::zeros_like(*attn_bias, at::MemoryFormat::Contiguous)
+                                      : at::empty({0}, q.options());
+    return {dq, dk, dv, dbias};
+  }
+
+  // Kernels run on headdim rounded up to a multiple of 8 (zero-padded copies when needed), instantiated for the
+  // next headdim in FA2_HEADDIMS; loads and stores are predicated on the padded headdim.
+  const int64_t headdim_padded = cuda_glue::round_up_8(headdim);
+  const int headdim_rounded = bwd_headdim_rounded(static_cast<int>(headdim_padded));
+  TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA backward kernel for headdim ", headdim,
+              " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
+  const Tensor qk = cuda_glue::kernel_input(q, headdim_padded);
+  const Tensor kk = cuda_glue::kernel_input(k, headdim_padded);
+  const Tensor vk = cuda_glue::kernel_input(v, headdim_padded);
+  const Tensor outk = cuda_glue::kernel_input(out, headdim_padded);
+  const Tensor doutk = cuda_glue::kernel_input(dout, headdim_padded);
+  const Tensor lsek = lse.contiguous();
+
+  const bool padded = headdim_padded != headdim;
+  const bool gqa = nheads != nheads_k;
+  const auto f32 = q.options().dtype(at::kFloat);
+  Tensor dq_k = padded ? at::empty({batch, seqlen_q, nheads, headdim_padded}, q.options()) : dq;
+  // GQA/MQA: fp32 partials per query head, summed over each group below (a fixed-order reduction).
+  Tensor dk_k = gqa      ? at::empty({batch, seqlen_k, nheads, headdim_padded}, f32)
+                : padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, k.options())
+                         : dk;
+  Tensor dv_k = gqa      ? at::empty({batch, seqlen_k, nheads, headdim_padded}, f32)
+                : padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, v.options())
+                         : dv;
+  Tensor softmax_d = at::empty({batch, nheads, seqlen_q}, f32);
+  Tensor dq_accum = at::empty({batch, nheads, seqlen_q, headdim_rounded}, f32);  // zeroed by the kernels
+  // Only the blocks the mask lets through are written: the rest of the gradient is 0.
+  Tensor dbias_full = bias_requires_grad ? at::zeros({batch, nheads, seqlen_q, seqlen_k}, f32) : Tensor();
+
+  AttentionParams params;
+  cuda_glue::set_common_params(params, prob, qk, kk, vk);
+  params.headdim_rounded = headdim_rounded;
+  params.out = outk.data_ptr();
+  params.out_batch_stride = outk.stride(0), params.out_row_stride = outk.stride(1);
+  params.out_head_stride = outk.stride(2);
+  params.lse = lsek.data_ptr<float>();
+  params.dout = doutk.data_ptr();
+  params.dout_batch_stride = doutk.stride(0), params.dout_row_stride = doutk.stride(1);
+  params.dout_head_stride = doutk.stride(2);
+  params.dq = dq_k.data_ptr();
+  params.dq_batch_stride = dq_k.stride(0), params.dq_row_stride = dq_k.stride(1), params.dq_head_stride = dq_k.stride(2);
+  params.dk = dk_k.data_ptr();
+  params.dk_batch_stride = dk_k.stride(0), params.dk_row_stride = dk_k.stride(1), params.dk_head_stride = dk_k.stride(2);
+  params.dv = dv_k.data_ptr();
+  params.dv_batch_stride = dv_k.stride(0), params.dv_row_stride = dv_k.stride(1), params.dv_head_stride = dv_k.stride(2);
+  params.softmax_d = softmax_d.data_ptr<float>();
+  params.dq_accum = dq_accum.data_ptr<float>();
+  params.dbias = bias_requires_grad ? dbias_full.data_ptr<float>() : nullptr;
+  params.deterministic = deterministic;
+  const int64_t workspace_ints = bwd_workspace_ints(params);
+  Tensor workspace = workspace_ints > 0 ? at::zeros({workspace_ints}, q.options().dtype(at::kInt)) : Tensor();
+  params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
+
+  const char* err = run_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, "fa2 backward (CUDA) failed: ", err);
+
+  if (padded) dq.copy_(dq_k.narrow(3, 0, headdim));
+  if (gqa) {
+    const int64_t group = nheads / nheads_k;
+    dk.copy_(dk_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));
+    dv.copy_(dv_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));
+  } else if (padded) {
+    dk.copy_(dk_k.narrow(3, 0, headdim));
+    dv.copy_(dv_k.narrow(3, 0, headdim));
+  }
+  Tensor dbias = bias_requires_grad ? reduce_dbias(dbias_full, *attn_bias) : at::empty({0}, q.options());
+  return {dq, dk, dv, dbias};
+}
+
+}  // namespace
+}  // namespace fa2
+
+TORCH_LIBRARY_IMPL(fa2, CUDA, m) { m.impl("bwd", &fa2::bwd_cuda); }
+
+#else  // built with FA2_DISABLE_BWD: say so instead of the dispatcher's "no kernel" error
+
+namespace fa2 {
+namespace {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda_disabled(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t, double, bool, bool) {
+  TORCH_CHECK(false, "fa2: this build has no CUDA backward (built with FA2_DISABLE_BWD=ON); rebuild without it");
+}
+}  // namespace
+}  // namespace fa2
+
+TORCH_LIBRARY_IMPL(fa2, CUDA, m) { m.impl("bwd", &fa2::bwd_cuda_disabled); }
+
+#endif

@@ -1,0 +1,84 @@
+// CUDA forward: torch tensors -> checks -> AttentionParams -> fa2::run_fwd. Registers only fa2::fwd for the CUDA
+// dispatch key (schemas live in cpp/ops.cpp). No host synchronization.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "checks.h"
+#include "cuda/params_from_tensors.h"
+#include "fa2/launch.h"
+
+namespace fa2 {
+namespace {
+
+// Asked of the runtime directly (cheap attribute queries; the full properties only for the error message).
+void check_sm80(const at::Tensor& q) {
+  const int device = q.get_device();
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major >= 8) return;
+  cudaDeviceProp prop{};
+  C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  TORCH_CHECK(false, "fa2: the CUDA kernels need compute capability 8.0 or newer (Ampere, Ada, Hopper); ", q.device(),
+              " is ", prop.name, " with compute capability ", major, ".", minor);
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
+                                            bool causal, int64_t window_left, int64_t window_right,
+                                            double softcap) {
+  const AttentionProblem prob = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right,
+                                                 softcap);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  check_sm80(q);
+
+  const int64_t headdim = prob.headdim;
+  at::Tensor out = at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim}, q.options());
+  at::Tensor lse = at::empty({prob.batch, prob.nheads, prob.seqlen_q}, q.options().dtype(at::kFloat));
+  if (prob.batch == 0 || prob.nheads == 0 || prob.seqlen_q == 0) return {out, lse};
+  if (prob.seqlen_k == 0) {  // no key at all: every row outputs 0 with lse = +inf
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+
+  // Kernels run on headdim rounded up to a multiple of 8 (zero-padded copies when needed), instantiated for
+  // the next headdim in FA2_HEADDIMS; loads and stores are predicated on the padded headdim.
+  const int64_t headdim_padded = cuda_glue::round_up_8(headdim);
+  const int headdim_rounded = fwd_headdim_rounded(static_cast<int>(headdim_padded));
+  TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA forward kernel for headdim ", headdim,
+              " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
+  const at::Tensor qk = cuda_glue::kernel_input(q, headdim_padded);
+  const at::Tensor kk = cuda_glue::kernel_input(k, headdim_padded);
+  const at::Tensor vk = cuda_glue::kernel_input(v, headdim_padded);
+  at::Tensor out_k = headdim_padded == headdim
+                         ? out
+                         : at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim_padded}, q.options());
+
+  AttentionParams params;
+  cuda_glue::set_common_params(params, prob, qk, kk, vk);
+  params.headdim_rounded = headdim_rounded;
+  params.out = out_k.data_ptr();
+  params.out_batch_stride = out_k.stride(0);
+  params.out_row_stride = out_k.stride(1);
+  params.out_head_stride = out_k.stride(2);
+  params.lse = lse.data_ptr<float>();
+
+  const char* err = run_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, "fa2 forward (CUDA) failed: ", err);
+  if (!out_k.is_same(out)) out.copy_(out_k.narrow(3, 0, headdim));
+  return {out, lse};
+}
+
+}  // namespace
+}  // namespace fa2
+
+TORCH_LIBRARY_IMPL(fa2, CUDA, m) { m.impl("fwd", &fa2::fwd_cuda); }

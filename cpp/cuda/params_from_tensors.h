@@ -1,0 +1,91 @@
+// Filling fa2::AttentionParams from checked tensors: the fields every CUDA direction shares (inputs, sizes,
+// softmax and mask settings, bias). Header-only; used by fwd_cuda.cpp and the backward glue.
+//
+// What the kernels need and the glue guarantees here: headdim a multiple of 8, and q/k/v data 16-byte aligned with
+// batch/row/head strides that are multiples of 8 elements (16-byte cp.async rows). Inputs that are not get a copy:
+// a headdim that is not a multiple of 8 is zero-padded up to one (as flash-attn does; zeros change neither q.k
+// nor the extra output columns, which are sliced off), a misaligned tensor is made contiguous.
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "checks.h"
+#include "fa2/params.h"
+
+namespace fa2 {
+namespace cuda_glue {
+
+inline int64_t round_up_8(int64_t x) { return (x + 7) / 8 * 8; }
+
+// 16-byte aligned data and batch/row/head strides that are multiples of 8 elements (dims of size 1 excepted).
+inline bool rows_16b_aligned(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (t.size(d) > 1 && t.stride(d) % 8 != 0) return false;
+  }
+  return true;
+}
+
+// q, k or v as the kernels read it: headdim zero-padded to headdim_padded, rows 16-byte aligned. No copy when the
+// tensor already qualifies (any strides, e.g. a (B, H, S, D) tensor transposed to (B, S, H, D)).
+inline at::Tensor kernel_input(const at::Tensor& t, int64_t headdim_padded) {
+  if (t.size(3) != headdim_padded) return at::constant_pad_nd(t, {0, headdim_padded - t.size(3)}, 0);
+  if (!rows_16b_aligned(t)) return t.clone(at::MemoryFormat::Contiguous);
+  return t;
+}
+
+inline DType dtype_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+}
+
+// Fills inputs, sizes, scale, softcap, window and bias. q/k/v must come from kernel_input (so headdim =
+// q.size(3) is the padded one); the caller sets headdim_rounded and its direction's outputs.
+inline void set_common_params(AttentionParams& p, const AttentionProblem& prob, const at::Tensor& q,
+                              const at::Tensor& k, const at::Tensor& v) {
+  constexpr int64_t kMaxSeqlen = std::numeric_limits<int32_t>::max() / 4;  // int32 index math in the kernels
+  TORCH_CHECK_VALUE(prob.seqlen_q <= kMaxSeqlen && prob.seqlen_k <= kMaxSeqlen,
+                    "fa2 (CUDA): seqlen_q and seqlen_k must be <= ", kMaxSeqlen, ", got ", prob.seqlen_q, " and ",
+                    prob.seqlen_k);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
+  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
+  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
+
+  p.batch = static_cast<int>(prob.batch);
+  p.seqlen_q = static_cast<int>(prob.seqlen_q);
+  p.seqlen_k = static_cast<int>(prob.seqlen_k);
+  p.nheads = static_cast<int>(prob.nheads);
+  p.nheads_k = static_cast<int>(prob.nheads_k);
+  p.headdim = static_cast<int>(q.size(3));
+  p.h_h_k_ratio = prob.nheads_k > 0 ? static_cast<int>(prob.nheads / prob.nheads_k) : 1;
+
+  p.scale = static_cast<float>(prob.scale);
+  p.scale_log2 = static_cast<float>(prob.scale * 1.4426950408889634);  // log2(e)
+  p.softcap = static_cast<float>(prob.softcap);
+  p.is_causal = prob.causal;
+  // A window side at least as wide as the sequence is the same as none (-1); clamping keeps the kernels'
+  // int arithmetic (row + seqlen_k - seqlen_q +- window) far from overflow.
+  p.window_left = prob.window_left < 0 || prob.window_left >= prob.seqlen_k ? -1 : static_cast<int>(prob.window_left);
+  p.window_right =
+      prob.window_right < 0 || prob.window_right >= prob.seqlen_q ? -1 : static_cast<int>(prob.window_right);
+
+  p.dtype = dtype_of(q);
+  if (prob.bias.has_value()) {
+    const at::Tensor& b = *prob.bias;  // (batch, nheads, seqlen_q, seqlen_k), stride 0 on broadcast dims
+    p.bias = b.data_ptr();
+    p.bias_type = b.scalar_type() == at::kBool    ? BiasType::kBool
+                  : b.scalar_type() == at::kFloat ? BiasType::kFloat32
+                                                  : BiasType::kSameAsInput;
+    p.bias_batch_stride = b.stride(0), p.bias_head_stride = b.stride(1);
+    p.bias_row_stride = b.stride(2), p.bias_col_stride = b.stride(3);
+  }
+}
+
+}  // namespace cuda_glue
+}  // namespace fa2

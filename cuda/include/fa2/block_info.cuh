@@ -1,0 +1,71 @@
+// Which keys a block of queries may see (causal / sliding window, bottom-right aligned), and the element mask for
+// the boundary blocks. The causal flag arrives folded into window_right (params.h).
+//   query i sees key j  iff  i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right,
+//   0 <= j < seqlen_k,  a window side of -1 (or < 0) being unbounded.
+#pragma once
+#include <cmath>
+
+namespace fa2 {
+
+struct KeyBlockRange {
+  int lo, hi;  // key blocks [lo, hi); empty when hi <= lo
+  __device__ __forceinline__ bool empty() const { return hi <= lo; }
+};
+
+struct BlockInfo {
+  int seqlen_q, seqlen_k, window_left, window_right;
+
+  // Key blocks of size block_n that queries [m0, m0 + block_m) may see; blocks outside are never loaded.
+  __device__ __forceinline__ KeyBlockRange key_blocks(int m0, int block_m, int block_n) const {
+    const int last_row = min(m0 + block_m, seqlen_q) - 1;
+    const int shift = seqlen_k - seqlen_q;
+    int hi_key = seqlen_k;  // exclusive
+    if (window_right >= 0) hi_key = min(hi_key, last_row + shift + window_right + 1);
+    int lo_key = 0;
+    if (window_left >= 0) lo_key = max(lo_key, m0 + shift - window_left);
+    if (hi_key <= lo_key) return {0, 0};
+    return {lo_key / block_n, (hi_key + block_n - 1) / block_n};
+  }
+
+  // Whether key block n holds any element that some query of [m0, m0 + block_m) must not see (sequence tail,
+  // causal diagonal, window edges). Conservative: a false answer means every (query, key) pair is visible.
+  __device__ __forceinline__ bool needs_mask(int n, int block_n, int m0, int block_m) const {
+    const int n0 = n * block_n;
+    const int last_row = min(m0 + block_m, seqlen_q) - 1;
+    const int shift = seqlen_k - seqlen_q;
+    return n0 + block_n > seqlen_k ||
+           (window_right >= 0 && n0 + block_n - 1 > m0 + shift + window_right) ||
+           (window_left >= 0 && n0 < last_row + shift - window_left);
+  }
+
+  // Visible keys [lo, hi] (inclusive) of query row `row`.
+  __device__ __forceinline__ void key_range(int row, int& lo, int& hi) const {
+    const int shift = seqlen_k - seqlen_q;
+    lo = window_left >= 0 ? row + shift - window_left : 0;
+    hi = window_right >= 0 ? min(seqlen_k - 1, row + shift + window_right) : seqlen_k - 1;
+  }
+
+  // Sets to -inf the invisible elements of a per-thread S fragment set s[mt][nt][4] (mma C layout), whose
+  // element (mt, nt, r) sits at row row0 + 16 mt + 8 (r / 2), column col0 + 8 nt + r % 2.
+  template <int kMTiles, int kNTiles>
+  __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int row0, int col0) const {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        int lo, hi;
+        key_range(row0 + mt * 16 + half * 8, lo, hi);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = col0 + nt * 8 + e;
+            if (col < lo || col > hi) s[mt][nt][half * 2 + e] = -INFINITY;
+          }
+        }
+      }
+    }
+  }
+};
+
+}  // namespace fa2

@@ -1,0 +1,598 @@
+// FlashAttention-2 backward, sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async); runs on sm80..sm90.
+//
+// Three kernels, all on one stream:
+//   1. bwd_preprocess_kernel:  D = rowsum(dO * O) (fp32, (batch, nheads, seqlen_q)); zeroes dq_accum.
+//   2. bwd_kernel: one CTA = one block of kBlockN keys of one (batch, query head). K, V stay in shared memory and
+//      dK, dV in registers; Q, dO (and lse, D) of the query blocks the causal/window range allows stream through
+//      swizzled shared memory, double-buffered with cp.async. Per query block:
+//        S = Q K^T, dP = dO V^T (registers)  ->  P = exp2(s log2e - lse log2e) (score mod, boundary mask)
+//        ->  dS = P (dP - D) (x (1 - tanh^2) under softcap; dbias = P (dP - D))  ->  P, dS to smem (f16/bf16)
+//        ->  dV += P^T dO,  dK += dS^T Q  ->  dQ_partial = dS K, reduced into fp32 dq_accum (red.global.add).
+//      The softmax scale multiplies dK here and dQ in kernel 3 (dS is w.r.t. s = scale q.k).
+//   3. bwd_convert_dq_kernel: dq = scale * dq_accum, to f16/bf16.
+//
+// deterministic: the CTAs take their (key block, head) in the order they start (a ticket counter), and each query
+// block's dQ reductions happen in increasing key-block order: CTA n waits until the per-(batch, head, query block)
+// turn counter equals the number of key blocks below n that touch that query block, adds, and passes the turn
+// on. A CTA only ever waits for one that started before it, so there is no deadlock; the order of every fp32
+// addition is fixed, so the gradients are bitwise reproducible (dK, dV, dbias never need atomics).
+//
+// GQA/MQA (h_h_k_ratio > 1): each CTA handles one query head and writes fp32 dK/dV partials to params.dk/.dv
+// laid out per *query* head (batch, seqlen_k, nheads, d); the caller sums each group (a fixed-order reduction).
+//
+// Buffers the caller provides (cpp/cuda/bwd_cuda.cpp): softmax_d (batch, nheads, seqlen_q) fp32; dq_accum
+// (batch, nheads, seqlen_q, headdim_rounded) fp32; in deterministic mode workspace = bwd_workspace_ints(params)
+// zeroed int32s: [ticket counter] [turn counter per (batch, head, query block)] (bwd_launch.h).
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "fa2/block_info.cuh"
+#include "fa2/bwd_ptx.cuh"
+#include "fa2/bwd_tile_config.h"
+#include "fa2/params.h"
+#include "fa2/ptx.cuh"
+#include "fa2/softmax.cuh"  // exp2_ftz
+
+namespace fa2 {
+namespace bwd {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// floor(a / b) for b > 0 and any sign of a.
+__host__ __device__ __forceinline__ int64_t floor_div(int64_t a, int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// Which query blocks a key block meets (the transpose of BlockInfo::key_blocks), bottom-right aligned:
+//   query i sees key j  iff  i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right.
+// Both ends are non-decreasing in the key block, so the key blocks that meet a query block are contiguous too.
+struct QueryBlockRange {
+  int seqlen_q, seqlen_k, window_left, window_right, block_m, block_n, num_m_blocks;
+
+  // First query block that sees a key of key block n.
+  __device__ __forceinline__ int lo(int n) const {
+    if (window_right < 0) return 0;
+    const int64_t first_row = int64_t(n) * block_n - (seqlen_k - seqlen_q) - window_right;
+    return int(max(int64_t(0), floor_div(first_row, block_m)));
+  }
+  // Last query block that sees a key of key block n (may be < lo(n): the key block is seen by no query).
+  __device__ __forceinline__ int hi(int n) const {
+    if (window_left < 0) return num_m_blocks - 1;
+    const int64_t last_key = min(int64_t(seqlen_k), int64_t(n + 1) * block_n) - 1;
+    const int64_t last_row = last_key - (seqlen_k - seqlen_q) + window_left;
+    return int(min(int64_t(num_m_blocks - 1), floor_div(last_row, block_m)));
+  }
+  // First key block that meets query block m (given that some key block does): the smallest n with hi(n) >= m.
+  __device__ __forceinline__ int first_key_block(int m, int num_n_blocks) const {
+    int a = 0, b = num_n_blocks - 1;
+    while (a < b) {
+      const int mid = (a + b) / 2;
+      if (hi(mid) >= m) b = mid; else a = mid + 1;
+    }
+    return a;
+  }
+};
+
+// Starts the cp.async copy of a (kRows, kHeadDim) tile; rows >= rows_valid and columns >= headdim become zeros.
+// Each thread copies chunk (tid % per-row, + whole column blocks) of rows tid / per-row + whole passes, so every
+// copy is one base plus constants (passes move by whole 8-row groups, which keeps the swizzle).
+template <typename Tile, int kRows, int kHeadDim, int kNThreads, typename T>
+__device__ __forceinline__ void load_tile(uint32_t smem, const T* gmem, int64_t row_stride, int rows_valid,
+                                          int headdim, int tid) {
+  constexpr int kThreadsPerRow = Tile::kChunksPerBlock;  // one swizzle line (column block row) per pass
+  constexpr int kRowsPerPass = kNThreads / kThreadsPerRow;
+  constexpr int kLineBytes = Tile::kChunksPerBlock * 16;
+  static_assert(kHeadDim / 8 % kThreadsPerRow == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
+                "whole column blocks per thread; passes of whole swizzle periods");
+  const int row = tid / kThreadsPerRow, chunk = tid % kThreadsPerRow;
+  const uint32_t dst = smem + Tile::offset(row, chunk) * 2;
+  const T* src = gmem + row * row_stride + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8 / kThreadsPerRow; ++j) {
+      const bool pred = row + i * kRowsPerPass < rows_valid && (chunk + j * kThreadsPerRow) * 8 < headdim;
+      ptx::cp_async_16(dst + i * kRowsPerPass * kLineBytes + j * (kRows * kLineBytes),
+                       pred ? src + i * kRowsPerPass * row_stride + j * kThreadsPerRow * 8 : gmem, pred);
+    }
+  }
+}
+
+template <typename B>
+__device__ __forceinline__ float load_bias(const B* p) {
+  return static_cast<float>(__ldg(p));
+}
+template <>
+__device__ __forceinline__ float load_bias<__half>(const __half* p) {
+  return __half2float(__ldg(p));
+}
+template <>
+__device__ __forceinline__ float load_bias<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat162float(__ldg(p));
+}
+template <>
+__device__ __forceinline__ float load_bias<bool>(const bool* p) {  // True = keep
+  return __ldg(reinterpret_cast<const unsigned char*>(p)) ? 0.f : -INFINITY;
+}
+
+template <typename Tile>
+struct TileGeometry;
+template <int kRows, int kCols, int kBlockCols>
+struct TileGeometry<SwizzledTile<kRows, kCols, kBlockCols>> {
+  static constexpr int kBlockBytes = kRows * kBlockCols * 2;  // one column block
+};
+
+// acc (kMTiles, kNTiles) += A B^T over kKSteps k16 steps, both operands by ldmatrix from swizzled smem:
+//   A: rows a_m0.. of an (M, K) tile, or (kATrans) columns a_m0.. of a (K, M) tile;
+//   B: rows b_n0.. of an (N, K) tile, or (kBTrans) columns b_n0.. of a (K, N) tile.
+// Addresses: one swizzled base per thread (per m/n tile when the tile's runtime offset lands in the chunk index);
+// every other step is base ^ (chunk bits, a constant) + (rows, column block: a constant), so the unrolled loops
+// keep a handful of address registers instead of one per ldmatrix.
+template <typename T, int kMTiles, int kNTiles, int kKSteps, bool kATrans, bool kBTrans, typename ATile,
+          typename BTile>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], uint32_t sA, int a_m0, uint32_t sB,
+                                          int b_n0, int lane) {
+  static_assert(kNTiles % 2 == 0, "B fragments are loaded for pairs of n8 tiles");
+  constexpr int kALine = ATile::kChunksPerBlock * 16, kBLine = BTile::kChunksPerBlock * 16;  // bytes per row
+  constexpr int kABlockBytes = TileGeometry<ATile>::kBlockBytes, kBBlockBytes = TileGeometry<BTile>::kBlockBytes;
+  // Chunk c (even) of a row relative to chunk 0 (or 1): XOR inside the swizzle line, then whole column blocks.
+  auto a_k = [](int c) { return (c % ATile::kChunksPerBlock) * 16; };
+  auto b_k = [](int c) { return (c % BTile::kChunksPerBlock) * 16; };
+
+  // Byte offsets inside the tiles (the XOR works on offsets, so the tile bases need no particular alignment).
+  uint32_t a_off[kATrans ? kMTiles : 1], b_off[kBTrans ? kNTiles / 2 : 1];
+  if constexpr (kATrans) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      a_off[mt] = ATile::offset(((lane >> 4) << 3) + (lane & 7), (a_m0 + mt * 16) / 8 + ((lane >> 3) & 1)) * 2;
+  } else {
+    a_off[0] = ATile::offset(a_m0 + (lane & 15), lane >> 4) * 2;
+  }
+  if constexpr (kBTrans) {
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np)
+      b_off[np] = BTile::offset((lane & 7) + (((lane >> 3) & 1) << 3), (b_n0 + np * 16) / 8 + (lane >> 4)) * 2;
+  } else {
+    b_off[0] = BTile::offset(b_n0 + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1) * 2;
+  }
+
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t a[kMTiles][4];  // 16 rows x 16 k per m tile
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if constexpr (kATrans) {  // k = rows of the stored tile
+        ptx::ldmatrix_x4_trans(a[mt], sA + a_off[mt] + ks * 16 * kALine);
+      } else {                  // k = chunks 2ks, 2ks + 1 of the stored tile
+        const int c = 2 * ks;
+        ptx::ldmatrix_x4(a[mt], sA + ((a_off[0] ^ a_k(c)) + (c / ATile::kChunksPerBlock) * kABlockBytes +
+                                      mt * 16 * kALine));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t b[4];  // {b0, b1} of n tile 2np, then of 2np+1
+      if constexpr (kBTrans) {
+        ptx::ldmatrix_x4_trans(b, sB + b_off[np] + ks * 16 * kBLine);
+      } else {
+        const int c = 2 * ks;
+        ptx::ldmatrix_x4(b, sB + ((b_off[0] ^ b_k(c)) + (c / BTile::kChunksPerBlock) * kBBlockBytes +
+                                  np * 16 * kBLine));
+      }
+      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ptx::mma_m16n8k16<T>(acc[mt][2 * np], a[mt], b_lo);
+        ptx::mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], b_hi);
+      }
+    }
+  }
+}
+
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
+}
+
+// Stores a warp's fp32 C fragments (rows row0 + 16 mt + 8 half, columns col0 + 8 nt + e of a tile) as f16/bf16 pairs.
+template <typename T, typename Tile, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_fragments(uint32_t sTile, const float (&acc)[kMTiles][kNTiles][4], int row0,
+                                                int col0) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int row = row0 + mt * 16 + half * 8, col = col0 + nt * 8;
+        const uint32_t packed = ptx::pack2<T>(acc[mt][nt][half * 2], acc[mt][nt][half * 2 + 1]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2),
+                     "r"(packed));
+      }
+}
+
+struct NoBias {};
+
+template <typename B>
+__device__ __forceinline__ float bias_at(const B* bias, int64_t row_stride, int64_t col_stride, int row, int col) {
+  if constexpr (std::is_same_v<B, NoBias>) {
+    return 0.f;
+  } else {
+    return load_bias(bias + row * row_stride + col * col_stride);
+  }
+}
+
+// In place: s (raw q.k) -> P, dp -> dS (w.r.t. q.k / scale, i.e. with the softcap chain rule applied).
+// Fragment element (mt, nt, 2 half + e) is query row0 + 16 mt + 8 half, key col0 + 8 nt + e (global indices).
+// dbias (when given) receives P (dP - D), the gradient w.r.t. the biased (post-softcap) score.
+template <bool kScoreMod, typename B, int kMTiles, int kNTiles>
+__device__ __forceinline__ void scores_to_p_ds(float (&s)[kMTiles][kNTiles][4], float (&dp)[kMTiles][kNTiles][4],
+                                               const float (&lse2)[2 * kMTiles], const float (&dsum)[2 * kMTiles],
+                                               const AttentionParams& p, const B* bias, float* dbias,
+                                               const BlockInfo& info, bool needs_mask, int row0, int col0) {
+  const float scale_over_cap = p.softcap > 0.f ? p.scale / p.softcap : 0.f;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 2 + half;
+      const int row = row0 + mt * 16 + half * 8;
+      int key_lo = 0, key_hi = 0;
+      if (needs_mask) info.key_range(row, key_lo, key_hi);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = col0 + nt * 8 + e;
+          const float qk = s[mt][nt][half * 2 + e];
+          float prob, dcap = 1.f;
+          if constexpr (kScoreMod) {
+            // -- recompute the forward's score: scale, softcap, bias (natural-log units)
+            float x;
+            if (p.softcap > 0.f) {
+              const float t = tanhf(qk * scale_over_cap);
+              x = p.softcap * t;
+              dcap = 1.f - t * t;
+            } else {
+              x = qk * p.scale;
+            }
+            if constexpr (!std::is_same_v<B, NoBias>) {
+              if (row < p.seqlen_q && col < p.seqlen_k) x += bias_at(bias, p.bias_row_stride, p.bias_col_stride, row, col);
+            }
+            prob = exp2_ftz(fmaf(x, kLog2e, -lse2[r]));
+          } else {
+            prob = exp2_ftz(fmaf(qk, p.scale_log2, -lse2[r]));
+          }
+          // -- invisible keys (sequence tail, causal diagonal, window edges) get P = 0; rows with lse = +inf
+          //    (no visible key, or past seqlen_q) already have P = 0
+          if (needs_mask && (col < key_lo || col > key_hi)) prob = 0.f;
+          const float ds = prob * (dp[mt][nt][half * 2 + e] - dsum[r]);
+          if (dbias != nullptr && row < p.seqlen_q && col < p.seqlen_k) {
+            dbias[int64_t(row) * p.seqlen_k + col] = ds;
+          }
+          s[mt][nt][half * 2 + e] = prob;
+          dp[mt][nt][half * 2 + e] = ds * dcap;
+        }
+      }
+    }
+  }
+}
+
+// kScoreMod = false: no softcap, no bias (P = exp2(q.k scale log2e - lse log2e), one FMA). kScoreMod = true: the
+// forward's score is recomputed in fp32 (scale, softcap, bias); softcap and the bias dtype are run-time switches
+// (block-uniform), as in the forward.
+template <typename T, typename Cfg, int kArch, bool kScoreMod>
+__global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_constant__ AttentionParams p) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockColsD>;         // Q, dO: (kBlockM, d)
+  using KTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockColsD>;         // K, V: (kBlockN, d)
+  using PTile = SwizzledTile<Cfg::kBlockM, Cfg::kBlockN, Cfg::kSmemBlockColsN>;     // P, dS: (kBlockM, kBlockN)
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
+  constexpr int kSdPM = Cfg::kSdPMTiles, kSdPN = Cfg::kSdPNTiles;
+  constexpr int kKVM = Cfg::kdKVMTiles, kKVN = Cfg::kdKVNTiles;
+  constexpr int kQM = Cfg::kdQMTiles, kQN = Cfg::kdQNTiles;
+  (void)kArch;  // only makes the symbol of each arch's instance distinct
+
+  // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] ([Q1] [dO1]) [P (kBlockM, kBlockN)] [dS]
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sK = ptx::smem_u32(smem);
+  const uint32_t sV = sK + Cfg::kSmemKVBytes;
+  auto sQ = [&](int buf) { return sV + Cfg::kSmemKVBytes + buf * 2 * Cfg::kSmemQBytes; };
+  auto sdO = [&](int buf) { return sQ(buf) + Cfg::kSmemQBytes; };
+  const uint32_t sP = sV + Cfg::kSmemKVBytes + Cfg::kStages * 2 * Cfg::kSmemQBytes;
+  const uint32_t sdS = sP + Cfg::kSmemPBytes;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+
+  // -- which (key block, head, batch): the grid's, or in deterministic mode the order in which CTAs start
+  int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  int* turns = nullptr;
+  if (p.deterministic) {
+    int* ticket = reinterpret_cast<int*>(smem + (sP - sK));  // P's buffer is free until the first iteration
+    int* counters = static_cast<int*>(p.workspace);
+    if (tid == 0) *ticket = atomicAdd(counters, 1);
+    __syncthreads();
+    const int t = *ticket;
+    n_block = t % num_n_blocks;
+    head = (t / num_n_blocks) % p.nheads;
+    batch = t / (num_n_blocks * p.nheads);
+    turns = counters + 1 + (int64_t(batch) * p.nheads + head) * num_m_blocks;
+  }
+  const int head_k = head / p.h_h_k_ratio;
+  const int n0 = n_block * kBlockN;
+  const int rows_k = min(kBlockN, p.seqlen_k - n0);
+  const int headdim = p.headdim;
+  const int64_t bh = int64_t(batch) * p.nheads + head;
+
+  const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
+  const int m_lo = range.lo(n_block), m_hi = range.hi(n_block);
+  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+  const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_batch_stride + head * p.dout_head_stride;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride + n0 * p.k_row_stride;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride + n0 * p.v_row_stride;
+  const float* lse = p.lse + bh * p.seqlen_q;
+  const float* dsum_g = p.softmax_d + bh * p.seqlen_q;
+  float* dq_accum = p.dq_accum + bh * p.seqlen_q * kHeadDim;
+  float* dbias = p.dbias != nullptr ? p.dbias + bh * p.seqlen_q * p.seqlen_k : nullptr;
+  const void* bias_bh = nullptr;
+  if (p.bias_type != BiasType::kNone) {
+    const int64_t offset = batch * p.bias_batch_stride + head * p.bias_head_stride;
+    const int elem_bytes = p.bias_type == BiasType::kFloat32 ? 4 : p.bias_type == BiasType::kBool ? 1 : 2;
+    bias_bh = static_cast<const char*>(p.bias) + offset * elem_bytes;
+  }
+
+  auto load_q_do = [&](int m, int buf) {
+    const int m0 = m * kBlockM, rows = p.seqlen_q - m0;
+    load_tile<QTile, kBlockM, kHeadDim, kNThreads>(sQ(buf), q + int64_t(m0) * p.q_row_stride,
+                                                              p.q_row_stride, rows, headdim, tid);
+    load_tile<QTile, kBlockM, kHeadDim, kNThreads>(sdO(buf), dout + int64_t(m0) * p.dout_row_stride,
+                                                              p.dout_row_stride, rows, headdim, tid);
+  };
+
+  // -- prologue: K, V (resident) and the first query block in flight
+  if (m_lo <= m_hi) {
+    load_tile<KTile, kBlockN, kHeadDim, kNThreads>(sK, k, p.k_row_stride, rows_k, headdim, tid);
+    load_tile<KTile, kBlockN, kHeadDim, kNThreads>(sV, v, p.v_row_stride, rows_k, headdim, tid);
+    load_q_do(m_lo, 0);
+  }
+  ptx::cp_async_commit();
+
+  float acc_dk[kKVM][kKVN][4], acc_dv[kKVM][kKVN][4];  // (keys of this warp, d of this warp)
+  zero(acc_dk);
+  zero(acc_dv);
+
+  // Warp tiles: S/dP rows sdp_m0.. keys sdp_n0..; dK/dV keys kv_n0.. dims kv_d0..; dQ rows dq_m0.. dims dq_d0..
+  const int sdp_m0 = (warp % Cfg::kWarpsMSdP) * (kBlockM / Cfg::kWarpsMSdP);
+  const int sdp_n0 = (warp / Cfg::kWarpsMSdP) * (kBlockN / Cfg::kWarpsNSdP);
+  const int kv_n0 = (warp % Cfg::kWarpsNdKV) * (kBlockN / Cfg::kWarpsNdKV);
+  const int kv_d0 = (warp / Cfg::kWarpsNdKV) * (kHeadDim / Cfg::kWarpsDdKV);
+  const int dq_m0 = (warp % Cfg::kWarpsMdQ) * (kBlockM / Cfg::kWarpsMdQ);
+  const int dq_d0 = (warp / Cfg::kWarpsMdQ) * (kHeadDim / Cfg::kWarpsDdQ);
+  const int group = lane >> 2, tig = lane & 3;
+
+  for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
+    const int buf = Cfg::kStages == 2 ? (it & 1) : 0;
+    const int m0 = m * kBlockM;
+    // -- Q, dO of block m have landed (this thread's copies), and every warp is done with iteration m-1's
+    //    buffers (the Q/dO buffer about to be refilled, P, dS)
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (Cfg::kStages == 2) {
+      if (m < m_hi) load_q_do(m + 1, buf ^ 1);  // overlaps this whole iteration
+      ptx::cp_async_commit();
+    }
+
+    // -- row statistics of this thread's S rows: lse * log2(e) (+inf: P = 0) and D
+    const int row0 = m0 + sdp_m0 + group;  // this thread's first fragment row (global query)
+    float lse2[2 * kSdPM], dsum[2 * kSdPM];
+#pragma unroll
+    for (int r = 0; r < 2 * kSdPM; ++r) {
+      const int row = row0 + (r >> 1) * 16 + (r & 1) * 8;
+      lse2[r] = row < p.seqlen_q ? lse[row] * kLog2e : INFINITY;
+      dsum[r] = row < p.seqlen_q ? dsum_g[row] : 0.f;
+    }
+
+    // -- S = Q K^T, dP = dO V^T                                          // (kBlockM, kBlockN) split over warps
+    float acc_s[kSdPM][kSdPN][4], acc_dp[kSdPM][kSdPN][4];
+    zero(acc_s);
+    zero(acc_dp);
+    warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0, lane);
+    warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
+                                                                          lane);
+
+    // -- P and dS (registers), dbias
+    const int col0 = n0 + sdp_n0 + tig * 2;  // this thread's first fragment column (global key)
+    const bool needs_mask = info.needs_mask(n_block, kBlockN, m0, kBlockM);
+    if constexpr (kScoreMod) {
+      switch (p.bias_type) {
+        case BiasType::kSameAsInput:
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const T*>(bias_bh), dbias, info,
+                               needs_mask, row0, col0);
+          break;
+        case BiasType::kFloat32:
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const float*>(bias_bh), dbias, info,
+                               needs_mask, row0, col0);
+          break;
+        case BiasType::kBool:
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const bool*>(bias_bh), dbias, info,
+                               needs_mask, row0, col0);
+          break;
+        case BiasType::kNone:
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const NoBias*>(nullptr), dbias, info,
+                               needs_mask, row0, col0);
+          break;
+      }
+    } else {
+      scores_to_p_ds<false>(acc_s, acc_dp, lse2, dsum, p, static_cast<const NoBias*>(nullptr), dbias, info,
+                            needs_mask, row0, col0);
+    }
+    store_fragments<T, PTile>(sP, acc_s, sdp_m0 + group, sdp_n0 + tig * 2);
+    store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
+    __syncthreads();
+
+    // -- dV += P^T dO, dK += dS^T Q                                       // (kBlockN, d) split over warps
+    warp_gemm<T, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile>(acc_dv, sP, kv_n0, sdO(buf), kv_d0, lane);
+    warp_gemm<T, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile>(acc_dk, sdS, kv_n0, sQ(buf), kv_d0, lane);
+
+    // -- dQ (partial over this key block) = dS K, reduced into dq_accum   // (kBlockM, d) split over warps
+    float acc_dq[kQM][kQN][4];
+    zero(acc_dq);
+    warp_gemm<T, kQM, kQN, kBlockN / 16, false, true, PTile, KTile>(acc_dq, sdS, dq_m0, sK, dq_d0, lane);
+    int turn = 0;
+    if (p.deterministic) {
+      turn = n_block - range.first_key_block(m, num_n_blocks);
+      if (tid == 0) {
+        while (ptx::ld_acquire_gpu(turns + m) != turn) {
+        }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < kQM; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = m0 + dq_m0 + mt * 16 + half * 8 + group;
+        if (row < p.seqlen_q) {
+#pragma unroll
+          for (int nt = 0; nt < kQN; ++nt) {
+            const int col = dq_d0 + nt * 8 + tig * 2;
+            if (col < headdim) {
+              ptx::red_add_f32x2(dq_accum + int64_t(row) * kHeadDim + col, acc_dq[mt][nt][half * 2],
+                                 acc_dq[mt][nt][half * 2 + 1]);
+            }
+          }
+        }
+      }
+    }
+    if (p.deterministic) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) ptx::st_release_gpu(turns + m, turn + 1);
+    }
+
+    if constexpr (Cfg::kStages == 1) {
+      __syncthreads();  // every warp is done with Q, dO of block m
+      if (m < m_hi) load_q_do(m + 1, 0);
+      ptx::cp_async_commit();
+    }
+  }
+
+  // -- epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no
+  //    query sees stores zeros.
+#pragma unroll
+  for (int mt = 0; mt < kKVM; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = kv_n0 + mt * 16 + half * 8 + group;
+      if (key < rows_k) {
+#pragma unroll
+        for (int nt = 0; nt < kKVN; ++nt) {
+          const int col = kv_d0 + nt * 8 + tig * 2;
+          if (col < headdim) {
+            const float dk0 = acc_dk[mt][nt][half * 2] * p.scale, dk1 = acc_dk[mt][nt][half * 2 + 1] * p.scale;
+            const float dv0 = acc_dv[mt][nt][half * 2], dv1 = acc_dv[mt][nt][half * 2 + 1];
+            if (p.h_h_k_ratio > 1) {  // fp32 partials per query head, summed over the group by the caller
+              float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
+                          int64_t(n0 + key) * p.dk_row_stride + col;
+              float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
+                          int64_t(n0 + key) * p.dv_row_stride + col;
+              *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
+              *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
+            } else {
+              T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
+                      int64_t(n0 + key) * p.dk_row_stride + col;
+              T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
+                      int64_t(n0 + key) * p.dv_row_stride + col;
+              *reinterpret_cast<uint32_t*>(dk) = ptx::pack2<T>(dk0, dk1);
+              *reinterpret_cast<uint32_t*>(dv) = ptx::pack2<T>(dv0, dv1);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Threads per (batch, query, head) row in the row-wise kernels: one per 16-byte chunk, rounded up to a power of 2.
+template <int kHeadDim>
+constexpr int row_group_threads() {
+  constexpr int chunks = kHeadDim / 8;
+  return chunks <= 4 ? 4 : chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
+}
+
+// D = rowsum(dO * O) in fp32 over the headdim; zeroes the row's dq_accum. Rows are (batch, query, head), head
+// fastest (the (b, s, h, d) layout's order).
+template <typename T, int kHeadDim, int kNThreads>
+__global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_constant__ AttentionParams p) {
+  constexpr int kGroup = row_group_threads<kHeadDim>(), kRowsPerCta = kNThreads / kGroup;
+  const int64_t row_id = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kGroup;
+  const int chunk = threadIdx.x % kGroup;
+  const int64_t num_rows = int64_t(p.batch) * p.seqlen_q * p.nheads;
+  float sum = 0.f;
+  int64_t batch = 0, row = 0, head = 0;
+  if (row_id < num_rows) {
+    head = row_id % p.nheads;
+    row = (row_id / p.nheads) % p.seqlen_q;
+    batch = row_id / (int64_t(p.nheads) * p.seqlen_q);
+    if (chunk * 8 < p.headdim) {
+      const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_batch_stride + row * p.dout_row_stride +
+                      head * p.dout_head_stride + chunk * 8;
+      const T* out = static_cast<const T*>(p.out) + batch * p.out_batch_stride + row * p.out_row_stride +
+                     head * p.out_head_stride + chunk * 8;
+      const uint4 a = *reinterpret_cast<const uint4*>(dout), b = *reinterpret_cast<const uint4*>(out);
+      const T* ea = reinterpret_cast<const T*>(&a);
+      const T* eb = reinterpret_cast<const T*>(&b);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += ptx::to_float(ea[i]) * ptx::to_float(eb[i]);
+    }
+  }
+#pragma unroll
+  for (int offset = kGroup / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (row_id < num_rows) {
+    const int64_t bh_row = (batch * p.nheads + head) * p.seqlen_q + row;
+    if (chunk == 0) p.softmax_d[bh_row] = sum;
+    if (chunk < kHeadDim / 8) {
+      float4* acc = reinterpret_cast<float4*>(p.dq_accum + bh_row * kHeadDim + chunk * 8);
+      acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+}
+
+// dq = scale * dq_accum, to T; same row order as the preprocessing.
+template <typename T, int kHeadDim, int kNThreads>
+__global__ void __launch_bounds__(kNThreads) bwd_convert_dq_kernel(const __grid_constant__ AttentionParams p) {
+  constexpr int kGroup = row_group_threads<kHeadDim>(), kRowsPerCta = kNThreads / kGroup;
+  const int64_t row_id = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kGroup;
+  const int chunk = threadIdx.x % kGroup;
+  const int64_t num_rows = int64_t(p.batch) * p.seqlen_q * p.nheads;
+  if (row_id >= num_rows || chunk * 8 >= p.headdim) return;
+  const int64_t head = row_id % p.nheads;
+  const int64_t row = (row_id / p.nheads) % p.seqlen_q;
+  const int64_t batch = row_id / (int64_t(p.nheads) * p.seqlen_q);
+  const float4* acc = reinterpret_cast<const float4*>(
+      p.dq_accum + ((batch * p.nheads + head) * p.seqlen_q + row) * kHeadDim + chunk * 8);
+  const float4 a = acc[0], b = acc[1];
+  const float s = p.scale;
+  uint4 packed;
+  packed.x = ptx::pack2<T>(a.x * s, a.y * s);
+  packed.y = ptx::pack2<T>(a.z * s, a.w * s);
+  packed.z = ptx::pack2<T>(b.x * s, b.y * s);
+  packed.w = ptx::pack2<T>(b.z * s, b.w * s);
+  T* dq = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + row * p.dq_row_stride + head * p.dq_head_stride +
+          chunk * 8;
+  *reinterpret_cast<uint4*>(dq) = packed;
+}
+
+}  // namespace bwd
+}  // namespace fa2

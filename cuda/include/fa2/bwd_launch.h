@@ -1,0 +1,29 @@
+// Host entry points of the CUDA backward: plain C++, no torch (the forward's are in launch.h). run_bwd returns
+// nullptr on success, else a message (valid until the next failing call on this thread). Asynchronous on `stream`.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+#include "fa2/params.h"
+
+namespace fa2 {
+
+// The instantiated backward headdim that serves a (multiple-of-8) headdim, or -1 when this build has none.
+int bwd_headdim_rounded(int headdim);
+
+// int32s of zeroed scratch the backward needs in params.workspace: 0 unless params.deterministic, then
+// 1 (ticket counter) + batch * nheads * ceil(seqlen_q / block_m) (one turn counter per query block).
+int64_t bwd_workspace_ints(const AttentionParams& params);
+
+// Backward: fills dq, dk, dv (and dbias when params.dbias != nullptr). Needs, besides the forward's conditions
+// (launch.h: headdim a multiple of 8, 16-byte aligned tensors, strides multiples of 8 elements, non-empty sizes):
+//   params.headdim_rounded == bwd_headdim_rounded(params.headdim);
+//   lse (batch, nheads, seqlen_q) contiguous; softmax_d: (batch, nheads, seqlen_q) fp32 scratch;
+//   dq_accum: (batch, nheads, seqlen_q, headdim_rounded) fp32 scratch (zeroed by the backward itself);
+//   dq (and dout, out) with the forward's alignment; dk/dv: f16/bf16 (batch, seqlen_k, nheads_k, d) when
+//   h_h_k_ratio == 1, else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for the caller to sum over
+//   each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q, seqlen_k) contiguous, zeroed
+//   (only the visible blocks are written);  workspace: bwd_workspace_ints(params) zeroed int32s.
+const char* run_bwd(const AttentionParams& params, cudaStream_t stream);
+
+}  // namespace fa2

@@ -1,0 +1,52 @@
+// Host side of one backward instance (dtype, headdim, arch): picks the kernel variant, sizes the grids, launches the
+// three kernels. Included only by the generated instance files (build/.../generated/bwd_*.cu).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "fa2/bwd_kernel.cuh"
+#include "fa2/bwd_tile_config.h"
+#include "fa2/params.h"
+
+namespace fa2 {
+
+template <typename T, typename Cfg, int kArch>
+const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA backward supports at most 65535 heads and batch 65535";
+
+  // -- 1. D = rowsum(dO * O), dq_accum = 0
+  constexpr int kRowThreads = 256;
+  constexpr int kRowsPerCta = kRowThreads / bwd::row_group_threads<kHeadDim>();
+  const int64_t num_rows = int64_t(p.batch) * p.seqlen_q * p.nheads;
+  const int64_t row_ctas = (num_rows + kRowsPerCta - 1) / kRowsPerCta;
+  if (row_ctas > 0x7fffffff) return "fa2: batch * seqlen_q * nheads is too large for the CUDA backward";
+  bwd::bwd_preprocess_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+
+  // -- 2. dK, dV, dQ partials: one CTA per (key block, head, batch). The plain variant folds scale*log2(e) into the
+  //    exp2 FMA on raw q.k; softcap or a bias need the recomputed score.
+  const bool score_mod = p.softcap > 0.f || p.bias_type != BiasType::kNone;
+  void (*kernel)(const AttentionParams) = score_mod ? &bwd::bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/true>
+                                                    : &bwd::bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>;
+  const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const dim3 grid(num_n_blocks, p.nheads, p.batch);
+  const int smem = Cfg::kSmemBytes;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+
+  // -- 3. dq = scale * dq_accum
+  bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(p);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, int kHeadDim, int kArch>
+const char* run_bwd_instance(const AttentionParams& p, cudaStream_t stream) {
+  return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(p, stream);
+}
+
+}  // namespace fa2

@@ -1,0 +1,31 @@
+// The few instructions the backward needs beyond ptx.cuh: fire-and-forget fp32 reductions into global memory (dQ)
+// and the acquire/release pair of the deterministic mode's per-(query block) turn counters.
+#pragma once
+#include <cstdint>
+
+namespace fa2 {
+namespace ptx {
+
+// *addr += (a, b) for two adjacent floats (addr 8-byte aligned), as one vector reduction on sm90 (half the L2
+// atomic operations of two scalar ones), two scalar reductions before that.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+#else
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(addr), "f"(a) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(addr + 1), "f"(b) : "memory");
+#endif
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_gpu(int* addr, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
+}
+
+}  // namespace ptx
+}  // namespace fa2

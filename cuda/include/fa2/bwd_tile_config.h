@@ -1,0 +1,87 @@
+// Backward tile sizes: the one place they are chosen (the forward's live in tile_config.h). Everything else
+// (smem layout, warp tiles, fragment counts, grid, workspace) derives from BwdTileConfig. Plain constexpr C++,
+// usable from host and device code.
+#pragma once
+
+namespace fa2 {
+
+struct BwdTileShape {
+  int block_m;      // query rows per inner-loop step (Q, dO tiles streamed through smem)
+  int block_n;      // keys per CTA (K, V resident in smem; dK, dV accumulated in registers)
+  int warps;
+  int warps_m_sdp;  // S = Q K^T and dP = dO V^T (block_m, block_n): warps along queries (the rest along keys)
+  int warps_n_dkv;  // dV = P^T dO and dK = dS^T Q (block_n, d): warps along keys (the rest along headdim)
+  int warps_m_dq;   // dQ = dS K (block_m, d): warps along queries (the rest along headdim)
+  int stages;       // Q/dO buffers: 2 = the next block's Q/dO load while this one computes
+};
+
+// Starting points from FA-2's sm80 choices, 8 warps, one CTA per SM (fp32 accumulators use ~200 registers).
+// d 64 takes 64x128 rather than FA-2's 128x128: the latter's 192 accumulators spilled (ptxas, sm90).
+// Shared memory per CTA (bytes, b16): (2 block_n d + stages 2 block_m d + 2 block_m block_n) * 2
+//   d 32: 128x128 -> 112 KB;  d 64/96/128: 64x128 -> 96/128/160 KB;  d 192: 64x64 -> 160 KB;
+//   d 256: 64x64 single-buffered -> 144 KB (two stages would be 208 KB, over the A100's 163 KB).
+// Warp layouts keep every per-warp n8-tile count even (B fragments load in pairs) and prefer square-ish warp tiles
+// (fewest ldmatrix per mma).
+constexpr BwdTileShape bwd_tile_shape(int headdim) {
+  return headdim <= 32    ? BwdTileShape{128, 128, 8, 4, 8, 8, 2}
+         : headdim <= 64  ? BwdTileShape{64, 128, 8, 2, 4, 4, 2}
+         : headdim <= 96  ? BwdTileShape{64, 128, 8, 2, 4, 4, 2}
+         : headdim <= 128 ? BwdTileShape{64, 128, 8, 2, 4, 2, 2}
+         : headdim <= 192 ? BwdTileShape{64, 64, 8, 2, 2, 2, 2}
+                          : BwdTileShape{64, 64, 8, 2, 2, 2, 1};
+}
+
+// The shape is spelled out as template arguments (defaulting to bwd_tile_shape) so that a benchmark can build a
+// variant next to the chosen one.
+template <int kHeadDim_, int kBlockM_ = bwd_tile_shape(kHeadDim_).block_m,
+          int kBlockN_ = bwd_tile_shape(kHeadDim_).block_n, int kNWarps_ = bwd_tile_shape(kHeadDim_).warps,
+          int kWarpsMSdP_ = bwd_tile_shape(kHeadDim_).warps_m_sdp,
+          int kWarpsNdKV_ = bwd_tile_shape(kHeadDim_).warps_n_dkv,
+          int kWarpsMdQ_ = bwd_tile_shape(kHeadDim_).warps_m_dq, int kStages_ = bwd_tile_shape(kHeadDim_).stages>
+struct BwdTileConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kStages = kStages_;
+
+  // S, dP: (kBlockM, kBlockN) over kWarpsMSdP x kWarpsNSdP warps.
+  static constexpr int kWarpsMSdP = kWarpsMSdP_, kWarpsNSdP = kNWarps / kWarpsMSdP;
+  static constexpr int kSdPMTiles = kBlockM / kWarpsMSdP / 16, kSdPNTiles = kBlockN / kWarpsNSdP / 8;
+  // dK, dV: (kBlockN, d) over kWarpsNdKV x kWarpsDdKV warps.
+  static constexpr int kWarpsNdKV = kWarpsNdKV_, kWarpsDdKV = kNWarps / kWarpsNdKV;
+  static constexpr int kdKVMTiles = kBlockN / kWarpsNdKV / 16, kdKVNTiles = kHeadDim / kWarpsDdKV / 8;
+  // dQ: (kBlockM, d) over kWarpsMdQ x kWarpsDdQ warps.
+  static constexpr int kWarpsMdQ = kWarpsMdQ_, kWarpsDdQ = kNWarps / kWarpsMdQ;
+  static constexpr int kdQMTiles = kBlockM / kWarpsMdQ / 16, kdQNTiles = kHeadDim / kWarpsDdQ / 8;
+
+  // Column blocks of 64 b16 (128-byte swizzle) when the width allows, else 32 (d = 32, 96): see SwizzledTile.
+  static constexpr int kSmemBlockColsD = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSmemBlockColsN = kBlockN % 64 == 0 ? 64 : 32;
+
+  static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;   // one of K, V
+  static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;    // one of Q, dO (per stage)
+  static constexpr int kSmemPBytes = kBlockM * kBlockN * 2;     // one of P, dS
+  static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 2 * kSmemPBytes;
+
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
+  static_assert(kNWarps % kWarpsMSdP == 0 && kNWarps % kWarpsNdKV == 0 && kNWarps % kWarpsMdQ == 0, "warp grids");
+  static_assert(kSdPMTiles >= 1 && kdKVMTiles >= 1 && kdQMTiles >= 1, "whole m16 tiles per warp");
+  static_assert(kBlockM % (kWarpsMSdP * 16) == 0 && kBlockN % (kWarpsNdKV * 16) == 0 &&
+                kBlockM % (kWarpsMdQ * 16) == 0, "warp tiles are whole m16 tiles");
+  static_assert(kSdPNTiles % 2 == 0 && kdKVNTiles % 2 == 0 && kdQNTiles % 2 == 0,
+                "B fragments are loaded for pairs of n8 tiles");
+  static_assert(kBlockN % (kWarpsNSdP * 16) == 0 && kHeadDim % (kWarpsDdKV * 16) == 0 &&
+                kHeadDim % (kWarpsDdQ * 16) == 0, "n extents per warp are whole n16 pairs");
+  static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "k16 steps over queries (dV, dK) and keys (dQ)");
+  static_assert((kBlockM * kHeadDim / 8) % kNThreads == 0 && (kBlockN * kHeadDim / 8) % kNThreads == 0,
+                "tiles split evenly into 16-byte cp.async");
+  static_assert(kStages == 1 || kStages == 2, "single- or double-buffered Q/dO");
+  static_assert(kSmemBytes <= 163 * 1024, "fits the A100's opt-in shared memory (H100/H200: 227 KB)");
+  // fp32 accumulators live across the loop (dK, dV) plus S and dP inside it; beyond ~200 the kernel spills.
+  static_assert(2 * kdKVMTiles * kdKVNTiles * 4 + 2 * kSdPMTiles * kSdPNTiles * 4 <= 192,
+                "accumulators must stay in registers");
+};
+
+}  // namespace fa2

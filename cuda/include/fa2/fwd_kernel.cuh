@@ -1,0 +1,448 @@
+// FlashAttention-2 forward, sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async); runs on sm80..sm90.
+//
+// One CTA = one block of kBlockM queries of one (batch, head). Q stays in shared memory; K/V tiles of kBlockN keys
+// stream through swizzled shared memory with cp.async; each warp owns kRowsPerWarp query rows (m16 tiles), so
+// row statistics never leave a quad of lanes. Per key tile:
+//   S = Q K^T (fp32, registers)  ->  [score mod: scale, softcap, bias]  ->  [mask, boundary tiles only]
+//   ->  online softmax (exp2, scale*log2e folded into one FMA)  ->  P to f16/bf16 in registers  ->  O += P V
+// Key tiles are visited from the last visible one down to the first, only those the causal/window range allows.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "fa2/block_info.cuh"
+#include "fa2/params.h"
+#include "fa2/ptx.cuh"
+#include "fa2/softmax.cuh"
+#include "fa2/tile_config.h"
+
+namespace fa2 {
+namespace fwd {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Starts the cp.async copy of a (kRows, kHeadDim) tile; rows >= rows_valid (when kCheckRows) and columns >= headdim
+// become zeros. Threads form a (kNThreads / kThreadsPerRow, kThreadsPerRow) grid over (rows, 16-byte chunks) with
+// kThreadsPerRow = the chunks of one swizzle block, so 8 consecutive lanes cover one 128-byte line (or two
+// 64-byte rows): coalesced reads, conflict-free swizzled writes, and a thread's copies sit at compile-time smem
+// offsets from one base (passes move by whole 8-row groups, which keeps the swizzle).
+// The global pointer advances by a running sum so that no per-pass offset is hoisted out of the key loop.
+template <typename Tile, int kRows, int kHeadDim, int kNThreads, bool kCheckRows, typename T>
+__device__ __forceinline__ void load_tile_async(uint32_t smem, const T* gmem, int64_t row_stride, int rows_valid,
+                                                int headdim, int tid) {
+  constexpr int kThreadsPerRow = Tile::kChunksPerBlock;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kRowsPerPass = kNThreads / kThreadsPerRow;
+  static_assert(kChunksPerRow % kThreadsPerRow == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
+                "whole chunks per thread; passes of whole swizzle periods");
+  const int row = tid / kThreadsPerRow, chunk = tid % kThreadsPerRow;
+  const uint32_t dst = smem + Tile::offset(row, chunk) * 2;
+  const T* src = gmem + row * row_stride + chunk * 8;
+  const int64_t pass_stride = kRowsPerPass * row_stride;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+#pragma unroll
+    for (int j = 0; j < kChunksPerRow / kThreadsPerRow; ++j) {
+      const bool pred = (!kCheckRows || row + i * kRowsPerPass < rows_valid) && (chunk + j * kThreadsPerRow) * 8 < headdim;
+      ptx::cp_async_16(dst + Tile::const_bytes(i * kRowsPerPass, j * kThreadsPerRow), pred ? src + j * kThreadsPerRow * 8 : gmem,
+                       pred);
+    }
+    src += pass_stride;
+  }
+}
+
+// acc_s (kMTiles, kNTiles) += Q (this warp's rows) K^T; both operands by ldmatrix from swizzled smem.
+// q_lane / k_lane: this lane's ldmatrix bases (SwizzledTile::lane_bytes), see fwd_kernel.
+template <typename T, typename QTile, typename KTile, int kMTiles, int kNTiles, int kHeadDim>
+__device__ __forceinline__ void gemm_qk(float (&acc_s)[kMTiles][kNTiles][4], uint32_t q_lane, uint32_t k_lane) {
+  static_assert(kNTiles % 2 == 0, "K fragments are loaded for pairs of n8 tiles");
+#pragma unroll
+  for (int kt = 0; kt < kHeadDim / 16; ++kt) {
+    uint32_t a[kMTiles][4];  // Q (16 rows, 16 dims) per m tile
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(a[mt], QTile::fragment_address(q_lane, mt * 16, kt * 2));
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t b[4];  // K rows 16 np.. +15, dims 16 kt.. +15: {b0, b1} of n tile 2np, then of 2np+1
+      ptx::ldmatrix_x4(b, KTile::fragment_address(k_lane, np * 16, kt * 2));
+      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ptx::mma_m16n8k16<T>(acc_s[mt][2 * np], a[mt], b_lo);
+        ptx::mma_m16n8k16<T>(acc_s[mt][2 * np + 1], a[mt], b_hi);
+      }
+    }
+  }
+}
+
+// acc_o (kMTiles, kDTiles) += P V, P (= acc_s after the softmax, fp32) packed to T in registers as the A operand
+// (the C layout of two n8 tiles is the A layout of one k16 step), V by ldmatrix.trans.
+template <typename T, typename VTile, int kMTiles, int kNTiles, int kDTiles>
+__device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], const float (&p)[kMTiles][kNTiles][4],
+                                        uint32_t v_lane) {
+  static_assert(kDTiles % 2 == 0, "V fragments are loaded for pairs of n8 tiles");
+#pragma unroll
+  for (int kt = 0; kt < kNTiles / 2; ++kt) {
+    uint32_t a[kMTiles][4];  // P (16 rows, keys 16 kt.. +15)
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      a[mt][0] = ptx::pack2<T>(p[mt][2 * kt][0], p[mt][2 * kt][1]);
+      a[mt][1] = ptx::pack2<T>(p[mt][2 * kt][2], p[mt][2 * kt][3]);
+      a[mt][2] = ptx::pack2<T>(p[mt][2 * kt + 1][0], p[mt][2 * kt + 1][1]);
+      a[mt][3] = ptx::pack2<T>(p[mt][2 * kt + 1][2], p[mt][2 * kt + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < kDTiles / 2; ++dp) {
+      uint32_t b[4];  // V keys 16 kt.. +15, dims 16 dp.. +15, transposed: {b0, b1} of d tile 2dp, then 2dp+1
+      ptx::ldmatrix_x4_trans(b, VTile::fragment_address(v_lane, kt * 16, dp * 2));
+      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ptx::mma_m16n8k16<T>(acc_o[mt][2 * dp], a[mt], b_lo);
+        ptx::mma_m16n8k16<T>(acc_o[mt][2 * dp + 1], a[mt], b_hi);
+      }
+    }
+  }
+}
+
+// ---- score modification (the general path): s = scale * q.k; softcap; + bias --------------------------------
+template <typename B>
+__device__ __forceinline__ float load_bias(const B* p) {
+  return static_cast<float>(__ldg(p));
+}
+template <>
+__device__ __forceinline__ float load_bias<__half>(const __half* p) {
+  return __half2float(__ldg(p));
+}
+template <>
+__device__ __forceinline__ float load_bias<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat162float(__ldg(p));
+}
+template <>
+__device__ __forceinline__ float load_bias<bool>(const bool* p) {  // True = keep
+  return __ldg(reinterpret_cast<const unsigned char*>(p)) ? 0.f : -INFINITY;
+}
+
+// s += bias[row, col] for the fragment elements (row0 + 16 mt + 8 half, col0 + 8 nt + e); out-of-range
+// elements are not read (they are masked anyway). A bias broadcast along queries (row stride 0, e.g. a
+// (batch, 1, 1, seqlen_k) key padding mask) is read once per column rather than once per element.
+// Pointers advance by running sums (not base + i * stride) so the compiler has no per-element offsets to hoist
+// out of the key loop.
+template <typename B, int kMTiles, int kNTiles>
+__device__ __forceinline__ void add_bias(float (&s)[kMTiles][kNTiles][4], const B* bias, int64_t row_stride,
+                                         int64_t col_stride, int row0, int col0, int seqlen_q, int seqlen_k) {
+  const int64_t step8 = 8 * col_stride;
+  if (row_stride == 0) {
+    const B* ptr = bias + col0 * col_stride;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int col = col0 + nt * 8;
+      const float b0 = col < seqlen_k ? load_bias(ptr) : 0.f;
+      const float b1 = col + 1 < seqlen_k ? load_bias(ptr + col_stride) : 0.f;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        s[mt][nt][0] += b0;
+        s[mt][nt][1] += b1;
+        s[mt][nt][2] += b0;
+        s[mt][nt][3] += b1;
+      }
+      ptr += step8;
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + mt * 16 + half * 8;
+        const B* ptr = bias + row * row_stride + col0 * col_stride;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const int col = col0 + nt * 8;
+          if (row < seqlen_q && col < seqlen_k) s[mt][nt][half * 2] += load_bias(ptr);
+          if (row < seqlen_q && col + 1 < seqlen_k) s[mt][nt][half * 2 + 1] += load_bias(ptr + col_stride);
+          ptr += step8;
+        }
+      }
+    }
+  }
+}
+
+// acc = bias[row, col] * inv_scale for the fragment elements (the bias-fold path: Q K^T then accumulates on
+// top, and scale*log2(e) applied to the sum gives (scale q.k + bias) log2(e) with the plain path's one FMA).
+// Elements past seqlen_q / seqlen_k are 0 and not read (rows past seqlen_q are never stored; columns past
+// seqlen_k are masked); kCheckCols only for the tile that crosses seqlen_k.
+template <bool kCheckCols, typename B, int kMTiles, int kNTiles>
+__device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4], const B* bias, int64_t row_stride,
+                                               int64_t col_stride, int row0, int col0, int seqlen_q, int seqlen_k,
+                                               float inv_scale) {
+  const int64_t step8 = 8 * col_stride;
+  if (row_stride == 0) {  // the same for every query row: one load per column
+    const B* ptr = bias + col0 * col_stride;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int col = col0 + nt * 8;
+      const float b0 = !kCheckCols || col < seqlen_k ? load_bias(ptr) * inv_scale : 0.f;
+      const float b1 = !kCheckCols || col + 1 < seqlen_k ? load_bias(ptr + col_stride) * inv_scale : 0.f;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        acc[mt][nt][0] = b0;
+        acc[mt][nt][1] = b1;
+        acc[mt][nt][2] = b0;
+        acc[mt][nt][3] = b1;
+      }
+      ptr += step8;
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + mt * 16 + half * 8;
+        const bool row_ok = row < seqlen_q;
+        const B* ptr = bias + (row_ok ? row : 0) * row_stride + col0 * col_stride;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const int col = col0 + nt * 8;
+          acc[mt][nt][half * 2] = row_ok && (!kCheckCols || col < seqlen_k) ? load_bias(ptr) * inv_scale : 0.f;
+          acc[mt][nt][half * 2 + 1] =
+              row_ok && (!kCheckCols || col + 1 < seqlen_k) ? load_bias(ptr + col_stride) * inv_scale : 0.f;
+          ptr += step8;
+        }
+      }
+    }
+  }
+}
+
+template <typename T, BiasType kBias>
+struct BiasElement;  // the C++ type of a bias element
+template <typename T>
+struct BiasElement<T, BiasType::kSameAsInput> { using type = T; };
+template <typename T>
+struct BiasElement<T, BiasType::kFloat32> { using type = float; };
+template <typename T>
+struct BiasElement<T, BiasType::kBool> { using type = bool; };
+
+// s = scale * q.k (or softcap * tanh(scale * q.k / softcap)), then + bias: everything before the mask.
+template <typename T, BiasType kBias, int kMTiles, int kNTiles>
+__device__ __forceinline__ void score_mod(float (&s)[kMTiles][kNTiles][4], const AttentionParams& p,
+                                          const void* bias_bh, int row0, int col0) {
+  if (p.softcap > 0.f) {
+    const float scale_over_cap = p.scale / p.softcap;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[mt][nt][r] = p.softcap * tanhf(s[mt][nt][r] * scale_over_cap);
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[mt][nt][r] *= p.scale;
+  }
+  if constexpr (kBias != BiasType::kNone) {
+    using B = typename BiasElement<T, kBias>::type;
+    add_bias(s, static_cast<const B*>(bias_bh), p.bias_row_stride, p.bias_col_stride, row0, col0, p.seqlen_q,
+             p.seqlen_k);
+  }
+}
+
+// How scores become exp2 arguments (chosen per call by the launcher):
+//   kPlain     scale > 0, no softcap, no bias: S stays raw q.k, scale*log2(e) folded into the exp2's one FMA.
+//   kBiasFold  scale > 0, no softcap, a bias: S starts from bias / scale (loaded while the tile's barrier waits)
+//              and Q K^T accumulates on top; from there exactly the plain path (one FMA before exp2).
+//   kGeneral   softcap > 0 or scale <= 0: S = scale q.k, soft-capped, + bias in fp32, in log2(e) units.
+enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2 };
+
+template <typename T, int kHeadDim, int kArch, ScoreMode kMode, BiasType kBias>
+__global__ void __launch_bounds__(FwdTileConfig<kHeadDim>::kNThreads)
+    fwd_kernel(const __grid_constant__ AttentionParams p) {
+  using Cfg = FwdTileConfig<kHeadDim>;
+  using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
+  using KVTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
+  constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
+  (void)kArch;  // only makes the symbol of each arch's instance distinct
+
+  // smem: [Q (kBlockM, d)] [K0 (kBlockN, d)] [V0] ([K1] [V1] when double-buffered)
+  extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
+  const uint32_t sQ = ptx::smem_u32(smem);
+  // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.
+  if (sQ % 1024 != 0) __trap();
+  auto sK = [&](int buf) { return sQ + Cfg::kSmemQBytes + buf * 2 * Cfg::kSmemKVBytes; };
+  auto sV = [&](int buf) { return sK(buf) + Cfg::kSmemKVBytes; };
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest (causal) rows first: shorter tail of the wave
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int m0 = m_block * kBlockM;
+  const int rows_q = min(kBlockM, p.seqlen_q - m0);
+  const int headdim = p.headdim;
+
+  T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
+  float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+
+  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
+  if (range.empty()) {
+    // -- no query of this block sees any key: out = 0, lse = +inf
+    for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
+      const int row = idx / kDTiles, chunk = idx % kDTiles;
+      if (row < rows_q && chunk * 8 < headdim) {
+        *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
+    return;
+  }
+
+  const int head_k = head / p.h_h_k_ratio;
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+  static_assert((kMode == ScoreMode::kPlain) == (kBias == BiasType::kNone) || kMode == ScoreMode::kGeneral,
+                "plain means no bias; bias-fold needs one");
+  const void* bias_bh = nullptr;  // this (batch, head)'s bias
+  if constexpr (kBias != BiasType::kNone) {
+    using B = typename BiasElement<T, kBias>::type;
+    bias_bh = static_cast<const B*>(p.bias) + batch * p.bias_batch_stride + head * p.bias_head_stride;
+  }
+  // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
+  auto load_k = [&](int n, int buf, auto check_rows) {
+    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
+        sK(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+  };
+  auto load_v = [&](int n, int buf, auto check_rows) {
+    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
+        sV(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+  };
+  using CheckRows = std::true_type;
+  using NoCheckRows = std::false_type;
+
+  // -- prologue: Q and the first (highest) key tile in flight
+  load_tile_async<QTile, kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(sQ, q, p.q_row_stride, rows_q, headdim,
+                                                                            tid);
+  load_k(range.hi - 1, 0, CheckRows{});
+  if constexpr (Cfg::kStages == 2) load_v(range.hi - 1, 0, CheckRows{});
+  ptx::cp_async_commit();
+
+  float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc_o[mt][dt][r] = 0.f;
+  OnlineSoftmax<kMTiles> softmax;
+  const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
+  const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
+  const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
+  // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
+  //   Q (A operand):       rows 0..15 by lane % 16, chunk + lane / 16
+  //   K (B of Q K^T):      rows lane % 8 + 8 (lane / 16), chunk + (lane / 8) % 2
+  //   V (B of P V, .trans): rows lane % 8 + 8 ((lane / 8) % 2), chunk + lane / 16
+  const uint32_t q_lane = sQ + QTile::const_bytes(q_row0, 0) + QTile::lane_bytes(lane & 15, lane >> 4);
+  const uint32_t k_lane = KVTile::lane_bytes((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const uint32_t v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+
+  for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
+    const int buf = Cfg::kStages == 2 ? (it & 1) : 0;
+    const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
+    float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
+    if constexpr (kMode == ScoreMode::kBiasFold) {
+      // issued before the barrier so that the loads' latency overlaps the wait
+      using B = typename BiasElement<T, kBias>::type;
+      const float inv_scale = 1.f / p.scale;
+      if (n * kBlockN + kBlockN > p.seqlen_k) {
+        init_from_bias</*kCheckCols=*/true>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
+                                            p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
+      } else {
+        init_from_bias</*kCheckCols=*/false>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
+                                             p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc_s[mt][nt][r] = 0.f;
+    }
+    // -- tile n has landed (this thread's copies), and every warp is done with the buffers about to be refilled
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (Cfg::kStages == 2) {
+      if (n > range.lo) {  // prefetch tile n-1 into the other buffer: overlaps this whole iteration
+        load_k(n - 1, buf ^ 1, NoCheckRows{});
+        load_v(n - 1, buf ^ 1, NoCheckRows{});
+      }
+    } else {
+      if (n == range.hi - 1) {
+        load_v(n, 0, CheckRows{});  // overlaps S = Q K^T
+      } else {
+        load_v(n, 0, NoCheckRows{});
+      }
+    }
+    ptx::cp_async_commit();
+
+    // -- S (+)= Q K^T
+    gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
+    if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
+    // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
+    if (info.needs_mask(n, kBlockN, m0, kBlockM)) info.apply_mask(acc_s, row0, col0);
+
+    if constexpr (Cfg::kStages == 1) {
+      ptx::cp_async_wait<0>();  // V[n] landed; every warp is done reading K[n]
+      __syncthreads();
+      if (n > range.lo) load_k(n - 1, 0, NoCheckRows{});  // overlaps the softmax and P V
+      ptx::cp_async_commit();
+    }
+
+    // -- online softmax: m, l updated, O rescaled, S -> P
+    softmax.update(acc_s, acc_o, mult);
+    // -- O += P V
+    gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
+  }
+
+  // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
+  float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
+  softmax.finalize(mult, inv_sum, row_lse);
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int r = 0; r < 2 * kMTiles; ++r) {
+      const int row = q_row0 + (r >> 1) * 16 + (r & 1) * 8 + (lane >> 2);
+      if (row < rows_q) lse[row] = row_lse[r];
+    }
+  }
+  // O -> smem (this warp's own Q rows, so no barrier is needed before overwriting them) -> 16-byte global stores
+  unsigned char* sO = smem;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
+      const float inv = inv_sum[mt * 2 + half];
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const uint32_t packed = ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
+        *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
+      }
+    }
+  }
+  __syncthreads();
+  constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
+#pragma unroll
+  for (int i = 0; i < kOutIters; ++i) {
+    const int idx = tid + i * kNThreads;
+    const int row = idx / kDTiles, chunk = idx % kDTiles;
+    if (row < rows_q && chunk * 8 < headdim) {
+      *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
+    }
+  }
+}
+
+}  // namespace fwd
+}  // namespace fa2

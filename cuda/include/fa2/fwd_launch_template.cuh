@@ -1,0 +1,59 @@
+// Host side of one forward instance (dtype, headdim, arch): picks the kernel variant, sizes the grid, launches.
+// Included only by the generated instance files (build/.../generated/fwd_*.cu).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "fa2/fwd_kernel.cuh"
+#include "fa2/params.h"
+#include "fa2/tile_config.h"
+
+namespace fa2 {
+
+template <typename T, int kHeadDim, int kArch>
+const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
+  using Cfg = FwdTileConfig<kHeadDim>;
+  // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator / general (softcap,
+  // scale <= 0), times the bias element type. Eight variants per instance.
+  using fwd::ScoreMode;
+  void (*kernel)(const AttentionParams) = nullptr;
+  if (p.softcap > 0.f || !(p.scale > 0.f)) {
+    switch (p.bias_type) {
+      case BiasType::kNone: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kNone>; break;
+      case BiasType::kSameAsInput:
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kSameAsInput>;
+        break;
+      case BiasType::kFloat32:
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kFloat32>;
+        break;
+      case BiasType::kBool: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kBool>; break;
+    }
+  } else {
+    switch (p.bias_type) {
+      case BiasType::kNone: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kPlain, BiasType::kNone>; break;
+      case BiasType::kSameAsInput:
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kBiasFold, BiasType::kSameAsInput>;
+        break;
+      case BiasType::kFloat32:
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kBiasFold, BiasType::kFloat32>;
+        break;
+      case BiasType::kBool:
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kBiasFold, BiasType::kBool>;
+        break;
+    }
+  }
+  if (kernel == nullptr) return "fa2: unknown bias type";
+  const int num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA forward supports at most 65535 heads and batch 65535";
+  const dim3 grid(num_m_blocks, p.nheads, p.batch);
+  const int smem = Cfg::kSmemBytes;
+  cudaError_t err = cudaSuccess;
+  if (smem > 48 * 1024) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace fa2

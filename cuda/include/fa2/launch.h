@@ -1,0 +1,21 @@
+// Host entry points of the CUDA kernels: plain C++, no torch. Each returns nullptr on success, else a message
+// (valid until the next call on this thread) that the caller turns into its own error (TORCH_CHECK in cpp/cuda/).
+// Launches are asynchronous on `stream`; nothing here synchronizes the host.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "fa2/params.h"
+
+namespace fa2 {
+
+// The instantiated forward headdim that serves a (multiple-of-8) headdim: the smallest instantiated one >= headdim,
+// or -1 when this build has none (FA2_HEADDIMS).
+int fwd_headdim_rounded(int headdim);
+
+// Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
+// headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8
+// elements, seqlen_q, seqlen_k, batch, nheads >= 1 (the torch glue pads/copies and handles empty inputs).
+// Picks the instance compiled for the current device's architecture.
+const char* run_fwd(const AttentionParams& params, cudaStream_t stream);
+
+}  // namespace fa2

@@ -1,0 +1,164 @@
+// Thin wrappers over the sm80 instructions the fa2 kernels are built from (forward and backward share them):
+// mma.sync m16n8k16 (f16/bf16 in, f32 accumulate), ldmatrix (.x4 / .x2, plain and .trans), cp.async 16-byte
+// global->shared copies with zero-fill, fp32 -> f16x2/bf16x2 packing, quad (4-lane) reductions, and the
+// XOR swizzle of shared-memory tiles. Framework-free: only CUDA's own headers.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), lane = 4 * group + tig:
+//   A (16x16, row-major): a0 = (group,   2tig..+1)  a1 = (group+8, 2tig..+1)
+//                         a2 = (group,   2tig+8..)  a3 = (group+8, 2tig+8..)
+//   B (16x8, "col"):      b0 = (k = 2tig..+1, n = group)   b1 = (k = 2tig+8..+9, n = group)
+//   C/D (16x8, f32):      c0,c1 = (group, 2tig..+1)   c2,c3 = (group+8, 2tig..+1)
+// ldmatrix .x4: lanes 8i..8i+7 give the 8 row addresses of matrix i; register i receives matrix i with lane
+// holding (row = group, cols 2tig..+1); with .trans it holds (rows 2tig..+1, col = group) instead.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "fa2's sm80 kernels need compute capability 8.0 or newer (mma.sync bf16, cp.async)"
+#endif
+
+namespace fa2 {
+namespace ptx {
+
+// Shared-memory address of a generic pointer, as the 32-bit operand ldmatrix / cp.async take.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- tensor-core MMA: D = A * B + D, 16x8x16, fp32 accumulators -----------------------------------------
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+                                                            const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- ldmatrix: four (or two) 8x8 b16 matrices from shared memory ----------------------------------------
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr));
+}
+
+// ---- cp.async: 16-byte global -> shared copies, in commit groups ------------------------------------------
+// When !pred nothing is read from global memory and the 16 shared bytes are zero-filled (src-size 0): that is
+// how rows past the sequence end and columns past the headdim become zeros (so 0 * V never meets garbage).
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem, bool pred) {
+  const int src_size = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most n of this thread's committed groups are still in flight (n = 0: all landed).
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+}
+
+// ---- conversions -------------------------------------------------------------------------------------------
+// Packs two fp32 values (lo = lower address / lower column) into one f16x2 / bf16x2 register, round to nearest.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// ---- quad reductions: the 4 lanes (tig = 0..3) that share one accumulator row ---------------------------
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace ptx
+
+// ---- swizzled shared-memory tile ---------------------------------------------------------------------------
+// A (kRows, kCols) b16 tile stored as kCols / kBlockCols column blocks of (kRows, kBlockCols), each row of a block
+// kBlockCols * 2 bytes, its 16-byte chunks XOR-swizzled by the row so that 8 consecutive rows at one logical
+// chunk (an ldmatrix phase, or 8 lanes of a cp.async) hit 8 distinct bank groups:
+//   kBlockCols = 64 (128-byte rows): chunk ^ (row % 8)
+//   kBlockCols = 32 ( 64-byte rows): chunk ^ ((row / 2) % 4)   (two rows share one 128-byte bank line)
+template <int kRows, int kCols, int kBlockCols>
+struct SwizzledTile {
+  static_assert(kBlockCols == 64 || kBlockCols == 32, "column blocks of 64 or 32 b16 elements");
+  static_assert(kCols % kBlockCols == 0, "kCols must be a multiple of the column block");
+  static_assert(kRows % 8 == 0, "kRows must be a multiple of 8");
+  static constexpr int kChunksPerBlock = kBlockCols / 8;
+  static constexpr int kElems = kRows * kCols;
+  static constexpr int kBytes = kElems * 2;
+
+  __host__ __device__ static constexpr int swizzle_bits(int row) { return kBlockCols == 64 ? (row & 7) : ((row >> 1) & 3); }
+
+  // Element offset of the 16-byte chunk `chunk` (= column / 8) of row `row`.
+  __host__ __device__ static constexpr int offset(int row, int chunk) {
+    const int block = chunk / kChunksPerBlock, c = chunk % kChunksPerBlock;
+    return block * (kRows * kBlockCols) + row * kBlockCols + ((c ^ swizzle_bits(row)) << 3);
+  }
+
+  // Fragment addressing for ldmatrix: a lane reads row = row_c + row_l, chunk = chunk_c + chunk_l, with the
+  // compile-time parts row_c a multiple of 8 and chunk_c even, the lane parts row_l >= 0 and chunk_l in {0, 1}.
+  // Then, for a tile starting at a 1024-byte aligned shared address `tile`,
+  //   byte address = ((tile + lane_bytes(row_l, chunk_l)) ^ xor_bytes(chunk_c)) + const_bytes(row_c, chunk_c)
+  // i.e. one per-lane base, and per fragment one XOR and an immediate offset.
+  __host__ __device__ static constexpr uint32_t lane_bytes(int row_l, int chunk_l) {
+    return uint32_t(row_l * kBlockCols * 2 + ((chunk_l ^ swizzle_bits(row_l)) << 4));
+  }
+  __host__ __device__ static constexpr uint32_t xor_bytes(int chunk_c) { return uint32_t((chunk_c % kChunksPerBlock) << 4); }
+  __host__ __device__ static constexpr uint32_t const_bytes(int row_c, int chunk_c) {
+    return uint32_t((chunk_c / kChunksPerBlock) * (kRows * kBlockCols * 2) + row_c * kBlockCols * 2);
+  }
+  __device__ static __forceinline__ uint32_t fragment_address(uint32_t lane_base, int row_c, int chunk_c) {
+    return (lane_base ^ xor_bytes(chunk_c)) + const_bytes(row_c, chunk_c);
+  }
+};
+
+}  // namespace fa2

@@ -1,0 +1,89 @@
+// Online softmax over key tiles, in registers (FA-2): running row max m, running row sum l (kept per thread and
+// reduced across the quad once at the end), unnormalized O rescaled by exp2(m_old - m_new) when the max grows.
+// Scores arrive in "score units" s with p = exp2(s * mult - m * mult): mult = scale * log2(e) on the plain path
+// (raw q.k, the scale folded into the one FMA before exp2), log2(e) when scores were already scaled/modified.
+#pragma once
+#include <cmath>
+#include "fa2/ptx.cuh"
+
+namespace fa2 {
+
+// exp2 written out explicitly (the build has no --use_fast_math): ex2.approx.ftz, max relative error 2^-22,
+// subnormal results flushed to 0, exp2(-inf) = 0. Its inputs are s * mult - m * mult <= 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int kMTiles>
+struct OnlineSoftmax {
+  static constexpr int kRows = 2 * kMTiles;  // this thread's rows: (mt, half) -> row 16 mt + 8 half + group
+  float row_max[kRows];                      // in score units; -inf until a visible key is seen
+  float row_sum[kRows];                      // this thread's partial sum of p (quad-reduced in finalize)
+
+  __device__ __forceinline__ OnlineSoftmax() {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // s[mt][nt][4]: one S tile (C fragments) -> overwritten with p = exp2(s * mult - m_new * mult);
+  // o[mt][dt][4]: the O accumulators, rescaled by exp2((m_old - m_new) * mult). mult must be > 0.
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
+                                         float mult) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 2 + half;
+        // -- new row max over this tile (quad-reduced: the 4 lanes of a group hold one row)
+        float m_new = row_max[r];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) m_new = fmaxf(m_new, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
+        m_new = ptx::quad_max(m_new);
+        // A row that has seen only masked keys keeps m = -inf: subtract 0 instead, so exp2(-inf - -inf) = NaN
+        // never happens and its p stay 0.
+        const float m_scaled = m_new == -INFINITY ? 0.f : m_new * mult;
+        // -- rescale what was accumulated under the old max (exp2(-inf) = 0 on the first visible tile)
+        const float correction = exp2_ftz(row_max[r] * mult - m_scaled);
+        row_max[r] = m_new;
+        row_sum[r] *= correction;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mt][dt][half * 2] *= correction;
+          o[mt][dt][half * 2 + 1] *= correction;
+        }
+        // -- p = exp2(s * mult - m * mult): one FFMA + one MUFU.EX2 per score
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2_ftz(fmaf(s[mt][nt][half * 2 + e], mult, -m_scaled));
+            s[mt][nt][half * 2 + e] = p;
+            sum += p;
+          }
+        }
+        row_sum[r] += sum;
+      }
+    }
+  }
+
+  // After the last tile: the factor that normalizes O (0 for a row that saw no key: its output is 0, not NaN)
+  // and lse = m * mult * ln(2) + ln(l) (+inf for such a row).
+  __device__ __forceinline__ void finalize(float mult, float (&inv_sum)[kRows], float (&lse)[kRows]) const {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float l = ptx::quad_sum(row_sum[r]);
+      const bool seen = l > 0.f;
+      inv_sum[r] = seen ? 1.f / l : 0.f;
+      lse[r] = seen ? row_max[r] * mult * 0.69314718055994531f + logf(l) : INFINITY;
+    }
+  }
+};
+
+}  // namespace fa2

@@ -1,0 +1,60 @@
+// Forward tile sizes: the one place they are chosen. Everything else (smem layout, fragment counts, grid)
+// derives from FwdTileConfig. Plain constexpr C++, usable from host and device code.
+#pragma once
+
+namespace fa2 {
+
+struct FwdTileShape {
+  int block_m;  // query rows per CTA (split across warps, 16 rows per m16 tile)
+  int block_n;  // keys per K/V tile
+  int warps;
+  int stages;   // 2: K/V tile n-1 loads (cp.async) while tile n computes, one barrier per tile;
+                // 1: FA-2's split (V[n] loads during S = Q K[n]^T, K[n-1] during softmax and P V[n])
+};
+
+// Starting points from FA-2 (sm80 instruction path). Shared memory per CTA (bytes, b16):
+//   (block_m + stages * 2 * block_n) * headdim * 2
+// d <= 64: 128x128, d 96/128: 128x64, both double-buffered (<= 96 KB, two CTAs per SM on A100/H100/H200);
+// d >= 192: 64x64 single-buffered (72 / 96 KB, 2-3 CTAs per SM; two stages would leave one).
+// Measured on the H200 (2026-11-29, bf16, 16k tokens, hidden 2048, S 1k..16k): d 64 1.08-1.15x and d 128
+// 1.00-1.06x torch's FA-2 forward, causal and not (scripts/cuda_fwd_bench.py).
+constexpr FwdTileShape fwd_tile_shape(int headdim) {
+  return headdim <= 64    ? FwdTileShape{128, 128, 4, 2}
+         : headdim <= 128 ? FwdTileShape{128, 64, 4, 2}
+                          : FwdTileShape{64, 64, 4, 1};
+}
+
+template <int kHeadDim_>
+struct FwdTileConfig {
+  static constexpr FwdTileShape kShape = fwd_tile_shape(kHeadDim_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kShape.block_m;
+  static constexpr int kBlockN = kShape.block_n;
+  static constexpr int kNWarps = kShape.warps;
+  static constexpr int kStages = kShape.stages;
+  static constexpr int kNThreads = kNWarps * 32;
+
+  static constexpr int kRowsPerWarp = kBlockM / kNWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;   // m16 tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;         // n8 tiles of S per row tile
+  static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of O per row tile
+  // Shared-memory tiles are stored in column blocks of 64 b16 (128-byte swizzle) when the headdim allows,
+  // else 32 (64-byte swizzle; d = 32, 96): see SwizzledTile.
+  static constexpr int kSmemBlockCols = kHeadDim % 64 == 0 ? 64 : 32;
+
+  static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;  // one K (or V) tile
+  static constexpr int kSmemBytes = kSmemQBytes + kStages * 2 * kSmemKVBytes;
+
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
+  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole m16 tiles");
+  static_assert(kBlockN % 16 == 0, "P V consumes keys 16 at a time; S is computed in pairs of n8 tiles");
+  static_assert(kStages == 1 || kStages == 2, "single- or double-buffered K/V");
+  static_assert((kBlockM * kHeadDim / 8) % kNThreads == 0, "Q tile splits evenly into 16-byte cp.async");
+  static_assert((kBlockN * kHeadDim / 8) % kNThreads == 0, "K/V tile splits evenly into 16-byte cp.async");
+  static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm80/sm90");
+  // fp32 accumulator registers per thread: O and S; beyond ~200 the kernel spills.
+  static_assert(kMTiles * (kDTiles + kNTiles) * 4 <= 192, "accumulators must stay in registers");
+};
+
+}  // namespace fa2

@@ -1,0 +1,57 @@
+#include "dispatch.h"
+
+#include <string>
+
+namespace fa2 {
+namespace {
+
+const char* dtype_name(DType t) { return t == DType::kBFloat16 ? "bfloat16" : "float16"; }
+
+// Messages returned to the caller live here until this thread's next failing call.
+const char* message(std::string s) {
+  thread_local std::string buffer;
+  buffer = std::move(s);
+  return buffer.c_str();
+}
+
+}  // namespace
+
+const char* dispatch_instance(const char* direction, const InstanceEntry* entries, int num_entries,
+                              const AttentionParams& p, cudaStream_t stream) {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  const int cc = major * 10 + minor;
+
+  const InstanceEntry* best = nullptr;
+  std::string built_archs, built_headdims;
+  for (int i = 0; i < num_entries; ++i) {
+    const InstanceEntry& e = entries[i];
+    if (e.dtype != p.dtype || e.headdim != p.headdim_rounded) continue;
+    built_archs += " sm_" + std::to_string(e.arch);
+    if (e.arch / 10 == cc / 10 && e.arch <= cc && (best == nullptr || e.arch > best->arch)) best = &e;
+  }
+  if (best != nullptr) return best->fn(p, stream);
+  if (built_archs.empty()) {
+    for (int i = 0; i < num_entries; ++i) built_headdims += " " + std::to_string(entries[i].headdim);
+    return message(std::string("fa2: no CUDA ") + direction + " kernel for " + dtype_name(p.dtype) + " headdim " +
+                   std::to_string(p.headdim_rounded) + " in this build (instantiated headdims:" + built_headdims +
+                   "); rebuild with FA2_HEADDIMS including it");
+  }
+  return message(std::string("fa2: no CUDA ") + direction + " kernel for this GPU (compute capability " +
+                 std::to_string(major) + "." + std::to_string(minor) + "): this build has" + built_archs +
+                 "; rebuild with FA2_CUDA_ARCHS including " + std::to_string(cc));
+}
+
+int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim) {
+  int best = -1;
+  for (int i = 0; i < num_entries; ++i) {
+    const int d = entries[i].headdim;
+    if (d >= headdim && (best < 0 || d < best)) best = d;
+  }
+  return best;
+}
+
+}  // namespace fa2

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# CI's compile-only check of the CUDA kernels with the machine's nvcc (no GPU, no torch needed):
+#   1. nothing under cuda/ includes torch, ATen or c10;
+#   2. every hand-written source under cuda/src compiles (host-only .cpp with the host compiler, .cu with nvcc);
+#   3. one instance per kernel family (direction) compiles for sm_80 and for sm_90a, ptxas reporting registers
+#      and spills (a spill in a kernel is printed as a warning, not a failure).
+# Usage: scripts/cuda_compile_check.sh [headdim (default 128)]; env NVCC, CXX, FA2_JOBS (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC=${NVCC:-nvcc}
+CXX=${CXX:-g++}
+JOBS=${FA2_JOBS:-2}
+HEADDIM=${1:-128}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "== no torch/ATen/c10 under cuda/"
+if grep -rnE '#\s*include\s*[<"](torch|ATen|c10)/' cuda/; then
+  echo "FAIL: cuda/ must stay framework-free (the lines above include torch/ATen/c10)"; exit 1
+fi
+
+command -v "$NVCC" >/dev/null || { echo "FAIL: nvcc not found (set NVCC)"; exit 1; }
+cuda_inc=$(dirname "$(dirname "$(readlink -f "$(command -v "$NVCC")")")")/include
+[ -f "$cuda_inc/cuda_runtime_api.h" ] || cuda_inc=/usr/local/cuda/include
+
+echo "== generating one instance per direction (headdim $HEADDIM, fp16, sm_80 and sm_90a)${FA2_DISABLE_BWD:+, FA2_DISABLE_BWD}"
+cmake -DFA2_GEN_DIR="$work/gen" -DFA2_HEADDIMS="$HEADDIM" -DFA2_CUDA_ARCHS="80;90a" -DFA2_DTYPES=fp16 \
+  -DFA2_DISABLE_BWD="${FA2_DISABLE_BWD:-OFF}" -P cmake/generate_kernels.cmake
+
+flags=(-std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -I cuda/include -I cuda/src -I "$work/gen")
+jobs_file="$work/jobs"
+: >"$jobs_file"
+while read -r src; do  # the hand-written sources of the enabled directions (cmake/Kernels.cmake decides)
+  [ -n "$src" ] || continue
+  case "$src" in
+    *.cpp) echo "$CXX -std=c++17 -O2 -Wall -Werror -I cuda/include -I cuda/src -I $work/gen -I $cuda_inc -c $src -o $work/$(basename "$src").o" ;;
+    *.cu) echo "$NVCC ${flags[*]} --generate-code=arch=compute_80,code=[sm_80] -c $src -o $work/$(basename "$src").o" ;;
+  esac >>"$jobs_file"
+done <"$work/gen/host_sources.txt"
+while read -r src arch; do
+  echo "$NVCC ${flags[*]} -Xptxas=-v --generate-code=arch=compute_${arch},code=[sm_${arch}] -c $src -o $src.o 2>$src.ptxas.log" >>"$jobs_file"
+done <"$work/gen/instances.txt"
+
+echo "== compiling $(wc -l <"$jobs_file") translation units, $JOBS at a time"
+start=$SECONDS
+if ! xargs -P "$JOBS" -I{} -d '\n' bash -c '{} || { echo "FAIL: {}"; exit 255; }' <"$jobs_file"; then
+  for log in "$work"/gen/*.ptxas.log; do [ -s "$log" ] && grep -v "^ptxas info\s*: \(Compile time\|Function properties\|0 bytes gmem\)" "$log" | grep -iE "error|warning" || true; done
+  echo "FAIL: compilation failed"; exit 1
+fi
+for log in "$work"/gen/*.ptxas.log; do
+  inst=$(basename "$log" .cu.ptxas.log)
+  awk -v inst="$inst" '/bytes spill stores/ {spill=$5} /Used [0-9]+ registers/ {
+      print "  " inst ": " $5 " registers" (spill > 0 ? ", " spill " B spill stores" : ""); spill=0}' "$log"
+  if grep -qE "[1-9][0-9]* bytes spill stores" "$log"; then echo "  warning: $inst spills registers (see -Xptxas -v)"; fi
+done
+echo "OK: CUDA compile check passed in $((SECONDS - start)) s"
