@@ -1,0 +1,778 @@
+#!/usr/bin/env python
+"""Attention kernel benchmark: fa2 against PyTorch's attention kernels, side by side in one run.
+
+Implementations (``--impls``):
+  fa2        fa2.attention (flash-attn layout; the (B, H, S, D) inputs are passed as ``.transpose(1, 2)`` views)
+  torch-fa2  F.scaled_dot_product_attention pinned to SDPBackend.FLASH_ATTENTION (PyTorch's FA-2)
+  cudnn      ... pinned to SDPBackend.CUDNN_ATTENTION
+  efficient  ... pinned to SDPBackend.EFFICIENT_ATTENTION (memory-efficient / xformers kernel)
+  math       ... pinned to SDPBackend.MATH (materializes the S x S scores)
+  flex       torch.compile(flex_attention), with a causal block mask when causal and a score_mod for biases
+  sdpa       F.scaled_dot_product_attention with PyTorch's own backend choice (not in the defaults)
+
+Grid (the FA-2 paper's, Dao 2023, section 4.1): 16k tokens (batch = 16384 // seqlen), hidden 2048
+(nheads = 2048 // D), D in {64, 128, 256}, seqlen 512 ... 16k, causal and not, bf16 and fp16; passes fwd, bwd,
+fwd+bwd. Mask variants (non-causal only, as SDPA cannot combine attn_mask with is_causal):
+  padding: a (B, 1, 1, S) additive float bias, the last 10% of each batch's keys -inf (fa2 gets attn_bias,
+           SDPA gets attn_mask, flex a score_mod reading the same tensor);
+  full:    a (B, H, S, S) random float bias (relative-position-style), seqlen <= --full-bias-max-seqlen.
+Memory: peak GPU memory of one fwd+bwd call vs seqlen (batch 1, 16 heads, D 128, S up to 64k), fa2 vs math.
+
+Every failure (unsupported shape or dtype, OOM, missing backend, a wrong result) is recorded with its reason
+and the run goes on. Each implementation's first output (and its gradients) is compared with an fp32 reference
+on the first batch and first two heads; a mismatch is flagged with '!' in the table and kept in the JSON.
+
+Usage:
+  python benchmarks/bench_attention.py --quick                       # ~1 minute on an H200
+  python benchmarks/bench_attention.py                               # the whole grid (long)
+  python benchmarks/bench_attention.py --dims 128 --seqlens 2k,8k --impls fa2,cudnn --pass fwd
+  python benchmarks/bench_attention.py --device cpu --quick          # CPU smoke test; --device cpu: CPU section
+Writes <out>/attention_<tag>.json and PNG plots (benchmarks/plot.py, which also re-plots a saved JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+import zlib
+from dataclasses import asdict, dataclass
+
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+IMPLS = ("fa2", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
+SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH", "sdpa": None}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+PASSES = ("fwd", "bwd", "fwdbwd")
+MASKS = ("none", "padding", "full")
+# Relative error (||out - ref|| / ||ref||, ref in fp32) above which a result is flagged as wrong. Loose on
+# purpose: it catches garbage (error ~1), not rounding (bf16 ~4e-3, fp16 ~5e-4, naive bf16 math ~1e-2).
+TOLERANCE = {torch.bfloat16: 0.05, torch.float16: 0.02, torch.float32: 1e-3, torch.float64: 1e-6}
+
+
+# ---- FLOPs (the FA-2 paper's count) --------------------------------------------------------------------------
+
+def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headdim: int, causal: bool,
+                    pass_: str) -> float:
+    """Forward: Q·Kᵀ and P·V, each 2·Sq·Sk·D per (batch, head) -> 4·B·H·Sq·Sk·D; causal does half the work.
+    Backward: five matmuls of the same size (recomputed S, dV, dP, dQ, dK) = 2.5 x forward. fwd+bwd = 3.5 x.
+    Masked-out (padding) keys are still counted: every implementation here computes them (additive bias)."""
+    fwd = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
+    if causal:
+        fwd /= 2
+    return {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_] * fwd
+
+
+# ---- defaults: (device, quick) -> grid ----------------------------------------------------------------------
+
+PROFILES = {
+    ("cuda", False): dict(dims="64,128,256", seqlens="512,1k,2k,4k,8k,16k", dtypes="bf16,fp16", causal="both",
+                          masks="none,padding,full", passes="fwd,bwd,fwdbwd",
+                          impls="fa2,torch-fa2,cudnn,efficient,math,flex", tokens=16384, hidden=2048,
+                          mem_seqlens="1k,2k,4k,8k,16k,32k,64k", mem_impls="fa2,math,torch-fa2",
+                          mem_heads=16, mem_dim=128, full_bias_max_seqlen=4096, warmup_ms=25, rep_ms=100),
+    ("cuda", True): dict(dims="64,128", seqlens="1k,4k", dtypes="bf16", causal="both", masks="none",
+                         passes="fwd,fwdbwd", impls="fa2,torch-fa2,cudnn,efficient,math,flex", tokens=16384,
+                         hidden=2048, mem_seqlens="1k,4k,16k,64k", mem_impls="fa2,math", mem_heads=16, mem_dim=128,
+                         full_bias_max_seqlen=4096, warmup_ms=25, rep_ms=100),
+    # CPU section: fa2's CPU kernel against PyTorch's CPU SDPA (its FLASH_ATTENTION backend is a CPU flash kernel).
+    ("cpu", False): dict(dims="64,128", seqlens="256,512,1k", dtypes="fp32,bf16", causal="both",
+                         masks="none,padding", passes="fwd,bwd,fwdbwd", impls="fa2,torch-fa2,math", tokens=2048,
+                         hidden=512, mem_seqlens="256,512,1k,2k", mem_impls="fa2,math", mem_heads=4, mem_dim=64,
+                         full_bias_max_seqlen=1024, warmup_ms=50, rep_ms=300),
+    # The GPU quick grid's code paths with tiny sizes (a smoke test, also what CI runs).
+    ("cpu", True): dict(dims="64,128", seqlens="128,256", dtypes="fp32", causal="both", masks="none",
+                        passes="fwd,fwdbwd", impls="fa2,torch-fa2,cudnn,efficient,math,flex", tokens=512,
+                        hidden=256, mem_seqlens="128,256,512", mem_impls="fa2,math", mem_heads=2, mem_dim=64,
+                        full_bias_max_seqlen=256, warmup_ms=5, rep_ms=30),
+}
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().lower()
+    return int(float(s[:-1]) * 1024) if s.endswith("k") else int(s)
+
+
+def csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+# ---- environment ------------------------------------------------------------------------------------------
+
+_FA2_IMPORT_ERROR = {}
+
+
+def import_fa2():
+    """fa2 module or None, and the reason it could not be imported."""
+    try:
+        import fa2
+        return fa2, None
+    except Exception as e:  # ImportError, or an ABI mismatch message from fa2's loader
+        _FA2_IMPORT_ERROR["reason"] = f"import fa2 failed: {type(e).__name__}: {e}"
+        return None, _FA2_IMPORT_ERROR["reason"]
+
+
+def environment(device: torch.device, fa2_mod, fa2_err) -> dict:
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "device": str(device), "argv": sys.argv,
+    }
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        env["git_commit"] = out.stdout.strip() or None
+        st = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, timeout=10)
+        env["git_dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except Exception as e:
+        env["git_commit"] = f"unknown ({e})"
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
+                   gpu_memory_gib=round(p.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
+        try:
+            q = "name,driver_version,clocks.sm,clocks.max.sm,power.limit"
+            r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=20)
+            env["nvidia_smi"] = r.stdout.strip()
+        except Exception:
+            pass
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["threads"] = torch.get_num_threads()
+    env["fa2"] = dict(fa2_mod.build_info(), file=fa2_mod.__file__) if fa2_mod is not None else {"error": fa2_err}
+    return env
+
+
+# ---- timing -----------------------------------------------------------------------------------------------
+
+try:
+    from triton.testing import do_bench as _do_bench
+except Exception:  # no triton (CPU machines): CUDA events below
+    _do_bench = None
+
+
+def time_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float) -> float:
+    """Median time of fn() in milliseconds, after warm-up."""
+    if device.type == "cuda":
+        if _do_bench is not None:
+            # do_bench: CUDA events around each call, L2 flushed between calls, warm-up/rep in milliseconds.
+            try:
+                return float(_do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+            except TypeError:  # older triton without return_mode
+                return float(_do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5])[0])
+        return _cuda_events_median(fn, warmup_ms, rep_ms)
+    return _cpu_median(fn, warmup_ms, rep_ms)
+
+
+def _cuda_events_median(fn, warmup_ms, rep_ms):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    est = max((time.perf_counter() - t0) / 3 * 1e3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    times = []
+    for _ in range(min(1000, max(5, int(rep_ms / est)))):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        times.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in times)
+
+
+def _cpu_median(fn, warmup_ms, rep_ms):
+    t_end = time.perf_counter() + warmup_ms / 1e3
+    fn()
+    while time.perf_counter() < t_end:
+        fn()
+    times = []
+    t_end = time.perf_counter() + rep_ms / 1e3
+    while len(times) < 3 or (time.perf_counter() < t_end and len(times) < 100):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- memory -----------------------------------------------------------------------------------------------
+
+class PeakMemory:
+    """Peak memory allocated during a region, above what was allocated at its start.
+    CUDA: torch.cuda.max_memory_allocated (exact, caching allocator). CPU: the process's resident-set high-water
+    mark (VmHWM, reset through /proc/self/clear_refs) -- coarse, Linux only; None where unavailable."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        sync(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.base = None
+            with contextlib.suppress(OSError):
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")  # resets VmHWM to the current RSS
+                self.base = _proc_status_kib("VmRSS")
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device)
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+        else:
+            hwm = _proc_status_kib("VmHWM")
+            self.peak = None if self.base is None or hwm is None else max(0, hwm - self.base) * 1024
+        return False
+
+
+def _proc_status_kib(key):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+# ---- problems and implementations --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config:
+    dtype: str
+    headdim: int
+    seqlen: int
+    batch: int
+    nheads: int
+    causal: bool
+    mask: str
+
+    def seed(self) -> int:  # the same random inputs for every implementation of a config
+        return zlib.crc32(repr(self).encode())
+
+
+def make_inputs(cfg: Config, device):
+    """q, k, v (B, H, S, D) leaves that require grad, standard normal (never zeros); bias or None."""
+    gen = torch.Generator(device=device).manual_seed(cfg.seed())
+    dt = DTYPES[cfg.dtype]
+    shape = (cfg.batch, cfg.nheads, cfg.seqlen, cfg.headdim)
+    q, k, v = (torch.randn(shape, generator=gen, device=device, dtype=dt).requires_grad_() for _ in range(3))
+    bias = None
+    if cfg.mask == "padding":
+        # Additive key-padding bias (B, 1, 1, S): the last 10% of every sequence's keys are padding.
+        bias = torch.zeros(cfg.batch, 1, 1, cfg.seqlen, device=device, dtype=dt)
+        bias[..., cfg.seqlen - max(1, cfg.seqlen // 10):] = float("-inf")
+    elif cfg.mask == "full":
+        bias = torch.randn(cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen, generator=gen, device=device, dtype=dt)
+    return q, k, v, bias
+
+
+_FLEX = {}
+
+
+def _flex():
+    if "fn" not in _FLEX:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        # One compiled function; each new shape is one more (static-shape) compilation, done in the first call,
+        # outside the timing.
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+        _FLEX["create_block_mask"] = create_block_mask
+    return _FLEX["fn"], _FLEX["create_block_mask"]
+
+
+def reset_flex():
+    """After an exception inside compiled flex_attention, Dynamo runs that function uncompiled from then on
+    (seen with torch 2.13: every later shape ran ~5x slower): start again from a clean Dynamo state."""
+    _FLEX.clear()
+    torch._dynamo.reset()
+
+
+def make_call(impl: str, cfg: Config, bias, fa2_mod, device):
+    """(f, to_bhsd): f(q, k, v) runs the implementation on (B, H, S, D) tensors and returns its output in its own
+    layout; to_bhsd(out) views that output as (B, H, S, D)."""
+    causal = cfg.causal
+    if impl == "fa2":
+        if fa2_mod is None:
+            raise RuntimeError(_FA2_IMPORT_ERROR.get("reason", "fa2 is not importable"))
+        # flash-attn layout (B, S, H, D): transposed views of the (B, H, S, D) tensors, no copies.
+        def f(q, k, v):
+            return fa2_mod.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias,
+                                     causal=causal)
+        return f, lambda out: out.transpose(1, 2)
+    if impl in SDPA_BACKENDS:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        name = SDPA_BACKENDS[impl]
+        ctx = (lambda: sdpa_kernel([getattr(SDPBackend, name)])) if name else contextlib.nullcontext
+
+        def f(q, k, v):
+            with ctx():  # the backward follows the forward's kernel; the context only steers dispatch
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+        return f, lambda out: out
+    if impl == "flex":
+        flex, create_block_mask = _flex()
+        block_mask = None
+        if causal:
+            block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, cfg.seqlen,
+                                           cfg.seqlen, device=device)
+        score_mod = None
+        if cfg.mask == "padding":
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return score + bias[b, 0, 0, kv_idx]
+        elif cfg.mask == "full":
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return score + bias[b, h, q_idx, kv_idx]
+
+        def f(q, k, v):
+            return flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        return f, lambda out: out
+    raise ValueError(f"unknown implementation {impl!r}")
+
+
+def reference(cfg: Config, q, k, v, bias, dout_bhsd):
+    """fp32 math on the first batch and the first (up to) two heads: output and (dq, dk, dv) for dout."""
+    h = min(2, cfg.nheads)
+    qs, ks, vs = (t.detach()[:1, :h].float().requires_grad_() for t in (q, k, v))
+    s = (qs @ ks.transpose(-1, -2)) * cfg.headdim ** -0.5
+    if bias is not None:
+        s = s + bias[:1, :h].float()
+    if cfg.causal:
+        s = s.masked_fill(torch.ones(cfg.seqlen, cfg.seqlen, dtype=torch.bool, device=q.device).triu(1),
+                          float("-inf"))
+    out = torch.softmax(s, dim=-1) @ vs
+    grads = torch.autograd.grad(out, (qs, ks, vs), dout_bhsd[:1, :h].float())
+    return out.detach(), grads
+
+
+def rel_err(x, ref):
+    x, ref = x.detach().float(), ref.detach().float()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def short(e: BaseException, caught=()) -> str:
+    msg = str(e).strip().splitlines()
+    text = f"{type(e).__name__}: {msg[0] if msg else ''}"
+    # SDPA explains why it has no kernel in warnings; keep the first ones, they are the useful part.
+    reasons = [str(w.message).strip().splitlines()[0] for w in caught if "kernel not used" in str(w.message)
+               or "not supported" in str(w.message).lower()]
+    if reasons:
+        text += " | " + " | ".join(dict.fromkeys(reasons))
+    return text[:400]
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+# ---- one implementation on one config: all passes ------------------------------------------------------------
+
+def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
+    base = dict(impl=impl, **asdict(cfg))
+
+    def rec(pass_, status, **kw):
+        return dict(base, **{"pass": pass_, "status": status}, **kw)
+
+    try:
+        q, k, v, bias = make_inputs(cfg, device)
+    except Exception as e:
+        status = "oom" if is_oom(e) else "error"
+        _free(device)
+        return [rec(p, status, reason=f"inputs: {short(e)}") for p in passes]
+
+    results = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            f, to_bhsd = make_call(impl, cfg, bias, fa2_mod, device)
+            # FlexAttention has no backward on the CPU (it raises NotImplementedError for inputs that require
+            # grad, and a compiled flex that raised once stays slow): time its forward on no-grad inputs.
+            grad_ok = not (impl == "flex" and device.type == "cpu")
+            note = None if grad_ok else "no backward on this device: forward timed on no-grad inputs"
+            # First call: compiles (flex), finds out whether the backend takes this problem at all.
+            out = f(q, k, v) if grad_ok else f(q.detach(), k.detach(), v.detach())
+            sync(device)
+        except Exception as e:
+            status = "oom" if is_oom(e) else "n/a"
+            _free(device)
+            return [rec(p, status, reason=short(e, caught)) for p in passes]
+
+    # Check the numbers once per job: output and gradients against fp32 math on a slice.
+    tol = TOLERANCE[DTYPES[cfg.dtype]]
+    check = {}
+    dout = torch.randn(out.shape, device=device, dtype=out.dtype,
+                       generator=torch.Generator(device=device).manual_seed(cfg.seed() + 1))
+    try:
+        ref_out, ref_grads = reference(cfg, q, k, v, bias, to_bhsd(dout))
+        h = ref_out.shape[1]
+        check["out_rel_err"] = rel_err(to_bhsd(out)[:1, :h], ref_out)
+        if grad_ok:
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            check["grad_rel_err"] = max(rel_err(g[:1, :h], r) for g, r in zip(grads, ref_grads))
+            del grads
+        errs = [x for x in (check.get("out_rel_err"), check.get("grad_rel_err")) if x is not None]
+        check["ok"] = all(x <= tol for x in errs)  # NaN compares False: not ok
+        check["tol"] = tol
+    except Exception as e:
+        check.update(ok=None, error=short(e))
+        if is_oom(e):
+            _free(device)
+    del out
+
+    inputs = (q, k, v) if grad_ok else (q.detach(), k.detach(), v.detach())
+    for pass_ in passes:
+        flops = attention_flops(cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen, cfg.headdim, cfg.causal, pass_)
+        if pass_ != "fwd" and not grad_ok:
+            results.append(rec(pass_, "n/a", reason=note, check=check))
+            continue
+        try:
+            if pass_ == "fwd":
+                def fn():
+                    return f(*inputs)
+            elif pass_ == "bwd":
+                # Backward alone: one forward, then the backward replayed on the retained graph.
+                out = f(q, k, v)
+
+                def fn():
+                    return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            else:
+                def fn():
+                    return torch.autograd.grad(f(q, k, v), (q, k, v), dout)
+            ms = time_ms(fn, device, warmup_ms, rep_ms)
+            r = rec(pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check)
+            if note:
+                r["note"] = note
+            results.append(r)
+        except Exception as e:
+            results.append(rec(pass_, "oom" if is_oom(e) else "error", reason=short(e), check=check))
+        finally:
+            out = fn = None
+            _free(device)
+    return results
+
+
+def _free(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+# ---- memory section ---------------------------------------------------------------------------------------
+
+def run_memory(impls, seqlens, nheads, headdim, dtype, fa2_mod, device) -> list[dict]:
+    """Peak memory of one fwd+bwd call (batch 1), above the inputs q, k, v and dout. Includes the output and
+    the three gradients, which every implementation must allocate; stops an implementation at its first OOM."""
+    rows = []
+    for impl in impls:
+        stopped = None
+        for S in seqlens:
+            cfg = Config(dtype, headdim, S, 1, nheads, False, "none")
+            row = dict(impl=impl, seqlen=S, batch=1, nheads=nheads, headdim=headdim, dtype=dtype)
+            if stopped:
+                rows.append(dict(row, status="skipped", reason=stopped))
+                continue
+            q = k = v = dout = out = grads = None
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    q, k, v, _ = make_inputs(cfg, device)
+                    f, _ = make_call(impl, cfg, None, fa2_mod, device)
+                    # dout in the implementation's own output layout: fa2 (B, S, H, D), SDPA (B, H, S, D)
+                    shape = (1, S, nheads, headdim) if impl == "fa2" else (1, nheads, S, headdim)
+                    dout = torch.randn(shape, device=device, dtype=q.dtype)
+                    with PeakMemory(device) as pm:
+                        out = f(q, k, v)
+                        grads = torch.autograd.grad(out, (q, k, v), dout)
+                    if not all(torch.isfinite(g).all() for g in grads):
+                        raise RuntimeError("non-finite gradients")
+                rows.append(dict(row, status="ok", peak_bytes=pm.peak))
+            except Exception as e:
+                status = "oom" if is_oom(e) else "error"
+                rows.append(dict(row, status=status, reason=short(e, caught)))
+                stopped = f"after {status} at seqlen {S}"
+            finally:
+                q = k = v = dout = out = grads = None
+                _free(device)
+    return rows
+
+
+# ---- report -----------------------------------------------------------------------------------------------
+
+def fmt_rate(r, unit):
+    if r is None:
+        return "-"
+    if r["status"] != "ok":
+        return {"n/a": "n/a", "oom": "oom", "error": "err", "skipped": "skip"}.get(r["status"], r["status"])
+    val = r["tflops"] * (1000 if unit == "GFLOP/s" else 1)
+    bad = r.get("check", {}).get("ok") is False
+    return (f"{val:.0f}" if val >= 100 else f"{val:.1f}" if val >= 1 else f"{val:.3f}") + ("!" if bad else "")
+
+
+def print_table(rows, impls, unit, file=sys.stdout):
+    keys = ["dtype", "headdim", "seqlen", "causal", "mask", "pass"]
+    by_key = {}
+    for r in rows:
+        by_key.setdefault(tuple(r[k] for k in keys), {})[r["impl"]] = r
+    peers = [i for i in impls if i != "fa2"]
+    ratio_cols = [f"fa2/{p}" for p in peers] if "fa2" in impls else []
+    head = ["dtype", "D", "S", "causal", "mask", "pass"] + list(impls) + ratio_cols
+    lines = []
+    order = {p: i for i, p in enumerate(PASSES)}
+    # mask "none" (the paper's grid) last: the end of the output is what a remote run shows first
+    for key in sorted(by_key, key=lambda t: (t[4] == "none", t[4], t[0], t[1], t[3], order[t[5]], t[2])):
+        cells = by_key[key]
+        dtype, D, S, causal, mask, pass_ = key
+        line = [dtype, str(D), f"{S // 1024}k" if S >= 1024 and S % 1024 == 0 else str(S), "yes" if causal else "no",
+                mask, pass_] + [fmt_rate(cells.get(i), unit) for i in impls]
+        fa = cells.get("fa2")
+        for p in peers if ratio_cols else []:
+            pr = cells.get(p)
+            ok = fa and pr and fa["status"] == "ok" and pr["status"] == "ok"
+            line.append(f"{fa['tflops'] / pr['tflops']:.2f}x" if ok else "-")
+        lines.append(line)
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
+    print(f"\n{unit} (median; '!' = output/gradient check failed; fa2/peer > 1 means fa2 is faster)", file=file)
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)), file=file)
+    for l in lines:
+        print("  ".join(c.rjust(w) for c, w in zip(l, widths)), file=file)
+
+
+def print_failures(rows, file=sys.stdout):
+    seen = {}
+    for r in rows:
+        if r["status"] not in ("ok", "skipped"):
+            seen.setdefault((r["impl"], r["status"], r.get("reason", "")), 0)
+            seen[(r["impl"], r["status"], r.get("reason", ""))] += 1
+    bad = [r for r in rows if r["status"] == "ok" and r.get("check", {}).get("ok") is False]
+    if seen:
+        print("\nnot measured (impl, status, count, reason):", file=file)
+        for (impl, status, reason), n in sorted(seen.items())[:30]:
+            print(f"  {impl:10s} {status:5s} x{n:<3d} {reason[:160]}", file=file)
+    for r in bad[:10]:
+        print(f"  CHECK FAILED {r['impl']} {r['dtype']} D={r['headdim']} S={r['seqlen']} causal={r['causal']} "
+              f"mask={r['mask']}: {r['check']}", file=file)
+    skipped = sum(r["status"] == "skipped" for r in rows)
+    if skipped:
+        print(f"  {skipped} measurements skipped (time budget)", file=file)
+
+
+def print_memory(rows, file=sys.stdout):
+    if not rows:
+        return
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    seqlens = sorted({r["seqlen"] for r in rows})
+    cell = {(r["impl"], r["seqlen"]): r for r in rows}
+    print("\npeak memory of one fwd+bwd call above its inputs, MiB (batch 1, "
+          f"H={rows[0]['nheads']}, D={rows[0]['headdim']}, {rows[0]['dtype']})", file=file)
+    print("  ".join(["S".rjust(6)] + [i.rjust(10) for i in impls]), file=file)
+    for S in seqlens:
+        cells = []
+        for i in impls:
+            r = cell.get((i, S))
+            if r is None:
+                cells.append("-")
+            elif r["status"] == "ok":
+                cells.append("?" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}")
+            else:
+                cells.append(r["status"])
+        print("  ".join([str(S).rjust(6)] + [c.rjust(10) for c in cells]), file=file)
+
+
+# ---- main -------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
+    p.add_argument("--quick", action="store_true", help="small grid (GPU: ~1 minute; CPU: tiny sizes)")
+    p.add_argument("--dims", help="head dims, e.g. 64,128,256")
+    p.add_argument("--seqlens", help="e.g. 512,1k,2k (k = 1024)")
+    p.add_argument("--dtypes", help="bf16,fp16 (CPU also fp32,fp64)")
+    p.add_argument("--causal", choices=("both", "yes", "no"))
+    p.add_argument("--masks", help="none,padding,full (masks run non-causal)")
+    p.add_argument("--pass", dest="passes", help="fwd,bwd,fwdbwd")
+    p.add_argument("--impls", help=",".join(IMPLS))
+    p.add_argument("--tokens", type=int, help="tokens per batch: batch = tokens // seqlen (default 16384)")
+    p.add_argument("--hidden", type=int, help="model width: nheads = hidden // D (default 2048)")
+    p.add_argument("--full-bias-max-seqlen", type=int, help="largest seqlen of the (B,H,S,S) bias variant")
+    p.add_argument("--mem-seqlens", help="memory section seqlens ('' to skip it)")
+    p.add_argument("--mem-impls", help="memory section implementations")
+    p.add_argument("--mem-heads", type=int)
+    p.add_argument("--mem-dim", type=int)
+    p.add_argument("--warmup-ms", type=float)
+    p.add_argument("--rep-ms", type=float)
+    p.add_argument("--time-budget", type=float, default=0,
+                   help="seconds; once spent, the remaining measurements are recorded as skipped (0 = no limit)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--tag", help="name part of the output files (default: <gpu or cpu>-<date>[-quick])")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--from-json", metavar="FILE", help="print the tables of a saved run and exit")
+    args = p.parse_args(argv)
+
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        print_failures(saved["measurements"])
+        print_memory(saved["memory"])
+        print_table(saved["measurements"], saved["grid"]["impls"],
+                    "TFLOP/s" if saved["env"].get("gpu") else "GFLOP/s")
+        return saved
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but torch.cuda.is_available() is False (use --device cpu)")
+    device = torch.device(args.device)
+    prof = PROFILES[(device.type, args.quick)]
+    for key, val in prof.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, val)
+
+    dims = [int(x) for x in csv(args.dims)]
+    seqlens = [parse_size(x) for x in csv(args.seqlens)]
+    dtypes = csv(args.dtypes)
+    passes = csv(args.passes)
+    masks = csv(args.masks)
+    impls = csv(args.impls)
+    for name, vals, allowed in (("dtypes", dtypes, DTYPES), ("pass", passes, PASSES), ("masks", masks, MASKS),
+                                ("impls", impls, IMPLS)):
+        bad = [x for x in vals if x not in allowed]
+        if bad:
+            p.error(f"--{name}: unknown {bad}; choose from {list(allowed)}")
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+
+    # Many shapes through one compiled flex_attention: lift Dynamo's per-function recompile limit.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 4096)
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 8192)
+
+    fa2_mod, fa2_err = import_fa2()
+    env = environment(device, fa2_mod, fa2_err)
+    gpu_short = (env.get("gpu", "").replace("NVIDIA", "").strip().split() or ["gpu"])[0].lower() \
+        if device.type == "cuda" else "cpu"
+    tag = args.tag or f"{gpu_short}-{datetime.date.today():%Y%m%d}" + ("-quick" if args.quick else "")
+    unit = "TFLOP/s" if device.type == "cuda" else "GFLOP/s"
+    print(f"fa2 attention benchmark on {env.get('gpu') or env.get('cpu')}: torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}, triton {env.get('triton')}, fa2 {env['fa2'].get('version', fa2_err)}",
+          flush=True)
+
+    # Configs: masks other than none run non-causal; the full (B,H,S,S) bias only up to a moderate seqlen.
+    configs = []
+    for mask in masks:
+        for dtype in dtypes:
+            for D in dims:
+                for causal in causals:
+                    if mask != "none" and causal:
+                        continue
+                    for S in seqlens:
+                        if mask == "full" and S > args.full_bias_max_seqlen:
+                            continue
+                        configs.append(Config(dtype, D, S, max(1, args.tokens // S), max(1, args.hidden // D),
+                                              causal, mask))
+    # flex jobs last: each new shape is a compilation, the slowest part of the run; under a time budget the
+    # kernels that need none are measured first.
+    jobs = [(c, i) for i in impls if i != "flex" for c in configs]
+    jobs.sort(key=lambda j: configs.index(j[0]))
+    jobs += [(c, "flex") for c in configs if "flex" in impls]
+
+    t_start = time.monotonic()
+    deadline = t_start + args.time_budget if args.time_budget > 0 else math.inf
+    mem_seqlens = [parse_size(x) for x in csv(args.mem_seqlens)]
+    mem_rows = []
+    if mem_seqlens:
+        mem_rows = run_memory(csv(args.mem_impls), mem_seqlens, args.mem_heads, args.mem_dim, dtypes[0], fa2_mod,
+                              device)
+
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=len(jobs) * len(passes), unit="meas", disable=args.no_progress, file=sys.stderr,
+                   mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True)
+    except ImportError:
+        bar = None
+    rows = []
+    try:
+        for cfg, impl in jobs:
+            if bar is not None:
+                bar.set_description(f"{impl} {cfg.dtype} D{cfg.headdim} S{cfg.seqlen}"
+                                    f"{' causal' if cfg.causal else ''} {cfg.mask}", refresh=False)
+            if time.monotonic() > deadline:
+                rows += [dict(impl=impl, **asdict(cfg), **{"pass": p_}, status="skipped", reason="time budget")
+                         for p_ in passes]
+            else:
+                got = run_job(cfg, impl, passes, fa2_mod, device, args.warmup_ms, args.rep_ms)
+                rows += got
+                if impl == "flex" and any(r["status"] != "ok" or "error" in r.get("check", {}) for r in got):
+                    reset_flex()
+            if bar is not None:
+                bar.update(len(passes))
+    except KeyboardInterrupt:
+        print("\ninterrupted: writing what was measured", file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    env["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    result = {"kind": "attention", "tag": tag, "env": env, "unit_note": "tflops = flops / seconds / 1e12",
+              "flops": "fwd = 4*B*H*Sq*Sk*D (/2 causal); bwd = 2.5*fwd; fwdbwd = 3.5*fwd",
+              "timing": ("triton.testing.do_bench median" if device.type == "cuda" and _do_bench else
+                         "CUDA events median" if device.type == "cuda" else "time.perf_counter median")
+              + f", warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+              "grid": dict(dims=dims, seqlens=seqlens, dtypes=dtypes, causal=args.causal, masks=masks, passes=passes,
+                           impls=impls, tokens=args.tokens, hidden=args.hidden,
+                           full_bias_max_seqlen=args.full_bias_max_seqlen),
+              "measurements": rows, "memory": mem_rows}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"attention_{tag}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+    pngs = []
+    if not args.no_plot:
+        try:
+            sys.path.insert(0, HERE)
+            import plot
+            pngs = plot.plot_all(result, args.out)
+        except Exception as e:  # plotting never loses the measurements
+            print(f"plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
+    print_failures(rows)
+    print_memory(mem_rows)
+    print_table(rows, impls, unit)
+    print(f"\nwrote {path}" + "".join(f"\nwrote {x}" for x in pngs) + f"\n({env['elapsed_s']} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""Plots for the benchmark JSON files (bench_attention.py, bench_e2e.py); also callable on a saved file.
+
+  python benchmarks/plot.py benchmarks/results/attention_h200-20261130.json [--out DIR]
+
+Attention: FA-2-paper-style figures, one PNG per (dtype, mask): one panel per pass x (head dim, causal), TFLOP/s
+bars per seqlen grouped by implementation; plus the memory plot (peak memory of one fwd+bwd call vs seqlen).
+End to end: training throughput (tokens/s) and MFU bars per configuration and way.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"fa2": "#d62728", "torch-fa2": "#1f77b4", "cudnn": "#2ca02c", "efficient": "#9467bd", "math": "#7f7f7f",
+          "flex": "#ff7f0e", "sdpa": "#17becf"}
+PASS_LABEL = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
+
+
+def _seq_label(s: int) -> str:
+    return f"{s // 1024}k" if s >= 1024 and s % 1024 == 0 else str(s)
+
+
+def _hw(env: dict) -> str:
+    return env.get("gpu") or f"CPU ({env.get('cpu', '?')}, {env.get('threads', '?')} threads)"
+
+
+def plot_attention_speed(result: dict, out_dir: str) -> list[str]:
+    rows = result["measurements"]
+    env, tag = result["env"], result["tag"]
+    cpu = not env.get("gpu")
+    scale, unit = (1000.0, "GFLOP/s") if cpu else (1.0, "TFLOP/s")
+    paths = []
+    groups = sorted({(r["dtype"], r["mask"]) for r in rows}, key=lambda t: (t[1] != "none", t))
+    impl_order = [i for i in COLORS if any(r["impl"] == i for r in rows)]
+    for dtype, mask in groups:
+        sel = [r for r in rows if r["dtype"] == dtype and r["mask"] == mask]
+        passes = [p for p in PASS_LABEL if any(r["pass"] == p for r in sel)]
+        panels = sorted({(r["headdim"], r["causal"]) for r in sel}, key=lambda t: (t[1], t[0]))
+        impls = [i for i in impl_order if any(r["impl"] == i and r["status"] == "ok" for r in sel)]
+        if not impls or not passes:
+            continue
+        fig, axes = plt.subplots(len(passes), len(panels), squeeze=False,
+                                 figsize=(max(7.0, 1.2 + 4.0 * len(panels)), 1.0 + 3.0 * len(passes)))
+        cell = {(r["pass"], r["headdim"], r["causal"], r["seqlen"], r["impl"]): r for r in sel}
+        for pi, pass_ in enumerate(passes):
+            for ci, (D, causal) in enumerate(panels):
+                ax = axes[pi][ci]
+                seqlens = sorted({r["seqlen"] for r in sel if r["headdim"] == D and r["causal"] == causal})
+                width = 0.8 / len(impls)
+                top = 0.0
+                for ii, impl in enumerate(impls):
+                    for si, S in enumerate(seqlens):
+                        r = cell.get((pass_, D, causal, S, impl))
+                        x = si - 0.4 + width * (ii + 0.5)
+                        if r is not None and r["status"] == "ok":
+                            val = r["tflops"] * scale
+                            top = max(top, val)
+                            ax.bar(x, val, width, color=COLORS[impl], label=impl if (si == 0) else None)
+                            txt = f"{val:.0f}" if val >= 10 else f"{val:.2g}"
+                            if r.get("check", {}).get("ok") is False:
+                                txt += "!"
+                            ax.text(x, val, txt, ha="center", va="bottom", fontsize=6, rotation=90)
+                        elif r is not None:
+                            ax.text(x, 0, {"oom": "OOM", "n/a": "n/a", "error": "err", "skipped": "skip"}.get(
+                                r["status"], r["status"]), ha="center", va="bottom", fontsize=5, rotation=90,
+                                color=COLORS[impl])
+                ax.set_ylim(0, top * 1.22 if top > 0 else 1)
+                ax.set_xticks(range(len(seqlens)), [_seq_label(s) for s in seqlens])
+                ax.set_title(f"{PASS_LABEL[pass_]}, head dim {D}, {'causal' if causal else 'non-causal'}", fontsize=9)
+                ax.tick_params(labelsize=7)
+                if ci == 0:
+                    ax.set_ylabel(f"Speed ({unit})", fontsize=8)
+                if pi == len(passes) - 1:
+                    ax.set_xlabel("Sequence length", fontsize=8)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[i]) for i in impls]
+        height = fig.get_size_inches()[1]
+        fig.legend(handles, impls, bbox_to_anchor=(0.5, 1 - 0.42 / height), loc="upper center", ncol=len(impls),
+                   fontsize=8, frameon=False)
+        mask_txt = {"none": "no mask", "padding": "padding mask (B,1,1,S)", "full": "full bias (B,H,S,S)"}.get(mask, mask)
+        fig.suptitle(f"Attention speed, {_hw(env)}, {dtype}, {mask_txt}\n"
+                     f"torch {env.get('torch')}, CUDA {env.get('cuda')}, fa2 {env.get('fa2', {}).get('version', '?')} "
+                     f"({(env.get('git_commit') or '?')[:8]}), {env.get('date', '')[:10]}", fontsize=9,
+                     x=0.01, y=0.995, ha="left")
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
+        path = os.path.join(out_dir, f"attention_{tag}_{dtype}_{mask}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_attention_memory(result: dict, out_dir: str) -> list[str]:
+    rows = result.get("memory") or []
+    ok = [r for r in rows if r["status"] == "ok" and r.get("peak_bytes")]  # log axis: drop None and 0
+    if not ok:
+        return []
+    env, tag = result["env"], result["tag"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        pts = sorted((r["seqlen"], r["peak_bytes"] / 2**20) for r in ok if r["impl"] == impl)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=COLORS.get(impl), label=impl)
+        fail = [r for r in rows if r["impl"] == impl and r["status"] in ("oom", "error")]
+        if fail and pts:
+            ax.annotate(f"{fail[0]['status'].upper()} at {_seq_label(fail[0]['seqlen'])}", pts[-1], fontsize=8,
+                        xytext=(5, 5), textcoords="offset points", color=COLORS.get(impl))
+    r0 = ok[0]
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    seqlens = sorted({r["seqlen"] for r in rows})
+    ax.set_xticks(seqlens, [_seq_label(s) for s in seqlens])
+    ax.set_xlabel("Sequence length")
+    ax.set_ylabel("Peak memory above inputs (MiB)")
+    what = "CUDA max_memory_allocated" if env.get("gpu") else "RSS high-water mark"
+    ax.set_title(f"Memory of one fwd+bwd call (batch 1, {r0['nheads']} heads, D {r0['headdim']}, {r0['dtype']})\n"
+                 f"{_hw(env)}, {what}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"attention_{tag}_memory.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def plot_e2e(result: dict, out_dir: str) -> list[str]:
+    rows = [r for r in result["runs"] if r["mode"] == "train"]
+    if not any(r["status"] == "ok" for r in rows):
+        return []
+    env, tag = result["env"], result["tag"]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    ways = list(dict.fromkeys(r["way"] for r in rows))
+    fig, ax = plt.subplots(figsize=(2.0 + 2.2 * len(shapes), 4.0))
+    width = 0.8 / len(ways)
+    colors = {"eager+inductor": "#7f7f7f", "eager+fa2": "#d62728", "sdpa+inductor": "#1f77b4"}
+    top = 0
+    for wi, way in enumerate(ways):
+        for si, shape in enumerate(shapes):
+            r = next((x for x in rows if x["way"] == way and x["shape"] == shape), None)
+            x = si - 0.4 + width * (wi + 0.5)
+            if r and r["status"] == "ok":
+                top = max(top, r["tokens_per_s"])
+                ax.bar(x, r["tokens_per_s"], width, color=colors.get(way, "#2ca02c"), label=way if si == 0 else None)
+                ax.text(x, r["tokens_per_s"], f"{r['tokens_per_s'] / 1e3:.1f}k\n{100 * r['mfu']:.0f}%",
+                        ha="center", va="bottom", fontsize=7)
+            elif r:
+                ax.text(x, 0, r["status"].upper(), ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_ylim(0, top * 1.25 if top else 1)
+    ax.set_xticks(range(len(shapes)), shapes)
+    ax.set_ylabel("Training tokens/s (label: MFU)")
+    ax.set_title(f"{result.get('model', {}).get('name', 'model')} training step, {_hw(env)}, "
+                 f"{env.get('date', '')[:10]}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"e2e_{tag}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def plot_all(result: dict, out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    if result.get("kind") == "e2e":
+        return plot_e2e(result, out_dir)
+    return plot_attention_speed(result, out_dir) + plot_attention_memory(result, out_dir)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("json", nargs="+")
+    p.add_argument("--out", help="folder for the PNGs (default: next to the JSON)")
+    args = p.parse_args()
+    for path in args.json:
+        with open(path) as f:
+            result = json.load(f)
+        for png in plot_all(result, args.out or os.path.dirname(os.path.abspath(path))):
+            print("wrote", png)
+
+
+if __name__ == "__main__":
+    main()
