@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import torch
 
-_ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -23, torch.float64: 2.0 ** -52}
-
 
 def assert_close_rule(name, got, ref_hi, ref_naive, factor):
     assert not torch.isnan(got).any(), f"{name}: NaN in fa2's result"
+    dtype = got.dtype
     got, ref_hi, ref_naive = (t.double() for t in (got, ref_hi, ref_naive))
     err = (got - ref_hi).abs().max().item() if got.numel() else 0.0
     naive_err = (ref_naive - ref_hi).abs().max().item() if got.numel() else 0.0
     scale = max(1.0, ref_hi.abs().max().item() if got.numel() else 0.0)
-    floor = 4 * _ULP[torch.float32] * scale
+    # An absolute floor far below any real defect: where the exact result is 0 (e.g. dq with a single key, whose
+    # softmax is constant) the naive math may hit 0 exactly while fp32 accumulation leaves ~1e-6 of cancellation
+    # noise; and for fp32 inputs a blocked summation order differs from the naive one by a few hundred ulps.
+    floor = (1e-12 if dtype == torch.float64 else 1e-5) * scale
     bound = factor * naive_err + floor
     assert err <= bound, f"{name}: max|fa2 - ref| = {err:.3g} > {factor} x naive error {naive_err:.3g} (+{floor:.1g})"
     return err, bound

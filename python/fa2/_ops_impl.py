@@ -31,8 +31,18 @@ def deterministic(enabled: bool = True):
 
 # ---- fake kernels ------------------------------------------------------------------------------------------
 
+def _check_ranks(q, k, v):
+    # Only what the fake kernels need in order to compute shapes; every other check runs in the real kernel's
+    # shared C++ checks (cpp/checks.cpp), with these same messages.
+    for name, t, dims in (("q", q, "(batch, seqlen_q, nheads, headdim)"), ("k", k, "(batch, seqlen_k, nheads_k, headdim)"),
+                          ("v", v, "(batch, seqlen_k, nheads_k, headdim)")):
+        if t.dim() != 4:
+            raise ValueError(f"fa2: {name} must have 4 dims {dims}, got {t.dim()} dims with shape {list(t.shape)}")
+
+
 @torch.library.register_fake("fa2::fwd")
 def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    _check_ranks(q, k, v)
     batch, seqlen_q, nheads, headdim = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, headdim))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -42,6 +52,7 @@ def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1,
 @torch.library.register_fake("fa2::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, attn_bias=None, scale=None, causal=False, window_left=-1,
               window_right=-1, softcap=0.0, bias_requires_grad=False, deterministic=False):
+    _check_ranks(q, k, v)
     dq = q.new_empty(q.shape)
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)
@@ -69,6 +80,9 @@ def _backward(ctx, dout, dlse):
     scale, causal, window_left, window_right, softcap = ctx.flags
     if dout is None:
         dout = torch.zeros_like(out)
+    elif dout.stride(-1) != 1:
+        # Autograd hands e.g. expanded ones (all strides 0) for out.sum(); the kernels read rows of dout directly.
+        dout = dout.contiguous()
     dq, dk, dv, dbias = torch.ops.fa2.bwd(
         dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
         ctx.bias_requires_grad, deterministic_enabled())

@@ -51,6 +51,10 @@ def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left
             s = s + attn_bias.to(compute)
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
+    if Sk == 0:
+        out = torch.zeros(B, Sq, H, v.shape[-1], dtype=dtype, device=q.device) + 0 * q.sum()
+        lse = torch.full((B, H, Sq), math.inf, device=q.device)
+        return (out, lse) if return_lse else out
     row_max = s.amax(dim=-1, keepdim=True)
     seen = torch.isfinite(row_max) | torch.isnan(row_max)
     # Rows that see no key: softmax would be 0/0; fa2 defines their output as 0 (and lse as +inf).
