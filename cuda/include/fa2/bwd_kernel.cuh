@@ -5,8 +5,10 @@
 //   2. bwd_kernel: one CTA = one block of kBlockN keys of one (batch, query head). K, V stay in shared memory and
 //      dK, dV in registers; Q, dO (and lse, D) of the query blocks the causal/window range allows stream through
 //      swizzled shared memory, double-buffered with cp.async. Per query block:
-//        S = Q K^T, dP = dO V^T (registers)  ->  P = exp2(s log2e - lse log2e) (score mod, boundary mask)
-//        ->  dS = P (dP - D) (x (1 - tanh^2) under softcap; dbias = P (dP - D))  ->  P, dS to smem (f16/bf16)
+//        S = Q K^T  ->  P = exp2(q.k scale log2e - lse log2e) (boundary mask), to f16/bf16, to smem
+//        ->  dP = dO V^T  ->  dS = P (dP - D), to smem                  (plain path: P's exp2 overlaps dP's MMAs)
+//        [score-mod path: S and dP first, then the forward's score (scale, softcap, bias), P, dS = P (dP - D)
+//         (x (1 - tanh^2) under softcap) and dbias = P (dP - D) together]
 //        ->  dV += P^T dO,  dK += dS^T Q  ->  dQ_partial = dS K, reduced into fp32 dq_accum (red.global.add).
 //      The softmax scale multiplies dK here and dQ in kernel 3 (dS is w.r.t. s = scale q.k).
 //   3. bwd_convert_dq_kernel: dq = scale * dq_accum, to f16/bf16.
@@ -284,6 +286,78 @@ __device__ __forceinline__ void scores_to_p_ds(float (&s)[kMTiles][kNTiles][4], 
   }
 }
 
+// Plain path, step 1: s (raw q.k) -> P = exp2(q.k scale log2e - lse log2e), masked when kMask, packed to f16/bf16
+// pairs (dS then uses the same rounded P that dV sees). Fragment element as in scores_to_p_ds.
+template <typename T, bool kMask, int kMTiles, int kNTiles>
+__device__ __forceinline__ void scores_to_p_packed(const float (&s)[kMTiles][kNTiles][4],
+                                                   uint32_t (&p_packed)[kMTiles][kNTiles][2],
+                                                   const float (&lse2)[2 * kMTiles], float scale_log2,
+                                                   const BlockInfo& info, int row0, int col0) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 2 + half;
+      int key_lo = 0, key_hi = 0;
+      if constexpr (kMask) info.key_range(row0 + mt * 16 + half * 8, key_lo, key_hi);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        float prob[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          prob[e] = exp2_ftz(fmaf(s[mt][nt][half * 2 + e], scale_log2, -lse2[r]));
+          if constexpr (kMask) {
+            const int col = col0 + nt * 8 + e;
+            if (col < key_lo || col > key_hi) prob[e] = 0.f;
+          }
+        }
+        p_packed[mt][nt][half] = ptx::pack2<T>(prob[0], prob[1]);
+      }
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+}
+
+// Plain path, step 2: dp -> dS = P (dP - D) in place.
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void dp_to_ds(float (&dp)[kMTiles][kNTiles][4], const uint32_t (&p_packed)[kMTiles][kNTiles][2],
+                                         const float (&dsum)[2 * kMTiles]) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const float2 prob = unpack2<T>(p_packed[mt][nt][half]);
+        dp[mt][nt][half * 2] = prob.x * (dp[mt][nt][half * 2] - dsum[mt * 2 + half]);
+        dp[mt][nt][half * 2 + 1] = prob.y * (dp[mt][nt][half * 2 + 1] - dsum[mt * 2 + half]);
+      }
+}
+
+// Stores packed f16/bf16 pairs in the C-fragment layout (as store_fragments).
+template <typename Tile, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_packed(uint32_t sTile, const uint32_t (&v)[kMTiles][kNTiles][2], int row0,
+                                             int col0) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int row = row0 + mt * 16 + half * 8, col = col0 + nt * 8;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2),
+                     "r"(v[mt][nt][half]));
+      }
+}
+
 // kScoreMod = false: no softcap, no bias (P = exp2(q.k scale log2e - lse log2e), one FMA). kScoreMod = true: the
 // forward's score is recomputed in fp32 (scale, softcap, bias); softcap and the bias dtype are run-time switches
 // (block-uniform), as in the forward.
@@ -299,7 +373,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   constexpr int kQM = Cfg::kdQMTiles, kQN = Cfg::kdQNTiles;
   (void)kArch;  // only makes the symbol of each arch's instance distinct
 
-  // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] ([Q1] [dO1]) [P (kBlockM, kBlockN)] [dS]
+  // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] ([Q1] [dO1]) [P (kBlockM, kBlockN)] [dS] [lse, D]0 ([..]1)
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sK = ptx::smem_u32(smem);
   const uint32_t sV = sK + Cfg::kSmemKVBytes;
@@ -307,6 +381,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   auto sdO = [&](int buf) { return sQ(buf) + Cfg::kSmemQBytes; };
   const uint32_t sP = sV + Cfg::kSmemKVBytes + Cfg::kStages * 2 * Cfg::kSmemQBytes;
   const uint32_t sdS = sP + Cfg::kSmemPBytes;
+  // [lse (kBlockM)] [D (kBlockM)] fp32 per stage, copied with Q, dO
+  auto sStats = [&](int buf) { return sdS + Cfg::kSmemPBytes + buf * Cfg::kSmemStatsBytes; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
@@ -357,6 +433,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
                                                               p.q_row_stride, rows, headdim, tid);
     load_tile<QTile, kBlockM, kHeadDim, kNThreads>(sdO(buf), dout + int64_t(m0) * p.dout_row_stride,
                                                               p.dout_row_stride, rows, headdim, tid);
+    // lse and D of the block's rows (4-byte copies: lse rows need not be 16-byte aligned). Rows past seqlen_q read
+    // 0: their Q and dO are zero-filled, so P there is 1 against dO = 0 and dS = 1 * (0 - 0): no contribution.
+    static_assert(2 * kBlockM <= kNThreads, "one 4-byte copy per thread");
+    if (tid < 2 * kBlockM) {
+      const int row = tid % kBlockM;
+      const float* src = (tid < kBlockM ? lse : dsum_g) + m0 + row;
+      ptx::cp_async_4(sStats(buf) + tid * 4, m0 + row < p.seqlen_q ? src : lse, m0 + row < p.seqlen_q);
+    }
   };
 
   // -- prologue: K, V (resident) and the first query block in flight
@@ -392,28 +476,60 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
       ptx::cp_async_commit();
     }
 
-    // -- row statistics of this thread's S rows: lse * log2(e) (+inf: P = 0) and D
+    // -- row statistics of this thread's S rows (smem, copied with Q and dO): lse * log2(e) (+inf: P = 0) and D
     const int row0 = m0 + sdp_m0 + group;  // this thread's first fragment row (global query)
     float lse2[2 * kSdPM], dsum[2 * kSdPM];
+    {
+      const float* stats = reinterpret_cast<const float*>(smem + (sStats(buf) - sK));
 #pragma unroll
-    for (int r = 0; r < 2 * kSdPM; ++r) {
-      const int row = row0 + (r >> 1) * 16 + (r & 1) * 8;
-      lse2[r] = row < p.seqlen_q ? lse[row] * kLog2e : INFINITY;
-      dsum[r] = row < p.seqlen_q ? dsum_g[row] : 0.f;
+      for (int r = 0; r < 2 * kSdPM; ++r) {
+        const int row = sdp_m0 + group + (r >> 1) * 16 + (r & 1) * 8;
+        lse2[r] = stats[row] * kLog2e;
+        dsum[r] = stats[kBlockM + row];
+      }
     }
 
-    // -- S = Q K^T, dP = dO V^T                                          // (kBlockM, kBlockN) split over warps
-    float acc_s[kSdPM][kSdPN][4], acc_dp[kSdPM][kSdPN][4];
-    zero(acc_s);
-    zero(acc_dp);
-    warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0, lane);
-    warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
-                                                                          lane);
-
-    // -- P and dS (registers), dbias
     const int col0 = n0 + sdp_n0 + tig * 2;  // this thread's first fragment column (global key)
     const bool needs_mask = info.needs_mask(n_block, kBlockN, m0, kBlockM);
-    if constexpr (kScoreMod) {
+    float acc_s[kSdPM][kSdPN][4], acc_dp[kSdPM][kSdPN][4];  // (kBlockM, kBlockN) split over warps
+    zero(acc_s);
+    zero(acc_dp);
+    if constexpr (!kScoreMod) {
+      // One straight-line block per case (masked or not), so that P's exp2 can overlap dP's loads and MMAs.
+      auto s_p_dp_ds = [&](auto mask) {
+        // -- S = Q K^T;  P = exp2(q.k scale log2e - lse log2e), masked on boundary blocks, rounded to T
+        warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0,
+                                                                              lane);
+        uint32_t p_packed[kSdPM][kSdPN][2];
+        if constexpr (std::is_same_v<decltype(mask), bool>) {  // the mask decided inside the block
+          if (mask) {
+            scores_to_p_packed<T, true>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
+          } else {
+            scores_to_p_packed<T, false>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
+          }
+        } else {
+          scores_to_p_packed<T, decltype(mask)::value>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
+        }
+        store_packed<PTile>(sP, p_packed, sdp_m0 + group, sdp_n0 + tig * 2);
+        // -- dP = dO V^T;  dS = P (dP - D)
+        warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
+                                                                              lane);
+        dp_to_ds<T>(acc_dp, p_packed, dsum);
+        store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
+      };
+      if constexpr (!Cfg::kWholeBlockMask) {
+        s_p_dp_ds(needs_mask);
+      } else if (needs_mask) {
+        s_p_dp_ds(std::true_type{});
+      } else {
+        s_p_dp_ds(std::false_type{});
+      }
+    } else {
+      // -- S = Q K^T, dP = dO V^T;  then the forward's score (scale, softcap, bias), P, dS and dbias together
+      warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0,
+                                                                            lane);
+      warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
+                                                                            lane);
       switch (p.bias_type) {
         case BiasType::kSameAsInput:
           scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const T*>(bias_bh), dbias, info,
@@ -432,12 +548,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
                                needs_mask, row0, col0);
           break;
       }
-    } else {
-      scores_to_p_ds<false>(acc_s, acc_dp, lse2, dsum, p, static_cast<const NoBias*>(nullptr), dbias, info,
-                            needs_mask, row0, col0);
+      store_fragments<T, PTile>(sP, acc_s, sdp_m0 + group, sdp_n0 + tig * 2);
+      store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
     }
-    store_fragments<T, PTile>(sP, acc_s, sdp_m0 + group, sdp_n0 + tig * 2);
-    store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
     __syncthreads();
 
     // -- dV += P^T dO, dK += dS^T Q                                       // (kBlockN, d) split over warps
@@ -445,39 +558,50 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     warp_gemm<T, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile>(acc_dk, sdS, kv_n0, sQ(buf), kv_d0, lane);
 
     // -- dQ (partial over this key block) = dS K, reduced into dq_accum   // (kBlockM, d) split over warps
-    float acc_dq[kQM][kQN][4];
-    zero(acc_dq);
-    warp_gemm<T, kQM, kQN, kBlockN / 16, false, true, PTile, KTile>(acc_dq, sdS, dq_m0, sK, dq_d0, lane);
-    int turn = 0;
-    if (p.deterministic) {
-      turn = n_block - range.first_key_block(m, num_n_blocks);
-      if (tid == 0) {
-        while (ptx::ld_acquire_gpu(turns + m) != turn) {
-        }
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int mt = 0; mt < kQM; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = m0 + dq_m0 + mt * 16 + half * 8 + group;
-        if (row < p.seqlen_q) {
-#pragma unroll
-          for (int nt = 0; nt < kQN; ++nt) {
-            const int col = dq_d0 + nt * 8 + tig * 2;
-            if (col < headdim) {
-              ptx::red_add_f32x2(dq_accum + int64_t(row) * kHeadDim + col, acc_dq[mt][nt][half * 2],
-                                 acc_dq[mt][nt][half * 2 + 1]);
-            }
+    {
+      float acc_dq[kQM][kQN][4];
+      zero(acc_dq);
+      warp_gemm<T, kQM, kQN, kBlockN / 16, false, true, PTile, KTile>(acc_dq, sdS, dq_m0, sK, dq_d0, lane);
+      int turn = 0;
+      if (p.deterministic) {
+        turn = n_block - range.first_key_block(m, num_n_blocks);
+        if (tid == 0) {
+          while (ptx::ld_acquire_gpu(turns + m) != turn) {
           }
         }
+        __syncthreads();
       }
-    }
-    if (p.deterministic) {
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) ptx::st_release_gpu(turns + m, turn + 1);
+      float* dq_row0 = dq_accum + int64_t(m0 + dq_m0 + group) * kHeadDim + dq_d0 + tig * 2;
+      if (m0 + kBlockM <= p.seqlen_q && headdim == kHeadDim) {  // the common case: no predicates
+#pragma unroll
+        for (int mt = 0; mt < kQM; ++mt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int nt = 0; nt < kQN; ++nt)
+              ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
+                                 acc_dq[mt][nt][half * 2 + 1]);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kQM; ++mt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            if (m0 + dq_m0 + mt * 16 + half * 8 + group < p.seqlen_q) {
+#pragma unroll
+              for (int nt = 0; nt < kQN; ++nt) {
+                if (dq_d0 + nt * 8 + tig * 2 < headdim) {
+                  ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
+                                     acc_dq[mt][nt][half * 2 + 1]);
+                }
+              }
+            }
+          }
+      }
+      if (p.deterministic) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) ptx::st_release_gpu(turns + m, turn + 1);
+      }
     }
 
     if constexpr (Cfg::kStages == 1) {

@@ -17,6 +17,12 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
+// 4-byte global -> shared copy (cp.async.ca); when !pred nothing is read and the 4 bytes become 0.
+__device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void* gmem, bool pred) {
+  const int src_size = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
+}
+
 __device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");

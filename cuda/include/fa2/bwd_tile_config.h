@@ -13,22 +13,28 @@ struct BwdTileShape {
   int warps_n_dkv;  // dV = P^T dO and dK = dS^T Q (block_n, d): warps along keys (the rest along headdim)
   int warps_m_dq;   // dQ = dS K (block_m, d): warps along queries (the rest along headdim)
   int stages;       // Q/dO buffers: 2 = the next block's Q/dO load while this one computes
+  bool whole_block_mask;  // plain path: the S..dS block compiled twice (masked / not), or one block with a
+                          // branch around P's mask only
 };
 
 // Starting points from FA-2's sm80 choices, 8 warps, one CTA per SM (fp32 accumulators use ~200 registers).
-// d 64 takes 64x128 rather than FA-2's 128x128: the latter's 192 accumulators spilled (ptxas, sm90).
-// Shared memory per CTA (bytes, b16): (2 block_n d + stages 2 block_m d + 2 block_m block_n) * 2
-//   d 32: 128x128 -> 112 KB;  d 64/96/128: 64x128 -> 96/128/160 KB;  d 192: 64x64 -> 160 KB;
+// Measured on the H200 (bf16, 16k tokens, bwd kernel alone, TFLOP/s at S=16k non-causal / causal):
+//   d64: 128x128 (4/4/4 warps) 249 / 250 vs 64x128 223 / 225; whole-block mask 249 vs branch around P 240.
+//   d128: 64x128, dK/dV warps 4x2: branch around P 287 / 288 vs whole-block 280 / 281; warps 2x4 286 (same);
+//         128x64 194.  dQ before dV/dK was 2-8% slower at both (dQ comes last).
+// d32/96/192/256 keep the whole-block variant (the one their correctness sweep ran with; not timed).
+// Shared memory per CTA (bytes, b16): (2 block_n d + stages 2 block_m d + 2 block_m block_n) * 2 (+ lse, D)
+//   d 32/64: 128x128 -> 114/162 KB;  d 96/128: 64x128 -> 129/161 KB;  d 192: 64x64 -> 161 KB;
 //   d 256: 64x64 single-buffered -> 144 KB (two stages would be 208 KB, over the A100's 163 KB).
 // Warp layouts keep every per-warp n8-tile count even (B fragments load in pairs) and prefer square-ish warp tiles
 // (fewest ldmatrix per mma).
 constexpr BwdTileShape bwd_tile_shape(int headdim) {
-  return headdim <= 32    ? BwdTileShape{128, 128, 8, 4, 8, 8, 2}
-         : headdim <= 64  ? BwdTileShape{64, 128, 8, 2, 4, 4, 2}
-         : headdim <= 96  ? BwdTileShape{64, 128, 8, 2, 4, 4, 2}
-         : headdim <= 128 ? BwdTileShape{64, 128, 8, 2, 4, 2, 2}
-         : headdim <= 192 ? BwdTileShape{64, 64, 8, 2, 2, 2, 2}
-                          : BwdTileShape{64, 64, 8, 2, 2, 2, 1};
+  return headdim <= 32    ? BwdTileShape{128, 128, 8, 4, 8, 8, 2, true}
+         : headdim <= 64  ? BwdTileShape{128, 128, 8, 4, 4, 4, 2, true}
+         : headdim <= 96  ? BwdTileShape{64, 128, 8, 2, 4, 4, 2, true}
+         : headdim <= 128 ? BwdTileShape{64, 128, 8, 2, 4, 2, 2, false}
+         : headdim <= 192 ? BwdTileShape{64, 64, 8, 2, 2, 2, 2, true}
+                          : BwdTileShape{64, 64, 8, 2, 2, 2, 1, true};
 }
 
 // The shape is spelled out as template arguments (defaulting to bwd_tile_shape) so that a benchmark can build a
@@ -37,7 +43,8 @@ template <int kHeadDim_, int kBlockM_ = bwd_tile_shape(kHeadDim_).block_m,
           int kBlockN_ = bwd_tile_shape(kHeadDim_).block_n, int kNWarps_ = bwd_tile_shape(kHeadDim_).warps,
           int kWarpsMSdP_ = bwd_tile_shape(kHeadDim_).warps_m_sdp,
           int kWarpsNdKV_ = bwd_tile_shape(kHeadDim_).warps_n_dkv,
-          int kWarpsMdQ_ = bwd_tile_shape(kHeadDim_).warps_m_dq, int kStages_ = bwd_tile_shape(kHeadDim_).stages>
+          int kWarpsMdQ_ = bwd_tile_shape(kHeadDim_).warps_m_dq, int kStages_ = bwd_tile_shape(kHeadDim_).stages,
+          bool kWholeBlockMask_ = bwd_tile_shape(kHeadDim_).whole_block_mask>
 struct BwdTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -45,6 +52,8 @@ struct BwdTileConfig {
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kStages = kStages_;
+  // Plain path: the S..dS block compiled twice (masked / not) rather than branching around the mask alone.
+  static constexpr bool kWholeBlockMask = kWholeBlockMask_;
 
   // S, dP: (kBlockM, kBlockN) over kWarpsMSdP x kWarpsNSdP warps.
   static constexpr int kWarpsMSdP = kWarpsMSdP_, kWarpsNSdP = kNWarps / kWarpsMSdP;
@@ -63,7 +72,9 @@ struct BwdTileConfig {
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;   // one of K, V
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;    // one of Q, dO (per stage)
   static constexpr int kSmemPBytes = kBlockM * kBlockN * 2;     // one of P, dS
-  static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 2 * kSmemPBytes;
+  static constexpr int kSmemStatsBytes = 2 * kBlockM * 4;        // lse and D of one query block (per stage)
+  static constexpr int kSmemBytes =
+      2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 2 * kSmemPBytes + kStages * kSmemStatsBytes;
 
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
   static_assert(kNWarps % kWarpsMSdP == 0 && kNWarps % kWarpsNdKV == 0 && kNWarps % kWarpsMdQ == 0, "warp grids");
