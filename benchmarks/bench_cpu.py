@@ -5,7 +5,7 @@
     python benchmarks/bench_cpu.py --json out.json
 
 Both sides get the same (B, H, S, D) tensors: SDPA directly, fa2 through a zero-copy `.transpose(1, 2)` view, so
-neither pays for a layout change. Times are the median of --reps runs after warm-up; ratio = sdpa / fa2
+neither pays for a layout change. Times are the median of --reps runs after warm-up, fa2 and SDPA alternating; ratio = sdpa / fa2
 (> 1: fa2 is faster). FLOPs as in DESIGN.md: fwd = 4·B·H·Sq·Sk·D (halved when causal), fwd+bwd = 3.5× fwd.
 
 The memory check runs the fa2 forward at S and 2·S in fresh subprocesses and reports the peak resident memory
@@ -59,25 +59,30 @@ def load_fa2():
     return fwd, fwd_bwd_ops, "torch.ops.fa2.fwd/bwd"
 
 
-def median_seconds(fn, reps: int, warmup: int) -> float:
+def median_seconds_interleaved(fn_a, fn_b, reps: int, warmup: int, clock=time.perf_counter) -> tuple[float, float]:
+    """Median time of fn_a and of fn_b, run alternately so that load from other processes hits both alike."""
     for _ in range(warmup):
-        fn()
-    times = []
+        fn_a()
+        fn_b()
+    times_a, times_b = [], []
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, times in ((fn_a, times_a), (fn_b, times_b)):
+            start = clock()
+            fn()
+            times.append(clock() - start)
+    return statistics.median(times_a), statistics.median(times_b)
 
 
-def bench_case(batch, nheads, seqlen, headdim, causal, dtype, backward, reps, warmup, fa2_fwd, fa2_fwd_bwd):
+def bench_case(batch, nheads, seqlen, headdim, causal, dtype, backward, reps, warmup, fa2_fwd, fa2_fwd_bwd, clock):
     torch.manual_seed(0)
     # (B, H, S, D) for SDPA; fa2 reads the same memory as (B, S, H, D) through strides
     q, k, v, dout = (torch.randn(batch, nheads, seqlen, headdim, dtype=dtype) for _ in range(4))
     if not backward:
-        t_fa2 = median_seconds(lambda: fa2_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal),
-                               reps, warmup)
-        t_sdpa = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), reps, warmup)
+        def run_fa2():
+            fa2_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+
+        def run_sdpa():
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     else:
         for t in (q, k, v):
             t.requires_grad_(True)
@@ -90,8 +95,7 @@ def bench_case(batch, nheads, seqlen, headdim, causal, dtype, backward, reps, wa
             F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(dout)
             q.grad = k.grad = v.grad = None
 
-        t_fa2 = median_seconds(run_fa2, reps, warmup)
-        t_sdpa = median_seconds(run_sdpa, reps, warmup)
+    t_fa2, t_sdpa = median_seconds_interleaved(run_fa2, run_sdpa, reps, warmup, clock)
     flops = 4 * batch * nheads * seqlen * seqlen * headdim * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
     return {
         "batch": batch, "nheads": nheads, "seqlen": seqlen, "headdim": headdim, "causal": causal,
@@ -145,7 +149,13 @@ def main():
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--reps", type=int, default=None, help="timed runs per case (median reported)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory check")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the process CPU clock instead of the wall clock: on a shared machine, with "
+                             "--threads 1, it leaves out the time other processes hold the core")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     fa2_fwd, fa2_fwd_bwd, fa2_path = load_fa2()
     if args.quick:
@@ -160,13 +170,15 @@ def main():
                       (1, 8, 2048, 64, causal, torch.float32, True), (1, 8, 1024, 128, causal, torch.float32, True)]
         reps, warmup, mem_seqlens = args.reps or 7, 2, [4096, 8192]
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fa2 via {fa2_path}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fa2 via {fa2_path}, "
+          f"{'process CPU' if args.cpu_time else 'wall'} time")
     header = f"{'pass':8} {'dtype':9} {'B':>2} {'H':>3} {'S':>5} {'D':>4} {'causal':>6} | {'fa2 s':>9} {'sdpa s':>9} | {'sdpa/fa2':>8} | {'fa2 GFLOP/s':>11}"
     print(header)
     print("-" * len(header))
     results = []
     for batch, nheads, seqlen, headdim, causal, dtype, backward in cases:
-        r = bench_case(batch, nheads, seqlen, headdim, causal, dtype, backward, reps, warmup, fa2_fwd, fa2_fwd_bwd)
+        r = bench_case(batch, nheads, seqlen, headdim, causal, dtype, backward, reps, warmup, fa2_fwd, fa2_fwd_bwd,
+                       time.process_time if args.cpu_time else time.perf_counter)
         results.append(r)
         print(f"{r['pass']:8} {r['dtype']:9} {batch:>2} {nheads:>3} {seqlen:>5} {headdim:>4} {str(causal):>6} | "
               f"{r['fa2_s']:9.4f} {r['sdpa_s']:9.4f} | {r['ratio_sdpa_over_fa2']:8.2f} | {r['fa2_gflops']:11.1f}",
@@ -186,6 +198,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "fa2_path": fa2_path,
+                       "clock": "process_time" if args.cpu_time else "perf_counter",
                        "results": results, "memory": memory}, f, indent=2)
 
 

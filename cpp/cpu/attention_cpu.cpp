@@ -1,0 +1,440 @@
+// CPU implementation of fa2::fwd and fa2::bwd: the FlashAttention-2 algorithm on tiles, with the tile products on
+// BLAS (cpu/blas.h), the softmax in vectorized row loops (cpu/row_ops.h), tile sizes from cpu/tile_config.h.
+//
+// Forward:  tasks (batch, head, query block); each loops over the key blocks its window reaches with the online
+//           softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one
+//           pass over each score tile) and stores lse = m + log l.
+// Backward: recomputes P = exp(S - lse) tile by tile. Tasks own (batch, kv head, key-block range): dK and dV of
+//           their key blocks (summed over the GQA group) stay in per-task accumulators; dQ goes to an fp32 (fp64)
+//           buffer per key-range split, summed in a fixed order at the end, so gradients are bitwise reproducible.
+// Memory is O(N): per-thread tiles, plus one (batch, nheads, seqlen_q, seqlen_k) buffer only when dbias is asked for.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "checks.h"
+#include "cpu/blas.h"
+#include "cpu/parallel.h"
+#include "cpu/row_ops.h"
+#include "cpu/score_mods.h"
+#include "cpu/tile_config.h"
+
+namespace fa2::cpu {
+namespace {
+
+// fp32 accumulation for float, bfloat16 and float16; fp64 for double.
+template <typename scalar_t>
+using acc_type = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A (batch, seqlen, heads, headdim) tensor read through its strides (last dim contiguous, checked).
+template <typename scalar_t>
+struct HeadRows {
+  const scalar_t* data;
+  int64_t stride_b, stride_s, stride_h;
+
+  explicit HeadRows(const at::Tensor& t)
+      : data(t.const_data_ptr<scalar_t>()), stride_b(t.stride(0)), stride_s(t.stride(1)), stride_h(t.stride(2)) {}
+  const scalar_t* row(int64_t b, int64_t s, int64_t h) const { return data + b * stride_b + s * stride_s + h * stride_h; }
+};
+
+// `rows` sequence positions from `first` (row stride `row_stride`) as an acc_t matrix BLAS can read: the tensor's
+// own memory when it already is one (same dtype, legal leading dim: no copy), else converted into `scratch`.
+template <typename acc_t, typename scalar_t>
+const acc_t* rows_for_blas(const scalar_t* first, int64_t row_stride, int64_t rows, int64_t headdim, acc_t* scratch,
+                           int64_t& ld) {
+  if constexpr (std::is_same_v<acc_t, scalar_t>) {
+    if (rows == 1 || (row_stride >= headdim && row_stride <= kMaxBlasLd)) {
+      ld = rows == 1 ? headdim : row_stride;
+      return first;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* src = first + r * row_stride;
+    acc_t* dst = scratch + r * headdim;
+    if constexpr (std::is_same_v<scalar_t, at::Half>) {
+      if (half_bits_to_float(reinterpret_cast<const uint16_t*>(src), dst, headdim)) continue;
+    }
+    for (int64_t d = 0; d < headdim; ++d) dst[d] = static_cast<acc_t>(src[d]);
+  }
+  ld = headdim;
+  return scratch;
+}
+
+template <typename scalar_t, typename acc_t>
+void store_row(scalar_t* dst, const acc_t* src, int64_t n, acc_t factor) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<scalar_t>(src[d] * factor);
+}
+
+// Query block visited by the t-th task of a head: 0, n-1, 1, n-2, ... at::parallel_for hands each thread a
+// contiguous task range, and with a causal mask the block cost grows with its index; pairing cheap and costly
+// blocks keeps the threads' shares equal.
+int64_t balanced_block_order(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename scalar_t>
+void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                at::Tensor& out, at::Tensor& lse) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t seqlen_q = p.seqlen_q, nheads = p.nheads, headdim = p.headdim;
+  if (p.batch * nheads * seqlen_q == 0) return;  // nothing to write
+  const int64_t group = nheads / p.nheads_k;
+  const CpuTiles tiles = fwd_tiles(p.batch * nheads, seqlen_q, at::get_num_threads());
+  const int64_t block_q = tiles.block_q, block_k = tiles.block_k;
+  const int64_t num_q_blocks = ceil_div(seqlen_q, block_q);
+  // The running max m is a reference point, not necessarily the exact max (see the one-pass softmax below):
+  // lse = m + log l is exact either way. Natural-log units.
+  constexpr acc_t kRescaleThreshold = 8;  // P <= e^8 ~ 3e3 between rescales
+  constexpr acc_t kOverflowGuard = 80;    // float exp overflows past 88
+  constexpr acc_t kNegInfinity = -std::numeric_limits<acc_t>::infinity();
+  const auto mods = ScoreMods<acc_t>::from(p);
+  const WindowMask& window = mods.window;
+  const acc_t scale = static_cast<acc_t>(p.scale);
+  const HeadRows<scalar_t> q_rows(q), k_rows(k), v_rows(v);
+  scalar_t* out_data = out.data_ptr<scalar_t>();  // (batch, seqlen_q, nheads, headdim), contiguous
+  float* lse_data = lse.data_ptr<float>();        // (batch, nheads, seqlen_q), contiguous
+
+  parallel_for(0, p.batch * nheads * num_q_blocks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
+    std::vector<acc_t> q_pack(block_q * headdim);      // (block_q, headdim) when q needs converting
+    std::vector<acc_t> k_pack(block_k * headdim);      // (block_k, headdim)
+    std::vector<acc_t> v_pack(block_k * headdim);      // (block_k, headdim)
+    std::vector<acc_t> scores(block_q * block_k);      // (block_q, block_k): S, then P in place
+    std::vector<acc_t> o_acc(block_q * headdim);       // (block_q, headdim): unnormalized O
+    std::vector<acc_t> m(block_q), l(block_q);         // running reference max, row sum of exp(S - m)
+    acc_t* s = scores.data();
+    acc_t* o = o_acc.data();
+
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t bh = task / num_q_blocks;
+      const int64_t b = bh / nheads, h = bh % nheads, h_k = h / group;
+      const int64_t q_begin = balanced_block_order(task % num_q_blocks, num_q_blocks) * block_q;
+      const int64_t rows = std::min(block_q, seqlen_q - q_begin);
+      int64_t ldq;
+      const acc_t* q_tile = rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_pack.data(), ldq);
+      std::fill(o, o + rows * headdim, acc_t(0));
+      std::fill(m.begin(), m.begin() + rows, kNegInfinity);
+      std::fill(l.begin(), l.begin() + rows, acc_t(0));
+
+      // Keys outside [k_first, k_last] are masked for every row of the block: never loaded.
+      const int64_t k_first = window.first_key(q_begin), k_last = window.last_key(q_begin + rows - 1);
+      for (int64_t k_begin = k_first; k_begin <= k_last; k_begin += block_k) {
+        const int64_t cols = std::min(block_k, k_last + 1 - k_begin);
+        int64_t ldk, ldv;
+        const acc_t* k_tile = rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_pack.data(), ldk);
+        const acc_t* v_tile = rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_pack.data(), ldv);
+
+        // -- S = scale · Q Kᵀ, then softcap, bias, mask                     (rows, cols)
+        gemm_abt<acc_t>(rows, cols, headdim, scale, q_tile, ldq, k_tile, ldk, acc_t(0), s, block_k);
+        mods.apply(s, block_k, b, h, q_begin, rows, k_begin, cols, /*dtanh=*/nullptr);
+
+        // -- P = exp(S - m), update m and l, rescale O by exp(m_old - m_new) when m moves
+        for (int64_t r = 0; r < rows; ++r) {
+          acc_t* s_row = s + r * block_k;
+          const acc_t m_old = m[r];
+          acc_t m_new, p_sum;
+          if (m_old == kNegInfinity) {
+            // first keys this row sees: exact max, then exp (two passes)
+            m_new = row_max(s_row, cols);
+            if (m_new == kNegInfinity) {
+              if (any_nan(s_row, cols)) {
+                m_new = std::numeric_limits<acc_t>::quiet_NaN();  // NaN in, NaN out (not "sees no key")
+              } else {
+                std::fill(s_row, s_row + cols, acc_t(0));  // nothing visible yet: P = 0, O and l stay 0
+                continue;
+              }
+            }
+            p_sum = exp_sub_sum(s_row, cols, m_new);
+          } else {
+            // One pass: P = exp(S - m_old) and the block max together; m only moves when the block max exceeds it
+            // by more than kRescaleThreshold (P stays <= e^threshold, far from overflow, precision unchanged).
+            // Dropping the separate max pass took the fp32 forward (1x8x2048x64, 1 thread) from 109 to 103 ms.
+            acc_t block_max;
+            p_sum = exp_sub_sum_max(s_row, cols, m_old, &block_max);
+            m_new = m_old;
+            if (block_max > m_old + kRescaleThreshold) {
+              m_new = block_max;
+              if (block_max - m_old <= kOverflowGuard) {
+                const acc_t shift_p = std::exp(m_old - m_new);
+                scale_row(s_row, cols, shift_p);
+                p_sum *= shift_p;
+              } else {
+                // exp(S - m_old) overflowed: recompute this row of S (rare: a jump of > 80 in the logits)
+                gemm_abt<acc_t>(1, cols, headdim, scale, q_tile + r * ldq, ldq, k_tile, ldk, acc_t(0), s_row, block_k);
+                mods.apply(s_row, block_k, b, h, q_begin + r, 1, k_begin, cols, /*dtanh=*/nullptr);
+                p_sum = exp_sub_sum(s_row, cols, m_new);
+              }
+              const acc_t alpha = std::exp(m_old - m_new);
+              l[r] *= alpha;
+              scale_row(o + r * headdim, headdim, alpha);
+            }
+          }
+          l[r] += p_sum;
+          m[r] = m_new;
+        }
+
+        // -- O += P V                                                          (rows, headdim)
+        gemm_ab<acc_t>(rows, headdim, cols, acc_t(1), s, block_k, v_tile, ldv, acc_t(1), o, headdim);
+      }
+
+      // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN.
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = q_begin + r;
+        scalar_t* out_row = out_data + ((b * seqlen_q + i) * nheads + h) * headdim;
+        float& lse_value = lse_data[(b * nheads + h) * seqlen_q + i];
+        if (l[r] != acc_t(0)) {
+          store_row(out_row, o + r * headdim, headdim, acc_t(1) / l[r]);
+          lse_value = static_cast<float>(m[r] + std::log(l[r]));
+        } else {
+          std::fill(out_row, out_row + headdim, scalar_t(0));
+          lse_value = std::numeric_limits<float>::infinity();
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------------------------
+
+// How the backward's work is shared out: tasks are (batch, kv head) groups, each cut into `splits` ranges of key
+// blocks of equal estimated cost. Every split owns an fp32 dQ accumulator, summed in split order at the end, so the
+// result depends on the split count (a function of the shapes and the thread count), never on scheduling.
+// Splits are added only while the group count alone leaves threads idle or unevenly loaded (at::parallel_for hands
+// each thread a contiguous run of tasks), and at most kMaxSplits: each costs one more fp32 copy of dQ.
+struct BwdPartition {
+  static constexpr int64_t kMaxSplits = 8;
+  int64_t splits = 1;
+  std::vector<int64_t> split_begin;  // key-block index where split s starts; split_begin[splits] = num_k_blocks
+
+  static BwdPartition make(int64_t num_groups, int64_t num_k_blocks, int64_t block_k, int64_t block_q, int64_t seqlen_k,
+                           const WindowMask& window) {
+    BwdPartition part;
+    const int64_t threads = at::get_num_threads();
+    while (part.splits < std::min(num_k_blocks, kMaxSplits) && (num_groups * part.splits) % threads != 0 &&
+           num_groups * part.splits < 4 * threads) {
+      ++part.splits;
+    }
+    // cost of a key block ~ query rows that see it, plus the fixed load/store of its dK, dV
+    std::vector<int64_t> cumulative_cost(num_k_blocks + 1, 0);
+    for (int64_t kb = 0; kb < num_k_blocks; ++kb) {
+      const int64_t k_begin = kb * block_k, k_end = std::min(seqlen_k, k_begin + block_k);
+      const int64_t query_rows = std::max<int64_t>(0, window.last_query(k_end - 1) - window.first_query(k_begin) + 1);
+      cumulative_cost[kb + 1] = cumulative_cost[kb] + query_rows + block_q;
+    }
+    part.split_begin.assign(part.splits + 1, num_k_blocks);
+    part.split_begin[0] = 0;
+    int64_t kb = 0;
+    for (int64_t s = 1; s < part.splits; ++s) {
+      const int64_t target = cumulative_cost[num_k_blocks] * s / part.splits;
+      while (kb < num_k_blocks && cumulative_cost[kb] < target) ++kb;
+      part.split_begin[s] = kb;
+    }
+    return part;
+  }
+};
+
+template <typename scalar_t>
+void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
+                at::Tensor& dv, at::Tensor& dbias_full) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t batch = p.batch, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, nheads = p.nheads;
+  const int64_t nheads_k = p.nheads_k, headdim = p.headdim;
+  if (batch * nheads_k * seqlen_k == 0 && batch * nheads * seqlen_q == 0) return;
+  const int64_t group = nheads_k == 0 ? 0 : nheads / nheads_k;
+  const CpuTiles tiles = bwd_tiles();
+  const int64_t block_q = tiles.block_q, block_k = tiles.block_k;
+  const auto mods = ScoreMods<acc_t>::from(p);
+  const WindowMask& window = mods.window;
+  const acc_t scale = static_cast<acc_t>(p.scale);
+  const HeadRows<scalar_t> q_rows(q), k_rows(k), v_rows(v), out_rows(out), dout_rows(dout);
+  const float* lse_data = lse.const_data_ptr<float>();
+  const int64_t lse_stride_b = lse.stride(0), lse_stride_h = lse.stride(1), lse_stride_q = lse.stride(2);
+  acc_t* dbias_data = dbias_full.defined() ? dbias_full.data_ptr<acc_t>() : nullptr;  // (batch, nheads, sq, sk)
+
+  // -- D = rowsum(dO ∘ O)                                                   (batch, nheads, seqlen_q)
+  std::vector<acc_t> dout_dot_out(batch * nheads * seqlen_q);
+  parallel_for(0, batch * nheads * seqlen_q, /*grain_size=*/256, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / (nheads * seqlen_q), h = row / seqlen_q % nheads, i = row % seqlen_q;
+      const scalar_t* o_row = out_rows.row(b, i, h);
+      const scalar_t* do_row = dout_rows.row(b, i, h);
+      acc_t sum = 0;
+      for (int64_t d = 0; d < headdim; ++d) sum += static_cast<acc_t>(do_row[d]) * static_cast<acc_t>(o_row[d]);
+      dout_dot_out[row] = sum;
+    }
+  });
+
+  // -- dK, dV per key block; dQ into per-split accumulators                (splits, groups, group, seqlen_q, headdim)
+  const int64_t num_groups = batch * nheads_k, num_k_blocks = ceil_div(seqlen_k, block_k);
+  const BwdPartition part = BwdPartition::make(num_groups, num_k_blocks, block_k, block_q, seqlen_k, window);
+  const int64_t group_dq_size = group * seqlen_q * headdim;
+  std::vector<acc_t> dq_acc(part.splits * num_groups * group_dq_size, acc_t(0));
+  scalar_t* dk_data = dk.data_ptr<scalar_t>();  // (batch, seqlen_k, nheads_k, headdim), contiguous
+  scalar_t* dv_data = dv.data_ptr<scalar_t>();
+
+  parallel_for(0, num_groups * part.splits, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
+    std::vector<acc_t> q_pack(block_q * headdim), dout_pack(block_q * headdim);  // (block_q, headdim)
+    std::vector<acc_t> k_pack(block_k * headdim), v_pack(block_k * headdim);     // (block_k, headdim)
+    std::vector<acc_t> dk_acc(block_k * headdim), dv_acc(block_k * headdim);     // (block_k, headdim)
+    std::vector<acc_t> p_tile(block_q * block_k);                                // (block_q, block_k): S, then P
+    std::vector<acc_t> ds_tile(block_q * block_k);                               // (block_q, block_k): dP, then dS
+    std::vector<acc_t> dtanh_tile(mods.softcap > 0 ? block_q * block_k : 0);    // (block_q, block_k)
+    acc_t* pt = p_tile.data();
+    acc_t* ds = ds_tile.data();
+    acc_t* dtanh = mods.softcap > 0 ? dtanh_tile.data() : nullptr;
+
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t group_index = task / part.splits, split = task % part.splits;
+      const int64_t b = group_index / nheads_k, h_k = group_index % nheads_k;
+      acc_t* dq_split = dq_acc.data() + (split * num_groups + group_index) * group_dq_size;  // (group, sq, headdim)
+
+      for (int64_t kb = part.split_begin[split]; kb < part.split_begin[split + 1]; ++kb) {
+        const int64_t k_begin = kb * block_k, cols = std::min(block_k, seqlen_k - k_begin);
+        int64_t ldk, ldv;
+        const acc_t* k_tile = rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_pack.data(), ldk);
+        const acc_t* v_tile = rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_pack.data(), ldv);
+        std::fill(dk_acc.begin(), dk_acc.begin() + cols * headdim, acc_t(0));
+        std::fill(dv_acc.begin(), dv_acc.begin() + cols * headdim, acc_t(0));
+
+        // Queries outside [q_first, q_last] see none of these keys: skipped.
+        const int64_t q_first = window.first_query(k_begin), q_last = window.last_query(k_begin + cols - 1);
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = h_k * group + g;
+          for (int64_t q_begin = q_first; q_begin <= q_last; q_begin += block_q) {
+            const int64_t rows = std::min(block_q, q_last + 1 - q_begin);
+            int64_t ldq, lddo;
+            const acc_t* q_tile = rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_pack.data(), ldq);
+            const acc_t* do_tile = rows_for_blas(dout_rows.row(b, q_begin, h), dout_rows.stride_s, rows, headdim,
+                                                 dout_pack.data(), lddo);
+
+            // -- recompute S = scale · Q Kᵀ (softcap, bias, mask) and P = exp(S - lse)   (rows, cols)
+            gemm_abt<acc_t>(rows, cols, headdim, scale, q_tile, ldq, k_tile, ldk, acc_t(0), pt, block_k);
+            mods.apply(pt, block_k, b, h, q_begin, rows, k_begin, cols, dtanh);
+            for (int64_t r = 0; r < rows; ++r) {
+              // lse = +inf (row sees no key) gives P = 0, hence zero gradients for the row
+              const acc_t row_lse = lse_data[b * lse_stride_b + h * lse_stride_h + (q_begin + r) * lse_stride_q];
+              exp_sub_sum(pt + r * block_k, cols, row_lse);
+            }
+
+            // -- dV += Pᵀ dO                                                       (cols, headdim)
+            gemm_atb<acc_t>(cols, headdim, rows, acc_t(1), pt, block_k, do_tile, lddo, acc_t(1), dv_acc.data(), headdim);
+
+            // -- dP = dO Vᵀ, dS = P ∘ (dP - D)                                      (rows, cols)
+            gemm_abt<acc_t>(rows, cols, headdim, acc_t(1), do_tile, lddo, v_tile, ldv, acc_t(0), ds, block_k);
+            const acc_t* row_d = dout_dot_out.data() + (b * nheads + h) * seqlen_q + q_begin;
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t i = q_begin + r;
+              acc_t* ds_row = ds + r * block_k;
+              const acc_t* p_row = pt + r * block_k;
+              // D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij. When all keys row i sees lie in this block, take the second
+              // form from this tile: it carries dP's own rounding, so dS is exactly 0 where P is one-hot (a row that
+              // sees a single key), as in exact arithmetic, instead of the difference of two roundings.
+              const bool row_within_block = window.first_key(i) >= k_begin && window.last_key(i) < k_begin + cols;
+              softmax_grad_row(ds_row, p_row, cols, row_within_block ? dot_row(p_row, ds_row, cols) : row_d[r]);
+            }
+            if (dbias_data != nullptr) {  // the bias enters after softcap: its gradient is dS itself
+              for (int64_t r = 0; r < rows; ++r) {
+                acc_t* dst = dbias_data + ((b * nheads + h) * seqlen_q + q_begin + r) * seqlen_k + k_begin;
+                std::copy(ds + r * block_k, ds + r * block_k + cols, dst);
+              }
+            }
+            // -- back through softcap: d(cap · tanh(x / cap))/dx = 1 - tanh²
+            if (dtanh != nullptr) {
+              for (int64_t r = 0; r < rows; ++r) mul_row(ds + r * block_k, dtanh + r * block_k, cols);
+            }
+
+            // -- dK += scale · dSᵀ Q                                                (cols, headdim)
+            gemm_atb<acc_t>(cols, headdim, rows, scale, ds, block_k, q_tile, ldq, acc_t(1), dk_acc.data(), headdim);
+            // -- dQ += scale · dS K                                                 (rows, headdim)
+            gemm_ab<acc_t>(rows, headdim, cols, scale, ds, block_k, k_tile, ldk, acc_t(1),
+                           dq_split + (g * seqlen_q + q_begin) * headdim, headdim);
+          }
+        }
+
+        // -- store dK, dV of this key block (summed over the group's query heads)
+        for (int64_t r = 0; r < cols; ++r) {
+          const int64_t offset = ((b * seqlen_k + k_begin + r) * nheads_k + h_k) * headdim;
+          store_row(dk_data + offset, dk_acc.data() + r * headdim, headdim, acc_t(1));
+          store_row(dv_data + offset, dv_acc.data() + r * headdim, headdim, acc_t(1));
+        }
+      }
+    }
+  });
+
+  // -- dQ = Σ over splits, in split order                                   (batch, seqlen_q, nheads, headdim)
+  scalar_t* dq_data = dq.data_ptr<scalar_t>();
+  parallel_for(0, batch * seqlen_q * nheads, /*grain_size=*/64, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> sum(headdim);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / (seqlen_q * nheads), i = row / nheads % seqlen_q, h = row % nheads;
+      const int64_t group_index = b * nheads_k + h / group, g = h % group;
+      std::fill(sum.begin(), sum.end(), acc_t(0));
+      for (int64_t split = 0; split < part.splits; ++split) {
+        const acc_t* src = dq_acc.data() + (split * num_groups + group_index) * group_dq_size + (g * seqlen_q + i) * headdim;
+        for (int64_t d = 0; d < headdim; ++d) sum[d] += src[d];
+      }
+      store_row(dq_data + row * headdim, sum.data(), headdim, acc_t(1));
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
+                                           bool causal, int64_t window_left, int64_t window_right, double softcap) {
+  const AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap);
+  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim}, q.options());
+  at::Tensor lse = at::empty({p.batch, p.nheads, p.seqlen_q}, q.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fa2_fwd_cpu",
+                                  [&] { fwd_kernel<scalar_t>(p, q, k, v, out, lse); });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& attn_bias, std::optional<double> scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, bool bias_requires_grad, bool deterministic) {
+  // Always deterministic on the CPU (see BwdPartition), so `deterministic` needs no separate path.
+  (void)deterministic;
+  const AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
+                                              window_right, softcap, bias_requires_grad);
+  at::Tensor dq = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim}, q.options());
+  at::Tensor dk = at::empty({p.batch, p.seqlen_k, p.nheads_k, p.headdim}, q.options());
+  at::Tensor dv = at::empty({p.batch, p.seqlen_k, p.nheads_k, p.headdim}, q.options());
+  // dS with respect to the bias, full size (the one O(N²) buffer), in the accumulation dtype; zero where masked.
+  const auto acc_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor dbias_full;
+  if (bias_requires_grad) {
+    dbias_full = at::zeros({p.batch, p.nheads, p.seqlen_q, p.seqlen_k}, q.options().dtype(acc_dtype));
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fa2_bwd_cpu", [&] {
+    bwd_kernel<scalar_t>(p, dout, q, k, v, out, lse, dq, dk, dv, dbias_full);
+  });
+  at::Tensor dbias = bias_requires_grad ? reduce_dbias(dbias_full, *attn_bias) : at::empty({0}, q.options());
+  return {dq, dk, dv, dbias};
+}
+
+}  // namespace
+}  // namespace fa2::cpu
+
+TORCH_LIBRARY_IMPL(fa2, CPU, m) {
+  m.impl("fwd", &fa2::cpu::fwd_cpu);
+  m.impl("bwd", &fa2::cpu::bwd_cpu);
+}
