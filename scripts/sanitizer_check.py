@@ -1,0 +1,34 @@
+"""A small grid of fa2 CUDA forward+backward calls for compute-sanitizer (memcheck / racecheck / initcheck):
+   compute-sanitizer --tool memcheck python scripts/sanitizer_check.py
+Sizes are small (the tools slow kernels down 10-100x) but cover tails, every flag, GQA, bias, odd headdims."""
+import torch
+
+import fa2
+
+CASES = [
+    dict(shape=(1, 97, 131, 2, 1, 64), flags=dict(causal=True)),
+    dict(shape=(2, 65, 65, 2, 2, 128), flags=dict(window_left=16, window_right=3)),
+    dict(shape=(1, 33, 77, 4, 2, 59), flags=dict(softcap=5.0), bias=(1, 1, 1, 77)),
+    dict(shape=(1, 70, 50, 2, 2, 256), flags=dict(causal=True), bias=(1, 2, 70, 50)),
+    dict(shape=(1, 1, 200, 2, 2, 96), flags={}),
+    dict(shape=(1, 129, 129, 2, 2, 32), flags=dict(causal=True), bool_bias=True),
+]
+for dtype in (torch.bfloat16, torch.float16):
+    for case in CASES:
+        b, sq, sk, h, hk, d = case["shape"]
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+        bias = None
+        if "bias" in case:
+            bias = torch.randn(case["bias"], device="cuda", dtype=dtype, requires_grad=True)
+        elif case.get("bool_bias"):
+            bias = torch.rand(b, h, sq, sk, device="cuda") > 0.2
+        out = fa2.attention(q, k, v, bias, **case["flags"])
+        grads = torch.autograd.grad(out, [t for t in (q, k, v, bias) if t is not None and t.requires_grad],
+                                    torch.randn_like(out))
+        with fa2.deterministic():
+            out = fa2.attention(q, k, v, bias, **case["flags"])
+            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+torch.cuda.synchronize()
+print("sanitizer_check: ran", 2 * len(CASES), "cases")
