@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-PY="${FA2_PYTHON:-.venv/bin/python}"
+PY="$(realpath "${FA2_PYTHON:-.venv/bin/python}")"
 export FA2_CI="${FA2_CI:-1}"
 if [[ "$FA2_CI" == "1" ]]; then export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"; fi
 # Run from tests/ against the installed package (not the source tree), as a user would.
