@@ -17,6 +17,7 @@ _C = _load_native()
 from . import _ops_impl  # noqa: E402,F401  (fake kernels, autograd, composite attention)
 from ._ops_impl import deterministic  # noqa: E402
 from .ops import attention, attention_with_lse, sdpa  # noqa: E402
+from . import backend as _backend  # noqa: E402,F401  (registers torch.compile(backend="fa2"); Inductor loads lazily)
 
 __version__ = _C.build_info()["version"]
 
@@ -37,7 +38,7 @@ def __getattr__(name):
     if name in ("install", "uninstall"):
         from . import inductor
         return getattr(inductor, name)
-    if name in ("hf", "backend", "reference", "inductor"):
+    if name in ("hf", "reference", "inductor", "demo"):
         import importlib
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'fa2' has no attribute {name!r}")

@@ -1,0 +1,81 @@
+"""Hugging Face transformers integration: ``attn_implementation="fa2"``.
+
+    import fa2.hf
+    fa2.hf.register()
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="fa2")   # or .from_config(...)
+
+transformers calls the attention function with (B, H, S, D) query/key/value (K/V with their own, fewer, heads for
+GQA), the mask it built, and the model's scaling / softcap / sliding window. fa2 reads the (B, H, S, D) tensors
+through transposed views (no copies), does GQA natively (no repeat_kv), and takes the mask as a bool ``attn_bias``.
+The masks come from transformers' SDPA mask builder (registered for "fa2" too): boolean (True = attend), or None
+when the mask is plain causal -- then fa2 runs with ``causal=True`` and skips the hidden blocks.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["register", "fa2_attention_forward"]
+
+NAME = "fa2"
+
+
+def register(name: str = NAME) -> None:
+    """Register fa2 with transformers' ``AttentionInterface`` (and its mask builder with
+    ``AttentionMaskInterface``) under ``name``. Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(name, fa2_attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                          is_causal: bool | None = None, sliding_window: int | None = None,
+                          softcap: float | None = None, position_bias: torch.Tensor | None = None,
+                          **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers attention function. query (B, H, Sq, D), key/value (B, Hk, Sk, D); returns ((B, Sq, H, D), None).
+    """
+    if dropout:
+        raise NotImplementedError(
+            f"fa2 has no attention dropout, got dropout={dropout} (module in training mode with attention_dropout > 0): "
+            "set the config's attention dropout to 0 or use model.eval()")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("fa2 does not support attention sinks (s_aux)")
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # As transformers' SDPA path: the causal flag only when there is no mask (a mask already holds the causal part,
+    # and may hold more, e.g. a bidirectional prefix); a single query sees every key.
+    causal = bool(is_causal) and attention_mask is None and seqlen_q > 1
+    bias = attention_mask
+    if bias is not None and bias.shape[-1] > seqlen_k:
+        bias = bias[..., :seqlen_k]
+    if causal and seqlen_k > seqlen_q:
+        # No mask with more keys than queries only happens for the prefill into an empty static cache: the causal
+        # mask is top-left aligned there (the extra keys are empty slots), so drop them, as transformers does.
+        key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
+        if position_bias is not None:
+            position_bias = position_bias[..., :seqlen_q]
+        seqlen_k = seqlen_q
+    window_left = -1
+    if sliding_window is not None and sliding_window > 0:
+        window_left = sliding_window - 1      # transformers: key j visible iff j > i - sliding_window
+    window_right = -1
+    if causal and seqlen_q > seqlen_k:        # top-left causal with more queries than keys
+        causal, window_right = False, seqlen_q - seqlen_k
+        if window_left >= 0:
+            window_left -= seqlen_q - seqlen_k
+            if window_left < 0:
+                raise NotImplementedError("a sliding window shorter than seqlen_q - seqlen_k with no mask")
+    if position_bias is not None:
+        # T5: a learned additive bias; a bool mask hides keys on top of it
+        if bias is None:
+            bias = position_bias
+        elif bias.dtype == torch.bool:
+            bias = torch.where(bias, position_bias, float("-inf"))
+        else:
+            bias = position_bias + bias
+    if bias is not None and bias.dtype != torch.bool and bias.dtype not in (query.dtype, torch.float32):
+        bias = bias.to(query.dtype)
+    out = torch.ops.fa2.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias, scaling,
+                                  causal, window_left, window_right, float(softcap or 0.0))
+    return out, None

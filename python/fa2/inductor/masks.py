@@ -1,0 +1,729 @@
+"""Mask recognition: prove that a mask built in the graph is a causal / sliding-window band.
+
+A mask is interpreted abstractly over the index of each of its dims (counted from the right: -1 is the key index
+``j``, -2 the query index ``i``). Integer tensors built from ``arange``/``iota`` are affine in the indices
+(:class:`Lin`); comparisons of those give conjunctions of linear constraints ``L >= 0`` (:class:`Pred`); ``where``
+over such predicates with constant branches gives :class:`Sel`. ``tril``/``triu``/``masked_fill`` decompose to the
+same ops. A predicate whose constraints all have the form ``lo <= j - i <= hi`` is a band and maps exactly onto fa2's
+``causal`` / ``window_left`` / ``window_right`` (bottom-right aligned: query i sees keys
+``[i + sk - sq - left, i + sk - sq + right]``). Anything that depends on data (a padding mask, a cache position
+tensor passed in) is not a band; it is then passed to fa2 as ``attn_bias`` unchanged. Sizes may be symbolic: bounds
+are sympy expressions and must simplify to integers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from ._compat import aten, prims, real_mode, sym_expr
+
+_LIFT = getattr(aten, "lift_fresh_copy", None)
+
+
+# ---- abstract values ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Lin:
+    """Integer tensor: const + sum(coef[d] * index_d), d a dim counted from the right (-1 = last)."""
+    coef: tuple  # ((dim, int), ...)
+    const: sympy.Expr
+    ndim: int
+
+    def c(self) -> dict:
+        return dict(self.coef)
+
+
+def _lin(coef: dict, const, ndim: int) -> Lin:
+    return Lin(tuple(sorted((d, a) for d, a in coef.items() if a != 0)), sympy.sympify(const), ndim)
+
+
+@dataclass(frozen=True)
+class Pred:
+    """Boolean tensor: the conjunction of ``atom >= 0`` over its atoms (no atoms: all True); ``false``: all False."""
+    atoms: tuple = ()
+    ndim: int = 0
+    false: bool = False
+
+
+@dataclass(frozen=True)
+class Sel:
+    """``where(pred, a, b)`` with scalar a, b."""
+    pred: Pred
+    a: float
+    b: float
+    ndim: int
+
+
+def _remap(value, mapping: dict, ndim: int):
+    """Move dims: mapping old dim -> new dim (dims not in mapping must have coefficient 0)."""
+    if isinstance(value, Lin):
+        coef = {}
+        for d, a in value.coef:
+            if d not in mapping:
+                return None
+            coef[mapping[d]] = a
+        return _lin(coef, value.const, ndim)
+    if isinstance(value, Pred):
+        atoms = []
+        for atom in value.atoms:
+            moved = _remap(atom, mapping, ndim)
+            if moved is None:
+                return None
+            atoms.append(moved)
+        return Pred(tuple(atoms), ndim, value.false)
+    if isinstance(value, Sel):
+        pred = _remap(value.pred, mapping, ndim)
+        return None if pred is None else Sel(pred, value.a, value.b, ndim)
+    return None
+
+
+def _drop_dims(value, dims: set):
+    """Zero the coefficients of size-1 dims (their index is always 0)."""
+    if isinstance(value, Lin):
+        return _lin({d: a for d, a in value.coef if d not in dims}, value.const, value.ndim)
+    if isinstance(value, Pred):
+        return Pred(tuple(_drop_dims(a, dims) for a in value.atoms), value.ndim, value.false)
+    if isinstance(value, Sel):
+        return Sel(_drop_dims(value.pred, dims), value.a, value.b, value.ndim)
+    return value
+
+
+def _ndim(value) -> int:
+    return value.ndim if isinstance(value, (Lin, Pred, Sel)) else 0
+
+
+def _lin_add(x: Lin, y: Lin, sign: int = 1) -> Lin:
+    coef = x.c()
+    for d, a in y.coef:
+        coef[d] = coef.get(d, 0) + sign * a
+    return _lin(coef, x.const + sign * y.const, max(x.ndim, y.ndim))
+
+
+def _lin_scale(x: Lin, k: int) -> Lin:
+    return _lin({d: a * k for d, a in x.coef}, x.const * k, x.ndim)
+
+
+def _pred_and(x: Pred, y: Pred) -> Pred:
+    return Pred(x.atoms + y.atoms, max(x.ndim, y.ndim), x.false or y.false)
+
+
+def _pred_not(x: Pred):
+    if x.false:
+        return Pred((), x.ndim)
+    if not x.atoms:
+        return Pred((), x.ndim, True)
+    if len(x.atoms) == 1:  # not (L >= 0)  <=>  -L - 1 >= 0 (integers)
+        atom = x.atoms[0]
+        return Pred((_lin_add(_lin_scale(atom, -1), _lin({}, -1, atom.ndim)),), x.ndim)
+    return None  # a disjunction
+
+
+def _as_pred(value):
+    if isinstance(value, Pred):
+        return value
+    if isinstance(value, Sel):  # a bool tensor made by where(p, True, False)
+        if bool(value.a) and not bool(value.b):
+            return value.pred
+        if not bool(value.a) and bool(value.b):
+            return _pred_not(value.pred)
+        if bool(value.a) == bool(value.b):
+            return Pred((), value.ndim, not bool(value.a))
+    return None
+
+
+# ---- constants in the graph --------------------------------------------------------------------------------
+
+def scalar_value(arg, graph_module=None):
+    """The Python number a graph argument stands for (a literal, scalar_tensor, full, a 1-element constant), else
+    None."""
+    if isinstance(arg, bool):
+        return arg
+    if isinstance(arg, (int, float)):
+        return arg
+    if not isinstance(arg, torch.fx.Node):
+        return None
+    node = arg
+    for _ in range(4):
+        if node.op == "call_function" and node.target in (aten.clone.default, aten.alias.default,
+                                                           prims.convert_element_type.default,
+                                                           aten._to_copy.default, aten.expand.default,
+                                                           aten.view.default) + ((_LIFT.default,) if _LIFT else ()):
+            node = node.args[0]
+            if not isinstance(node, torch.fx.Node):
+                return None
+            continue
+        break
+    if node.op == "call_function":
+        if node.target == aten.scalar_tensor.default:
+            return node.args[0]
+        if node.target in (aten.full.default, aten.full_like.default):
+            return node.args[1]
+        if node.target in (aten.zeros_like.default, aten.zeros.default):
+            return 0.0
+        return None
+    if node.op == "get_attr":
+        gm = graph_module if graph_module is not None else node.graph.owning_module
+        try:
+            value = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+        except AttributeError:
+            return None
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_meta:
+            try:
+                with real_mode():
+                    return value.item()
+            except Exception:  # noqa: BLE001 - fake or symbolic constant
+                return None
+    return None
+
+
+def _shape(node):
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _is_one(x) -> bool:
+    return isinstance(x, int) and x == 1 or (isinstance(x, torch.SymInt) and sym_expr(x) == 1)
+
+
+# ---- the interpreter ---------------------------------------------------------------------------------------
+
+_CMP = {
+    aten.le.Tensor: "le", aten.le.Scalar: "le", aten.lt.Tensor: "lt", aten.lt.Scalar: "lt",
+    aten.ge.Tensor: "ge", aten.ge.Scalar: "ge", aten.gt.Tensor: "gt", aten.gt.Scalar: "gt",
+    aten.eq.Tensor: "eq", aten.eq.Scalar: "eq", aten.ne.Tensor: "ne", aten.ne.Scalar: "ne",
+}
+_AND = {aten.logical_and.default, aten.bitwise_and.Tensor, aten.__and__.Tensor}
+_OR = {aten.logical_or.default, aten.bitwise_or.Tensor, aten.__or__.Tensor}
+_NOT = {aten.logical_not.default, aten.bitwise_not.default}
+_IDENTITY = {aten.clone.default, aten.alias.default, aten.contiguous.default if hasattr(aten, "contiguous") else None,
+             prims.convert_element_type.default, aten._to_copy.default}
+_IDENTITY.discard(None)
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+
+
+class MaskInterpreter:
+    def __init__(self):
+        self.memo: dict = {}
+
+    def value(self, arg):
+        if isinstance(arg, torch.fx.Node):
+            if arg not in self.memo:
+                self.memo[arg] = None  # cycles cannot happen in a DAG; this also bounds recursion on failure
+                try:
+                    self.memo[arg] = self._eval(arg)
+                except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+                    self.memo[arg] = None
+            return self.memo[arg]
+        if isinstance(arg, bool):
+            return Pred((), 0, not arg)
+        if isinstance(arg, int):
+            return _lin({}, arg, 0)
+        if isinstance(arg, torch.SymInt):
+            return _lin({}, sym_expr(arg), 0)
+        return None
+
+    def _scalar_int(self, arg):
+        if isinstance(arg, torch.fx.Node):
+            val = arg.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                return _lin({}, sym_expr(val), 0)
+        return self.value(arg) if not isinstance(arg, float) else None
+
+    def _eval(self, node: torch.fx.Node):
+        if node.op != "call_function":
+            return None
+        t, args = node.target, node.args
+        shape = _shape(node)
+        if t == prims.iota.default:
+            start = node.kwargs.get("start", 0)
+            step = node.kwargs.get("step", 1)
+            if sym_expr(step) is None or sym_expr(start) is None:
+                return None
+            return _lin({-1: int(step)}, sym_expr(start), 1)
+        if t in (aten.arange.default, aten.arange.start, aten.arange.start_step):
+            if t == aten.arange.default:
+                start, step = 0, 1
+            else:
+                start = args[0]
+                step = args[2] if len(args) > 2 else node.kwargs.get("step", 1)
+            if sym_expr(start) is None or not isinstance(step, int):
+                return None
+            return _lin({-1: step}, sym_expr(start), 1)
+        if t in (aten.add.Tensor, aten.sub.Tensor, aten.add.Scalar, aten.sub.Scalar):
+            x, y = self._scalar_int(args[0]), self._scalar_int(args[1])
+            alpha = node.kwargs.get("alpha", 1)
+            if isinstance(x, Lin) and isinstance(y, Lin) and isinstance(alpha, int):
+                sign = -alpha if t in (aten.sub.Tensor, aten.sub.Scalar) else alpha
+                return _lin_add(x, _lin_scale(y, sign))
+            return None
+        if t in (aten.mul.Tensor, aten.mul.Scalar):
+            x, y = self.value(args[0]), self.value(args[1])
+            if isinstance(x, Lin) and isinstance(y, Lin):
+                if not y.coef and y.const.is_Integer:
+                    return _lin_scale(x, int(y.const))
+                if not x.coef and x.const.is_Integer:
+                    return _lin_scale(y, int(x.const))
+                return None
+            px, py = _as_pred(x), _as_pred(y)
+            if px is not None and py is not None:  # bool * bool
+                return _pred_and(px, py)
+            return None
+        if t == aten.neg.default:
+            x = self.value(args[0])
+            return _lin_scale(x, -1) if isinstance(x, Lin) else None
+        if t in _CMP:
+            return self._compare(_CMP[t], args[0], args[1])
+        if t in _AND:
+            px, py = _as_pred(self.value(args[0])), _as_pred(self.value(args[1]))
+            return _pred_and(px, py) if px is not None and py is not None else None
+        if t in _OR:
+            px, py = _as_pred(self.value(args[0])), _as_pred(self.value(args[1]))
+            if px is None or py is None:
+                return None
+            for a, b in ((px, py), (py, px)):
+                if a.false:
+                    return b
+                if not a.atoms and not a.false:
+                    return Pred((), max(a.ndim, b.ndim))
+            return None
+        if t in _NOT:
+            x = self.value(args[0])
+            if isinstance(x, Sel):
+                return Sel(x.pred, not bool(x.a), not bool(x.b), x.ndim)
+            px = _as_pred(x)
+            return _pred_not(px) if px is not None else None
+        if t == aten.full.default:
+            size, fill = args[0], args[1]
+            dtype = node.kwargs.get("dtype")
+            if dtype == torch.bool or isinstance(fill, bool):
+                return Pred((), len(size), not bool(fill))
+            if isinstance(fill, (int, float)):
+                return Sel(Pred((), len(size)), fill, fill, len(size))
+            return None
+        if t == aten.scalar_tensor.default:
+            fill = args[0]
+            return Sel(Pred((), 0), fill, fill, 0) if isinstance(fill, (int, float)) else None
+        if t == aten.where.self:
+            return self._where(node)
+        if t in (aten.tril.default, aten.triu.default):
+            x = self.value(args[0])
+            diagonal = args[1] if len(args) > 1 else node.kwargs.get("diagonal", 0)
+            if not isinstance(x, (Sel, Pred)) or sym_expr(diagonal) is None or shape is None or len(shape) < 2:
+                return None
+            nd = len(shape)
+            if t == aten.tril.default:   # keep j <= i + diagonal: i - j + diagonal >= 0
+                atom = _lin({-2: 1, -1: -1}, sym_expr(diagonal), nd)
+            else:                        # keep j >= i + diagonal: j - i - diagonal >= 0
+                atom = _lin({-2: -1, -1: 1}, -sym_expr(diagonal), nd)
+            band = Pred((atom,), nd)
+            if isinstance(x, Pred):
+                return _pred_and(x, band)
+            return Sel(_pred_and(x.pred, band), x.a, 0, nd) if x.a == x.b else None
+        if t in _IDENTITY or (_LIFT is not None and t == _LIFT.default):
+            return self.value(args[0])
+        if t == aten.slice.Tensor:
+            return self._slice(node)
+        if t == aten.constant_pad_nd.default:
+            return None   # only meaningful when a slice removes the padding again (see _slice)
+        if t == aten.index.Tensor and shape is not None:
+            # indexing a tensor that holds one value everywhere (e.g. an all-ones padding mask made in the model)
+            x = self.value(args[0])
+            if isinstance(x, Pred) and not x.atoms:
+                return Pred((), len(shape), x.false)
+            if isinstance(x, Sel) and x.a == x.b:
+                return Sel(Pred((), len(shape)), x.a, x.b, len(shape))
+            return None
+        if t == aten.unsqueeze.default:
+            return self._unsqueeze(self.value(args[0]), args[1])
+        if t in (aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default) or t in _VIEWS:
+            return self._reshape(node)
+        if t == aten.expand.default:
+            x = self.value(args[0])
+            in_shape = _shape(args[0])
+            if x is None or in_shape is None:
+                return None
+            ones = {d - len(in_shape) for d, s in enumerate(in_shape) if _is_one(s)}
+            x = _drop_dims(x, ones)
+            nd = len(args[1])
+            return _remap(x, {d: d for d in range(-_ndim(x), 0)}, nd)
+        if t == aten.permute.default:
+            x = self.value(args[0])
+            if x is None:
+                return None
+            nd = _ndim(x)
+            dims = [d % nd for d in args[1]]
+            mapping = {dims[o] - nd: o - nd for o in range(nd)}
+            return _remap(x, mapping, nd)
+        if t == aten.transpose.int:
+            x = self.value(args[0])
+            if x is None:
+                return None
+            nd = _ndim(x)
+            a, b = args[1] % nd - nd, args[2] % nd - nd
+            mapping = {d: d for d in range(-nd, 0)}
+            mapping[a], mapping[b] = b, a
+            return _remap(x, mapping, nd)
+        return None
+
+    def _compare(self, op, a, b):
+        x, y = self._scalar_int(a), self._scalar_int(b)
+        if isinstance(x, Lin) and isinstance(y, Lin):
+            nd = max(x.ndim, y.ndim)
+            diff = _lin_add(y, x, -1)  # y - x
+            one = _lin({}, 1, nd)
+            if op == "le":
+                return Pred((diff,), nd)
+            if op == "lt":
+                return Pred((_lin_add(diff, one, -1),), nd)
+            if op == "ge":
+                return Pred((_lin_scale(diff, -1),), nd)
+            if op == "gt":
+                return Pred((_lin_add(_lin_scale(diff, -1), one, -1),), nd)
+            if op == "eq":
+                return Pred((diff, _lin_scale(diff, -1)), nd)
+            return None
+        # a 0/1 (or 0/-inf) mask compared with a constant: (mask == 0) etc.
+        sel, other = (x, b) if isinstance(x, Sel) else (y, a) if isinstance(y, Sel) else (None, None)
+        c = scalar_value(other)
+        if sel is None or c is None or op not in ("eq", "ne"):
+            return None
+        hit_a, hit_b = (sel.a == c), (sel.b == c)
+        if op == "ne":
+            hit_a, hit_b = not hit_a, not hit_b
+        return Sel(sel.pred, hit_a, hit_b, sel.ndim)
+
+    def _where(self, node):
+        cond, a, b = node.args
+        p = _as_pred(self.value(cond))
+        if p is None:
+            return None
+        va, vb = scalar_value(a), scalar_value(b)
+        sa = self.value(a) if va is None else None
+        sb = self.value(b) if vb is None else None
+        nd = max(p.ndim, _ndim(sa), _ndim(sb), len(_shape(node) or ()))
+        if va is not None and vb is not None:
+            return Sel(p, va, vb, nd)
+        # nested: where(p, where(q, x, y), y) == where(p and q, x, y)
+        if isinstance(sa, Sel) and vb is not None and sa.b == vb:
+            return Sel(_pred_and(p, sa.pred), sa.a, vb, nd)
+        if isinstance(sb, Sel) and va is not None and sb.a == va:
+            # where(p, x, where(q, x, y)) == where(p or q, ...): only when one side is trivial
+            q = sb.pred
+            if not q.atoms and not q.false:
+                return Sel(Pred((), nd), va, va, nd)
+        if isinstance(sa, Sel) and sa.a == sa.b and vb is not None:
+            return Sel(p, sa.a, vb, nd)
+        return None
+
+    def _unsqueeze(self, x, dim):
+        if x is None:
+            return None
+        nd = _ndim(x) + 1
+        pos = dim % nd            # position in the output
+        new = pos - nd            # its dim counted from the right
+        mapping = {d: (d if d > new else d - 1) for d in range(-(nd - 1), 0)}
+        return _remap(x, mapping, nd)
+
+    def _reshape(self, node):
+        """Views that only add or drop size-1 dims."""
+        x = self.value(node.args[0])
+        in_shape, out_shape = _shape(node.args[0]), _shape(node)
+        if x is None or in_shape is None or out_shape is None:
+            return None
+        ones = {d - len(in_shape) for d, s in enumerate(in_shape) if _is_one(s)}
+        x = _drop_dims(x, ones)
+        src = [d - len(in_shape) for d, s in enumerate(in_shape) if not _is_one(s)]
+        dst = [d - len(out_shape) for d, s in enumerate(out_shape) if not _is_one(s)]
+        if len(src) != len(dst):
+            return None
+        for s, d in zip(src, dst):
+            if sym_expr(in_shape[s]) != sym_expr(out_shape[d]):
+                return None
+        return _remap(x, dict(zip(src, dst)), len(out_shape))
+
+    def _slice(self, node):
+        src = node.args[0]
+        if isinstance(src, torch.fx.Node) and src.op == "call_function" and \
+                src.target == aten.constant_pad_nd.default:
+            # a mask padded for alignment (SDPA's memory-efficient kernel) and sliced back to its size
+            inner = src.args[0]
+            if _shape(inner) is not None and _shape(node) is not None and \
+                    all(sym_expr(a) == sym_expr(b) for a, b in zip(_shape(inner), _shape(node))) and \
+                    (node.args[2] if len(node.args) > 2 else 0) in (0, None):
+                return self.value(inner)
+            return None
+        x = self.value(node.args[0])
+        in_shape = _shape(node.args[0])
+        dim = node.args[1] if len(node.args) > 1 else 0
+        start = node.args[2] if len(node.args) > 2 else 0
+        step = node.args[4] if len(node.args) > 4 else 1
+        if x is None or in_shape is None or step != 1:
+            return None
+        start_e = sym_expr(start) if start is not None else sympy.Integer(0)
+        if start_e is None:
+            return None
+        d = dim % len(in_shape) - len(in_shape)
+        if start_e.is_Integer and int(start_e) < 0:
+            start_e = sym_expr(in_shape[d]) + start_e
+        if start_e == 0:
+            return x
+        # index k of the slice is index k + start of the input
+        if isinstance(x, Lin):
+            return _lin(x.c(), x.const + x.c().get(d, 0) * start_e, x.ndim)
+        if isinstance(x, Pred):
+            atoms = tuple(_lin(a.c(), a.const + a.c().get(d, 0) * start_e, a.ndim) for a in x.atoms)
+            return Pred(atoms, x.ndim, x.false)
+        return None
+
+
+# ---- bands ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Band:
+    """Query i sees key j iff lo <= j - i <= hi (None: unbounded), for i < sq, j < sk."""
+    lo: sympy.Expr | None = None
+    hi: sympy.Expr | None = None
+    finite_fill: bool = False     # masked entries got a finite (dtype-min) value, not -inf
+
+    def flags(self, sq, sk):
+        """(causal, window_left, window_right) for fa2, or a reason string."""
+        offset = sympy.simplify(sk - sq)
+        left = right = None
+        if self.hi is not None:
+            right = sympy.simplify(self.hi - offset)
+            if not right.is_Integer:
+                return f"the mask's upper diagonal ({self.hi}) is not a constant offset from seqlen_k - seqlen_q"
+            right = int(right)
+            if right < 0:
+                return "the mask hides the bottom-right diagonal (top-left causal with seqlen_q < seqlen_k)"
+        if self.lo is not None:
+            left = sympy.simplify(offset - self.lo)
+            if not left.is_Integer:
+                return f"the mask's lower diagonal ({self.lo}) is not a constant offset from seqlen_k - seqlen_q"
+            left = int(left)
+            if left < 0:
+                return "the mask's window is left of the diagonal"
+        if self.finite_fill:
+            # A finite fill gives a row that sees no key a uniform average, fa2 gives 0: only rewrite when no row is
+            # empty: every row i has a key j in [i + lo, i + hi] within [0, sk).
+            if self.hi is not None and not _provably_nonneg(self.hi):
+                return "some query rows see no key (masked with a finite value)"
+            if self.lo is not None and not _provably_nonneg(offset - self.lo):
+                return "some query rows see no key (masked with a finite value)"
+        causal = right == 0
+        return causal, (-1 if left is None else left), (-1 if right is None or causal else right)
+
+
+def _provably_nonneg(expr) -> bool:
+    expr = sympy.simplify(expr)
+    if expr.is_Integer:
+        return int(expr) >= 0
+    return bool(expr.is_nonnegative)
+
+
+def band_of(pred: Pred, sq, sk, score_ndim: int):
+    """The band a predicate describes over (i = dim -2, j = dim -1), or a reason string."""
+    if pred.false:
+        return "the mask hides every key"
+    lo = hi = None
+    sq_e, sk_e = sym_expr(sq), sym_expr(sk)
+    if sq_e is None or sk_e is None:
+        return "unknown sequence lengths"
+    for atom in pred.atoms:
+        coef = atom.c()
+        if any(d not in (-1, -2) for d in coef):
+            return "the mask depends on the batch or head index"
+        a_i, a_j, c = coef.get(-2, 0), coef.get(-1, 0), atom.const
+        if a_i == 0 and a_j == 0:
+            if _provably_nonneg(c):
+                continue
+            return "the mask is not a causal/window band"
+        if a_i == -a_j:
+            k = a_j
+            if k > 0:      # k (j - i) + c >= 0  =>  j - i >= -c / k
+                bound = -c / k if k == 1 else (sympy.ceiling(-c / k) if c.is_Integer else None)
+                if bound is None:
+                    return "non-integer diagonal"
+                lo = bound if lo is None else _tighter(lo, bound, max)
+                if lo is None:
+                    return "incomparable diagonals"
+            else:          # -k' (j - i) + c >= 0  =>  j - i <= c / k'
+                kk = -k
+                bound = c / kk if kk == 1 else (sympy.floor(c / kk) if c.is_Integer else None)
+                if bound is None:
+                    return "non-integer diagonal"
+                hi = bound if hi is None else _tighter(hi, bound, min)
+                if hi is None:
+                    return "incomparable diagonals"
+            continue
+        # a constraint on i or j alone holds everywhere only if its minimum over the ranges is >= 0
+        low = c + (a_i * (sq_e - 1) if a_i < 0 else 0) + (a_j * (sk_e - 1) if a_j < 0 else 0)
+        if _provably_nonneg(low):
+            continue
+        return "the mask is not a causal/window band"
+    return Band(lo, hi)
+
+
+def _tighter(x, y, pick):
+    """max/min of two bounds that differ by an integer (None if they are not comparable)."""
+    d = sympy.simplify(x - y)
+    if not d.is_Integer:
+        return None
+    if pick is max:
+        return x if int(d) >= 0 else y
+    return x if int(d) <= 0 else y
+
+
+# ---- the mask terms of one attention site ---------------------------------------------------------------------
+
+NEG_LARGE = -1e30  # a fill at or below this (or dtype.min) hides a key exactly as -inf does for rows with a key
+
+
+def is_hiding_value(value, dtype) -> bool:
+    if value is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    if value == -math.inf:
+        return True
+    if value <= NEG_LARGE:
+        return True
+    if dtype is not None and dtype.is_floating_point and value <= torch.finfo(dtype).min / 2:
+        return True
+    return False
+
+
+@dataclass
+class MaskTerm:
+    """One mask/bias contribution found between QK^T and softmax.
+
+    kind "add": ``scores + node`` (float additive); kind "where": ``where(node, scores, fill)`` (keep_if_true) or
+    ``where(node, fill, scores)``."""
+    kind: str
+    node: torch.fx.Node
+    keep_if_true: bool = True
+    fill: float | None = None
+    dtype: torch.dtype | None = None   # of the filled scores (a fill is judged against that dtype's range)
+
+
+@dataclass
+class MaskPlan:
+    causal: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    # what is passed as attn_bias: ("add", node) float additive, ("keep", node) bool True=keep,
+    # ("drop", node) bool True=hidden, ("fill", node, keep_if_true) bool turned into a float 0/min bias
+    bias: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+
+def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> MaskPlan | str:
+    """Turn the mask terms of a site into fa2 flags (bands) and an attn_bias (everything else), exactly."""
+    interp = MaskInterpreter()
+    bands: list[tuple[Band, tuple]] = []   # (band, the bias entry to fall back to)
+    bias: list[tuple] = []
+    for term in terms:
+        if term.kind == "add":
+            entry = ("add", term.node)
+            value = interp.value(term.node)
+            dtype = _dtype(term.node)
+            if isinstance(value, Sel) and {_kind(value.a, dtype), _kind(value.b, dtype)} == {"zero", "hide"}:
+                zero_first = _kind(value.a, dtype) == "zero"
+                pred = value.pred if zero_first else _pred_not(value.pred)
+                fill = value.b if zero_first else value.a
+                # where(cond, 0, -inf) is a bool mask in disguise: pass the bool (1 byte instead of 4)
+                where = _strip(term.node)
+                if fill == -math.inf and is_call_where(where) and _bool_node(where.args[0]):
+                    keep_if_true = scalar_value(where.args[1]) == 0
+                    entry = ("keep" if keep_if_true else "drop", where.args[0])
+                band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
+                if isinstance(band, Band):
+                    if band.lo is None and band.hi is None:
+                        continue      # hides nothing: adds 0 everywhere
+                    band.finite_fill = fill != -math.inf
+                    bands.append((band, entry))
+                    continue
+            bias.append(entry)
+            continue
+        # where(cond, scores, fill) / where(cond, fill, scores)
+        if not is_hiding_value(term.fill, term.dtype or score_dtype):
+            return (f"masked_fill/where with value {term.fill}: only -inf or the dtype's minimum hide a key "
+                    "exactly")
+        if term.fill == -math.inf:
+            entry = ("keep" if term.keep_if_true else "drop", term.node)
+        else:
+            entry = ("fill", term.node, term.keep_if_true)
+        pred = _as_pred(interp.value(term.node))
+        if pred is not None and not term.keep_if_true:
+            pred = _pred_not(pred)
+        band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
+        if isinstance(band, Band):
+            if band.lo is None and band.hi is None:
+                continue
+            band.finite_fill = term.fill != -math.inf
+            bands.append((band, entry))
+            continue
+        bias.append(entry)
+
+    plan = MaskPlan(bias=bias)
+    if not bands:
+        return plan
+
+    def as_bias(note):
+        plan.bias = bias + [entry for _, entry in bands]
+        plan.notes.append(note)
+        return plan
+
+    if len(bands) + len(bias) > 1 and any(b.finite_fill for b, _ in bands):
+        # A finite fill gives a row that sees no key a uniform average over all keys; split into flags plus other
+        # terms that is not reproducible, so keep these masks as attn_bias.
+        return as_bias("mask kept as attn_bias: finite-valued causal/window mask combined with another mask")
+    lo = hi = None
+    for band, _ in bands:
+        if band.lo is not None:
+            lo = band.lo if lo is None else _tighter(lo, band.lo, max)
+            if lo is None:
+                return as_bias("mask kept as attn_bias: incomparable diagonals")
+        if band.hi is not None:
+            hi = band.hi if hi is None else _tighter(hi, band.hi, min)
+            if hi is None:
+                return as_bias("mask kept as attn_bias: incomparable diagonals")
+    flags = Band(lo, hi, any(b.finite_fill for b, _ in bands)).flags(sq, sk)
+    if isinstance(flags, str):
+        return as_bias(f"mask kept as attn_bias: {flags}")
+    plan.causal, plan.window_left, plan.window_right = flags
+    return plan
+
+
+def is_call_where(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == aten.where.self
+
+
+def _dtype(node):
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def _kind(value, dtype=None) -> str:
+    if value is None or isinstance(value, bool):
+        return "other"
+    if value == 0:
+        return "zero"
+    if is_hiding_value(value, dtype):
+        return "hide"
+    return "other"
+
+
+def _strip(node):
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in (
+            aten.expand.default, aten.clone.default, aten.alias.default):
+        node = node.args[0]
+    return node
+
+
+def _bool_node(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool

@@ -1,0 +1,801 @@
+"""Finding attention in a normalized ATen graph.
+
+Real code spells attention many ways (``@``/matmul/bmm/einsum, scale on the scores or on q, masks added, filled or
+built from arange/tril, softmax in fp32 then cast, GQA through repeat_kv, softcap, transposed or permuted layouts,
+dropout in eval). After Dynamo + AOT autograd with Inductor's decompositions they all reduce to a few op shapes, so
+sites are found by walking the graph from each softmax rather than by matching a list of spellings:
+
+  QK^T   ``bmm(view(q4), view(kT4))`` (a 4D matmul decomposes to expand / [clone] / view / bmm / view)
+  scores a chain of: scalar mul/div (scale), div -> tanh -> mul (softcap), add (bias), where (mask), dtype casts
+  softmax ``amax / sub / exp / sum / div`` over the last dim (or ``_softmax``)
+  PV     ``bmm(view(p), view(v4))``, [view back to 4D]
+
+and each operand is followed back to the tensor fa2 reads (through the matmul's views, and through repeat_kv's
+unsqueeze / expand / reshape, so GQA binds the un-repeated K/V). ``scaled_dot_product_attention`` calls appear as
+one fused op (plus its backward op in a training graph) and are sites too. A site is only rewritten when the whole
+computation is exactly what fa2 computes; otherwise it is recorded with the reason.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+
+from ._compat import aten, guard_bool, prims, statically_known_true, sym_expr
+from .masks import MaskPlan, MaskTerm, plan_masks, scalar_value
+
+VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+LAYOUT = VIEWS | {aten.clone.default, aten.alias.default, aten.expand.default, aten.permute.default,
+                  aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+                  aten.squeeze.default, aten.sum.dim_IntList, aten.t.default}
+CASTS = {prims.convert_element_type.default, aten._to_copy.default}
+_RANDOM = ("rand", "bernoulli", "native_dropout", "inductor_random")   # dropout's mask, in any decomposition
+
+MAX_HEADDIM = 256
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _op(name: str, overload: str = "default"):
+    packet = getattr(aten, name, None)
+    return getattr(packet, overload, None) if packet is not None else None
+
+
+SDPA_FWD = {op: name for op, name in (
+    (_op("_scaled_dot_product_flash_attention_for_cpu"), "cpu_flash"),
+    (_op("_scaled_dot_product_flash_attention"), "flash"),
+    (_op("_scaled_dot_product_efficient_attention"), "efficient"),
+    (_op("_scaled_dot_product_cudnn_attention"), "cudnn"),
+    (_op("scaled_dot_product_attention"), "composite"),
+) if op is not None}
+SDPA_BWD = {op for op in (
+    _op("_scaled_dot_product_flash_attention_for_cpu_backward"),
+    _op("_scaled_dot_product_flash_attention_backward"),
+    _op("_scaled_dot_product_efficient_attention_backward"),
+    _op("_scaled_dot_product_cudnn_attention_backward"),
+) if op is not None}
+
+
+# ---- the result ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Operand:
+    """A tensor fa2 reads, as a node of the graph and how to view it in fa2's (batch, seqlen, heads, dim) layout.
+
+    layout: "bhsd" (B, H, S, D), "bhds" (B, H, D, S: a transposed K), "nsd" / "nds" (3D, heads folded into batch).
+    chain: the forward nodes after ``node`` up to the bmm operand (the matmul's and repeat_kv's views), in order."""
+    node: torch.fx.Node
+    layout: str
+    chain: list = field(default_factory=list)
+    bmm_operand: torch.fx.Node | None = None
+
+
+@dataclass
+class Site:
+    kind: str                          # "matmul" (hand-written) or "sdpa"
+    anchor: torch.fx.Node              # the softmax (or the SDPA op): where the site came from
+    q: Operand | None = None
+    k: Operand | None = None
+    v: Operand | None = None
+    output: torch.fx.Node | None = None  # its uses get fa2's output
+    out_layout: str = "bhsd"
+    scale: float | None = None
+    softcap: float = 0.0
+    mask: MaskPlan | None = None
+    topleft_causal: bool = False       # SDPA is_causal (handled by fa2.sdpa)
+    internal: set = field(default_factory=set)   # forward nodes that die with the rewrite
+    bmm_qk: torch.fx.Node | None = None
+    bmm_pv: torch.fx.Node | None = None
+    p_operand: torch.fx.Node | None = None
+    sdpa_node: torch.fx.Node | None = None
+    score_shape: tuple = ()
+    scale_tensors: list = field(default_factory=list)   # [(0-d tensor node, "mul" | "div")], applied to q
+    reason: str | None = None          # why it is not rewritten (None: it can be)
+    rewritten: bool = False
+
+    def flags(self) -> dict:
+        if self.mask is None:
+            return {}
+        out = {}
+        if self.topleft_causal:
+            out["causal"] = "top-left"
+        elif self.mask.causal:
+            out["causal"] = True
+        if self.mask.window_left >= 0:
+            out["window_left"] = self.mask.window_left
+        if self.mask.window_right >= 0:
+            out["window_right"] = self.mask.window_right
+        if self.softcap:
+            out["softcap"] = self.softcap
+        if self.scale is not None:
+            out["scale"] = round(float(self.scale), 6) if not self.scale_tensors else "tensor"
+        if self.mask.bias:
+            kinds = {"bool" if b[0] in ("keep", "drop") else "float" for b in self.mask.bias}
+            out["bias"] = "+".join(sorted(kinds))
+        if self.mask.notes:
+            out["note"] = "; ".join(self.mask.notes)
+        if self.q is not None and self.k is not None:
+            hq, hk = _heads(self.q), _heads(self.k)
+            if hq is not None and hk is not None and hq != hk:
+                out["gqa"] = f"{hq}/{hk}"
+        return out
+
+
+class Reject(Exception):
+    pass
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+
+def val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def shape(node):
+    v = val(node)
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+def same(a, b) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    ea, eb = sym_expr(a), sym_expr(b)
+    if ea is not None and eb is not None and ea == eb:
+        return True
+    try:
+        return statically_known_true(a == b)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def same_shape(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
+def _heads(op: Operand):
+    s = shape(op.node)
+    if s is None:
+        return None
+    return 1 if op.layout in ("nsd", "nds") else s[1]
+
+
+def is_call(node, targets) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _last_dim(dims, ndim) -> bool:
+    if isinstance(dims, int):
+        dims = [dims]
+    return len(dims) == 1 and dims[0] % ndim == ndim - 1
+
+
+def _fwd_users(node, bwd):
+    return [u for u in node.users if u not in bwd]
+
+
+def _is_random(node, depth=6) -> bool:
+    """Is a random op (dropout's mask) among the inputs of this node?"""
+    seen, stack = set(), [(node, 0)]
+    while stack:
+        n, d = stack.pop()
+        if not isinstance(n, torch.fx.Node) or n in seen or d > depth:
+            continue
+        seen.add(n)
+        if n.op == "call_function" and any(r in str(n.target) for r in _RANDOM):
+            return True
+        stack.extend((a, d + 1) for a in n.all_input_nodes)
+    return False
+
+
+# ---- softmax ---------------------------------------------------------------------------------------------------
+
+def softmax_at(node):
+    """(input, output, nodes) if ``node`` is the output of a softmax over the last dim, else None."""
+    if not is_call(node, {aten._softmax.default, aten.div.Tensor}):
+        return None
+    if node.target == aten._softmax.default:
+        x = node.args[0]
+        if not _last_dim(node.args[1], len(shape(x) or (0,))):
+            return None
+        return x, node, [node]
+    exp, total = node.args
+    if not (is_call(total, {aten.sum.dim_IntList}) and total.args[0] is exp and is_call(exp, {aten.exp.default})):
+        return None
+    sub = exp.args[0]
+    if not is_call(sub, {aten.sub.Tensor}):
+        return None
+    x, mx = sub.args
+    if not (is_call(mx, {aten.amax.default}) and mx.args[0] is x):
+        return None
+    nd = len(shape(x) or ())
+    if not nd or not _last_dim(total.args[1], nd) or not _last_dim(mx.args[1], nd):
+        return None
+    if not (len(total.args) > 2 and total.args[2]) or not (len(mx.args) > 2 and mx.args[2]):
+        return None
+    return x, node, [mx, sub, exp, total, node]
+
+
+# ---- layouts ---------------------------------------------------------------------------------------------------
+#
+# Between the tensors fa2 reads and the 3D operands of the bmms there are only layout ops (the matmul's expand and
+# reshape, einsum's unsqueeze/permute, the user's transposes). A chain of such ops is "order-preserving" when it
+# keeps the row-major order of the elements -- views, unsqueeze/squeeze, clones, no-op expands and permutes that
+# only move size-1 dims -- so its output is exactly ``input.reshape(output_shape)``, for any sizes.
+
+SHAPE_OPS = VIEWS | {aten.clone.default, aten.alias.default, aten.expand.default, aten.permute.default,
+                     aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+                     aten.squeeze.default, aten.t.default}
+
+
+def _perm(node):
+    nd = len(shape(node) or ())
+    if node.target == aten.permute.default:
+        return [d % nd for d in node.args[1]]
+    if node.target == aten.t.default:
+        return [1, 0] if nd == 2 else [0]
+    a, b = node.args[1] % nd, node.args[2] % nd
+    perm = list(range(nd))
+    perm[a], perm[b] = perm[b], perm[a]
+    return perm
+
+
+def _moved_dims(node):
+    """For a permute/transpose: its permutation restricted to the dims of size != 1 (ranks among those dims)."""
+    src = shape(node.args[0])
+    perm = _perm(node)
+    keep = [d for d in perm if not same(src[d], 1)]
+    order = sorted(keep)
+    return [order.index(d) for d in keep]
+
+
+def _order_preserving(node) -> bool:
+    t = node.target
+    if t in VIEWS or t in (aten.clone.default, aten.alias.default, aten.unsqueeze.default, aten.squeeze.dim,
+                           aten.squeeze.dims, aten.squeeze.default):
+        return True
+    if t == aten.expand.default:
+        return same_shape(shape(node.args[0]), shape(node))
+    if t in (aten.permute.default, aten.transpose.int, aten.t.default):
+        moved = _moved_dims(node)
+        return moved == sorted(moved)
+    return False
+
+
+def _swaps_last_two(node) -> bool:
+    """A permute/transpose that (ignoring size-1 dims) swaps the last two dims: a matrix transpose."""
+    if node.target not in (aten.permute.default, aten.transpose.int, aten.t.default):
+        return False
+    moved = _moved_dims(node)
+    n = len(moved)
+    return n >= 2 and moved[:-2] == list(range(n - 2)) and moved[-2:] == [n - 1, n - 2]
+
+
+def bind_operand(x3, role: str, batch_heads, bwd=frozenset()) -> Operand:
+    """The tensor fa2 should read for the 3D bmm operand ``x3``: the furthest tensor upstream that it is a reshape
+    of, as (B, H, S, D) [or (B, H, D, S) / a transposed one for K^T]; else x3 itself (3D: heads folded into batch).
+    ``batch_heads``: (B, H) when the scores are 4D, for the consistency check. The walk stops at a tensor that is
+    also used elsewhere (its gradient is a sum there, which the backward rewrite must not cross)."""
+    chain, node, transposed = [x3], x3, False
+    best = None
+    while is_call(node, SHAPE_OPS) and len(chain) < 16:
+        parent = node.args[0]
+        if _order_preserving(node):
+            pass
+        elif not transposed and _swaps_last_two(node):
+            transposed = True
+        else:
+            break
+        node = parent
+        s4 = shape(node)
+        if s4 is not None and len(s4) == 4 and batch_heads is not None and \
+                same(s4[0], batch_heads[0]) and same(s4[1], batch_heads[1]):
+            best = (node, list(reversed(chain)), transposed)
+        chain.append(node)
+        if len(_fwd_users(node, bwd)) > 1:
+            break
+    # MQA written with broadcasting: the matmul expands (B, 1, S, D) over the heads
+    if best is not None and role != "q":
+        x4, c, tr = best
+        if is_call(x4, {aten.expand.default}):
+            src = x4.args[0]
+            s_in, s_out = shape(src), shape(x4)
+            if s_in is not None and len(s_in) == 4 and same(s_in[1], 1) and same(s_in[0], s_out[0]) and \
+                    same(s_in[2], s_out[2]) and same(s_in[3], s_out[3]):
+                return Operand(src, ("bhsd" if tr else "bhds") if role == "k" else "bhsd", [x4] + c, x3)
+    if best is None:
+        return Operand(x3, "nds" if role == "k" else "nsd", [], x3)
+    x4, c, tr = best
+    if role == "k":
+        layout = "bhsd" if tr else "bhds"
+    else:
+        if tr:
+            return Operand(x3, "nsd", [], x3)
+        layout = "bhsd"
+    if layout == "bhsd" and role != "q":
+        rep = _repeat_kv_source(x4)
+        if rep is not None:
+            src, rchain = rep
+            return Operand(src, "bhsd", rchain + c, x3)
+    return Operand(x4, layout, c, x3)
+
+
+def _repeat_kv_source(x):
+    """If x is repeat_kv(y) = reshape(expand(unsqueeze(y, 2), [B, Hk, n, S, D]), [B, Hk*n, S, D]) (also what
+    repeat_interleave on dim 1 decomposes to), return (y, chain)."""
+    if not is_call(x, VIEWS):
+        return None
+    chain = [x]
+    inner = x.args[0]
+    if is_call(inner, {aten.clone.default}):
+        chain.insert(0, inner)
+        inner = inner.args[0]
+    if not is_call(inner, {aten.expand.default}):
+        return None
+    chain.insert(0, inner)
+    unsq = inner.args[0]
+    while is_call(unsq, {aten.slice.Tensor}) and _full_slice(unsq):
+        chain.insert(0, unsq)
+        unsq = unsq.args[0]
+    if not (is_call(unsq, {aten.unsqueeze.default}) and unsq.args[1] % 5 == 2):
+        return None
+    chain.insert(0, unsq)
+    y = unsq.args[0]
+    sy, se, sx = shape(y), shape(inner), shape(x)
+    if sy is None or se is None or sx is None or len(sy) != 4 or len(se) != 5:
+        return None
+    if not (same(se[0], sy[0]) and same(se[1], sy[1]) and same(se[3], sy[2]) and same(se[4], sy[3])):
+        return None
+    if not (same(sx[0], sy[0]) and same(sx[1], se[1] * se[2]) and same(sx[2], sy[2]) and same(sx[3], sy[3])):
+        return None
+    return y, chain
+
+
+def _full_slice(node) -> bool:
+    start = node.args[2] if len(node.args) > 2 else 0
+    end = node.args[3] if len(node.args) > 3 else None
+    step = node.args[4] if len(node.args) > 4 else 1
+    dim = node.args[1] if len(node.args) > 1 else 0
+    size = (shape(node.args[0]) or [None] * 8)[dim]
+    return step == 1 and start in (0, None) and (end is None or (isinstance(end, int) and end >= 2 ** 62)
+                                                 or same(end, size))
+
+
+def reshape_chain_down(start, stop_if, bwd, limit=8):
+    """Follow ``start``'s single forward user through order-preserving layout ops; returns the list of nodes
+    visited (after start) up to the first for which ``stop_if(node)`` holds, or None."""
+    chain, cur = [], start
+    for _ in range(limit):
+        users = _fwd_users(cur, bwd)
+        if len(users) != 1 or not is_call(users[0], SHAPE_OPS) or not _order_preserving(users[0]):
+            return None
+        cur = users[0]
+        chain.append(cur)
+        if stop_if(cur):
+            return chain
+    return None
+
+
+# ---- the score chain ---------------------------------------------------------------------------------------------
+
+def _reaches_qk(node, depth=0) -> bool:
+    """Does this value come from a bmm through score-chain ops?"""
+    if depth > 16 or not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    if node.target == aten.bmm.default:
+        return True
+    if node.target in VIEWS | CASTS | {aten.mul.Tensor, aten.div.Tensor, aten.tanh.default, aten.clone.default}:
+        return _reaches_qk(node.args[0], depth + 1) or (
+            node.target in (aten.mul.Tensor, aten.div.Tensor) and _reaches_qk(node.args[1], depth + 1))
+    if node.target in (aten.add.Tensor, aten.sub.Tensor):
+        return _reaches_qk(node.args[0], depth + 1) or _reaches_qk(node.args[1], depth + 1)
+    if node.target == aten.where.self:
+        return _reaches_qk(node.args[1], depth + 1) or _reaches_qk(node.args[2], depth + 1)
+    return False
+
+
+def _scalar(arg):
+    v = scalar_value(arg)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def score_chain(x):
+    """Walk from the softmax input back to QK^T. Returns (scores_node, bmm, scale, softcap, terms, nodes)."""
+    scale, softcap, terms, nodes, tensor_scales = 1.0, 0.0, [], [], []
+    phase = 0          # 0: masks/bias, 1: after softcap, 2: scales (walking outward-in, so reverse of compute)
+    saw_scale = False
+    cur = x
+    while True:
+        if not isinstance(cur, torch.fx.Node) or cur.op != "call_function":
+            raise Reject("the softmax input does not come from a matmul")
+        t = cur.target
+        if t in CASTS or t == aten.clone.default or t == aten.alias.default:
+            nodes.append(cur)
+            cur = cur.args[0]
+            continue
+        if t == aten.bmm.default:
+            return cur, cur, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
+        if t in SHAPE_OPS:
+            # the (B*H, Sq, Sk) bmm output reshaped to (B, H, Sq, Sk) (a view, or einsum's views and permutes)
+            chain, node = [], cur
+            while is_call(node, SHAPE_OPS) and _order_preserving(node):
+                chain.append(node)
+                node = node.args[0]
+            if chain and is_call(node, {aten.bmm.default}):
+                s3, s4 = shape(node), shape(cur)
+                if s4 is None or len(s4) != 4 or not (same(s4[0] * s4[1], s3[0]) and same(s4[2], s3[1])
+                                                      and same(s4[3], s3[2])):
+                    raise Reject("the scores are reshaped in a way fa2 cannot follow")
+                nodes += chain
+                return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
+            raise Reject(f"the scores go through {_name(t)} before the softmax")
+        if t in (aten.add.Tensor, aten.sub.Tensor):
+            if cur.kwargs.get("alpha", 1) != 1:
+                raise Reject("add/sub with alpha in the score computation")
+            a, b = cur.args
+            ca, cb = _reaches_qk(a), _reaches_qk(b)
+            if t == aten.sub.Tensor and cb:
+                raise Reject("the scores are subtracted from something")
+            if ca and cb:
+                raise Reject("two matmul terms are added before the softmax (e.g. a relative-position matmul)")
+            if not (ca or cb):
+                raise Reject("the softmax input does not come from a matmul")
+            score, bias = (a, b) if ca else (b, a)
+            if phase:
+                raise Reject("a bias is added before the scaling / softcap")
+            if not isinstance(bias, torch.fx.Node):
+                if t == aten.sub.Tensor or bias != 0:
+                    raise Reject("a constant is added to the scores")  # softmax-invariant but not worth a case
+            else:
+                if t == aten.sub.Tensor:
+                    raise Reject("a bias is subtracted from the scores")
+                terms.append(MaskTerm("add", bias))
+            nodes.append(cur)
+            cur = score
+            continue
+        if t == aten.where.self:
+            cond, a, b = cur.args
+            va, vb = _scalar(a), _scalar(b)
+            dtype = val(cur).dtype
+            if vb is not None and _reaches_qk(a):
+                terms.append(MaskTerm("where", cond, keep_if_true=True, fill=vb, dtype=dtype))
+                score = a
+            elif va is not None and _reaches_qk(b):
+                terms.append(MaskTerm("where", cond, keep_if_true=False, fill=va, dtype=dtype))
+                score = b
+            else:
+                raise Reject("where() in the score computation is not a mask")
+            if phase:
+                raise Reject("a mask is applied before the scaling / softcap")
+            nodes.append(cur)
+            cur = score
+            continue
+        if t in (aten.mul.Tensor, aten.div.Tensor):
+            a, b = cur.args
+            # softcap: mul(tanh(div(s, c)), c)
+            if t == aten.mul.Tensor and is_call(a, {aten.tanh.default}) and _scalar(b) is not None:
+                inner = a.args[0]
+                c = _scalar(b)
+                if is_call(inner, {aten.div.Tensor, aten.mul.Tensor}) and _scalar(inner.args[1]) is not None:
+                    d = _scalar(inner.args[1])
+                    c_in = d if inner.target == aten.div.Tensor else (1.0 / d if d else math.inf)
+                    if c > 0 and math.isclose(c, c_in, rel_tol=1e-6):
+                        if phase >= 1:
+                            raise Reject("softcap applied twice or after scaling")
+                        softcap, phase = c, 1
+                        nodes += [cur, a, inner]
+                        cur = inner.args[0]
+                        continue
+                raise Reject("tanh in the score computation is not a softcap")
+            c = _scalar(b)
+            src = a
+            if c is None and t == aten.mul.Tensor and _scalar(a) is not None:
+                c, src = _scalar(a), b
+            if c is None:
+                # a one-element tensor: a float Dynamo keeps as an input under dynamic=True, or a temperature
+                other, src = (b, a) if not _reaches_qk(b) else (a, b)
+                sv = val(other)
+                if not (isinstance(other, torch.fx.Node) and isinstance(sv, torch.Tensor) and sv.dim() == 0
+                        and sv.is_floating_point()) or _reaches_qk(other) or t == aten.div.Tensor and other is a:
+                    raise Reject("the scores are multiplied by a tensor")
+                tensor_scales.append((other, "mul" if t == aten.mul.Tensor else "div"))
+                phase = 2
+                nodes.append(cur)
+                cur = src
+                continue
+            if c == 0 or not math.isfinite(c):
+                raise Reject(f"the scores are scaled by {c}")
+            scale = scale * c if t == aten.mul.Tensor else scale / c
+            saw_scale, phase = True, 2
+            nodes.append(cur)
+            cur = src
+            continue
+        if t == aten.tanh.default:
+            raise Reject("tanh in the score computation is not a softcap")
+        raise Reject(f"unsupported op between QK^T and softmax: {_name(t)}")
+
+
+def _name(target) -> str:
+    return str(getattr(target, "__name__", target)).replace("aten.", "")
+
+
+# ---- matmul-softmax sites -------------------------------------------------------------------------------------
+
+def looks_like_attention(x, p, bwd) -> bool:
+    if _reaches_qk(x):
+        return True
+    cur = p
+    for _ in range(6):
+        users = _fwd_users(cur, bwd)
+        if len(users) != 1:
+            return False
+        cur = users[0]
+        if is_call(cur, {aten.bmm.default}):
+            return True
+    return False
+
+
+def matmul_site(anchor, bwd) -> Site | None:
+    found = softmax_at(anchor)
+    if found is None:
+        return None
+    x, p, soft_nodes = found
+    if not looks_like_attention(x, p, bwd):
+        return None
+    site = Site("matmul", anchor)
+    try:
+        _fill_matmul_site(site, x, p, soft_nodes, bwd)
+        check_supported(site)
+    except Reject as e:
+        site.reason = str(e)
+    return site
+
+
+def _is_safe_softmax_fixup(node, p, x) -> bool:
+    """``where(all(x == -inf, -1), 0, p)``: ``_safe_softmax`` (SDPA's math path) zeroing rows that see no key --
+    which is what fa2 does for such rows anyway."""
+    if not (is_call(node, {aten.where.self}) and node.args[2] is p and scalar_value(node.args[1]) == 0):
+        return False
+    frontier, seen = [node.args[0]], set()
+    while frontier:
+        n = frontier.pop()
+        if n is x:
+            return True
+        if not isinstance(n, torch.fx.Node) or n in seen or len(seen) > 8 or n.op != "call_function":
+            continue
+        seen.add(n)
+        frontier.extend(n.all_input_nodes)
+    return False
+
+
+def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
+    # -- P -> PV: the probabilities may be cast and reshaped, nothing else
+    internal = set(soft_nodes)
+    cur = p
+    while True:
+        users = _fwd_users(cur, bwd)
+        if len(users) != 1:
+            if not users:
+                raise Reject("the softmax output is not used")
+            raise Reject("the attention probabilities are also used elsewhere (e.g. returned as attn_weights)")
+        u = users[0]
+        if is_call(u, {aten.bmm.default}):
+            if u.args[0] is not cur:
+                raise Reject("the attention probabilities are the right operand of the matmul")
+            break
+        if is_call(u, CASTS) or (is_call(u, SHAPE_OPS) and _order_preserving(u)):
+            internal.add(u)
+            cur = u
+            continue
+        if _is_safe_softmax_fixup(u, cur, x):
+            internal.add(u)
+            cur = u
+            continue
+        if _is_random(u):
+            raise Reject("dropout is active (training with dropout_p > 0): fa2 has no dropout")
+        raise Reject(f"the attention probabilities go through {_name(u.target)} before the matmul")
+    bmm_pv = u
+    internal.add(bmm_pv)
+    # -- QK^T and the scores
+    scores, bmm_qk, scale, softcap, terms, chain_nodes, tensor_scales = score_chain(x)
+    internal.update(chain_nodes)
+    internal.add(bmm_qk)
+    for n in chain_nodes + [bmm_qk]:
+        if len(_fwd_users(n, bwd)) > 1 and n is not x:
+            raise Reject("the attention scores are also used elsewhere")
+    q3, k3, p3, v3 = bmm_qk.args[0], bmm_qk.args[1], bmm_pv.args[0], bmm_pv.args[1]
+    s = shape(scores)
+    ps, p3s = shape(p), shape(p3)
+    if not (same_shape(ps, s) and same(p3s[0], shape(bmm_qk)[0]) and same(p3s[1], s[-2]) and same(p3s[2], s[-1])):
+        raise Reject("the attention probabilities are reshaped in a way fa2 cannot follow")
+    # -- operands and output: (B, H, S, D) views if they all are, else the 3D bmm operands
+    o3 = bmm_pv
+    out, out_layout, four_d = o3, "nsd", len(s) == 4
+    if four_d:
+        target = (s[0], s[1], s[2], shape(o3)[2])
+        chain = reshape_chain_down(o3, lambda n: same_shape(shape(n), target), bwd)
+        ops = [bind_operand(q3, "q", s[:2], bwd), bind_operand(k3, "k", s[:2], bwd),
+               bind_operand(v3, "v", s[:2], bwd)]
+        if chain is None or any(op.layout in ("nsd", "nds") for op in ops):
+            four_d = False
+        else:
+            out, out_layout = chain[-1], "bhsd"
+            internal.update(chain)
+            site.q, site.k, site.v = ops
+    if not four_d:
+        site.q, site.k, site.v = (bind_operand(q3, "q", None), bind_operand(k3, "k", None),
+                                  bind_operand(v3, "v", None))
+    for opnd in (site.q, site.k, site.v):
+        internal.update(opnd.chain)
+    site.output, site.out_layout = out, out_layout
+    site.bmm_qk, site.bmm_pv, site.p_operand = bmm_qk, bmm_pv, p3
+    site.scale, site.softcap, site.scale_tensors = scale, softcap, tensor_scales
+    site.score_shape = s
+    site.mask = _plan(terms, s, val(x).dtype)
+    site.internal = internal
+    # a chain node of an operand may be shared with another consumer (e.g. repeat_kv output reused): then it
+    # is not internal
+    for opnd in (site.q, site.k, site.v):
+        for n in opnd.chain:
+            if any(u not in internal and u not in bwd for u in n.users):
+                internal.discard(n)
+    _check_shapes(site, s)
+
+
+def _plan(terms, score_shape, dtype) -> MaskPlan:
+    plan = plan_masks(terms, score_shape[-2], score_shape[-1], dtype, len(score_shape))
+    if isinstance(plan, str):
+        raise Reject(plan)
+    for entry in plan.bias:
+        b = shape(entry[1])
+        if b is None or len(b) > len(score_shape):
+            raise Reject("the mask does not broadcast to the scores")
+        for dim_b, dim_s in zip(reversed(b), reversed(score_shape)):
+            if not (same(dim_b, 1) or same(dim_b, dim_s)):
+                raise Reject("the mask does not broadcast to the scores")
+    return plan
+
+
+def _fa2_dims(op: Operand):
+    """(batch, seqlen, heads, headdim) of an operand as fa2 sees it."""
+    s = shape(op.node)
+    if op.layout == "bhsd":
+        return s[0], s[2], s[1], s[3]
+    if op.layout == "bhds":
+        return s[0], s[3], s[1], s[2]
+    if op.layout == "nsd":
+        return s[0], s[1], 1, s[2]
+    return s[0], s[2], 1, s[1]   # nds
+
+
+def _check_shapes(site: Site, score_shape):
+    bq, sq, hq, dq = _fa2_dims(site.q)
+    bk, sk, hk, dk = _fa2_dims(site.k)
+    bv, sv, hv, dv = _fa2_dims(site.v)
+    if not (same(bq, bk) and same(bq, bv)):
+        raise Reject("q, k and v have different batch sizes")
+    if not same(sk, sv):
+        raise Reject("k and v have different sequence lengths")
+    if not same(hk, hv):
+        raise Reject("k and v have different numbers of heads")
+    if not same(dq, dk):
+        raise Reject("q and k have different head dims")
+    if not same(dq, dv):
+        raise Reject(f"the value head dim ({dv}) differs from the query/key head dim ({dq})")
+    if not (isinstance(hq, int) and isinstance(hk, int) and hk > 0 and hq % hk == 0):
+        if not same(hq, hk):
+            raise Reject("the number of query heads is not a multiple of the number of key/value heads")
+    if not (same(score_shape[-2], sq) and same(score_shape[-1], sk)):
+        raise Reject("the scores do not have the shape (seqlen_q, seqlen_k)")
+
+
+def check_supported(site: Site):
+    """What the fa2 kernels accept: device, dtype, head dim."""
+    vq, vk, vv, vo = val(site.q.node), val(site.k.node), val(site.v.node), val(site.output)
+    dtype = vq.dtype
+    if vk.dtype != dtype or vv.dtype != dtype:
+        raise Reject(f"q, k, v dtypes differ ({vq.dtype}, {vk.dtype}, {vv.dtype})")
+    if vo.dtype != dtype:
+        raise Reject(f"the attention output is {vo.dtype} but q is {dtype}")
+    device = vq.device
+    if vk.device != device or vv.device != device:
+        raise Reject("q, k, v are on different devices")
+    if device.type == "cuda":
+        if dtype not in CUDA_DTYPES:
+            raise Reject(f"{dtype} on CUDA (fa2's CUDA kernels take float16/bfloat16)")
+    elif device.type == "cpu":
+        if dtype not in CPU_DTYPES:
+            raise Reject(f"{dtype} on CPU")
+    else:
+        raise Reject(f"device {device.type} has no fa2 kernel")
+    headdim = _fa2_dims(site.q)[3]
+    if not isinstance(headdim, int):
+        # dynamic=True makes even the head dim symbolic: guard on the kernel's limit (a model whose head dim
+        # then grows past it recompiles, and is not rewritten)
+        if not guard_bool(headdim <= MAX_HEADDIM):
+            raise Reject(f"head dim {headdim} > {MAX_HEADDIM}")
+    elif headdim > MAX_HEADDIM:
+        raise Reject(f"head dim {headdim} > {MAX_HEADDIM}")
+    for entry in (site.mask.bias if site.mask else []):
+        b = val(entry[1])
+        if b.device != device:
+            raise Reject("the mask is on another device")
+        if entry[0] == "add" and not b.dtype.is_floating_point:
+            raise Reject(f"an additive {b.dtype} mask")
+
+
+# ---- SDPA sites -------------------------------------------------------------------------------------------------
+
+def _sdpa_args(node) -> dict:
+    schema = node.target._schema
+    out = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            out[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+    return out
+
+
+def sdpa_site(node, bwd) -> Site | None:
+    if not is_call(node, SDPA_FWD) or node in bwd:
+        return None
+    site = Site("sdpa", node, sdpa_node=node)
+    try:
+        args = _sdpa_args(node)
+        q, k, v = args["query"], args["key"], args["value"]
+        for t in (q, k, v):
+            if len(shape(t) or ()) != 4:
+                raise Reject("SDPA inputs are not 4D")
+        if float(args.get("dropout_p", 0.0) or 0.0) != 0.0:
+            raise Reject("dropout is active (training with dropout_p > 0): fa2 has no dropout")
+        mask = args.get("attn_mask", args.get("attn_bias"))
+        site.q, site.k, site.v = Operand(q, "bhsd"), Operand(k, "bhsd"), Operand(v, "bhsd")
+        if SDPA_FWD[node.target] == "composite":
+            site.output = node
+        else:
+            outs = [u for u in node.users if u.target is operator.getitem and u.args[1] == 0]
+            if len(outs) != 1:
+                raise Reject("unexpected SDPA graph")
+            site.output = outs[0]
+        for u in node.users:
+            if u.target is operator.getitem and u.args[1] != 0 and \
+                    any(w not in bwd and w.target not in SDPA_BWD for w in u.users):
+                raise Reject("the SDPA op's extra outputs (logsumexp, ...) are used")
+        site.internal = {node, site.output} | {u for u in node.users}
+        site.scale = args.get("scale")
+        site.topleft_causal = bool(args.get("is_causal", False))
+        sq, sk = shape(q)[2], shape(k)[2]
+        terms = []
+        if mask is not None:
+            mv = val(mask)
+            if mv.dtype == torch.bool:
+                terms.append(MaskTerm("where", mask, keep_if_true=True, fill=-math.inf))
+            else:
+                terms.append(MaskTerm("add", mask))
+        plan = plan_masks(terms, sq, sk, val(q).dtype, 4)
+        if isinstance(plan, str):
+            raise Reject(plan)
+        site.mask = plan
+        _check_shapes(site, (shape(q)[0], shape(q)[1], sq, sk))
+        check_supported(site)
+    except Reject as e:
+        site.reason = str(e)
+    return site
+
+
+def find_sites(graph: torch.fx.Graph, bwd: set) -> list[Site]:
+    sites = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node in bwd:
+            continue
+        site = matmul_site(node, bwd) if node.target in (aten.div.Tensor, aten._softmax.default) else \
+            sdpa_site(node, bwd) if node.target in SDPA_FWD else None
+        if site is not None:
+            sites.append(site)
+    return sites

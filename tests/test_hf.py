@@ -1,0 +1,119 @@
+"""Hugging Face integration: ``fa2.hf.register()`` then ``attn_implementation="fa2"``.
+
+The zoo's models built with attn_implementation="fa2" match the same weights with "eager" (outputs and gradients,
+numerics rule against a float32/float64 reference), fa2's op really runs, padding / sliding window / softcap / GQA /
+T5's position bias / KV-cache decoding come through, and dropout in training is refused loudly.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fa2
+import fa2.hf
+from numerics import hi_dtype
+import zoo
+
+pytest.importorskip("transformers")
+
+_CUDA = torch.cuda.is_available()
+_no_cuda = pytest.mark.skipif(not _CUDA, reason="no CUDA")
+DEVICE_DTYPES = [
+    pytest.param("cpu", torch.float32, id="cpu-float32"),
+    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16"),
+    pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=_no_cuda),
+    pytest.param("cuda", torch.float16, id="cuda-float16", marks=_no_cuda),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    fa2.hf.register()
+
+
+class CountFa2(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.fwd = self.bwd = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.fwd += func is torch.ops.fa2.fwd.default
+        self.bwd += func is torch.ops.fa2.bwd.default
+        return func(*args, **(kwargs or {}))
+
+
+def _run(model, inputs):
+    model.zero_grad(set_to_none=True)
+    out = model(**inputs)
+    zoo.loss_of(out).backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return zoo.main_output(out).detach(), grads
+
+
+def test_register_is_idempotent():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    fa2.hf.register()
+    fa2.hf.register()
+    assert AttentionInterface._global_mapping["fa2"] is fa2.hf.fa2_attention_forward
+    assert "fa2" in AttentionMaskInterface._global_mapping
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("name", [m.name for m in zoo.ZOO])
+def test_matches_eager(name, device, dtype):
+    entry = zoo.ZOO_BY_NAME[name]
+    model = zoo.build(name, device, dtype, attn="fa2").train()
+    naive = zoo.build(name, device, dtype, attn="eager").train()
+    reference = zoo.build(name, device, hi_dtype(dtype), attn="eager").train()
+    reference.load_state_dict({k: v.to(hi_dtype(dtype)) for k, v in model.state_dict().items()})
+    inputs, hi_inputs = entry.inputs(device, dtype), entry.inputs(device, hi_dtype(dtype))
+    with CountFa2() as counted:
+        got = _run(model, inputs)
+    assert counted.fwd == entry.sites and counted.bwd == entry.sites, (counted.fwd, counted.bwd)
+    want_naive, want_hi = _run(naive, inputs), _run(reference, hi_inputs)
+    zoo.assert_model_close(f"{name}: output", got[0], want_hi[0], want_naive[0], 2)
+    for key in got[1]:
+        zoo.assert_model_close(f"{name}: grad {key}", got[1][key], want_hi[1][key], want_naive[1][key], 3)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_left_padding_and_decoding(device, dtype):
+    """A padded batch (left padding) and greedy decoding with the KV cache give eager's tokens."""
+    model = zoo.build("mistral", device, dtype, attn="fa2").eval()
+    eager = zoo.build("mistral", device, dtype, attn="eager").eval()
+    ids = zoo._ids(device)[:, :10]
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+        want = eager(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool()
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got[valid].float(), want[valid].float(), atol=tol, rtol=tol)
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    out = model.generate(ids[1:], attention_mask=mask[1:], **kwargs)
+    out_eager = eager.generate(ids[1:], attention_mask=mask[1:], **kwargs)
+    if dtype == torch.float32:
+        assert torch.equal(out, out_eager)
+
+
+def test_compiles_without_graph_breaks():
+    model = zoo.build("gemma2", "cpu", torch.float32, attn="fa2").eval()
+    ids = zoo._ids("cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_dropout_in_training_is_refused():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=zoo.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation="fa2").train()
+    with pytest.raises(NotImplementedError, match="dropout"):
+        model(input_ids=zoo._ids("cpu"))
+    model.eval()
+    model(input_ids=zoo._ids("cpu"))   # eval: no dropout, fine

@@ -1,0 +1,606 @@
+"""The Inductor pass on hand-written attention: one test per way real code writes it, and negative tests where a
+rewrite must not happen. Each test compiles a small function, checks what the pass reported for every site (rewritten
+or not, the flags it inferred, why not) and that outputs and gradients match eager within the numerics rule.
+
+Most tests use ``backend="fa2_eager"`` (AOT autograd + the pass, no Inductor code generation: the same graphs the pass
+sees under Inductor, in a fraction of the time); the ``inductor`` tests run the real ``backend="fa2"``.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fa2
+import fa2.backend  # noqa: F401  (registers the "fa2" and "fa2_eager" backends)
+from fa2.inductor import recording
+from fa2.inductor._compat import without_aot_cache
+from numerics import assert_close_rule, hi_dtype
+
+_CUDA = torch.cuda.is_available()
+DEVICE_DTYPES = [
+    pytest.param("cpu", torch.float32, id="cpu-float32"),
+    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16"),
+    pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=pytest.mark.skipif(not _CUDA, reason="no CUDA")),
+    pytest.param("cuda", torch.float16, id="cuda-float16", marks=pytest.mark.skipif(not _CUDA, reason="no CUDA")),
+]
+B, H, S, D = 2, 4, 13, 16
+
+
+def qkv(device, dtype, *, b=B, h=H, hk=None, sq=S, sk=S, d=D, layout="bhsd", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hk = hk or h
+
+    def one(s, heads):
+        shape = (b, heads, s, d) if layout == "bhsd" else (b, s, heads, d)
+        return torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    return one(sq, h), one(sk, hk), one(sk, hk)
+
+
+def run(fn, args, *, device, dtype, train=True, backend="fa2_eager", dynamic=None, frozen=()):
+    """Compile and run ``fn(*args)`` (float args get gradients when ``train``, except the indices in ``frozen``);
+    returns (records, out, grads) and the same from eager in the input dtype and in the high-precision dtype."""
+    def prepare(target_dtype):
+        out = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a = a.detach().to(target_dtype).requires_grad_(train and i not in frozen)
+            out.append(a)
+        return out
+
+    def execute(f, inputs):
+        out = f(*inputs)
+        grads = []
+        if train:
+            weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
+            (out.float() * weight).sum().backward()
+            grads = [a.grad for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+        return out.detach(), grads
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    with recording() as records, without_aot_cache(), torch.set_grad_enabled(train):
+        got = execute(compiled, prepare(dtype))
+    with torch.set_grad_enabled(train):
+        naive = execute(fn, prepare(dtype))
+        hi = execute(fn, prepare(hi_dtype(dtype)))
+    return records, got, naive, hi
+
+
+def check_numerics(got, naive, hi):
+    assert_close_rule("out", got[0], hi[0], naive[0], 2)
+    for i, (g, n, h) in enumerate(zip(got[1], naive[1], hi[1])):
+        assert_close_rule(f"grad[{i}]", g, h, n, 3)
+
+
+def assert_rewritten(records, n=1, **flags):
+    assert len(records) == n, [str(r) for r in records]
+    for r in records:
+        assert r.rewritten, str(r)
+        for key, value in flags.items():
+            if value is None:
+                assert key not in r.flags, str(r)
+            else:
+                assert r.flags.get(key) == value, str(r)
+    for g in records.graphs:
+        if g["sites"]:
+            assert g["fa2_fwd"] == g["rewritten"]
+            if g["kind"] == "training":
+                assert g["fa2_bwd"] == g["rewritten"], "backward must use fa2.bwd"
+
+
+def assert_kept(records, reason: str):
+    assert records, "the site was not even found"
+    for r in records:
+        assert not r.rewritten, str(r)
+        assert reason in (r.reason or ""), str(r)
+    for g in records.graphs:
+        assert g["fa2_fwd"] == 0 and g["fa2_bwd"] == 0
+
+
+def causal_bool(sq, sk, device):
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+
+
+# ---- the forms real code writes ----------------------------------------------------------------------------------
+
+def attn_mul_scale(q, k, v):
+    s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5)
+    return s.softmax(-1) @ v
+
+
+def attn_div_scale(q, k, v):
+    s = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.size(-1))
+    return torch.matmul(F.softmax(s, dim=-1), v)
+
+
+def attn_no_scale(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+
+
+def attn_scale_on_q(q, k, v):
+    q = q * (q.shape[-1] ** -0.5)
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+def attn_einsum(q, k, v):
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * 0.25
+    return torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v)
+
+
+def attn_bmm_3d(q, k, v):
+    b, h, s, d = q.shape
+    q3, k3, v3 = (t.reshape(b * h, t.shape[2], d) for t in (q, k, v))
+    p = torch.bmm(q3, k3.transpose(1, 2)).mul(d ** -0.5).softmax(-1)
+    return torch.bmm(p, v3).view(b, h, s, d)
+
+
+def attn_bshd_permute(q, k, v):
+    # inputs (B, S, H, D): GPT-2-style permutes, K permuted straight to (B, H, D, S)
+    qh, vh = q.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+    kt = k.permute(0, 2, 3, 1)
+    out = torch.softmax(qh @ kt * 0.25, dim=-1) @ vh
+    return out.permute(0, 2, 1, 3).contiguous()
+
+
+FORMS = {
+    "mul_scale": (attn_mul_scale, {"scale": 0.25}),
+    "div_scale": (attn_div_scale, {"scale": 0.25}),
+    "no_scale": (attn_no_scale, {"scale": 1.0}),
+    "scale_on_q": (attn_scale_on_q, {"scale": 1.0}),
+    "einsum": (attn_einsum, {"scale": 0.25}),
+    "bmm_3d": (attn_bmm_3d, {"scale": 0.25}),
+    "bshd_permute": (attn_bshd_permute, {"scale": 0.25}),
+}
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("form", list(FORMS))
+def test_matmul_forms(form, device, dtype):
+    fn, flags = FORMS[form]
+    layout = "bshd" if form == "bshd_permute" else "bhsd"
+    records, got, naive, hi = run(fn, qkv(device, dtype, layout=layout), device=device, dtype=dtype)
+    assert_rewritten(records, causal=None, **flags)
+    check_numerics(got, naive, hi)
+
+
+# ---- masks ---------------------------------------------------------------------------------------------------------
+
+def attn_float_mask(q, k, v, mask):
+    return (q @ k.transpose(-2, -1) * 0.25 + mask).softmax(-1) @ v
+
+
+def attn_hf_causal_min_mask(q, k, v):
+    # what Hugging Face eager models add: a materialized 0 / dtype-min mask built from arange
+    sq, sk = q.shape[2], k.shape[2]
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    mask = torch.where(j <= i, torch.zeros((), dtype=q.dtype, device=q.device), torch.finfo(q.dtype).min)[None, None]
+    s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask
+    return torch.matmul(F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def attn_tril_masked_fill(q, k, v):
+    sq, sk = q.shape[2], k.shape[2]
+    mask = torch.tril(torch.ones(sq, sk, dtype=torch.bool, device=q.device))
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(~mask, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attn_triu_masked_fill(q, k, v):
+    sq, sk = q.shape[2], k.shape[2]
+    hidden = torch.triu(torch.ones(sq, sk, device=q.device), diagonal=1).bool()
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(hidden, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attn_ones_tril_eq0(q, k, v):
+    # nanoGPT's spelling: a float tril of ones compared with 0
+    sq, sk = q.shape[2], k.shape[2]
+    tril = torch.tril(torch.ones(sq, sk, device=q.device)).view(1, 1, sq, sk)
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(tril == 0, float("-inf"))
+    return F.softmax(s, dim=-1) @ v
+
+
+def attn_sliding_window_where(q, k, v):
+    sq, sk = q.shape[2], k.shape[2]
+    i = torch.arange(sq, device=q.device).unsqueeze(-1)
+    j = torch.arange(sk, device=q.device).unsqueeze(0)
+    keep = (j <= i) & (j > i - 4)
+    s = torch.where(keep, q @ k.transpose(-2, -1) * 0.25, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attn_min_fill(q, k, v):
+    sq, sk = q.shape[2], k.shape[2]
+    mask = causal_bool(sq, sk, q.device)
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(~mask, torch.finfo(q.dtype).min)
+    return s.softmax(-1) @ v
+
+
+def attn_bool_buffer(q, k, v, mask):
+    # a mask from a buffer/input cannot be proven causal: it is passed as attn_bias
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(mask == 0, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attn_cross_causal(q, k, v):
+    # seqlen_q < seqlen_k, mask aligned bottom-right (a decoder chunk after a cache): flags, not a bias
+    sq, sk = q.shape[2], k.shape[2]
+    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(j > i, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+MASKS = {
+    "hf_causal_min": (attn_hf_causal_min_mask, dict(causal=True)),
+    "tril_masked_fill": (attn_tril_masked_fill, dict(causal=True)),
+    "triu_masked_fill": (attn_triu_masked_fill, dict(causal=True)),
+    "ones_tril_eq0": (attn_ones_tril_eq0, dict(causal=True)),
+    "sliding_window_where": (attn_sliding_window_where, dict(causal=True, window_left=3)),
+    "min_fill": (attn_min_fill, dict(causal=True)),
+}
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("form", list(MASKS))
+def test_mask_constructions_become_flags(form, device, dtype):
+    fn, flags = MASKS[form]
+    records, got, naive, hi = run(fn, qkv(device, dtype), device=device, dtype=dtype)
+    assert_rewritten(records, bias=None, **flags)
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_bottom_right_causal_cross(device, dtype):
+    records, got, naive, hi = run(attn_cross_causal, qkv(device, dtype, sq=7, sk=19), device=device, dtype=dtype)
+    assert_rewritten(records, causal=True, bias=None)
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_top_left_causal_short_queries_stays_a_bias(device, dtype):
+    # top-left causal with seqlen_q < seqlen_k hides keys fa2's bottom-right flags cannot: passed as a mask instead
+    records, got, naive, hi = run(attn_tril_masked_fill, qkv(device, dtype, sq=7, sk=19), device=device, dtype=dtype)
+    assert_rewritten(records, causal=None, bias="bool")
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_additive_padding_mask(device, dtype):
+    q, k, v = qkv(device, dtype)
+    mask = torch.zeros(B, 1, 1, S, device=device, dtype=dtype)
+    mask[1, ..., -4:] = torch.finfo(dtype).min
+    records, got, naive, hi = run(attn_float_mask, (q, k, v, mask), device=device, dtype=dtype)
+    assert_rewritten(records, bias="float")
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_bool_mask_input(device, dtype):
+    q, k, v = qkv(device, dtype)
+    mask = causal_bool(S, S, device)[None, None].to(torch.uint8)
+    records, got, naive, hi = run(attn_bool_buffer, (q, k, v, mask), device=device, dtype=dtype)
+    assert_rewritten(records, causal=None, bias="bool")
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_learned_bias_gets_its_gradient(device, dtype):
+    # T5 / ALiBi-like: a bias that is trained; fa2's backward must return its gradient
+    q, k, v = qkv(device, dtype)
+    bias = torch.randn(1, H, S, S, generator=torch.Generator().manual_seed(3)).to(device)
+    records, got, naive, hi = run(attn_float_mask, (q, k, v, bias), device=device, dtype=dtype)
+    assert_rewritten(records, bias="float")
+    assert len(got[1]) == 4
+    check_numerics(got, naive, hi)
+
+
+# ---- softmax precision, GQA, softcap, dropout ------------------------------------------------------------------------
+
+def attn_fp32_softmax(q, k, v):
+    s = torch.matmul(q, k.transpose(2, 3)) * 0.25
+    p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(p, v)
+
+
+def attn_fp32_scores(q, k, v):
+    s = torch.matmul(q, k.transpose(2, 3)).float() * 0.25
+    return torch.matmul(s.softmax(-1).type_as(v), v)
+
+
+def repeat_kv(x, n):
+    b, hk, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, hk, n, s, d).reshape(b, hk * n, s, d)
+
+
+def attn_gqa_repeat_kv(q, k, v):
+    n = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, n), repeat_kv(v, n)
+    return (q @ k.transpose(2, 3) * 0.25).softmax(-1) @ v
+
+
+def attn_gqa_repeat_interleave(q, k, v):
+    n = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n, dim=1), v.repeat_interleave(n, dim=1)
+    return (q @ k.transpose(2, 3) * 0.25).softmax(-1) @ v
+
+
+def attn_mqa_broadcast(q, k, v):
+    # k, v (B, 1, S, D): matmul broadcasting over heads
+    return (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v
+
+
+def attn_softcap(q, k, v):
+    s = torch.matmul(q, k.transpose(2, 3)) * 0.25
+    s = s / 5.0
+    s = torch.tanh(s)
+    s = s * 5.0
+    return torch.matmul(F.softmax(s, dim=-1), v)
+
+
+def attn_dropout_p0_train(q, k, v):
+    p = F.dropout((q @ k.transpose(-2, -1) * 0.25).softmax(-1), p=0.0, training=True)
+    return p @ v
+
+
+def attn_dropout_eval(q, k, v):
+    p = F.dropout((q @ k.transpose(-2, -1) * 0.25).softmax(-1), p=0.3, training=False)
+    return p @ v
+
+
+OTHER = {
+    "fp32_softmax_downcast": (attn_fp32_softmax, {}, {}),
+    "fp32_scores": (attn_fp32_scores, {}, {}),
+    "gqa_repeat_kv": (attn_gqa_repeat_kv, {"hk": 2}, {"gqa": "4/2"}),
+    "gqa_repeat_interleave": (attn_gqa_repeat_interleave, {"hk": 2}, {"gqa": "4/2"}),
+    "mqa_broadcast": (attn_mqa_broadcast, {"hk": 1}, {"gqa": "4/1"}),
+    "softcap": (attn_softcap, {}, {"softcap": 5.0, "scale": 0.25}),
+    "dropout_p0_train": (attn_dropout_p0_train, {}, {}),
+    "dropout_eval": (attn_dropout_eval, {}, {}),
+}
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("form", list(OTHER))
+def test_other_forms(form, device, dtype):
+    fn, shape, flags = OTHER[form]
+    records, got, naive, hi = run(fn, qkv(device, dtype, **shape), device=device, dtype=dtype)
+    assert_rewritten(records, **flags)
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_inference_graph(device, dtype):
+    records, got, naive, hi = run(attn_gqa_repeat_kv, qkv(device, dtype, hk=2), device=device, dtype=dtype,
+                                  train=False)
+    assert_rewritten(records, gqa="4/2")
+    assert records[0].graph == "inference"
+    check_numerics(got, naive, hi)
+
+
+# ---- scaled_dot_product_attention ---------------------------------------------------------------------------------
+
+def sdpa_plain(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def sdpa_causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def sdpa_causal_mask(q, k, v):
+    mask = causal_bool(q.shape[2], k.shape[2], q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+
+
+def sdpa_gqa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+SDPA = {
+    "plain": (sdpa_plain, {}, {"causal": None}),
+    "is_causal": (sdpa_causal, {}, {"causal": "top-left"}),
+    "is_causal_short_queries": (sdpa_causal, {"sq": 5, "sk": 13}, {"causal": "top-left"}),
+    "bool_mask_causal": (sdpa_causal_mask, {}, {"causal": True, "scale": 0.3, "bias": None}),
+    "gqa": (sdpa_gqa, {"hk": 2}, {"causal": "top-left"}),
+}
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("form", list(SDPA))
+def test_sdpa_calls(form, device, dtype):
+    fn, shape, flags = SDPA[form]
+    if device == "cuda" and form == "bool_mask_causal":
+        # CUDA's memory-efficient SDPA preprocesses the mask (padding it for alignment) in a way the causal proof
+        # does not follow yet: the mask is passed to fa2 as it is (exact, without the causal block skipping)
+        flags = {"scale": 0.3}
+    records, got, naive, hi = run(fn, qkv(device, dtype, **shape), device=device, dtype=dtype)
+    assert_rewritten(records, **flags)
+    assert all(r.kind == "sdpa" for r in records)
+    check_numerics(got, naive, hi)
+
+
+# ---- negative tests: nothing may change ------------------------------------------------------------------------
+
+def attn_dropout_active(q, k, v):
+    p = F.dropout((q @ k.transpose(-2, -1) * 0.25).softmax(-1), p=0.5, training=True)
+    return p @ v
+
+
+def attn_returns_probs(q, k, v):
+    p = (q @ k.transpose(-2, -1) * 0.25).softmax(-1)
+    return torch.cat([(p @ v).flatten(), p.flatten()])
+
+
+def attn_bias_before_scale(q, k, v, bias):
+    return ((q @ k.transpose(-2, -1) + bias) * 0.25).softmax(-1) @ v
+
+
+def attn_finite_fill(q, k, v):
+    mask = causal_bool(q.shape[2], k.shape[2], q.device)
+    return (q @ k.transpose(-2, -1) * 0.25).masked_fill(~mask, -1e4).softmax(-1) @ v
+
+
+def attn_softmax_dim2(q, k, v):
+    return (q @ k.transpose(-2, -1) * 0.25).softmax(-2) @ v
+
+
+def attn_tensor_temperature(q, k, v, t):
+    return (q @ k.transpose(-2, -1) * t).softmax(-1) @ v
+
+
+def attn_rel_pos_matmul(q, k, v, r):
+    s = q @ k.transpose(-2, -1) + q @ r.transpose(-2, -1)
+    return (s * 0.25).softmax(-1) @ v
+
+
+def attn_v_headdim(q, k, v):
+    return (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v[..., :8]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES[:2])
+def test_negative_dropout_active(device, dtype):
+    torch.manual_seed(0)
+    records, *_ = run(attn_dropout_active, qkv(device, dtype), device=device, dtype=dtype)
+    assert_kept(records, "dropout")
+
+
+NEGATIVE = {
+    "returns_probs": (attn_returns_probs, (), "also used elsewhere"),
+    "bias_before_scale": (attn_bias_before_scale, ("bias",), "before the scaling"),
+    "finite_fill": (attn_finite_fill, (), "masked_fill/where with value -10000"),
+    "trained_temperature": (attn_tensor_temperature, ("scalar",), "used elsewhere in the backward"),
+    "per_head_scale": (attn_tensor_temperature, ("per_head",), "multiplied by a tensor"),
+    "relative_position_matmul": (attn_rel_pos_matmul, ("rel",), "two matmul terms"),
+    "value_headdim": (attn_v_headdim, (), "value head dim"),
+}
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES[:2])
+@pytest.mark.parametrize("form", list(NEGATIVE))
+def test_negative_not_rewritten(form, device, dtype):
+    fn, extras, reason = NEGATIVE[form]
+    args = list(qkv(device, dtype))
+    g = torch.Generator().manual_seed(5)
+    for extra in extras:
+        if extra == "bias":
+            args.append(torch.randn(1, H, S, S, generator=g).to(device=device, dtype=dtype))
+        elif extra == "scalar":
+            args.append(torch.tensor(0.25, device=device, dtype=dtype))
+        elif extra == "per_head":
+            args.append(torch.rand(1, H, 1, 1, generator=g).to(device=device, dtype=dtype))
+        else:
+            args.append(torch.randn(B, H, S, D, generator=g).to(device=device, dtype=dtype))
+    records, got, naive, hi = run(fn, args, device=device, dtype=dtype)
+    assert_kept(records, reason)
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_runtime_scalar_scale(device, dtype):
+    # a scale held in a 0-d tensor (what dynamic=True makes of a Python float attribute): applied to q
+    q, k, v = qkv(device, dtype)
+    t = torch.tensor(0.3, dtype=torch.float64, device=device)
+    records, got, naive, hi = run(attn_tensor_temperature, (q, k, v, t), device=device, dtype=dtype, frozen=(3,))
+    assert_rewritten(records, scale="tensor")
+    check_numerics(got, naive, hi)
+
+
+def test_negative_softmax_not_over_keys():
+    records, *_ = run(attn_softmax_dim2, qkv("cpu", torch.float32), device="cpu", dtype=torch.float32)
+    assert all(not r.rewritten for r in records)
+    assert all(g["fa2_fwd"] == 0 for g in records.graphs)
+
+
+def test_negative_headdim_too_large():
+    records, *_ = run(attn_mul_scale, qkv("cpu", torch.float32, d=264), device="cpu", dtype=torch.float32)
+    assert_kept(records, "head dim 264 > 256")
+
+
+def test_repeat_tiles_heads_is_not_gqa():
+    # k.repeat(1, n, 1, 1) maps head h to kv head h % Hk (not fa2's h // n): bound after the repeat, still exact
+    def fn(q, k, v):
+        k, v = k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1)
+        return (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v
+    records, got, naive, hi = run(fn, qkv("cpu", torch.float32, hk=2), device="cpu", dtype=torch.float32)
+    assert_rewritten(records, gqa=None)
+    check_numerics(got, naive, hi)
+
+
+# ---- the pass itself ------------------------------------------------------------------------------------------------
+
+def test_dynamic_shapes_rewrite_without_recompiles():
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(attn_tril_masked_fill, backend="fa2_eager", dynamic=True)
+    with recording() as records, without_aot_cache():
+        for seqlen in (13, 21, 34):
+            q, k, v = qkv("cpu", torch.float32, sq=seqlen, sk=seqlen)
+            torch.testing.assert_close(compiled(q, k, v), attn_tril_masked_fill(q, k, v), atol=2e-6, rtol=1e-5)
+    assert_rewritten(records, causal=True, bias=None)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_pass_is_idempotent_and_has_a_uuid():
+    from fa2.inductor import get_pass
+    from fa2.inductor.graph_pass import rewrite_attention
+    from fa2.inductor._compat import make_fx_trace
+    q, k, v = qkv("cpu", torch.float32)
+    gm = make_fx_trace(attn_tril_masked_fill, [q, k, v])
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    FakeTensorProp(gm, FakeTensorMode()).propagate(q, k, v)
+    first = rewrite_attention(gm.graph)
+    assert [s.rewritten for s in first] == [True]
+    code = gm.graph.python_code("self").src
+    assert rewrite_attention(gm.graph) == []
+    assert gm.graph.python_code("self").src == code
+    uuid = get_pass().uuid()
+    assert isinstance(uuid, str) and len(uuid) == 64 and uuid == get_pass().uuid()
+
+
+def test_install_uninstall():
+    import torch._inductor.config as config
+    from fa2.inductor import installed
+    before = config.joint_custom_pre_pass
+    try:
+        fa2.install()
+        fa2.install()
+        assert installed()
+        fa2.uninstall()
+        assert not installed() and config.joint_custom_pre_pass is before
+    finally:
+        config.joint_custom_pre_pass = before
+
+
+def test_backend_registered_by_name():
+    from torch._dynamo.backends.registry import lookup_backend
+    assert lookup_backend("fa2") is fa2.backend.fa2_backend
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_inductor_backend(device, dtype):
+    """The real thing: backend="fa2" (Inductor code generation), training, GQA + causal from arange."""
+    def fn(q, k, v):
+        return attn_hf_causal_min_mask(q, repeat_kv(k, 2), repeat_kv(v, 2))
+    records, got, naive, hi = run(fn, qkv(device, dtype, hk=2), device=device, dtype=dtype, backend="fa2")
+    assert_rewritten(records, causal=True, gqa="4/2", bias=None)
+    check_numerics(got, naive, hi)
+
+
+def test_install_rewrites_default_compile():
+    import torch._inductor.config as config
+    before = config.joint_custom_pre_pass
+    try:
+        fa2.install()
+        records, got, naive, hi = run(attn_softcap, qkv("cpu", torch.float32), device="cpu", dtype=torch.float32,
+                                      backend="inductor", train=False)
+        assert_rewritten(records, softcap=5.0)
+    finally:
+        fa2.uninstall()
+        config.joint_custom_pre_pass = before

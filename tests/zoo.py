@@ -1,0 +1,257 @@
+"""A zoo of tiny, randomly initialized Hugging Face models (built from configs: no downloads), each with example
+inputs and the number of attention sites its forward has. Shared by tests/test_zoo.py and fa2.demo-like checks.
+
+Dropout probabilities are 0: fa2 has no dropout, and a model that trains with attention dropout is (correctly) not
+rewritten. Models are built with ``attn_implementation="eager"`` by default: the hand-written matmul/softmax attention
+that the "fa2" backend has to find; tests/test_hf.py builds the same models with ``attn_implementation="fa2"``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+BATCH, SEQ, VOCAB = 2, 16, 128
+
+
+@dataclass
+class ZooModel:
+    name: str
+    build: Callable[[str], torch.nn.Module]    # attn_implementation -> model
+    inputs: Callable[[torch.device, torch.dtype], dict]
+    sites: int              # attention sites in one forward
+    what: str               # what the model exercises
+
+
+def _ids(device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g).to(device)
+
+
+def _gpt2(attn):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0,
+                     resid_pdrop=0.0, embd_pdrop=0.0)
+    return GPT2LMHeadModel._from_config(cfg, attn_implementation=attn)
+
+
+def _llama(attn):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
+def _mistral(attn):
+    from transformers import MistralConfig, MistralForCausalLM
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=5)
+    return MistralForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
+def _gemma2(attn):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    cfg = Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                       sliding_window=6, attn_logit_softcapping=20.0, final_logit_softcapping=30.0,
+                       query_pre_attn_scalar=16)
+    return Gemma2ForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
+def _bert(attn):
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    return BertModel._from_config(cfg, attn_implementation=attn, add_pooling_layer=False)
+
+
+def _vit(attn):
+    from transformers import ViTConfig, ViTModel
+    cfg = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0)
+    return ViTModel._from_config(cfg, attn_implementation=attn, add_pooling_layer=False)
+
+
+def _t5(attn):
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=1, num_decoder_layers=1,
+                   num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                   dropout_rate=0.0, decoder_start_token_id=0)
+    return T5ForConditionalGeneration._from_config(cfg, attn_implementation=attn)
+
+
+def _whisper_encoder(attn):
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    cfg = WhisperConfig(vocab_size=VOCAB, num_mel_bins=16, d_model=64, encoder_layers=1, encoder_attention_heads=4,
+                        decoder_layers=1, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                        max_source_positions=16, max_target_positions=32, dropout=0.0, attention_dropout=0.0,
+                        activation_dropout=0.0)
+    cfg._attn_implementation = attn
+    return WhisperEncoder(cfg)
+
+
+def _causal_lm_inputs(device, dtype):
+    ids = _ids(device)
+    return {"input_ids": ids, "labels": ids}
+
+
+def _bert_inputs(device, dtype):
+    ids = _ids(device)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long, device=device)
+    mask[1, SEQ - 5:] = 0     # right padding on the second sequence
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _vit_inputs(device, dtype):
+    g = torch.Generator().manual_seed(0)
+    return {"pixel_values": torch.randn(BATCH, 3, 16, 16, generator=g).to(device=device, dtype=dtype)}
+
+
+def _t5_inputs(device, dtype):
+    ids = _ids(device)
+    return {"input_ids": ids, "labels": _ids(device, seed=1)[:, : SEQ // 2].contiguous()}
+
+
+def _whisper_inputs(device, dtype):
+    g = torch.Generator().manual_seed(0)
+    return {"input_features": torch.randn(BATCH, 16, 32, generator=g).to(device=device, dtype=dtype)}
+
+
+ZOO = [
+    ZooModel("gpt2", _gpt2, _causal_lm_inputs, 2, "causal mask, 1/sqrt(d) scale"),
+    ZooModel("llama", _llama, _causal_lm_inputs, 2, "GQA (repeat_kv), fp32 softmax + cast"),
+    ZooModel("mistral", _mistral, _causal_lm_inputs, 2, "sliding window"),
+    ZooModel("gemma2", _gemma2, _causal_lm_inputs, 2, "softcap, sliding + global layers"),
+    ZooModel("bert", _bert, _bert_inputs, 2, "padding mask"),
+    ZooModel("vit", _vit, _vit_inputs, 2, "no mask"),
+    ZooModel("t5", _t5, _t5_inputs, 3, "learned relative position bias (trained), scale 1"),
+    ZooModel("whisper_encoder", _whisper_encoder, _whisper_inputs, 1, "encoder self-attention"),
+]
+ZOO_BY_NAME = {m.name: m for m in ZOO}
+
+
+def build(name: str, device, dtype, seed: int = 0, attn: str = "eager") -> torch.nn.Module:
+    """The model with its random weights (the same for every ``attn`` implementation, given the seed)."""
+    torch.manual_seed(seed)
+    model = ZOO_BY_NAME[name].build(attn)
+    return model.to(device=device, dtype=dtype)
+
+
+def loss_of(output) -> torch.Tensor:
+    """A scalar to backpropagate from any of the zoo's outputs. The encoders' is scaled up (as mixed-precision
+    training scales its loss) so that float16 gradients stay clear of float16's subnormal range."""
+    loss = getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+    return hidden.float().square().mean() * 1024
+
+
+def main_output(output) -> torch.Tensor:
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(output, name, None)
+        if value is not None:
+            return value
+    return output[0]
+
+
+def assert_model_close(name, got, ref_hi, ref_naive, factor):
+    """The numerics rule (DESIGN.md) for a whole model's output or gradient: float32 by the max error; in half
+    precision by the norm of the error, since a few ReLU/GELU inputs that round across zero differently in any
+    two low-precision runs flip whole terms of a weight gradient. Never NaN."""
+    from numerics import assert_close_rule
+    assert not torch.isnan(got).any(), f"{name}: NaN"
+    if got.dtype in (torch.float32, torch.float64):
+        return assert_close_rule(name, got, ref_hi, ref_naive, factor)
+    got, ref_hi, ref_naive = (t.double() for t in (got, ref_hi, ref_naive))
+    err, naive_err = (got - ref_hi).norm().item(), (ref_naive - ref_hi).norm().item()
+    bound = factor * naive_err + 1e-3 * ref_hi.norm().item()
+    assert err <= bound, f"{name}: |fa2 - ref| = {err:.3g} > {factor} x |naive - ref| = {naive_err:.3g} (+floor)"
+    return err, bound
+
+
+def measure(name: str, device, dtype, backend: str = "fa2") -> dict:
+    """Compile one zoo model with ``backend``, run inference and a training step, and measure it against eager and a
+    high-precision reference: sites found / rewritten, fa2.bwd in the backward, max errors (fa2 and eager)."""
+    import copy
+
+    from fa2.inductor import recording
+    from fa2.inductor._compat import without_aot_cache
+    from numerics import hi_dtype
+
+    entry = ZOO_BY_NAME[name]
+    model = build(name, device, dtype).train()
+    reference = copy.deepcopy(model).to(hi_dtype(dtype))
+    inputs, hi_inputs = entry.inputs(device, dtype), entry.inputs(device, hi_dtype(dtype))
+
+    def step(m, inp, train):
+        m.zero_grad(set_to_none=True)
+        if not train:
+            with torch.no_grad():
+                return main_output(m(**inp)).detach().double(), {}
+        out = m(**inp)
+        loss_of(out).backward()
+        return main_output(out).detach().double(), {n.removeprefix("_orig_mod."): p.grad.detach().double()
+                                                    for n, p in m.named_parameters() if p.grad is not None}
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with recording() as records, without_aot_cache():
+        got = [step(compiled, inputs, False), step(compiled, inputs, True)]
+    naive = [step(model, inputs, False), step(model, inputs, True)]
+    hi = [step(reference, hi_inputs, False), step(reference, hi_inputs, True)]
+
+    def err(a, b):
+        return (a - b).abs().max().item()
+
+    train = [r for r in records if r.graph == "training"]
+    return {
+        "model": name, "sites": len(train), "rewritten": sum(r.rewritten for r in train),
+        "rewritten_inference": sum(r.rewritten for r in records if r.graph == "inference"),
+        "fa2_bwd": sum(g["fa2_bwd"] for g in records.graphs),
+        "out_err": max(err(got[i][0], hi[i][0]) for i in range(2)),
+        "out_err_eager": max(err(naive[i][0], hi[i][0]) for i in range(2)),
+        "grad_err": max(err(got[1][1][k], hi[1][1][k]) for k in hi[1][1]),
+        "grad_err_eager": max(err(naive[1][1][k], hi[1][1][k]) for k in hi[1][1]),
+        "flags": "; ".join(sorted({", ".join(f"{k}={v}" for k, v in r.flags.items()) for r in train})),
+    }
+
+
+def main(argv=None) -> int:
+    """python tests/zoo.py [--device D] [--dtype T[,T]] [--backend B] [--models M[,M]]: the zoo table."""
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default=",".join(m.name for m in ZOO))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--backend", default="fa2")
+    args = parser.parse_args(argv)
+    dtypes = (args.dtype or ("bfloat16,float16" if args.device == "cuda" else "float32,bfloat16")).split(",")
+    import fa2.backend  # noqa: F401
+    print(f"torch {torch.__version__}, {args.device}, backend={args.backend}")
+    print("| model | dtype | sites | rewritten (train/inf) | fa2.bwd | max err out fa2 (eager) | "
+          "max err grad fa2 (eager) | flags |")
+    print("|---|---|---|---|---|---|---|---|")
+    ok = True
+    for dtype_name in dtypes:
+        for name in args.models.split(","):
+            start = time.time()
+            r = measure(name, args.device, getattr(torch, dtype_name), args.backend)
+            good = r["rewritten"] == r["sites"] == r["rewritten_inference"] == r["fa2_bwd"] == ZOO_BY_NAME[name].sites
+            ok &= good
+            print(f"| {name} | {dtype_name} | {r['sites']} | {r['rewritten']}/{r['rewritten_inference']} | "
+                  f"{r['fa2_bwd']} | {r['out_err']:.1e} ({r['out_err_eager']:.1e}) | "
+                  f"{r['grad_err']:.1e} ({r['grad_err_eager']:.1e}) | {r['flags']} |"
+                  f"{'' if good else ' NOT ALL REWRITTEN'} ({time.time() - start:.0f} s)", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())
