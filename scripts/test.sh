@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-PY="$(realpath "${FA2_PYTHON:-.venv/bin/python}")"
+PY="${FA2_PYTHON:-.venv/bin/python}"
+# Absolute, because pytest runs from tests/ (no realpath: it would resolve the venv's symlink to the base python).
+[[ "$PY" == /* ]] || PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 export FA2_CI="${FA2_CI:-1}"
 if [[ "$FA2_CI" == "1" ]]; then export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"; fi
 # Run from tests/ against the installed package (not the source tree), as a user would.
