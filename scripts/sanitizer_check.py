@@ -1,9 +1,22 @@
 """A small grid of fa2 CUDA forward+backward calls for compute-sanitizer (memcheck / racecheck / initcheck):
+   python scripts/sanitizer_check.py --tools memcheck,racecheck     # re-runs itself under each tool
    compute-sanitizer --tool memcheck python scripts/sanitizer_check.py
 Sizes are small (the tools slow kernels down 10-100x) but cover tails, every flag, GQA, bias, odd headdims."""
-import torch
+import os
+import subprocess
+import sys
 
-import fa2
+if len(sys.argv) > 2 and sys.argv[1] == "--tools":
+    status = 0
+    for tool in sys.argv[2].split(","):
+        cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1", sys.executable, os.path.abspath(__file__)]
+        print("==", " ".join(cmd), flush=True)
+        status |= subprocess.run(cmd).returncode
+    sys.exit(status)
+
+import torch  # noqa: E402
+
+import fa2  # noqa: E402
 
 CASES = [
     dict(shape=(1, 97, 131, 2, 1, 64), flags=dict(causal=True)),
