@@ -231,3 +231,17 @@ def test_build_info_and_env_report():
     assert info["version"] == fa2.__version__ and info["torch_version"]
     report = subprocess.run([sys.executable, "-m", "fa2"], capture_output=True, text=True, check=True).stdout
     assert "fa2 built against torch" in report and "active paths" in report
+
+
+def test_sdpa_more_than_4_dims_broadcasts_mask():
+    q = torch.randn(2, 3, 4, 6, 16)
+    k = torch.randn(2, 3, 4, 9, 16)
+    v = torch.randn(2, 3, 4, 9, 16)
+    for mask in (torch.randn(3, 1, 6, 9), torch.rand(1, 3, 1, 6, 9) > 0.2, torch.randn(6, 9)):
+        if mask.dtype == torch.bool:
+            mask[..., 0] = True
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                             attn_mask=mask if mask.dtype == torch.bool else mask.double())
+        out = fa2.sdpa(q, k, v, attn_mask=mask)
+        assert out.shape == ref.shape
+        assert torch.allclose(out.double(), ref, atol=1e-5)

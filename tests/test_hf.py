@@ -117,3 +117,21 @@ def test_dropout_in_training_is_refused():
         model(input_ids=zoo._ids("cpu"))
     model.eval()
     model(input_ids=zoo._ids("cpu"))   # eval: no dropout, fine
+
+
+def test_sliding_window_with_a_mask_uses_the_mask_only():
+    """A mask from transformers already holds the window at the true cache positions; fa2's bottom-right window
+    anchor would be wrong for a static cache (query at position 3 of a 16-slot cache)."""
+    import fa2.hf
+    from fa2.reference import attention_ref
+
+    q = torch.randn(1, 2, 1, 8)
+    k = torch.randn(1, 2, 16, 8)
+    v = torch.randn(1, 2, 16, 8)
+    mask = torch.zeros(1, 1, 1, 16, dtype=torch.bool)
+    mask[..., 2:4] = True                      # sliding_window=2 at position 3: keys 2 and 3
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, _ = fa2.hf.fa2_attention_forward(module, q, k, v, mask, scaling=8 ** -0.5, sliding_window=2)
+    ref = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+    assert torch.allclose(out, ref, atol=1e-5)

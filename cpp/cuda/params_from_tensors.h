@@ -33,7 +33,11 @@ inline bool rows_16b_aligned(const at::Tensor& t) {
 // q, k or v as the kernels read it: headdim zero-padded to headdim_padded, rows 16-byte aligned. No copy when the
 // tensor already qualifies (any strides, e.g. a (B, H, S, D) tensor transposed to (B, S, H, D)).
 inline at::Tensor kernel_input(const at::Tensor& t, int64_t headdim_padded) {
-  if (t.size(3) != headdim_padded) return at::constant_pad_nd(t, {0, headdim_padded - t.size(3)}, 0);
+  // constant_pad_nd keeps the input's memory format (e.g. channels_last for a headdim-1 tensor, whose last stride
+  // need not be 1), so make the padded copy row-contiguous explicitly.
+  if (t.size(3) != headdim_padded) {
+    return at::constant_pad_nd(t, {0, headdim_padded - t.size(3)}, 0).contiguous();
+  }
   if (!rows_16b_aligned(t)) return t.clone(at::MemoryFormat::Contiguous);
   return t;
 }
@@ -50,6 +54,10 @@ inline void set_common_params(AttentionParams& p, const AttentionProblem& prob, 
   TORCH_CHECK_VALUE(prob.seqlen_q <= kMaxSeqlen && prob.seqlen_k <= kMaxSeqlen,
                     "fa2 (CUDA): seqlen_q and seqlen_k must be <= ", kMaxSeqlen, ", got ", prob.seqlen_q, " and ",
                     prob.seqlen_k);
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();  // sizes below are int in the params struct
+  TORCH_CHECK_VALUE(prob.batch <= kMaxInt && prob.nheads <= kMaxInt && prob.nheads_k <= kMaxInt,
+                    "fa2 (CUDA): batch and nheads must fit in int32, got batch=", prob.batch, ", nheads=",
+                    prob.nheads, ", nheads_k=", prob.nheads_k);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();

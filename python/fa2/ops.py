@@ -43,8 +43,11 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     if attn_mask is not None:
         if attn_mask.dtype != torch.bool and attn_mask.dtype not in (q.dtype, torch.float32):
             attn_mask = attn_mask.to(q.dtype)
-        if attn_mask.dim() > 4:
-            attn_mask = attn_mask.reshape((-1,) + tuple(attn_mask.shape[-3:]))
+        if query.dim() > 4 or attn_mask.dim() > 4:
+            # Leading batch dims are flattened into one for q/k/v; broadcast the mask over them first (a view).
+            attn_mask = attn_mask.reshape((1,) * max(0, 3 - attn_mask.dim()) + tuple(attn_mask.shape))
+            lead = torch.broadcast_shapes(tuple(query.shape[:-3]), tuple(attn_mask.shape[:-3]))
+            attn_mask = attn_mask.expand(*lead, *attn_mask.shape[-3:]).reshape((-1,) + tuple(attn_mask.shape[-3:]))
     window_right = -1
     if is_causal:
         # SDPA's causal is top-left aligned (query i sees keys j <= i); fa2's is bottom-right. With seqlen_q >=
