@@ -208,3 +208,21 @@ def test_more_than_2_31_elements():
     assert torch.allclose(out[:, rows].float(), ref, atol=2e-2)
     (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
     assert torch.isfinite(dq[:, rows]).all()
+
+
+@pytest.mark.parametrize("device", devices())
+def test_headdim_1_channels_last(device):
+    """headdim 1 lets the last stride be anything (channels_last gives stride(3) != 1): still read correctly."""
+    dt = _dtype(device)
+    q, k, v = (torch.randn(2, 5, 3, 1, device=device).to(dt).contiguous(memory_format=torch.channels_last)
+               .requires_grad_() for _ in range(3))
+    assert q.stride(3) != 1
+    out = fa2.attention(q, k, v, causal=True)
+    ref = _ref(q.detach(), k.detach(), v.detach(), causal=True)
+    assert torch.allclose(out.double(), ref, atol=2e-2 if dt != torch.float32 else 1e-5)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    grads_ref = torch.autograd.grad(attention_ref(*leaves, causal=True), leaves, dout.double())
+    for g, g_ref in zip(grads, grads_ref):
+        assert torch.allclose(g.double(), g_ref, atol=5e-2 if dt != torch.float32 else 1e-5)
