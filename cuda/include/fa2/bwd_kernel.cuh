@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fa2/bias.cuh"  // load_bias
 #include "fa2/block_info.cuh"
 #include "fa2/bwd_ptx.cuh"
 #include "fa2/bwd_tile_config.h"
@@ -99,23 +100,6 @@ __device__ __forceinline__ void load_tile(uint32_t smem, const T* gmem, int64_t 
                        pred ? src + i * kRowsPerPass * row_stride + j * kThreadsPerRow * 8 : gmem, pred);
     }
   }
-}
-
-template <typename B>
-__device__ __forceinline__ float load_bias(const B* p) {
-  return static_cast<float>(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<__half>(const __half* p) {
-  return __half2float(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat162float(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<bool>(const bool* p) {  // True = keep
-  return __ldg(reinterpret_cast<const unsigned char*>(p)) ? 0.f : -INFINITY;
 }
 
 template <typename Tile>
@@ -202,6 +186,12 @@ __device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
       for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
 }
 
+// One f16/bf16 pair (columns col, col + 1 of row) into a swizzled shared-memory tile.
+template <typename Tile>
+__device__ __forceinline__ void st_shared_pair(uint32_t sTile, int row, int col, uint32_t packed) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2), "r"(packed));
+}
+
 // Stores a warp's fp32 C fragments (rows row0 + 16 mt + 8 half, columns col0 + 8 nt + e of a tile) as f16/bf16 pairs.
 template <typename T, typename Tile, int kMTiles, int kNTiles>
 __device__ __forceinline__ void store_fragments(uint32_t sTile, const float (&acc)[kMTiles][kNTiles][4], int row0,
@@ -214,8 +204,7 @@ __device__ __forceinline__ void store_fragments(uint32_t sTile, const float (&ac
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int row = row0 + mt * 16 + half * 8, col = col0 + nt * 8;
         const uint32_t packed = ptx::pack2<T>(acc[mt][nt][half * 2], acc[mt][nt][half * 2 + 1]);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2),
-                     "r"(packed));
+        st_shared_pair<Tile>(sTile, row, col, packed);
       }
 }
 
@@ -353,8 +342,7 @@ __device__ __forceinline__ void store_packed(uint32_t sTile, const uint32_t (&v)
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int row = row0 + mt * 16 + half * 8, col = col0 + nt * 8;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2),
-                     "r"(v[mt][nt][half]));
+        st_shared_pair<Tile>(sTile, row, col, v[mt][nt][half]);
       }
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fa2/bias.cuh"  // load_bias
 #include "fa2/block_info.cuh"
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
@@ -106,23 +107,6 @@ __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], con
 }
 
 // ---- score modification (the general path): s = scale * q.k; softcap; + bias --------------------------------
-template <typename B>
-__device__ __forceinline__ float load_bias(const B* p) {
-  return static_cast<float>(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<__half>(const __half* p) {
-  return __half2float(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat162float(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<bool>(const bool* p) {  // True = keep
-  return __ldg(reinterpret_cast<const unsigned char*>(p)) ? 0.f : -INFINITY;
-}
-
 // s += bias[row, col] for the fragment elements (row0 + 16 mt + 8 half, col0 + 8 nt + e); out-of-range
 // elements are not read (they are masked anyway). A bias broadcast along queries (row stride 0, e.g. a
 // (batch, 1, 1, seqlen_k) key padding mask) is read once per column rather than once per element.
