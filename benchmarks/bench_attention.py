@@ -37,9 +37,7 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -50,8 +48,9 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
+from bench_common import environment, import_fa2, is_oom, proc_status_kib, short_error, sync
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 
 IMPLS = ("fa2", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -111,58 +110,6 @@ def csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
-# ---- environment ------------------------------------------------------------------------------------------
-
-_FA2_IMPORT_ERROR = {}
-
-
-def import_fa2():
-    """fa2 module or None, and the reason it could not be imported."""
-    try:
-        import fa2
-        return fa2, None
-    except Exception as e:  # ImportError, or an ABI mismatch message from fa2's loader
-        _FA2_IMPORT_ERROR["reason"] = f"import fa2 failed: {type(e).__name__}: {e}"
-        return None, _FA2_IMPORT_ERROR["reason"]
-
-
-def environment(device: torch.device, fa2_mod, fa2_err) -> dict:
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "device": str(device), "argv": sys.argv,
-    }
-    try:
-        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        env["git_commit"] = out.stdout.strip() or None
-        st = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True, timeout=10)
-        env["git_dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
-    except Exception as e:
-        env["git_commit"] = f"unknown ({e})"
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except Exception:
-        env["triton"] = None
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
-                   gpu_memory_gib=round(p.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
-        try:
-            q = "name,driver_version,clocks.sm,clocks.max.sm,power.limit"
-            r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
-                               text=True, timeout=20)
-            env["nvidia_smi"] = r.stdout.strip()
-        except Exception:
-            pass
-    else:
-        env["cpu"] = platform.processor() or platform.machine()
-        env["threads"] = torch.get_num_threads()
-    env["fa2"] = dict(fa2_mod.build_info(), file=fa2_mod.__file__) if fa2_mod is not None else {"error": fa2_err}
-    return env
-
-
 # ---- timing -----------------------------------------------------------------------------------------------
 
 try:
@@ -219,11 +166,6 @@ def _cpu_median(fn, warmup_ms, rep_ms):
     return statistics.median(times)
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ---- memory -----------------------------------------------------------------------------------------------
 
 class PeakMemory:
@@ -244,7 +186,7 @@ class PeakMemory:
             with contextlib.suppress(OSError):
                 with open("/proc/self/clear_refs", "w") as f:
                     f.write("5")  # resets VmHWM to the current RSS
-                self.base = _proc_status_kib("VmRSS")
+                self.base = proc_status_kib("VmRSS")
         return self
 
     def __exit__(self, *exc):
@@ -252,20 +194,9 @@ class PeakMemory:
         if self.device.type == "cuda":
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
         else:
-            hwm = _proc_status_kib("VmHWM")
+            hwm = proc_status_kib("VmHWM")
             self.peak = None if self.base is None or hwm is None else max(0, hwm - self.base) * 1024
         return False
-
-
-def _proc_status_kib(key):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 # ---- problems and implementations --------------------------------------------------------------------------
@@ -326,7 +257,7 @@ def make_call(impl: str, cfg: Config, bias, fa2_mod, device):
     causal = cfg.causal
     if impl == "fa2":
         if fa2_mod is None:
-            raise RuntimeError(_FA2_IMPORT_ERROR.get("reason", "fa2 is not importable"))
+            raise RuntimeError(import_fa2()[1] or "fa2 is not importable")
         # flash-attn layout (B, S, H, D): transposed views of the (B, H, S, D) tensors, no copies.
         def f(q, k, v):
             return fa2_mod.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias,
@@ -382,18 +313,13 @@ def rel_err(x, ref):
 
 
 def short(e: BaseException, caught=()) -> str:
-    msg = str(e).strip().splitlines()
-    text = f"{type(e).__name__}: {msg[0] if msg else ''}"
+    text = short_error(e)
     # SDPA explains why it has no kernel in warnings; keep the first ones, they are the useful part.
     reasons = [str(w.message).strip().splitlines()[0] for w in caught if "kernel not used" in str(w.message)
                or "not supported" in str(w.message).lower()]
     if reasons:
         text += " | " + " | ".join(dict.fromkeys(reasons))
     return text[:400]
-
-
-def is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
 # ---- one implementation on one config: all passes ------------------------------------------------------------

@@ -33,10 +33,8 @@ import datetime
 import gc
 import json
 import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 
@@ -44,8 +42,10 @@ import torch
 import torch._dynamo
 import torch._dynamo.utils
 
+import bench_common
+from bench_common import import_fa2, is_oom, proc_status_kib, short_error, sync
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 
 WAYS = {  # name: (attn_implementation, torch.compile backend)
     "eager+inductor": ("eager", "inductor"),
@@ -96,42 +96,7 @@ def prefill_flops_per_token(n_layer_params: int, n_layers: int, d_model: int, se
 
 def environment(device) -> dict:
     import transformers
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "transformers": transformers.__version__, "device": str(device),
-           "argv": sys.argv}
-    try:
-        env["git_commit"] = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                           timeout=10).stdout.strip() or None
-    except Exception:
-        env["git_commit"] = None
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1))
-    else:
-        env.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
-    try:
-        import fa2
-        env["fa2"] = dict(fa2.build_info(), file=fa2.__file__)
-    except Exception as e:
-        env["fa2"] = {"error": f"{type(e).__name__}: {e}"}
-    return env
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _proc_kib(key):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+    return bench_common.environment(device, *import_fa2(), transformers=transformers.__version__)
 
 
 class Memory:
@@ -140,7 +105,7 @@ class Memory:
 
     def __init__(self, device):
         self.device = device
-        self.base = _proc_kib("VmRSS") if device.type == "cpu" else 0
+        self.base = proc_status_kib("VmRSS") if device.type == "cpu" else 0
 
     def reset(self):
         sync(self.device)
@@ -157,17 +122,8 @@ class Memory:
         sync(self.device)
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**30
-        hwm = _proc_kib("VmHWM")
+        hwm = proc_status_kib("VmHWM")
         return None if hwm is None or self.base is None else max(0, hwm - self.base) / 2**20
-
-
-def short(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:400]
-
-
-def is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
 def cleanup(device):
@@ -216,7 +172,7 @@ def ensure_backend(backend: str):
     try:
         torch._dynamo.lookup_backend(backend)
     except Exception as e:
-        raise RuntimeError(f"torch.compile backend {backend!r} is not registered ({short(e)})") from None
+        raise RuntimeError(f"torch.compile backend {backend!r} is not registered ({short_error(e)})") from None
 
 
 def compile_model(model, backend: str):
@@ -232,7 +188,7 @@ def maybe_explain(model, ids, enabled: bool):
         import fa2
         return str(fa2.explain(model, ids))[:4000]
     except Exception as e:  # fa2.explain may not exist yet
-        return f"unavailable: {short(e)}"
+        return f"unavailable: {short_error(e)}"
 
 
 # ---- cases ------------------------------------------------------------------------------------------------
@@ -383,7 +339,7 @@ def run_case(case, args, device, model_kwargs) -> dict:
         else:
             result = run_generate(way, case["seqlen"], case["new_tokens"], args, device, model_kwargs)
     except Exception as e:  # record and go on; leave the except block so the traceback frees its tensors
-        err = ("oom" if is_oom(e) else "n/a" if _is_unavailable(e) else "error", short(e))
+        err = ("oom" if is_oom(e) else "n/a" if _is_unavailable(e) else "error", short_error(e))
     cleanup(device)
     if err is not None:
         result = dict(status=err[0], reason=err[1])

@@ -1,0 +1,86 @@
+"""What bench_attention.py and bench_e2e.py share: device sync, /proc memory readings, error summaries, the
+fa2 import and the environment record written into every result JSON."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def proc_status_kib(key):
+    """A /proc/self/status field in KiB (VmRSS, VmHWM), or None where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def short_error(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:400]
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def import_fa2():
+    """fa2 module or None, and the reason it could not be imported."""
+    try:
+        import fa2
+        return fa2, None
+    except Exception as e:  # ImportError, or an ABI mismatch message from fa2's loader
+        return None, f"import fa2 failed: {type(e).__name__}: {e}"
+
+
+def environment(device: torch.device, fa2_mod, fa2_err, **extra) -> dict:
+    """Date, host, versions, git commit, GPU (or CPU) and fa2's build info; ``extra`` adds fields."""
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "device": str(device), "argv": sys.argv, **extra,
+    }
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        env["git_commit"] = out.stdout.strip() or None
+        st = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, timeout=10)
+        env["git_dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except Exception as e:
+        env["git_commit"] = f"unknown ({e})"
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
+                   gpu_memory_gib=round(p.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
+        try:
+            q = "name,driver_version,clocks.sm,clocks.max.sm,power.limit"
+            r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=20)
+            env["nvidia_smi"] = r.stdout.strip()
+        except Exception:
+            pass
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["threads"] = torch.get_num_threads()
+    env["fa2"] = dict(fa2_mod.build_info(), file=fa2_mod.__file__) if fa2_mod is not None else {"error": fa2_err}
+    return env
