@@ -52,6 +52,8 @@ def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
     if Sk == 0:
+        # No key at all: every row outputs 0. "+ 0 * q.sum()" keeps the result attached to q's graph so autograd
+        # returns zero gradients instead of None.
         out = torch.zeros(B, Sq, H, v.shape[-1], dtype=dtype, device=q.device) + 0 * q.sum()
         lse = torch.full((B, H, Sq), math.inf, device=q.device)
         return (out, lse) if return_lse else out
