@@ -164,21 +164,23 @@ def _bad_cases(device):
     dt = torch.float32 if device == "cpu" else torch.bfloat16
     q = torch.randn(2, 8, 4, 16, device=device, dtype=dt)
     k = torch.randn(2, 8, 2, 16, device=device, dtype=dt)
+    # Patterns include the numbers given: integers are formatted into the messages by the C++ checks (a build that
+    # linked parts of libstdc++ statically once printed "got " with nothing after it, or crashed).
     cases = [
         ("k dtype", (q, k.to(torch.float64 if device == "cpu" else torch.float16), k), {}, "k must have q's dtype"),
         ("int dtype", (q.int(), k.int(), k.int()), {}, "q must be"),
-        ("rank", (q[0], k, k), {}, "q must have 4 dims"),
-        ("batch", (q, k[:1], k[:1]), {}, "batch size mismatch"),
-        ("headdim", (q, k[..., :8], k[..., :8]), {}, "headdim"),
-        ("headdim>256", (torch.randn(1, 2, 1, 257, device=device, dtype=dt),) * 3, {}, "headdim must be in"),
-        ("nheads", (torch.randn(2, 8, 3, 16, device=device, dtype=dt), k, k), {}, "multiple of nheads_k"),
+        ("rank", (q[0], k, k), {}, "q must have 4 dims .*got 3 dims"),
+        ("batch", (q, k[:1], k[:1]), {}, "batch size mismatch: q has 2, k has 1"),
+        ("headdim", (q, k[..., :8], k[..., :8]), {}, "headdim .*q has 16, k has 8"),
+        ("headdim>256", (torch.randn(1, 2, 1, 257, device=device, dtype=dt),) * 3, {}, "headdim must be in \\[1, 256\\], got 257"),
+        ("nheads", (torch.randn(2, 8, 3, 16, device=device, dtype=dt), k, k), {}, "q.size\\(2\\)=3.*multiple of nheads_k"),
         ("last dim", (q.transpose(2, 3).contiguous().transpose(2, 3), k, k), {}, "contiguous in its last dim"),
         ("bias shape", (q, k, k), {"attn_bias": torch.zeros(3, 8, 8, device=device, dtype=dt)}, "not broadcastable"),
         ("bias dtype", (q, k, k), {"attn_bias": torch.zeros(8, 8, device=device, dtype=torch.int32)}, "attn_bias must be"),
-        ("window", (q, k, k), {"window_left": -2}, "window_left must be >= -1"),
-        ("softcap", (q, k, k), {"softcap": -1.0}, "softcap must be"),
+        ("window", (q, k, k), {"window_left": -2}, "window_left must be >= -1 .*got -2"),
+        ("softcap", (q, k, k), {"softcap": -1.0}, "softcap must be .*got -1"),
         ("scale", (q, k, k), {"scale": float("nan")}, "scale must be a finite"),
-        ("kv seqlen", (q, k, k[:, :3]), {}, "same seqlen_k"),
+        ("kv seqlen", (q, k, k[:, :3]), {}, "same seqlen_k .*got 8 and 3"),
     ]
     if device == "cuda":
         cases.append(("fp32 on cuda", (q.float(), k.float(), k.float()), {}, "float16 or bfloat16"))
