@@ -74,8 +74,7 @@ def test_matches_eager(name, device, dtype):
     assert counted.fwd == entry.sites and counted.bwd == entry.sites, (counted.fwd, counted.bwd)
     want_naive, want_hi = _run(naive, inputs), _run(reference, hi_inputs)
     zoo.assert_model_close(f"{name}: output", got[0], want_hi[0], want_naive[0], 2)
-    for key in got[1]:
-        zoo.assert_model_close(f"{name}: grad {key}", got[1][key], want_hi[1][key], want_naive[1][key], 3)
+    zoo.assert_grads_close(name, got[1], want_hi[1], want_naive[1])
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)

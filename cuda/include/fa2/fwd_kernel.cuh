@@ -400,7 +400,10 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim>::kNThreads)
       if (row < rows_q) lse[row] = row_lse[r];
     }
   }
-  // O -> smem (this warp's own Q rows, so no barrier is needed before overwriting them) -> 16-byte global stores
+  // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
+  // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
+  // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
+  __syncwarp();
   unsigned char* sO = smem;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
