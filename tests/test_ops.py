@@ -11,7 +11,9 @@ from fa2.reference import attention_ref
 from numerics import assert_close_rule, hi_dtype
 from samples import devices, dtypes_for, make_qkv, sample_inputs
 
-DEVICE_DTYPES = [(d, t) for d in devices() for t in dtypes_for(d)]
+# fp64 on the CPU as well: its gradients must be fp64-accurate, although lse is float32 (the CPU backward
+# recomputes each row's statistics in fp64)
+DEVICE_DTYPES = [(d, t) for d in devices() for t in dtypes_for(d)] + [("cpu", torch.float64)]
 IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
 
 

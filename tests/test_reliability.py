@@ -46,6 +46,47 @@ def test_neg_inf_bias_entries(device):
     assert torch.allclose(out.double(), ref, atol=3e-2 if dt != torch.float32 else 1e-5)
 
 
+_HEAVY_BIAS_CUDA_DEFECT = (
+    "known CUDA defect: the bias-fold forward divides the bias by the scale (finfo.min overflows to -inf: the row "
+    "outputs 0), and the backward derives P from the float32 lse, which cannot carry log l next to a huge row max "
+    "(P = 1 instead of 1/l); the CPU kernel recomputes such rows' statistics exactly")
+
+
+@pytest.mark.parametrize("fill", ["finfo_min", "-1e9"])
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16), ("cpu", torch.float64),
+                                          ("cuda", torch.bfloat16), ("cuda", torch.float16)])
+def test_rows_whose_every_key_is_heavily_biased(device, dtype, fill, request):
+    """A query row whose every key carries a huge finite negative bias (Hugging Face's finfo.min mask on a padded
+    query, an old-style -1e9 mask) is not a masked row: its softmax runs over its keys like any other row's (all
+    scores equal after rounding -> uniform), as the reference and eager PyTorch compute it; forward and gradients
+    follow the numerics rule. Next to it: rows with some keys biased and one key less biased than the rest."""
+    if device == "cuda":
+        if not CUDA:
+            pytest.skip("needs a CUDA GPU")
+        request.applymarker(pytest.mark.xfail(strict=True, reason=_HEAVY_BIAS_CUDA_DEFECT))
+    from numerics import assert_close_rule, hi_dtype
+    huge = torch.finfo(dtype).min if fill == "finfo_min" else -1e9
+    q, k, v = make_qkv(2, 6, 9, 2, 2, 16, dtype=dtype, device=device, requires_grad=True)
+    bias = torch.zeros(2, 1, 6, 9, device=device, dtype=dtype)
+    bias[:, :, 1] = huge              # every key
+    bias[:, :, 2, :4] = huge          # some keys
+    bias[:, :, 3] = huge
+    bias[:, :, 3, 5] = huge / 2       # every key, one of them less
+    out = fa2.attention(q, k, v, bias)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    hi = hi_dtype(dtype)
+    leaves_hi = [t.detach().to(hi).requires_grad_() for t in (q, k, v)]
+    out_hi = attention_ref(*leaves_hi, bias.to(hi))
+    grads_hi = torch.autograd.grad(out_hi, leaves_hi, dout.to(hi))
+    leaves_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out_lo = attention_ref(*leaves_lo, bias, upcast=False)
+    grads_lo = torch.autograd.grad(out_lo, leaves_lo, dout)
+    assert_close_rule(f"out {fill}", out, out_hi, out_lo, factor=2)
+    for name, g, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+        assert_close_rule(f"{name} {fill}", g, g_hi, g_lo, factor=3)
+
+
 @pytest.mark.parametrize("device", devices())
 def test_large_and_small_magnitudes(device):
     dtypes = [torch.float16, torch.bfloat16] if device == "cuda" else [torch.float16, torch.float32]
@@ -192,22 +233,36 @@ def test_second_gpu_runs_on_its_device():
 @needs_cuda
 @pytest.mark.slow
 def test_more_than_2_31_elements():
-    # q/k/v of 1 x 1M x 16 x 136 > 2^31 elements each: int64 offsets everywhere.
+    """q of 1 x 1M x 16 x 136 > 2^31 elements: int64 offsets everywhere. Forward and all three gradients checked
+    against an fp32 reference computed in query chunks (the reference's dK/dV are sums over every chunk)."""
     free = torch.cuda.mem_get_info()[0]
-    if free < 40 * 2**30:
-        pytest.skip("needs ~40 GB of free GPU memory")
-    b, s, h, d = 1, 2**20, 16, 128 + 8
-    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    if free < 60 * 2**30:
+        pytest.skip("needs ~60 GB of free GPU memory")
+    b, s, sk, h, d = 1, 2**20, 4096, 16, 128 + 8
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+            for _ in range(2))
     assert q.numel() > 2**31
-    k = q[:, : 4096]
-    v = torch.randn(b, 4096, h, d, device="cuda", dtype=torch.bfloat16)
-    q.requires_grad_()
     out = fa2.attention(q, k, v)
-    rows = torch.tensor([0, s // 2, s - 1], device="cuda")
-    ref = attention_ref(q.detach()[:, rows].float(), k.float(), v.float())
-    assert torch.allclose(out[:, rows].float(), ref, atol=2e-2)
-    (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
-    assert torch.isfinite(dq[:, rows]).all()
+    dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+
+    def rel(got, want):
+        return ((got.float() - want).norm() / want.norm()).item()
+
+    kf, vf = (t.detach().float().requires_grad_() for t in (k, v))
+    out_err = dq_err = 0.0
+    chunk = 16384
+    for i in range(0, s, chunk):
+        qf = q.detach()[:, i:i + chunk].float().requires_grad_()
+        ref = attention_ref(qf, kf, vf)  # accumulates this chunk's share of dK/dV into kf.grad, vf.grad
+        ref.backward(dout[:, i:i + chunk].float())
+        out_err = max(out_err, rel(out[:, i:i + chunk].detach(), ref.detach()))
+        dq_err = max(dq_err, rel(dq[:, i:i + chunk], qf.grad))
+    # bf16 rounding of the results is ~3e-3 relative; an offset error gives garbage (~1)
+    assert out_err < 1e-2 and dq_err < 1e-2, (out_err, dq_err)
+    assert rel(dk, kf.grad) < 1e-2 and rel(dv, vf.grad) < 1e-2, (rel(dk, kf.grad), rel(dv, vf.grad))
 
 
 @pytest.mark.parametrize("device", devices())

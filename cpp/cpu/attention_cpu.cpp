@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -246,6 +247,13 @@ struct BwdPartition {
   }
 };
 
+// A float32 lse = m + log l whose rounding (half a float spacing, 6e-5 at |lse| = 1024) is too coarse for
+// P = exp(S - lse), or that overflowed float's range to -inf (fp64 scores): see inexact_rows in bwd_kernel.
+constexpr float kLseExactLimit = 1024.f;
+inline bool lse_is_inexact(float lse) {
+  return lse == -std::numeric_limits<float>::infinity() || (std::isfinite(lse) && std::abs(lse) > kLseExactLimit);
+}
+
 template <typename scalar_t>
 void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
@@ -277,6 +285,59 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
       dout_dot_out[row] = sum;
     }
   });
+
+  // -- Rows whose float32 lse cannot carry log l: P = exp(S - lse) needs lse = m + log l to ~1e-4, but a row whose
+  //    scores are all huge (every key biased by finfo.min or -1e9: a "masked" row that still sees its keys
+  //    equally) has |m| so large that m + log l rounds to m, and P would come out 1 instead of 1/l (l times too
+  //    large gradients); an fp64 row below float's range stores lse = -inf (NaN gradients). Such rows get their
+  //    statistics recomputed here, exactly, in acc_t, and P = exp(S - m) / l. Rare: one pass over the keys each.
+  //    For fp64 every row that sees a key takes this path: a float32 lse would cap its gradients at float's
+  //    precision (~1e-7 relative) and fp64 is the precision users check against.
+  constexpr bool kExactEveryRow = std::is_same_v<acc_t, double>;
+  const int64_t num_rows = batch * nheads * seqlen_q;
+  std::vector<int64_t> inexact_rows;
+  for (int64_t row = 0; row < num_rows; ++row) {
+    const int64_t b = row / (nheads * seqlen_q), h = row / seqlen_q % nheads, i = row % seqlen_q;
+    const float value = lse_data[b * lse_stride_b + h * lse_stride_h + i * lse_stride_q];
+    const bool sees_keys_finitely = !std::isnan(value) && value != std::numeric_limits<float>::infinity();
+    if (kExactEveryRow ? sees_keys_finitely : lse_is_inexact(value)) inexact_rows.push_back(row);
+  }
+  // (batch, nheads, seqlen_q) when inexact rows exist, else empty; exact_row[row] != 0 for those rows
+  std::vector<acc_t> exact_max, exact_inv_sum;
+  std::vector<uint8_t> exact_row;
+  if (!inexact_rows.empty()) {
+    exact_max.assign(num_rows, acc_t(0));
+    exact_inv_sum.assign(num_rows, acc_t(0));
+    exact_row.assign(num_rows, 0);
+    for (const int64_t row : inexact_rows) exact_row[row] = 1;
+    parallel_for(0, static_cast<int64_t>(inexact_rows.size()), /*grain_size=*/1, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> q_pack(headdim), k_pack(block_k * headdim), s_row(block_k);
+      std::vector<acc_t> dtanh_row(mods.softcap > 0 ? block_k : 0);
+      for (int64_t n = begin; n < end; ++n) {
+        const int64_t row = inexact_rows[n];
+        const int64_t b = row / (nheads * seqlen_q), h = row / seqlen_q % nheads, i = row % seqlen_q;
+        int64_t ldq, ldk;
+        const acc_t* q_row = rows_for_blas(q_rows.row(b, i, h), q_rows.stride_s, 1, headdim, q_pack.data(), ldq);
+        acc_t m = -std::numeric_limits<acc_t>::infinity(), l = 0;
+        for (int64_t k_begin = 0; k_begin < seqlen_k; k_begin += block_k) {
+          const int64_t cols = std::min(block_k, seqlen_k - k_begin);
+          const acc_t* k_tile = rows_for_blas(k_rows.row(b, k_begin, h / group), k_rows.stride_s, cols, headdim,
+                                              k_pack.data(), ldk);
+          gemm_abt<acc_t>(1, cols, headdim, scale, q_row, ldq, k_tile, ldk, acc_t(0), s_row.data(), block_k);
+          mods.apply(s_row.data(), block_k, b, h, i, 1, k_begin, cols, mods.softcap > 0 ? dtanh_row.data() : nullptr);
+          const acc_t tile_max = *std::max_element(s_row.begin(), s_row.begin() + cols);
+          if (!(tile_max > -std::numeric_limits<acc_t>::infinity())) continue;  // nothing visible here
+          if (tile_max > m) {
+            l *= std::exp(m - tile_max);
+            m = tile_max;
+          }
+          for (int64_t j = 0; j < cols; ++j) l += std::exp(s_row[j] - m);
+        }
+        exact_max[row] = m;
+        exact_inv_sum[row] = l > 0 ? acc_t(1) / l : acc_t(0);
+      }
+    });
+  }
 
   // -- dK, dV per key block; dQ into per-split accumulators                (splits, groups, group, seqlen_q, headdim)
   const int64_t num_groups = batch * nheads_k, num_k_blocks = ceil_div(seqlen_k, block_k);
@@ -326,8 +387,14 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
             mods.apply(pt, block_k, b, h, q_begin, rows, k_begin, cols, dtanh);
             for (int64_t r = 0; r < rows; ++r) {
               // lse = +inf (row sees no key) gives P = 0, hence zero gradients for the row
-              const acc_t row_lse = lse_data[b * lse_stride_b + h * lse_stride_h + (q_begin + r) * lse_stride_q];
-              exp_sub_sum(pt + r * block_k, cols, row_lse);
+              const int64_t row = (b * nheads + h) * seqlen_q + q_begin + r;
+              if (exact_row.empty() || !exact_row[row]) {
+                const float row_lse = lse_data[b * lse_stride_b + h * lse_stride_h + (q_begin + r) * lse_stride_q];
+                exp_sub_sum(pt + r * block_k, cols, static_cast<acc_t>(row_lse));
+              } else {  // see inexact_rows above
+                exp_sub_sum(pt + r * block_k, cols, exact_max[row]);
+                scale_row(pt + r * block_k, cols, exact_inv_sum[row]);
+              }
             }
 
             // -- dV += Pᵀ dO                                                       (cols, headdim)
