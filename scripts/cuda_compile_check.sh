@@ -3,7 +3,9 @@
 #   1. nothing under cuda/ includes torch, ATen or c10;
 #   2. every hand-written source under cuda/src compiles (host-only .cpp with the host compiler, .cu with nvcc);
 #   3. one instance per kernel family (direction) compiles for sm_80 and for sm_90a, ptxas reporting registers
-#      and spills (a spill in a kernel is printed as a warning, not a failure).
+#      and spills (a spill in a kernel is printed as a warning, not a failure);
+#   4. the sm90 building-block probe (scripts/sm90_wgmma_probe.cu) compiles for sm_90a, and the generated wgmma
+#      wrappers match their generator.
 # Usage: scripts/cuda_compile_check.sh [headdim (default 128)]; env NVCC, CXX, FA2_JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +42,15 @@ done <"$work/gen/host_sources.txt"
 while read -r src arch; do
   echo "$NVCC ${flags[*]} -Xptxas=-v --generate-code=arch=compute_${arch},code=[sm_${arch}] -c $src -o $src.o 2>$src.ptxas.log" >>"$jobs_file"
 done <"$work/gen/instances.txt"
+echo "$NVCC -std=c++17 -O2 -I cuda/include --generate-code=arch=compute_90a,code=[sm_90a] scripts/sm90_wgmma_probe.cu -o $work/sm90_wgmma_probe" >>"$jobs_file"
+
+echo "== cuda/include/fa2/sm90/wgmma_ops.cuh is what gen_wgmma.py writes"
+cp cuda/include/fa2/sm90/wgmma_ops.cuh "$work/wgmma_ops.committed"
+python3 cuda/include/fa2/sm90/gen_wgmma.py >/dev/null
+if ! cmp -s cuda/include/fa2/sm90/wgmma_ops.cuh "$work/wgmma_ops.committed"; then
+  cp "$work/wgmma_ops.committed" cuda/include/fa2/sm90/wgmma_ops.cuh
+  echo "FAIL: wgmma_ops.cuh differs from gen_wgmma.py's output: regenerate it and commit both"; exit 1
+fi
 
 echo "== compiling $(wc -l <"$jobs_file") translation units, $JOBS at a time"
 start=$SECONDS

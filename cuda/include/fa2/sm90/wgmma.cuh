@@ -1,0 +1,75 @@
+// Hopper (sm_90a) warpgroup MMA: shared-memory matrix descriptors for fa2's swizzled tiles, and the
+// fence / commit / wait that order wgmma.mma_async with the registers and shared memory around it.
+// First building block of the sm90 kernel family (issue: Hopper path); checked by scripts/sm90_wgmma_probe.cu.
+#pragma once
+#include <cstdint>
+
+#include "fa2/ptx.cuh"               // SwizzledTile: the smem layouts the sm80 kernels already fill with cp.async
+#include "fa2/sm90/wgmma_ops.cuh"    // Wgmma<T, N>::ss / ::rs (generated)
+
+namespace fa2::sm90 {
+
+// Swizzle modes of the descriptor (bits 62-63). SwizzledTile's layouts are exactly the hardware's swizzles:
+// 64-element (128-byte) column blocks with chunk ^= row % 8 are the 128B mode (Swizzle<3,4,3>), 32-element
+// (64-byte) blocks with chunk ^= (row / 2) % 4 the 64B mode (Swizzle<2,4,3>), as long as each column block starts
+// at a multiple of its swizzle period (1024 / 512 bytes), which leaves the descriptor's base offset at 0.
+enum class Swizzle : uint64_t { k128B = 1, k64B = 2 };
+
+__device__ __forceinline__ uint64_t make_descriptor(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes,
+                                                    Swizzle swizzle) {
+  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t((leading_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(swizzle) << 62);
+}
+
+// Descriptors of a SwizzledTile<kRows, kCols, kBlockCols> (b16 elements, rows contiguous along kCols).
+template <class Tile>
+struct TileDescriptors;
+
+template <int kRows, int kCols, int kBlockCols>
+struct TileDescriptors<SwizzledTile<kRows, kCols, kBlockCols>> {
+  static constexpr uint32_t kRowBytes = kBlockCols * 2;              // one row of one column block
+  static constexpr uint32_t kBlockBytes = kRows * kRowBytes;         // one column block (all rows)
+  static constexpr Swizzle kSwizzle = kBlockCols == 64 ? Swizzle::k128B : Swizzle::k64B;
+
+  // As a K-major operand (rows = M or N, columns = K), the 16 columns k16 * 16 .. +15 and rows row0 .. row0 + 63 (A)
+  // or all rows from row0 (B). Core matrices of 8 rows follow each other every 8 rows (stride = 8 rows); the
+  // leading offset is unused in swizzled K-major layouts. A k16 step inside a column block moves the start by
+  // 32 bytes: the hardware applies the swizzle to the final address.
+  __device__ static __forceinline__ uint64_t k_major(uint32_t tile, int row0, int k16) {
+    constexpr int kStepsPerBlock = kBlockCols / 16;
+    const uint32_t addr = tile + (k16 / kStepsPerBlock) * kBlockBytes + row0 * kRowBytes + (k16 % kStepsPerBlock) * 32;
+    return make_descriptor(addr, 16, 8 * kRowBytes, kSwizzle);
+  }
+
+  // As an MN-major B operand (rows = K, columns = N; wgmma with trans_b = 1): the 16 rows k16 * 16 .. +15, all
+  // columns. Along N, column blocks follow each other every kBlockBytes (leading offset); along K, groups of
+  // 8 rows every 8 rows (stride offset).
+  __device__ static __forceinline__ uint64_t mn_major(uint32_t tile, int k16) {
+    const uint32_t addr = tile + k16 * 16 * kRowBytes;
+    return make_descriptor(addr, kBlockBytes, 8 * kRowBytes, kSwizzle);
+  }
+};
+
+// Shared memory written by ordinary stores or cp.async (the generic proxy) becomes visible to wgmma's reads (the
+// async proxy) only after this fence (then a barrier, for other threads' writes).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Orders register/shared-memory accesses before the next wgmma.mma_async reads them (accumulators written by
+// ordinary instructions, A fragments in registers).
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most kPending committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// wgmma reads its accumulators from registers the compiler must not move across the asynchronous MMA: the
+// "+f" constraints in Wgmma tie them to the instruction; this keeps them in place until wait_group.
+template <int N>
+__device__ __forceinline__ void hold_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+}  // namespace fa2::sm90

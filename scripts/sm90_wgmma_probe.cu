@@ -1,0 +1,172 @@
+// Checks fa2's wgmma building blocks (cuda/include/fa2/sm90/wgmma.cuh) on an sm_90 GPU before a kernel relies on
+// them: the descriptors of SwizzledTile layouts as K-major A and B operands (S = Q K^T) and as an N-major B operand
+// with A from registers (O = P V), for 128-byte and 64-byte swizzles, bf16 and f16, against a double reference.
+//   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda/include scripts/sm90_wgmma_probe.cu -o /tmp/sm90_wgmma_probe && /tmp/sm90_wgmma_probe
+// Prints one line per case; exits 1 if any case is off.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "fa2/sm90/wgmma.cuh"
+
+using fa2::SwizzledTile;
+namespace sm90 = fa2::sm90;
+
+__host__ __device__ constexpr int block_cols(int cols) { return cols % 64 == 0 ? 64 : 32; }
+
+// Copies a row-major (rows x cols) b16 matrix from global memory into a SwizzledTile in shared memory.
+template <class Tile, typename T>
+__device__ void fill_tile(T* tile, const T* src, int rows, int cols) {
+  for (int i = threadIdx.x; i < rows * cols / 8; i += blockDim.x) {
+    const int row = i / (cols / 8), chunk = i % (cols / 8);
+    *reinterpret_cast<uint4*>(tile + Tile::offset(row, chunk)) = *reinterpret_cast<const uint4*>(src + row * cols + chunk * 8);
+  }
+}
+
+// This thread's accumulators (m64nN layout) into a row-major (64 x N) fp32 matrix.
+template <int N>
+__device__ void store_accumulators(const float (&d)[N / 2], float* c) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int j = 0; j < N / 8; ++j) {
+    const int row = 16 * warp + g, col = 8 * j + 2 * t;
+    c[row * N + col] = d[4 * j];
+    c[row * N + col + 1] = d[4 * j + 1];
+    c[(row + 8) * N + col] = d[4 * j + 2];
+    c[(row + 8) * N + col + 1] = d[4 * j + 3];
+  }
+}
+
+// C (64 x N) = A (64 x K) B^T, A and B (N x K) row-major: both K-major operands from shared memory.
+template <typename T, int N, int K>
+__global__ void __launch_bounds__(128) ss_kernel(const T* a, const T* b, float* c) {
+  using ATile = SwizzledTile<64, K, block_cols(K)>;
+  using BTile = SwizzledTile<N, K, block_cols(K)>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  T* sa = reinterpret_cast<T*>(smem);
+  T* sb = reinterpret_cast<T*>(smem + ATile::kBytes);
+  fill_tile<ATile>(sa, a, 64, K);
+  fill_tile<BTile>(sb, b, N, K);
+  sm90::fence_proxy_async();
+  __syncthreads();
+  const uint32_t sa_addr = fa2::ptx::smem_u32(sa), sb_addr = fa2::ptx::smem_u32(sb);
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  sm90::fence();
+#pragma unroll
+  for (int k16 = 0; k16 < K / 16; ++k16) {
+    sm90::Wgmma<T, N>::template ss<0>(d, sm90::TileDescriptors<ATile>::k_major(sa_addr, 0, k16),
+                                      sm90::TileDescriptors<BTile>::k_major(sb_addr, 0, k16), k16 > 0);
+  }
+  sm90::commit_group();
+  sm90::wait_group<0>();
+  store_accumulators<N>(d, c);
+}
+
+// C (64 x N) = A (64 x K) B, A row-major from registers, B (K x N) row-major = N-major from shared memory.
+template <typename T, int N, int K>
+__global__ void __launch_bounds__(128) rs_kernel(const T* a, const T* b, float* c) {
+  using BTile = SwizzledTile<K, N, block_cols(N)>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  T* sb = reinterpret_cast<T*>(smem);
+  fill_tile<BTile>(sb, b, K, N);
+  sm90::fence_proxy_async();
+  __syncthreads();
+  const uint32_t sb_addr = fa2::ptx::smem_u32(sb);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  auto pair = [&](int row, int col) {  // two consecutive b16 of A as one 32-bit register
+    return *reinterpret_cast<const uint32_t*>(a + row * K + col);
+  };
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  uint32_t frag[K / 16][4];
+#pragma unroll
+  for (int k16 = 0; k16 < K / 16; ++k16) {
+    const int row = 16 * warp + g, col = 16 * k16 + 2 * t;
+    frag[k16][0] = pair(row, col);
+    frag[k16][1] = pair(row + 8, col);
+    frag[k16][2] = pair(row, col + 8);
+    frag[k16][3] = pair(row + 8, col + 8);
+  }
+  sm90::fence();
+#pragma unroll
+  for (int k16 = 0; k16 < K / 16; ++k16) {
+    sm90::Wgmma<T, N>::template rs<1>(d, frag[k16], sm90::TileDescriptors<BTile>::mn_major(sb_addr, k16), k16 > 0);
+  }
+  sm90::commit_group();
+  sm90::wait_group<0>();
+  store_accumulators<N>(d, c);
+}
+
+template <typename T>
+float to_float(T x) { return static_cast<float>(x); }
+
+template <typename T, int N, int K, bool kRegisterA>
+bool run_case(const char* name) {
+  std::mt19937 gen(N * 1000 + K);
+  std::normal_distribution<float> dist;
+  const int b_rows = kRegisterA ? K : N, b_cols = kRegisterA ? N : K;
+  std::vector<T> a(64 * K), b(b_rows * b_cols);
+  for (auto& x : a) x = T(dist(gen));
+  for (auto& x : b) x = T(dist(gen));
+  T *da, *db;
+  float* dc;
+  cudaMalloc(&da, a.size() * sizeof(T));
+  cudaMalloc(&db, b.size() * sizeof(T));
+  cudaMalloc(&dc, 64 * N * sizeof(float));
+  cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemset(dc, 0xff, 64 * N * sizeof(float));  // NaN: unwritten outputs show
+  const int smem = (kRegisterA ? 0 : 64 * K * 2) + b_rows * b_cols * 2;
+  auto kernel = kRegisterA ? rs_kernel<T, N, K> : ss_kernel<T, N, K>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kernel<<<1, 128, smem>>>(da, db, dc);
+  cudaError_t err = cudaDeviceSynchronize();
+  std::vector<float> c(64 * N);
+  cudaMemcpy(c.data(), dc, c.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  if (err != cudaSuccess) {
+    std::printf("%-34s CUDA error: %s\n", name, cudaGetErrorString(err));
+    return false;
+  }
+  double max_err = 0, max_ref = 0;
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < N; ++j) {
+      double ref = 0;
+      for (int k = 0; k < K; ++k) {
+        const double bv = kRegisterA ? to_float(b[k * N + j]) : to_float(b[j * K + k]);
+        ref += double(to_float(a[i * K + k])) * bv;
+      }
+      const double e = std::fabs(double(c[i * N + j]) - ref);
+      max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
+      max_ref = std::max(max_ref, std::fabs(ref));
+    }
+  }
+  const bool ok = max_err <= 1e-4 * max_ref + 1e-4;  // fp32 accumulation of exact b16 products
+  std::printf("%-34s max |err| %.2e (max |ref| %.1f)  %s\n", name, max_err, max_ref, ok ? "ok" : "WRONG");
+  return ok;
+}
+
+int main() {
+  bool ok = true;
+  // S = Q K^T: A = Q (64 x d), B = K (kBlockN x d), both K-major
+  ok &= run_case<__nv_bfloat16, 128, 128, false>("ss bf16 n128 k128 (128B swizzle)");
+  ok &= run_case<__nv_bfloat16, 64, 64, false>("ss bf16 n64 k64");
+  ok &= run_case<__nv_bfloat16, 128, 256, false>("ss bf16 n128 k256 (4 column blocks)");
+  ok &= run_case<__nv_bfloat16, 128, 96, false>("ss bf16 n128 k96 (64B swizzle)");
+  ok &= run_case<__half, 192, 64, false>("ss f16 n192 k64");
+  // O = P V: A = P (64 x kBlockN) in registers, B = V (kBlockN x d), N-major
+  ok &= run_case<__nv_bfloat16, 128, 128, true>("rs bf16 n128 k128 (128B swizzle)");
+  ok &= run_case<__nv_bfloat16, 64, 64, true>("rs bf16 n64 k64");
+  ok &= run_case<__nv_bfloat16, 256, 64, true>("rs bf16 n256 k64 (4 column blocks)");
+  ok &= run_case<__nv_bfloat16, 96, 128, true>("rs bf16 n96 k128 (64B swizzle)");
+  ok &= run_case<__half, 128, 128, true>("rs f16 n128 k128");
+  std::printf("sm90_wgmma_probe: %s\n", ok ? "all ok" : "FAILED");
+  return ok ? 0 : 1;
+}
