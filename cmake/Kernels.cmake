@@ -5,7 +5,8 @@
 #
 # A direction <dir> brings
 #   cuda/src/<dir>_instance.cu.in   one instance; sees @FA2_INSTANCE@ (its function name), @FA2_CTYPE@,
-#                                   @FA2_HEADDIM@, @FA2_ARCH_NUM@; defines
+#                                   @FA2_HEADDIM@, @FA2_ARCH_NUM@ (80, 90), @FA2_ARCH_TAG@ (the kernels' template
+#                                   tag: 10 x arch + 1 for an arch-specific build, 800, 900, 901 for 90a); defines
 #                                   const char* @FA2_INSTANCE@(const fa2::AttentionParams&, cudaStream_t)
 #   cuda/src/<dir>_*.cpp|.cu        its hand-written host side (dispatch over FA2_<DIR>_INSTANCES)
 # and is enabled by naming it here. FA2_DISABLE_BWD drops "bwd" (and its files) from the build.
@@ -81,20 +82,26 @@ function(fa2_generate_kernels src_dir gen_dir)
     if(NOT EXISTS "${template}")
       message(FATAL_ERROR "fa2: kernel direction '${dir}' has no ${template}")
     endif()
-    set(macro "// X(instance, dtype, headdim, arch): every ${dir} instance of this build\n#define FA2_${DIR}_INSTANCES(X)")
+    set(macro "// X(instance, dtype, headdim, arch, arch_specific): every ${dir} instance of this build\n#define FA2_${DIR}_INSTANCES(X)")
     foreach(dtype IN LISTS ARG_DTYPES)
       foreach(hd IN LISTS ARG_HEADDIMS)
         foreach(arch IN LISTS ARG_ARCHS)
           string(REGEX REPLACE "[^0-9]" "" arch_num "${arch}")
+          # 90a: SASS for compute capability 9.0 exactly, with the arch-specific instructions (wgmma, setmaxnreg)
+          set(arch_specific 0)
+          if(arch MATCHES "a$")
+            set(arch_specific 1)
+          endif()
           set(FA2_INSTANCE "${dir}_${dtype}_hdim${hd}_sm${arch}")
           set(FA2_CTYPE "${_fa2_ctype_${dtype}}")
           set(FA2_HEADDIM "${hd}")
           set(FA2_ARCH_NUM "${arch_num}")
+          math(EXPR FA2_ARCH_TAG "${arch_num} * 10 + ${arch_specific}")  # kernels' template tag: 800, 900, 901
           configure_file("${template}" "${gen_dir}/${FA2_INSTANCE}.cu" @ONLY)
           list(APPEND instances "${FA2_INSTANCE}")
           list(APPEND sources "${gen_dir}/${FA2_INSTANCE}.cu")
           list(APPEND archs "${arch}")
-          string(APPEND macro " \\\n  X(${FA2_INSTANCE}, ${_fa2_dtype_enum_${dtype}}, ${hd}, ${arch_num})")
+          string(APPEND macro " \\\n  X(${FA2_INSTANCE}, ${_fa2_dtype_enum_${dtype}}, ${hd}, ${arch_num}, ${arch_specific})")
         endforeach()
       endforeach()
     endforeach()
@@ -109,7 +116,7 @@ function(fa2_generate_kernels src_dir gen_dir)
 #include \"fa2/params.h\"
 
 ${macros}namespace fa2 {
-#define FA2_DECLARE_INSTANCE(name, dtype, headdim, arch) const char* name(const AttentionParams&, cudaStream_t);
+#define FA2_DECLARE_INSTANCE(name, dtype, headdim, arch, arch_specific) const char* name(const AttentionParams&, cudaStream_t);
 @FA2_DECLS@
 #undef FA2_DECLARE_INSTANCE
 }  // namespace fa2

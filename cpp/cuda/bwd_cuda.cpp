@@ -92,6 +92,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   params.softmax_d = softmax_d.data_ptr<float>();
   params.dq_accum = dq_accum.data_ptr<float>();
   params.dbias = bias_requires_grad ? dbias_full.data_ptr<float>() : nullptr;
+  // The score-mod path's per-row statistics (softcap or bias; written by the kernels, see bwd_row_stats_kernel).
+  Tensor row_lse, row_shift;
+  if (params.softcap > 0.f || params.bias_type != BiasType::kNone) {
+    row_lse = at::empty({batch, nheads, seqlen_q}, f32);
+    row_shift = at::empty({batch, nheads, seqlen_q}, f32);
+    params.row_lse = row_lse.data_ptr<float>();
+    params.row_shift = row_shift.data_ptr<float>();
+  }
   params.deterministic = deterministic;
   const int64_t workspace_ints = bwd_workspace_ints(params);
   Tensor workspace = workspace_ints > 0 ? at::zeros({workspace_ints}, q.options().dtype(at::kInt)) : Tensor();

@@ -1,5 +1,7 @@
 #include "dispatch.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace fa2 {
@@ -12,6 +14,16 @@ const char* message(std::string s) {
   thread_local std::string buffer;
   buffer = std::move(s);
   return buffer.c_str();
+}
+
+// FA2_DISABLE_ARCH_SPECIFIC=1: ignore sm_XXa instances (e.g. to time the sm80-path kernels against the wgmma ones
+// on the same build). Read once.
+bool arch_specific_disabled() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("FA2_DISABLE_ARCH_SPECIFIC");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return disabled;
 }
 
 }  // namespace
@@ -30,8 +42,12 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
   for (int i = 0; i < num_entries; ++i) {
     const InstanceEntry& e = entries[i];
     if (e.dtype != p.dtype || e.headdim != p.headdim_rounded) continue;
-    built_archs += " sm_" + std::to_string(e.arch);
-    if (e.arch / 10 == cc / 10 && e.arch <= cc && (best == nullptr || e.arch > best->arch)) best = &e;
+    built_archs += " sm_" + std::to_string(e.arch) + (e.arch_specific ? "a" : "");
+    const bool runs_here = e.arch / 10 == cc / 10 && e.arch <= cc &&
+                           (!e.arch_specific || (e.arch == cc && !arch_specific_disabled()));
+    const bool better = best == nullptr || e.arch_specific > best->arch_specific ||
+                        (e.arch_specific == best->arch_specific && e.arch > best->arch);
+    if (runs_here && better) best = &e;
   }
   if (best != nullptr) return best->fn(p, stream);
   if (built_archs.empty()) {

@@ -13,12 +13,15 @@ struct InstanceEntry {
   InstanceFn fn;
   DType dtype;
   int headdim;
-  int arch;  // compute capability the SASS was built for, as 80, 86, 90
+  int arch;            // compute capability the SASS was built for, as 80, 86, 90
+  bool arch_specific;  // built for sm_XXa (e.g. 90a: wgmma): runs on exactly that compute capability
 };
-#define FA2_INSTANCE_ENTRY(name, dtype, headdim, arch) InstanceEntry{&name, dtype, headdim, arch},
+#define FA2_INSTANCE_ENTRY(name, dtype, headdim, arch, arch_specific) \
+  InstanceEntry{&name, dtype, headdim, arch, arch_specific != 0},
 
 // Runs the instance for (p.dtype, p.headdim_rounded) whose SASS runs on the current device (same major
-// compute capability, minor <= the device's; the highest such). nullptr on success, else a message.
+// compute capability, minor <= the device's; an arch-specific build only on its exact compute capability), preferring
+// an arch-specific one, then the highest. nullptr on success, else a message.
 const char* dispatch_instance(const char* direction, const InstanceEntry* entries, int num_entries,
                               const AttentionParams& p, cudaStream_t stream);
 

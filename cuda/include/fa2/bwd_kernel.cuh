@@ -2,6 +2,7 @@
 //
 // Three kernels, all on one stream:
 //   1. bwd_preprocess_kernel:  D = rowsum(dO * O) (fp32, (batch, nheads, seqlen_q)); zeroes dq_accum.
+//      Score-mod path also bwd_row_stats_kernel: the per-row (shift, lse) P is taken against (see there).
 //   2. bwd_kernel: one CTA = one block of kBlockN keys of one (batch, query head). K, V stay in shared memory and
 //      dK, dV in registers; Q, dO (and lse, D) of the query blocks the causal/window range allows stream through
 //      swizzled shared memory, double-buffered with cp.async. Per query block:
@@ -225,6 +226,7 @@ __device__ __forceinline__ float bias_at(const B* bias, int64_t row_stride, int6
 template <bool kScoreMod, typename B, int kMTiles, int kNTiles>
 __device__ __forceinline__ void scores_to_p_ds(float (&s)[kMTiles][kNTiles][4], float (&dp)[kMTiles][kNTiles][4],
                                                const float (&lse2)[2 * kMTiles], const float (&dsum)[2 * kMTiles],
+                                               const float* shift,  // this thread's row 0 (smem); + 16 mt + 8 half
                                                const AttentionParams& p, const B* bias, float* dbias,
                                                const BlockInfo& info, bool needs_mask, int row0, int col0) {
   const float scale_over_cap = p.softcap > 0.f ? p.scale / p.softcap : 0.f;
@@ -236,6 +238,7 @@ __device__ __forceinline__ void scores_to_p_ds(float (&s)[kMTiles][kNTiles][4], 
       const int row = row0 + mt * 16 + half * 8;
       int key_lo = 0, key_hi = 0;
       if (needs_mask) info.key_range(row, key_lo, key_hi);
+      const float row_shift = kScoreMod ? shift[mt * 16 + half * 8] : 0.f;  // see bwd_row_stats_kernel
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
@@ -256,7 +259,7 @@ __device__ __forceinline__ void scores_to_p_ds(float (&s)[kMTiles][kNTiles][4], 
             if constexpr (!std::is_same_v<B, NoBias>) {
               if (row < p.seqlen_q && col < p.seqlen_k) x += bias_at(bias, p.bias_row_stride, p.bias_col_stride, row, col);
             }
-            prob = exp2_ftz(fmaf(x, kLog2e, -lse2[r]));
+            prob = exp2_ftz(fmaf(x - row_shift, kLog2e, -lse2[r]));
           } else {
             prob = exp2_ftz(fmaf(qk, p.scale_log2, -lse2[r]));
           }
@@ -369,7 +372,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   auto sdO = [&](int buf) { return sQ(buf) + Cfg::kSmemQBytes; };
   const uint32_t sP = sV + Cfg::kSmemKVBytes + Cfg::kStages * 2 * Cfg::kSmemQBytes;
   const uint32_t sdS = sP + Cfg::kSmemPBytes;
-  // [lse (kBlockM)] [D (kBlockM)] fp32 per stage, copied with Q, dO
+  // [lse (kBlockM)] [D (kBlockM)] [shift (kBlockM), score-mod path] fp32 per stage, copied with Q, dO
   auto sStats = [&](int buf) { return sdS + Cfg::kSmemPBytes + buf * Cfg::kSmemStatsBytes; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -404,7 +407,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_batch_stride + head * p.dout_head_stride;
   const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride + n0 * p.k_row_stride;
   const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride + n0 * p.v_row_stride;
-  const float* lse = p.lse + bh * p.seqlen_q;
+  // score-mod path: the statistics bwd_row_stats_kernel prepared (lse, or log l next to a shift, per row)
+  const float* lse = (kScoreMod ? p.row_lse : p.lse) + bh * p.seqlen_q;
+  const float* shift_g = kScoreMod ? p.row_shift + bh * p.seqlen_q : lse;
   const float* dsum_g = p.softmax_d + bh * p.seqlen_q;
   float* dq_accum = p.dq_accum + bh * p.seqlen_q * kHeadDim;
   float* dbias = p.dbias != nullptr ? p.dbias + bh * p.seqlen_q * p.seqlen_k : nullptr;
@@ -421,13 +426,18 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
                                                               p.q_row_stride, rows, headdim, tid);
     load_tile<QTile, kBlockM, kHeadDim, kNThreads>(sdO(buf), dout + int64_t(m0) * p.dout_row_stride,
                                                               p.dout_row_stride, rows, headdim, tid);
-    // lse and D of the block's rows (4-byte copies: lse rows need not be 16-byte aligned). Rows past seqlen_q read
-    // 0: their Q and dO are zero-filled, so P there is 1 against dO = 0 and dS = 1 * (0 - 0): no contribution.
-    static_assert(2 * kBlockM <= kNThreads, "one 4-byte copy per thread");
+    // lse, D (and the score-mod path's shift) of the block's rows (4-byte copies: lse rows need not be 16-byte
+    // aligned). Rows past seqlen_q read 0: their Q and dO are zero-filled, so P there is 1 against dO = 0 and
+    // dS = 1 * (0 - 0): no contribution.
+    static_assert(2 * kBlockM <= kNThreads, "one 4-byte copy per thread (two for the score-mod path's shift)");
     if (tid < 2 * kBlockM) {
       const int row = tid % kBlockM;
       const float* src = (tid < kBlockM ? lse : dsum_g) + m0 + row;
       ptx::cp_async_4(sStats(buf) + tid * 4, m0 + row < p.seqlen_q ? src : lse, m0 + row < p.seqlen_q);
+    }
+    if (kScoreMod && tid < kBlockM) {
+      ptx::cp_async_4(sStats(buf) + (2 * kBlockM + tid) * 4, m0 + tid < p.seqlen_q ? shift_g + m0 + tid : lse,
+                      m0 + tid < p.seqlen_q);
     }
   };
 
@@ -467,15 +477,15 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     // -- row statistics of this thread's S rows (smem, copied with Q and dO): lse * log2(e) (+inf: P = 0) and D
     const int row0 = m0 + sdp_m0 + group;  // this thread's first fragment row (global query)
     float lse2[2 * kSdPM], dsum[2 * kSdPM];
-    {
-      const float* stats = reinterpret_cast<const float*>(smem + (sStats(buf) - sK));
+    const float* stats = reinterpret_cast<const float*>(smem + (sStats(buf) - sK));
 #pragma unroll
-      for (int r = 0; r < 2 * kSdPM; ++r) {
-        const int row = sdp_m0 + group + (r >> 1) * 16 + (r & 1) * 8;
-        lse2[r] = stats[row] * kLog2e;
-        dsum[r] = stats[kBlockM + row];
-      }
+    for (int r = 0; r < 2 * kSdPM; ++r) {
+      const int row = sdp_m0 + group + (r >> 1) * 16 + (r & 1) * 8;
+      lse2[r] = stats[row] * kLog2e;
+      dsum[r] = stats[kBlockM + row];
     }
+    // score-mod path: the rows' shifts, read from shared memory where used (registers are scarce there)
+    const float* shift = stats + 2 * kBlockM + sdp_m0 + group;
 
     const int col0 = n0 + sdp_n0 + tig * 2;  // this thread's first fragment column (global key)
     const bool needs_mask = info.needs_mask(n_block, kBlockN, m0, kBlockM);
@@ -520,19 +530,19 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
                                                                             lane);
       switch (p.bias_type) {
         case BiasType::kSameAsInput:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const T*>(bias_bh), dbias, info,
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const T*>(bias_bh), dbias, info,
                                needs_mask, row0, col0);
           break;
         case BiasType::kFloat32:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const float*>(bias_bh), dbias, info,
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const float*>(bias_bh), dbias, info,
                                needs_mask, row0, col0);
           break;
         case BiasType::kBool:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const bool*>(bias_bh), dbias, info,
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const bool*>(bias_bh), dbias, info,
                                needs_mask, row0, col0);
           break;
         case BiasType::kNone:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, p, static_cast<const NoBias*>(nullptr), dbias, info,
+          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const NoBias*>(nullptr), dbias, info,
                                needs_mask, row0, col0);
           break;
       }
@@ -640,6 +650,88 @@ template <int kHeadDim>
 constexpr int row_group_threads() {
   constexpr int chunks = kHeadDim / 8;
   return chunks <= 4 ? 4 : chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
+}
+
+// The score-mod path's row statistics (softcap or bias). P = exp(s - lse) needs lse to ~1e-4, but a float32
+// lse = m + log l of a row whose scores are huge (every key biased by finfo.min or -1e9: a padded query under a
+// Hugging Face mask, uniform over its keys) rounds to m, and P would be 1 instead of 1/l; past float's range it is
+// -inf. Such rows (|lse| > kLseExactLimit, or -inf) get m and l recomputed here, exactly, from q, K, the bias and
+// the mask: row_shift = m, row_lse = log l, and the kernel takes P = exp(s - m - log l). Every other row:
+// (row_shift, row_lse) = (0, lse). One warp per row; only the rare heavy rows loop over their keys.
+constexpr float kLseExactLimit = 4096.f;  // float's spacing there is 5e-4: P keeps ~2^-11
+
+template <typename T>
+__device__ __forceinline__ float bias_value(const AttentionParams& p, const void* bias_bh, int row, int col) {
+  const int64_t offset = row * p.bias_row_stride + col * p.bias_col_stride;
+  switch (p.bias_type) {
+    case BiasType::kSameAsInput: return load_bias(static_cast<const T*>(bias_bh) + offset);
+    case BiasType::kFloat32: return load_bias(static_cast<const float*>(bias_bh) + offset);
+    case BiasType::kBool: return load_bias(static_cast<const bool*>(bias_bh) + offset);
+    default: return 0.f;
+  }
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_row_stats_kernel(const __grid_constant__ AttentionParams p) {
+  constexpr int kWarps = 8;
+  __shared__ float q_row[kWarps][kHeadDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh_row = int64_t(blockIdx.x) * kWarps + warp;  // (batch, head, query), query fastest
+  if (bh_row >= int64_t(p.batch) * p.nheads * p.seqlen_q) return;  // no block barrier below
+  const float lse = p.lse[bh_row];
+  const bool inexact = lse == -INFINITY || (isfinite(lse) && fabsf(lse) > kLseExactLimit);
+  if (!inexact) {
+    if (lane == 0) {
+      p.row_lse[bh_row] = lse;
+      p.row_shift[bh_row] = 0.f;
+    }
+    return;
+  }
+  const int row = int(bh_row % p.seqlen_q);
+  const int64_t bh = bh_row / p.seqlen_q;
+  const int head = int(bh % p.nheads), batch = int(bh / p.nheads);
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + row * p.q_row_stride;
+  for (int d = lane; d < kHeadDim; d += 32) q_row[warp][d] = d < p.headdim ? ptx::to_float(q[d]) : 0.f;
+  __syncwarp();
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + (head / p.h_h_k_ratio) * p.k_head_stride;
+  const void* bias_bh = nullptr;
+  if (p.bias_type != BiasType::kNone) {
+    const int64_t offset = batch * p.bias_batch_stride + head * p.bias_head_stride;
+    const int elem_bytes = p.bias_type == BiasType::kFloat32 ? 4 : p.bias_type == BiasType::kBool ? 1 : 2;
+    bias_bh = static_cast<const char*>(p.bias) + offset * elem_bytes;
+  }
+  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  int key_lo = 0, key_hi = -1;
+  info.key_range(row, key_lo, key_hi);
+  key_lo = max(key_lo, 0);
+  key_hi = min(key_hi, p.seqlen_k - 1);
+  // -- this lane's keys: the forward's score (scale, softcap, bias), online max and sum (natural units)
+  float m = -INFINITY, l = 0.f;
+  for (int col = key_lo + lane; col <= key_hi; col += 32) {
+    const T* k_row = k + int64_t(col) * p.k_row_stride;
+    float qk = 0.f;
+    for (int d = 0; d < p.headdim; ++d) qk += q_row[warp][d] * ptx::to_float(k_row[d]);
+    float x = p.softcap > 0.f ? p.softcap * tanhf(qk * (p.scale / p.softcap)) : qk * p.scale;
+    if (bias_bh != nullptr) x += bias_value<T>(p, bias_bh, row, col);
+    if (x == -INFINITY) continue;
+    if (x > m) {
+      l *= expf(m - x);  // m = -inf: l is 0 and stays 0
+      m = x;
+    }
+    l += expf(x - m);
+  }
+  // -- over the warp
+  float m_row = m;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) m_row = fmaxf(m_row, __shfl_xor_sync(0xffffffffu, m_row, offset));
+  float l_row = m == -INFINITY ? 0.f : l * expf(m - m_row);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) l_row += __shfl_xor_sync(0xffffffffu, l_row, offset);
+  if (lane == 0) {
+    const bool seen = m_row != -INFINITY && l_row > 0.f;
+    p.row_shift[bh_row] = seen ? m_row : 0.f;
+    p.row_lse[bh_row] = seen ? logf(l_row) : INFINITY;
+  }
 }
 
 // D = rowsum(dO * O) in fp32 over the headdim; zeroes the row's dq_accum. Rows are (batch, query, head), head

@@ -25,8 +25,17 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
   // -- 2. dK, dV, dQ partials: one CTA per (key block, head, batch). The plain variant folds scale*log2(e) into the
-  //    exp2 FMA on raw q.k; softcap or a bias need the recomputed score.
+  //    exp2 FMA on raw q.k; softcap or a bias need the recomputed score, and its row statistics (bwd_kernel.cuh).
   const bool score_mod = p.softcap > 0.f || p.bias_type != BiasType::kNone;
+  if (score_mod) {
+    if (p.row_lse == nullptr || p.row_shift == nullptr) return "fa2: the CUDA backward needs row_lse/row_shift buffers";
+    constexpr int kStatsRowsPerCta = 8;
+    const int64_t stats_ctas = (int64_t(p.batch) * p.nheads * p.seqlen_q + kStatsRowsPerCta - 1) / kStatsRowsPerCta;
+    if (stats_ctas > 0x7fffffff) return "fa2: batch * nheads * seqlen_q is too large for the CUDA backward";
+    bwd::bwd_row_stats_kernel<T, kHeadDim><<<unsigned(stats_ctas), 32 * kStatsRowsPerCta, 0, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
   void (*kernel)(const AttentionParams) = score_mod ? &bwd::bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/true>
                                                     : &bwd::bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>;
   const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;

@@ -72,7 +72,7 @@ struct BwdTileConfig {
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;   // one of K, V
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;    // one of Q, dO (per stage)
   static constexpr int kSmemPBytes = kBlockM * kBlockN * 2;     // one of P, dS
-  static constexpr int kSmemStatsBytes = 2 * kBlockM * 4;        // lse and D of one query block (per stage)
+  static constexpr int kSmemStatsBytes = 3 * kBlockM * 4;        // lse, D, shift of one query block (per stage)
   static constexpr int kSmemBytes =
       2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 2 * kSmemPBytes + kStages * kSmemStatsBytes;
 

@@ -7,6 +7,7 @@
 //   ->  online softmax (exp2, scale*log2e folded into one FMA)  ->  P to f16/bf16 in registers  ->  O += P V
 // Key tiles are visited from the last visible one down to the first, only those the causal/window range allows.
 #pragma once
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -14,6 +15,7 @@
 #include "fa2/block_info.cuh"
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
+#include "fa2/sm90/wgmma.cuh"  // only instantiated by sm_90a instances
 #include "fa2/softmax.cuh"
 #include "fa2/tile_config.h"
 
@@ -106,6 +108,56 @@ __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], con
   }
 }
 
+// ---- the same two products with wgmma (sm_90a) --------------------------------------------------------------
+// A warpgroup (4 warps) multiplies its 64 query rows at once; its m64nN accumulators are, per warp, exactly the
+// (16 rows) x (N / 8 n8 tiles) x 4 fragments of the mma.sync path, so everything between the products is shared.
+// Each product waits for its own completion (no overlap with the softmax yet: the next steps of the Hopper path).
+
+// acc_s (this warp's 16 rows, kNTiles n8 tiles) += Q (the warpgroup's 64 rows from wg_row0) K^T, both K-major in
+// shared memory (SwizzledTile layouts, see sm90/wgmma.cuh).
+template <typename T, typename QTile, typename KTile, int kNTiles, int kHeadDim>
+__device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uint32_t s_q, int wg_row0, uint32_t s_k) {
+  using QDesc = sm90::TileDescriptors<QTile>;
+  using KDesc = sm90::TileDescriptors<KTile>;
+  float(&d)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
+  sm90::fence();
+#pragma unroll
+  for (int k16 = 0; k16 < kHeadDim / 16; ++k16) {
+    sm90::Wgmma<T, kNTiles * 8>::template ss<0>(d, QDesc::k_major(s_q, wg_row0, k16), KDesc::k_major(s_k, 0, k16), 1);
+  }
+  sm90::commit_group();
+  sm90::wait_group<0>();
+  sm90::hold_registers(d);
+}
+
+// acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (packed as in gemm_pv), V (keys x d) as
+// an N-major B operand from shared memory.
+template <typename T, typename VTile, int kNTiles, int kDTiles>
+__device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], const float (&p)[1][kNTiles][4],
+                                              uint32_t s_v) {
+  using VDesc = sm90::TileDescriptors<VTile>;
+  float(&d)[kDTiles * 4] = reinterpret_cast<float(&)[kDTiles * 4]>(acc_o);
+  uint32_t a[kNTiles / 2][4];
+#pragma unroll
+  for (int kt = 0; kt < kNTiles / 2; ++kt) {
+    a[kt][0] = ptx::pack2<T>(p[0][2 * kt][0], p[0][2 * kt][1]);
+    a[kt][1] = ptx::pack2<T>(p[0][2 * kt][2], p[0][2 * kt][3]);
+    a[kt][2] = ptx::pack2<T>(p[0][2 * kt + 1][0], p[0][2 * kt + 1][1]);
+    a[kt][3] = ptx::pack2<T>(p[0][2 * kt + 1][2], p[0][2 * kt + 1][3]);
+  }
+  sm90::fence();
+#pragma unroll
+  for (int kt = 0; kt < kNTiles / 2; ++kt) {
+    sm90::Wgmma<T, kDTiles * 8>::template rs<1>(d, a[kt], VDesc::mn_major(s_v, kt), 1);
+  }
+  sm90::commit_group();
+  sm90::wait_group<0>();
+  sm90::hold_registers(d);
+  // wgmma reads A's registers until it completes: keep them from being reused before the wait
+#pragma unroll
+  for (int kt = 0; kt < kNTiles / 2; ++kt) asm volatile("" ::"r"(a[kt][0]), "r"(a[kt][1]), "r"(a[kt][2]), "r"(a[kt][3]));
+}
+
 // ---- score modification (the general path): s = scale * q.k; softcap; + bias --------------------------------
 // s += bias[row, col] for the fragment elements (row0 + 16 mt + 8 half, col0 + 8 nt + e); out-of-range
 // elements are not read (they are masked anyway). A bias broadcast along queries (row stride 0, e.g. a
@@ -151,6 +203,13 @@ __device__ __forceinline__ void add_bias(float (&s)[kMTiles][kNTiles][4], const 
   }
 }
 
+// bias / scale for the bias-fold path, kept finite when the bias is: finfo.min / scale would overflow to -inf and
+// read as a masked key (the row would output 0 instead of its uniform average; see kHeavyRowLog2).
+__device__ __forceinline__ float fold_bias(float bias, float inv_scale) {
+  const float v = bias * inv_scale;
+  return v == -INFINITY && bias != -INFINITY ? -FLT_MAX : v;
+}
+
 // acc = bias[row, col] * inv_scale for the fragment elements (the bias-fold path: Q K^T then accumulates on
 // top, and scale*log2(e) applied to the sum gives (scale q.k + bias) log2(e) with the plain path's one FMA).
 // Elements past seqlen_q / seqlen_k are 0 and not read (rows past seqlen_q are never stored; columns past
@@ -165,8 +224,8 @@ __device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4]
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       const int col = col0 + nt * 8;
-      const float b0 = !kCheckCols || col < seqlen_k ? load_bias(ptr) * inv_scale : 0.f;
-      const float b1 = !kCheckCols || col + 1 < seqlen_k ? load_bias(ptr + col_stride) * inv_scale : 0.f;
+      const float b0 = !kCheckCols || col < seqlen_k ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
+      const float b1 = !kCheckCols || col + 1 < seqlen_k ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         acc[mt][nt][0] = b0;
@@ -187,9 +246,9 @@ __device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4]
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           const int col = col0 + nt * 8;
-          acc[mt][nt][half * 2] = row_ok && (!kCheckCols || col < seqlen_k) ? load_bias(ptr) * inv_scale : 0.f;
+          acc[mt][nt][half * 2] = row_ok && (!kCheckCols || col < seqlen_k) ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
           acc[mt][nt][half * 2 + 1] =
-              row_ok && (!kCheckCols || col + 1 < seqlen_k) ? load_bias(ptr + col_stride) * inv_scale : 0.f;
+              row_ok && (!kCheckCols || col + 1 < seqlen_k) ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
           ptr += step8;
         }
       }
@@ -240,15 +299,17 @@ __device__ __forceinline__ void score_mod(float (&s)[kMTiles][kNTiles][4], const
 //   kGeneral   softcap > 0 or scale <= 0: S = scale q.k, soft-capped, + bias in fp32, in log2(e) units.
 enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2 };
 
-template <typename T, int kHeadDim, int kArch, ScoreMode kMode, BiasType kBias>
-__global__ void __launch_bounds__(FwdTileConfig<kHeadDim>::kNThreads)
+// kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build (cmake/Kernels.cmake):
+// 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
+template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias>
+__global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNThreads)
     fwd_kernel(const __grid_constant__ AttentionParams p) {
-  using Cfg = FwdTileConfig<kHeadDim>;
+  constexpr bool kWgmma = kArchTag == 901;
+  using Cfg = FwdTileConfig<kHeadDim, kWgmma>;
   using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
   using KVTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
   constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
-  (void)kArch;  // only makes the symbol of each arch's instance distinct
 
   // smem: [Q (kBlockM, d)] [K0 (kBlockN, d)] [V0] ([K1] [V1] when double-buffered)
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
@@ -321,6 +382,7 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim>::kNThreads)
       for (int r = 0; r < 4; ++r) acc_o[mt][dt][r] = 0.f;
   OnlineSoftmax<kMTiles> softmax;
   const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
+  const float heavy_s = -kHeavyRowLog2 / mult;  // see softmax.cuh
   const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
   const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
   // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
@@ -356,6 +418,7 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim>::kNThreads)
     }
     // -- tile n has landed (this thread's copies), and every warp is done with the buffers about to be refilled
     ptx::cp_async_wait<0>();
+    if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
     __syncthreads();
     if constexpr (Cfg::kStages == 2) {
       if (n > range.lo) {  // prefetch tile n-1 into the other buffer: overlaps this whole iteration
@@ -372,22 +435,33 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim>::kNThreads)
     ptx::cp_async_commit();
 
     // -- S (+)= Q K^T
-    gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
+    if constexpr (kWgmma) {
+      gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+    } else {
+      gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
+    }
     if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
     // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
     if (info.needs_mask(n, kBlockN, m0, kBlockM)) info.apply_mask(acc_s, row0, col0);
 
     if constexpr (Cfg::kStages == 1) {
       ptx::cp_async_wait<0>();  // V[n] landed; every warp is done reading K[n]
+      if constexpr (kWgmma) sm90::fence_proxy_async();
       __syncthreads();
       if (n > range.lo) load_k(n - 1, 0, NoCheckRows{});  // overlaps the softmax and P V
       ptx::cp_async_commit();
     }
 
     // -- online softmax: m, l updated, O rescaled, S -> P
-    softmax.update(acc_s, acc_o, mult);
+    // heavy rows (softmax.cuh) only where a float bias can push every score of a row that low
+    softmax.template update<kBias == BiasType::kSameAsInput || kBias == BiasType::kFloat32>(acc_s, acc_o, mult,
+                                                                                            heavy_s);
     // -- O += P V
-    gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
+    if constexpr (kWgmma) {
+      gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, sV(buf));
+    } else {
+      gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
+    }
   }
 
   // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)

@@ -11,7 +11,7 @@ namespace fa2 {
 
 template <typename T, int kHeadDim, int kArch>
 const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
-  using Cfg = FwdTileConfig<kHeadDim>;
+  using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the kernel's own choice (fwd_kernel.cuh)
   // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator / general (softcap,
   // scale <= 0), times the bias element type. Eight variants per instance.
   using fwd::ScoreMode;

@@ -55,6 +55,10 @@ struct AttentionParams {
   float* softmax_d = nullptr;   // D = rowsum(dout * out), fp32 (batch, nheads, seqlen_q_rounded)
   float* dq_accum = nullptr;    // fp32 accumulator for dq, layout chosen by the backward launcher
   float* dbias = nullptr;       // fp32 (batch, nheads, seqlen_q, seqlen_k) when the bias needs a gradient
+  // Score-mod path (softcap or bias), both (batch, nheads, seqlen_q) fp32, written by bwd_row_stats_kernel:
+  // P = exp(s - row_shift - row_lse); (0, lse) for ordinary rows, (m, log l) for rows whose lse cannot carry log l.
+  float* row_lse = nullptr;
+  float* row_shift = nullptr;
   bool deterministic = false;
 
   void* workspace = nullptr;    // scratch given by the caller (allocated by torch's caching allocator)

@@ -16,6 +16,14 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// A row whose scores are all huge and negative (every key biased by finfo.min or -1e9: a padded query under a
+// Hugging Face mask) still sees its keys: its exact softmax is uniform over them (float32 cannot tell q.k apart next
+// to -3e38), as eager PyTorch computes it. The plain recipe fails there: s * mult overflows, and
+// fmaf(s, mult, -m * mult) leaves the rounding of m * mult (up to 2^101) instead of 0. So once a row's max is below
+// -kHeavyRowLog2 (log2 units), its scores are shifted by the max first (s - m is exact where it matters) and the
+// rescaling uses differences too. The backward cannot use lse for such rows either (see bwd_row_stats_kernel).
+constexpr float kHeavyRowLog2 = 8192.f;
+
 template <int kMTiles>
 struct OnlineSoftmax {
   static constexpr int kRows = 2 * kMTiles;  // this thread's rows: (mt, half) -> row 16 mt + 8 half + group
@@ -32,9 +40,11 @@ struct OnlineSoftmax {
 
   // s[mt][nt][4]: one S tile (C fragments) -> overwritten with p = exp2(s * mult - m_new * mult);
   // o[mt][dt][4]: the O accumulators, rescaled by exp2((m_old - m_new) * mult). mult must be > 0.
-  template <int kNTiles, int kDTiles>
+  // kHeavyRows: handle rows below -kHeavyRowLog2 (only a float bias makes scores that low); heavy_s =
+  // -kHeavyRowLog2 / mult (score units, computed once by the caller).
+  template <bool kHeavyRows, int kNTiles, int kDTiles>
   __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
-                                         float mult) {
+                                         float mult, float heavy_s) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -45,11 +55,22 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) m_new = fmaxf(m_new, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
         m_new = ptx::quad_max(m_new);
-        // A row that has seen only masked keys keeps m = -inf: subtract 0 instead, so exp2(-inf - -inf) = NaN
-        // never happens and its p stay 0.
-        const float m_scaled = m_new == -INFINITY ? 0.f : m_new * mult;
-        // -- rescale what was accumulated under the old max (exp2(-inf) = 0 on the first visible tile)
-        const float correction = exp2_ftz(row_max[r] * mult - m_scaled);
+        float m_scaled, correction;
+        if (kHeavyRows && m_new < heavy_s && m_new != -INFINITY) {
+          // -- a heavy row (rare; quad-uniform): p = exp2((s - m) * mult), rescale by exp2((m_old - m) * mult)
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) s[mt][nt][half * 2 + e] -= m_new;  // -inf stays -inf
+          correction = exp2_ftz((row_max[r] - m_new) * mult);             // -inf (first tile): 0
+          m_scaled = 0.f;
+        } else {
+          // A row that has seen only masked keys keeps m = -inf: subtract 0 instead, so exp2(-inf - -inf) = NaN
+          // never happens and its p stay 0.
+          m_scaled = m_new == -INFINITY ? 0.f : m_new * mult;
+          // -- rescale what was accumulated under the old max (exp2(-inf) = 0 on the first visible tile)
+          correction = exp2_ftz(row_max[r] * mult - m_scaled);
+        }
         row_max[r] = m_new;
         row_sum[r] *= correction;
 #pragma unroll

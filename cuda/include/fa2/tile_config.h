@@ -24,9 +24,18 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
                           : FwdTileShape{64, 64, 4, 1};
 }
 
-template <int kHeadDim_>
+// sm_90a (wgmma) variant of the same kernel: two warpgroups of 4 warps, each multiplying its own 64 query rows
+// (wgmma's M), so every warp still owns 16 whole rows. 8 warps leave one CTA per SM; the shared memory allows a
+// 128-key tile up to d 128 and double-buffered K/V everywhere: (128 + 2 * 2 * block_n) * d * 2 bytes = 160 KB at
+// d 128, 192 KB at d 256. Not yet measured (the first step of the Hopper path: wgmma GEMMs, cp.async loads).
+constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
+  return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
+}
+
+template <int kHeadDim_, bool kWgmma_ = false>
 struct FwdTileConfig {
-  static constexpr FwdTileShape kShape = fwd_tile_shape(kHeadDim_);
+  static constexpr bool kWgmma = kWgmma_;  // sm_90a: S = Q K^T and O += P V by wgmma (one warpgroup per 64 rows)
+  static constexpr FwdTileShape kShape = kWgmma ? fwd_tile_shape_wgmma(kHeadDim_) : fwd_tile_shape(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kShape.block_m;
   static constexpr int kBlockN = kShape.block_n;
@@ -49,6 +58,8 @@ struct FwdTileConfig {
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole m16 tiles");
   static_assert(kBlockN % 16 == 0, "P V consumes keys 16 at a time; S is computed in pairs of n8 tiles");
+  static_assert(!kWgmma || (kNWarps % 4 == 0 && kBlockM == 64 * (kNWarps / 4) && kMTiles == 1),
+                "wgmma: one warpgroup per 64 query rows, 16 rows per warp");
   static_assert(kStages == 1 || kStages == 2, "single- or double-buffered K/V");
   static_assert((kBlockM * kHeadDim / 8) % kNThreads == 0, "Q tile splits evenly into 16-byte cp.async");
   static_assert((kBlockN * kHeadDim / 8) % kNThreads == 0, "K/V tile splits evenly into 16-byte cp.async");
