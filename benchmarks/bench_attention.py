@@ -52,7 +52,9 @@ from bench_common import environment, import_fa2, is_oom, proc_status_kib, short
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-IMPLS = ("fa2", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
+# fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
+# same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
+IMPLS = ("fa2", "fa2-sm80", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
@@ -255,7 +257,7 @@ def make_call(impl: str, cfg: Config, bias, fa2_mod, device):
     """(f, to_bhsd): f(q, k, v) runs the implementation on (B, H, S, D) tensors and returns its output in its own
     layout; to_bhsd(out) views that output as (B, H, S, D)."""
     causal = cfg.causal
-    if impl == "fa2":
+    if impl in ("fa2", "fa2-sm80"):
         if fa2_mod is None:
             raise RuntimeError(import_fa2()[1] or "fa2 is not importable")
         # flash-attn layout (B, S, H, D): transposed views of the (B, H, S, D) tensors, no copies.
@@ -325,6 +327,16 @@ def short(e: BaseException, caught=()) -> str:
 # ---- one implementation on one config: all passes ------------------------------------------------------------
 
 def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
+    if impl == "fa2-sm80" and fa2_mod is not None:
+        fa2_mod._C.set_arch_specific_kernels(False)
+        try:
+            return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
+        finally:
+            fa2_mod._C.set_arch_specific_kernels(True)
+    return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
+
+
+def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
     base = dict(impl=impl, **asdict(cfg))
 
     def rec(pass_, status, **kw):
@@ -435,7 +447,7 @@ def run_memory(impls, seqlens, nheads, headdim, dtype, fa2_mod, device) -> list[
                     q, k, v, _ = make_inputs(cfg, device)
                     f, _ = make_call(impl, cfg, None, fa2_mod, device)
                     # dout in the implementation's own output layout: fa2 (B, S, H, D), SDPA (B, H, S, D)
-                    shape = (1, S, nheads, headdim) if impl == "fa2" else (1, nheads, S, headdim)
+                    shape = (1, S, nheads, headdim) if impl.startswith("fa2") else (1, nheads, S, headdim)
                     dout = torch.randn(shape, device=device, dtype=q.dtype)
                     with PeakMemory(device) as pm:
                         out = f(q, k, v)

@@ -3,6 +3,9 @@
 #include <pybind11/pybind11.h>
 
 #include "fa2_build_info.h"
+#if FA2_WITH_CUDA
+#include "fa2/launch.h"
+#endif
 
 namespace py = pybind11;
 
@@ -17,5 +20,13 @@ PYBIND11_MODULE(_C, m) {
     d["cuda_archs"] = FA2_BUILT_CUDA_ARCHS;
     d["kernels"] = FA2_BUILT_KERNELS;
     return d;
+  });
+  // Development switch (benchmarks/bench_attention.py's "fa2-sm80"): whether sm_90a instances may run.
+  m.def("set_arch_specific_kernels", [](bool enabled) {
+#if FA2_WITH_CUDA
+    fa2::set_arch_specific_kernels(enabled);
+#else
+    (void)enabled;
+#endif
   });
 }

@@ -1,5 +1,6 @@
 #include "dispatch.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -16,14 +17,18 @@ const char* message(std::string s) {
   return buffer.c_str();
 }
 
-// FA2_DISABLE_ARCH_SPECIFIC=1: ignore sm_XXa instances (e.g. to time the sm80-path kernels against the wgmma ones
-// on the same build). Read once.
+// Whether sm_XXa instances may be chosen: set_arch_specific_kernels(), else FA2_DISABLE_ARCH_SPECIFIC=1 turns them
+// off (e.g. to time the sm80-path kernels against the wgmma ones on the same build).
+std::atomic<int> g_arch_specific{-1};  // -1: not set, from the environment
+
 bool arch_specific_disabled() {
-  static const bool disabled = [] {
+  int state = g_arch_specific.load(std::memory_order_relaxed);
+  if (state < 0) {
     const char* v = std::getenv("FA2_DISABLE_ARCH_SPECIFIC");
-    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-  }();
-  return disabled;
+    state = v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0 ? 0 : 1;
+    g_arch_specific.store(state, std::memory_order_relaxed);
+  }
+  return state == 0;
 }
 
 }  // namespace
@@ -60,6 +65,9 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
                  std::to_string(major) + "." + std::to_string(minor) + "): this build has" + built_archs +
                  "; rebuild with FA2_CUDA_ARCHS including " + std::to_string(cc));
 }
+
+void set_arch_specific_kernels(bool enabled) { g_arch_specific.store(enabled ? 1 : 0, std::memory_order_relaxed); }
+bool arch_specific_kernels() { return !arch_specific_disabled(); }
 
 int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim) {
   int best = -1;

@@ -12,6 +12,11 @@ namespace fa2 {
 // or -1 when this build has none (FA2_HEADDIMS).
 int fwd_headdim_rounded(int headdim);
 
+// Whether instances built for an arch-specific target (sm_90a: the wgmma forward) may be chosen on their GPU
+// (default: yes, unless the environment has FA2_DISABLE_ARCH_SPECIFIC=1). Process-wide; for A/B timing.
+void set_arch_specific_kernels(bool enabled);
+bool arch_specific_kernels();
+
 // Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
 // headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8
 // elements, seqlen_q, seqlen_k, batch, nheads >= 1 (the torch glue pads/copies and handles empty inputs).
