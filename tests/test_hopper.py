@@ -1,0 +1,69 @@
+"""The sm_90a kernels (FA2_CUDA_ARCHS with 90a: the wgmma forward) against the sm80-path kernels of the same build,
+on the same inputs: both within the numerics rule, and really two different kernels (fa2._C.set_arch_specific_kernels
+switches between them). Runs on a compute capability 9.0 GPU with a build that has sm_90a instances."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa2
+from fa2.reference import attention_ref
+from numerics import assert_close_rule
+from samples import sample_inputs
+
+
+def _has_sm90a_build() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and \
+        "sm90a" in fa2._C.build_info()["kernels"]
+
+
+pytestmark = pytest.mark.skipif(not _has_sm90a_build(),
+                                reason="needs a compute capability 9.0 GPU and a build with FA2_CUDA_ARCHS including 90a")
+
+
+def _both_paths(fn):
+    """fn() with the sm_90a instances, then with the sm80-path instances of the same build."""
+    first = fn()
+    fa2._C.set_arch_specific_kernels(False)
+    try:
+        second = fn()
+    finally:
+        fa2._C.set_arch_specific_kernels(True)
+    return first, second
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wgmma_forward_and_sm80_path_both_follow_the_rule(dtype):
+    differ = 0
+    for s in sample_inputs("cuda", dtype, full=True):
+        (out_a, lse_a), (out_b, lse_b) = _both_paths(lambda: torch.ops.fa2.fwd(*s.args()))
+        kw = dict(s.kwargs)
+        bias = kw.pop("attn_bias", None)
+        up = (lambda t: None if t is None else (t.float() if t.dtype != torch.bool else t))  # noqa: E731
+        out_hi = attention_ref(s.q.float(), s.k.float(), s.v.float(), up(bias), **kw)
+        out_naive = attention_ref(s.q, s.k, s.v, bias, upcast=False, **kw)
+        assert_close_rule(f"wgmma out {s}", out_a, out_hi, out_naive, factor=2)
+        assert_close_rule(f"sm80-path out {s}", out_b, out_hi, out_naive, factor=2)
+        finite = torch.isfinite(lse_b)
+        assert torch.equal(torch.isfinite(lse_a), finite), s
+        assert torch.allclose(lse_a[finite], lse_b[finite], atol=1e-3, rtol=1e-3), s
+        differ += not torch.equal(out_a, out_b)
+    assert differ > 0, "the switch changed nothing: the sm_90a instances did not run"
+
+
+def test_wgmma_training_step_matches_sm80_path():
+    q, k, v = (torch.randn(2, 777, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def step():
+        out = fa2.attention(q, k, v, causal=True)
+        return (out.detach(),) + torch.autograd.grad(out, (q, k, v), dout)
+
+    a, b = _both_paths(step)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = attention_ref(*leaves, causal=True)
+    ref_grads = torch.autograd.grad(ref, leaves, dout.float())
+    for name, x, y, r in zip(("out", "dq", "dk", "dv"), a, b, (ref.detach(),) + ref_grads):
+        err_a = ((x.float() - r).norm() / r.norm()).item()
+        err_b = ((y.float() - r).norm() / r.norm()).item()
+        assert err_a < 2 * err_b + 1e-3, f"{name}: wgmma path {err_a:.2e} vs sm80 path {err_b:.2e} relative error"
