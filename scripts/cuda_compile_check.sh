@@ -45,10 +45,8 @@ done <"$work/gen/instances.txt"
 echo "$NVCC -std=c++17 -O2 -I cuda/include --generate-code=arch=compute_90a,code=[sm_90a] scripts/sm90_wgmma_probe.cu -o $work/sm90_wgmma_probe" >>"$jobs_file"
 
 echo "== cuda/include/fa2/sm90/wgmma_ops.cuh is what gen_wgmma.py writes"
-cp cuda/include/fa2/sm90/wgmma_ops.cuh "$work/wgmma_ops.committed"
-python3 cuda/include/fa2/sm90/gen_wgmma.py >/dev/null
-if ! cmp -s cuda/include/fa2/sm90/wgmma_ops.cuh "$work/wgmma_ops.committed"; then
-  cp "$work/wgmma_ops.committed" cuda/include/fa2/sm90/wgmma_ops.cuh
+python3 cuda/include/fa2/sm90/gen_wgmma.py --out "$work/wgmma_ops.cuh" >/dev/null
+if ! cmp -s cuda/include/fa2/sm90/wgmma_ops.cuh "$work/wgmma_ops.cuh"; then
   echo "FAIL: wgmma_ops.cuh differs from gen_wgmma.py's output: regenerate it and commit both"; exit 1
 fi
 

@@ -41,29 +41,32 @@ __device__ void store_accumulators(const float (&d)[N / 2], float* c) {
   }
 }
 
-// C (64 x N) = A (64 x K) B^T, A and B (N x K) row-major: both K-major operands from shared memory.
-template <typename T, int N, int K>
+// C (64 x N) = A (64 x K) B^T, A and B (N x K) row-major: both K-major operands from shared memory. A sits in rows
+// kARow0 .. kARow0 + 63 of a (kARow0 + 64)-row tile (the kernel's Q tile is 128 rows, one warpgroup per 64).
+template <typename T, int N, int K, int kARow0>
 __global__ void __launch_bounds__(128) ss_kernel(const T* a, const T* b, float* c) {
-  using ATile = SwizzledTile<64, K, block_cols(K)>;
+  using ATile = SwizzledTile<kARow0 + 64, K, block_cols(K)>;
   using BTile = SwizzledTile<N, K, block_cols(K)>;
   extern __shared__ __align__(1024) unsigned char smem[];
   T* sa = reinterpret_cast<T*>(smem);
   T* sb = reinterpret_cast<T*>(smem + ATile::kBytes);
-  fill_tile<ATile>(sa, a, 64, K);
+  fill_tile<ATile>(sa + kARow0 * block_cols(K), a, 64, K);  // rows kARow0.. (whole 8-row groups: same swizzle)
   fill_tile<BTile>(sb, b, N, K);
   sm90::fence_proxy_async();
   __syncthreads();
   const uint32_t sa_addr = fa2::ptx::smem_u32(sa), sb_addr = fa2::ptx::smem_u32(sb);
   float d[N / 2];
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  sm90::hold_registers(d);
   sm90::fence();
 #pragma unroll
-  for (int k16 = 0; k16 < K / 16; ++k16) {
-    sm90::Wgmma<T, N>::template ss<0>(d, sm90::TileDescriptors<ATile>::k_major(sa_addr, 0, k16),
+  for (int k16 = 0; k16 < K / 16; ++k16) {  // rows kARow0.. of the A tile: as the kernel's second warpgroup reads Q
+    sm90::Wgmma<T, N>::template ss<0>(d, sm90::TileDescriptors<ATile>::k_major(sa_addr, kARow0, k16),
                                       sm90::TileDescriptors<BTile>::k_major(sb_addr, 0, k16), k16 > 0);
   }
   sm90::commit_group();
   sm90::wait_group<0>();
+  sm90::hold_registers(d);
   store_accumulators<N>(d, c);
 }
 
@@ -92,6 +95,8 @@ __global__ void __launch_bounds__(128) rs_kernel(const T* a, const T* b, float* 
     frag[k16][2] = pair(row, col + 8);
     frag[k16][3] = pair(row + 8, col + 8);
   }
+  sm90::hold_registers(d);
+  sm90::hold_fragments(frag);
   sm90::fence();
 #pragma unroll
   for (int k16 = 0; k16 < K / 16; ++k16) {
@@ -99,13 +104,15 @@ __global__ void __launch_bounds__(128) rs_kernel(const T* a, const T* b, float* 
   }
   sm90::commit_group();
   sm90::wait_group<0>();
+  sm90::hold_registers(d);
+  sm90::hold_fragments(frag);
   store_accumulators<N>(d, c);
 }
 
 template <typename T>
 float to_float(T x) { return static_cast<float>(x); }
 
-template <typename T, int N, int K, bool kRegisterA>
+template <typename T, int N, int K, bool kRegisterA, int kARow0 = 0>
 bool run_case(const char* name) {
   std::mt19937 gen(N * 1000 + K);
   std::normal_distribution<float> dist;
@@ -121,8 +128,8 @@ bool run_case(const char* name) {
   cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice);
   cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice);
   cudaMemset(dc, 0xff, 64 * N * sizeof(float));  // NaN: unwritten outputs show
-  const int smem = (kRegisterA ? 0 : 64 * K * 2) + b_rows * b_cols * 2;
-  auto kernel = kRegisterA ? rs_kernel<T, N, K> : ss_kernel<T, N, K>;
+  const int smem = (kRegisterA ? 0 : (kARow0 + 64) * K * 2) + b_rows * b_cols * 2;
+  auto kernel = kRegisterA ? rs_kernel<T, N, K> : ss_kernel<T, N, K, kARow0>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kernel<<<1, 128, smem>>>(da, db, dc);
   cudaError_t err = cudaDeviceSynchronize();
@@ -161,6 +168,8 @@ int main() {
   ok &= run_case<__nv_bfloat16, 128, 256, false>("ss bf16 n128 k256 (4 column blocks)");
   ok &= run_case<__nv_bfloat16, 128, 96, false>("ss bf16 n128 k96 (64B swizzle)");
   ok &= run_case<__half, 192, 64, false>("ss f16 n192 k64");
+  ok &= run_case<__nv_bfloat16, 128, 128, false, 64>("ss bf16 n128 k128, A rows 64..127");
+  ok &= run_case<__nv_bfloat16, 64, 96, false, 64>("ss bf16 n64 k96, A rows 64..127 (64B)");
   // O = P V: A = P (64 x kBlockN) in registers, B = V (kBlockN x d), N-major
   ok &= run_case<__nv_bfloat16, 128, 128, true>("rs bf16 n128 k128 (128B swizzle)");
   ok &= run_case<__nv_bfloat16, 64, 64, true>("rs bf16 n64 k64");

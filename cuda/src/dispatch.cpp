@@ -25,8 +25,10 @@ bool arch_specific_disabled() {
   int state = g_arch_specific.load(std::memory_order_relaxed);
   if (state < 0) {
     const char* v = std::getenv("FA2_DISABLE_ARCH_SPECIFIC");
-    state = v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0 ? 0 : 1;
-    g_arch_specific.store(state, std::memory_order_relaxed);
+    int from_env = v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0 ? 0 : 1;
+    // a concurrent set_arch_specific_kernels() wins over the environment
+    if (!g_arch_specific.compare_exchange_strong(state, from_env, std::memory_order_relaxed)) return state == 0;
+    state = from_env;
   }
   return state == 0;
 }
@@ -63,6 +65,9 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
   }
   return message(std::string("fa2: no CUDA ") + direction + " kernel for this GPU (compute capability " +
                  std::to_string(major) + "." + std::to_string(minor) + "): this build has" + built_archs +
+                 (arch_specific_disabled() ? " (arch-specific ones switched off: FA2_DISABLE_ARCH_SPECIFIC / "
+                                             "fa2._C.set_arch_specific_kernels)"
+                                           : "") +
                  "; rebuild with FA2_CUDA_ARCHS including " + std::to_string(cc));
 }
 

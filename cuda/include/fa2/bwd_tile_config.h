@@ -23,7 +23,8 @@ struct BwdTileShape {
 //   d128: 64x128, dK/dV warps 4x2: branch around P 287 / 288 vs whole-block 280 / 281; warps 2x4 286 (same);
 //         128x64 194.  dQ before dV/dK was 2-8% slower at both (dQ comes last).
 // d32/96/192/256 keep the whole-block variant (the one their correctness sweep ran with; not timed).
-// Shared memory per CTA (bytes, b16): (2 block_n d + stages 2 block_m d + 2 block_m block_n) * 2 (+ lse, D)
+// Shared memory per CTA (bytes, b16): (2 block_n d + stages 2 block_m d + 2 block_m block_n) * 2 (+ lse, D, shift;
+// d 64 lands exactly on the A100's 163 KB)
 //   d 32/64: 128x128 -> 114/162 KB;  d 96/128: 64x128 -> 129/161 KB;  d 192: 64x64 -> 161 KB;
 //   d 256: 64x64 single-buffered -> 144 KB (two stages would be 208 KB, over the A100's 163 KB).
 // Warp layouts keep every per-warp n8-tile count even (B fragments load in pairs) and prefer square-ish warp tiles

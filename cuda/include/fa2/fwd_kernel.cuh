@@ -120,6 +120,7 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
   using QDesc = sm90::TileDescriptors<QTile>;
   using KDesc = sm90::TileDescriptors<KTile>;
   float(&d)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
+  sm90::hold_registers(d);  // see sm90::hold_registers
   sm90::fence();
 #pragma unroll
   for (int k16 = 0; k16 < kHeadDim / 16; ++k16) {
@@ -145,6 +146,8 @@ __device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], con
     a[kt][2] = ptx::pack2<T>(p[0][2 * kt + 1][0], p[0][2 * kt + 1][1]);
     a[kt][3] = ptx::pack2<T>(p[0][2 * kt + 1][2], p[0][2 * kt + 1][3]);
   }
+  sm90::hold_registers(d);  // see sm90::hold_registers
+  sm90::hold_fragments(a);
   sm90::fence();
 #pragma unroll
   for (int kt = 0; kt < kNTiles / 2; ++kt) {
@@ -153,9 +156,7 @@ __device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], con
   sm90::commit_group();
   sm90::wait_group<0>();
   sm90::hold_registers(d);
-  // wgmma reads A's registers until it completes: keep them from being reused before the wait
-#pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) asm volatile("" ::"r"(a[kt][0]), "r"(a[kt][1]), "r"(a[kt][2]), "r"(a[kt][3]));
+  sm90::hold_fragments(a);
 }
 
 // ---- score modification (the general path): s = scale * q.k; softcap; + bias --------------------------------

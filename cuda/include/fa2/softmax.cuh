@@ -102,7 +102,8 @@ struct OnlineSoftmax {
       const float l = ptx::quad_sum(row_sum[r]);
       const bool seen = l > 0.f;
       inv_sum[r] = seen ? 1.f / l : 0.f;
-      lse[r] = seen ? row_max[r] * mult * 0.69314718055994531f + logf(l) : INFINITY;
+      // (mult * ln 2) first: row_max * mult alone overflows for a heavy row whose lse itself fits in float
+      lse[r] = seen ? row_max[r] * (mult * 0.69314718055994531f) + logf(l) : INFINITY;
     }
   }
 };

@@ -64,12 +64,21 @@ __device__ __forceinline__ void wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
-// wgmma reads its accumulators from registers the compiler must not move across the asynchronous MMA: the
-// "+f" constraints in Wgmma tie them to the instruction; this keeps them in place until wait_group.
+// The compiler sees wgmma.mma_async as an ordinary asm statement that reads and writes its accumulators at once; the
+// hardware reads them (and an A fragment from registers) asynchronously, between wgmma.fence and wait_group. So the
+// operands are pinned with these empty volatile asm statements (volatile asm keeps its order with the fence, the
+// MMAs and the wait): before fence(), so that every ordinary write to them is issued before the fence (writes
+// between fence and MMA are undefined behaviour, and were seen in the PTX), and after wait_group, so that no read
+// or reuse of those registers moves before the MMAs completed.
 template <int N>
 __device__ __forceinline__ void hold_registers(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void hold_fragments(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
 }
 
 }  // namespace fa2::sm90
