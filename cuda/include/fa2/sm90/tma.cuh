@@ -1,0 +1,78 @@
+// Hopper (sm_90a) tensor memory accelerator: loading (rows x 64) tiles of a (batch, seqlen, heads, headdim) tensor
+// straight into fa2's SwizzledTile layout (the TMA's 128-byte swizzle writes exactly that layout), completion
+// tracked by a shared-memory mbarrier. Host side: make_bshd_tensor_map (driver entry point, no libcuda link).
+// Second building block of the sm90 kernel family; checked by scripts/sm90_tma_probe.cu.
+#pragma once
+#include <cuda.h>  // CUtensorMap and its enums (types only)
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fa2::sm90 {
+
+// ---- host: a 4-D tensor map over (batch, seqlen, heads, headdim) b16 elements with any strides (in elements; the
+// row/head/batch strides must be multiples of 8 and the base 16-byte aligned), box = (box_cols headdim elements,
+// box_rows positions, 1 head, 1 batch). box_cols 64 with the 128-byte swizzle, 32 with the 64-byte one, as the
+// SwizzledTile column blocks. Rows and columns outside the tensor read as zeros. Returns nullptr or a message.
+inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seqlen,
+                                        int64_t heads, int64_t headdim, int64_t batch_stride, int64_t row_stride,
+                                        int64_t head_stride, int box_rows, int box_cols) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
+    }
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[4] = {cuuint64_t(headdim), cuuint64_t(seqlen), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2, cuuint64_t(batch_stride) * 2};
+  const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                            const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected the tensor (alignment or strides)";
+}
+
+// ---- device ---------------------------------------------------------------------------------------------------
+#if defined(__CUDACC__)
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Makes initialized barriers visible to the async proxy (the TMA) and to the other threads (with a barrier after).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of transactions (the TMA's writes) the phase must wait for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Blocks until the barrier's phase `phase` (0, 1, 0, ...) has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+// (rows x cols) box at (col, row, head, batch) of the tensor map into shared memory `dst` (aligned to the
+// swizzle period: 1024 bytes for 128B), completing `bytes` transactions on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int row,
+                                            int head, int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
+      : "memory");
+}
+#endif
+
+}  // namespace fa2::sm90
