@@ -21,11 +21,13 @@ namespace cuda_glue {
 
 inline int64_t round_up_8(int64_t x) { return (x + 7) / 8 * 8; }
 
-// 16-byte aligned data and batch/row/head strides that are multiples of 8 elements (dims of size 1 excepted).
+// 16-byte aligned data and batch/row/head strides that are nonzero multiples of 8 elements (dims of size 1
+// excepted). Stride 0 (an expand()ed tensor) is copied too: the sm_90a kernels read through TMA descriptors, which
+// describe real strides only.
 inline bool rows_16b_aligned(const at::Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   for (int d = 0; d < 3; ++d) {
-    if (t.size(d) > 1 && t.stride(d) % 8 != 0) return false;
+    if (t.size(d) > 1 && (t.stride(d) % 8 != 0 || t.stride(d) == 0)) return false;
   }
   return true;
 }

@@ -15,7 +15,14 @@
 #include "fa2/block_info.cuh"
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
+#include "fa2/sm90/tma.cuh"    // only used by sm_90a instances
 #include "fa2/sm90/wgmma.cuh"  // only instantiated by sm_90a instances
+
+// sm_90a instances load Q, K, V with the TMA (1) or with cp.async like the sm80 path (0); a build option
+// (FA2_SM90_TMA) so that a wrong result can be pinned to the loads or to the products with one rebuild.
+#ifndef FA2_SM90_TMA
+#define FA2_SM90_TMA 1
+#endif
 #include "fa2/softmax.cuh"
 #include "fa2/tile_config.h"
 
@@ -302,11 +309,14 @@ enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2 };
 
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build (cmake/Kernels.cmake):
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
+// maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias>
 __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNThreads)
-    fwd_kernel(const __grid_constant__ AttentionParams p) {
+    fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
   constexpr bool kWgmma = kArchTag == 901;
+  constexpr bool kTma = kWgmma && FA2_SM90_TMA;
   using Cfg = FwdTileConfig<kHeadDim, kWgmma>;
+  static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
   using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
   using KVTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
@@ -367,12 +377,47 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   using CheckRows = std::true_type;
   using NoCheckRows = std::false_type;
 
+  // TMA path: mbarriers after the tiles, one for Q and one per K/V stage; thread 0 issues every copy, one per
+  // column block of a tile (the TMA writes the SwizzledTile layout itself and zero-fills rows past seqlen and
+  // columns past headdim), everyone waits on the barrier. A stage's barrier completes once per use: the use in
+  // iteration it has parity (it / 2) % 2.
+  constexpr int kBlockCols = Cfg::kSmemBlockCols, kColBlocks = kHeadDim / kBlockCols;
+  const uint32_t bar_q = sQ + Cfg::kSmemBytes - Cfg::kSmemBarrierBytes;
+  auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
+  auto tma_kv = [&](int n, int buf) {  // K and V of key tile n into stage buf (thread 0)
+    sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes);
+#pragma unroll
+    for (int blk = 0; blk < kColBlocks; ++blk) {
+      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+      sm90::tma_load_4d(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
+      sm90::tma_load_4d(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
+    }
+  };
+
   // -- prologue: Q and the first (highest) key tile in flight
-  load_tile_async<QTile, kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(sQ, q, p.q_row_stride, rows_q, headdim,
-                                                                            tid);
-  load_k(range.hi - 1, 0, CheckRows{});
-  if constexpr (Cfg::kStages == 2) load_v(range.hi - 1, 0, CheckRows{});
-  ptx::cp_async_commit();
+  if constexpr (kTma) {
+    if (tid == 0) {
+      sm90::mbarrier_init(bar_q, 1);
+      sm90::mbarrier_init(bar_kv(0), 1);
+      sm90::mbarrier_init(bar_kv(1), 1);
+      sm90::fence_barrier_init();
+    }
+    __syncthreads();
+    if (tid == 0) {
+      sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
+#pragma unroll
+      for (int blk = 0; blk < kColBlocks; ++blk) {
+        sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
+      }
+      tma_kv(range.hi - 1, 0);
+    }
+  } else {
+    load_tile_async<QTile, kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(sQ, q, p.q_row_stride, rows_q, headdim,
+                                                                              tid);
+    load_k(range.hi - 1, 0, CheckRows{});
+    if constexpr (Cfg::kStages == 2) load_v(range.hi - 1, 0, CheckRows{});
+    ptx::cp_async_commit();
+  }
 
   float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
 #pragma unroll
@@ -418,22 +463,29 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
           for (int r = 0; r < 4; ++r) acc_s[mt][nt][r] = 0.f;
     }
     // -- tile n has landed (this thread's copies), and every warp is done with the buffers about to be refilled
-    ptx::cp_async_wait<0>();
-    if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
-    __syncthreads();
-    if constexpr (Cfg::kStages == 2) {
-      if (n > range.lo) {  // prefetch tile n-1 into the other buffer: overlaps this whole iteration
-        load_k(n - 1, buf ^ 1, NoCheckRows{});
-        load_v(n - 1, buf ^ 1, NoCheckRows{});
-      }
+    if constexpr (kTma) {
+      if (it == 0) sm90::mbarrier_wait(bar_q, 0);
+      sm90::mbarrier_wait(bar_kv(buf), (it >> 1) & 1);
+      __syncthreads();
+      if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration
     } else {
-      if (n == range.hi - 1) {
-        load_v(n, 0, CheckRows{});  // overlaps S = Q K^T
+      ptx::cp_async_wait<0>();
+      if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
+      __syncthreads();
+      if constexpr (Cfg::kStages == 2) {
+        if (n > range.lo) {  // prefetch tile n-1 into the other buffer: overlaps this whole iteration
+          load_k(n - 1, buf ^ 1, NoCheckRows{});
+          load_v(n - 1, buf ^ 1, NoCheckRows{});
+        }
       } else {
-        load_v(n, 0, NoCheckRows{});
+        if (n == range.hi - 1) {
+          load_v(n, 0, CheckRows{});  // overlaps S = Q K^T
+        } else {
+          load_v(n, 0, NoCheckRows{});
+        }
       }
+      ptx::cp_async_commit();
     }
-    ptx::cp_async_commit();
 
     // -- S (+)= Q K^T
     if constexpr (kWgmma) {

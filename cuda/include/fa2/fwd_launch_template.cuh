@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "fa2/fwd_kernel.cuh"
 #include "fa2/params.h"
 #include "fa2/tile_config.h"
@@ -15,7 +17,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator / general (softcap,
   // scale <= 0), times the bias element type. Eight variants per instance.
   using fwd::ScoreMode;
-  void (*kernel)(const AttentionParams) = nullptr;
+  void (*kernel)(const AttentionParams, const sm90::FwdTensorMaps) = nullptr;
   if (p.softcap > 0.f || !(p.scale > 0.f)) {
     switch (p.bias_type) {
       case BiasType::kNone: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kNone>; break;
@@ -51,7 +53,23 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
-  kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
+  sm90::FwdTensorMaps maps{};  // the TMA's view of q, k, v (sm_90a instances that load with it)
+  if constexpr (kArch == 901 && FA2_SM90_TMA) {
+    const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    const char* e = sm90::make_bshd_tensor_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
+                                               p.q_batch_stride, p.q_row_stride, p.q_head_stride, Cfg::kBlockM,
+                                               Cfg::kSmemBlockCols);
+    if (e == nullptr) {
+      e = sm90::make_bshd_tensor_map(&maps.k, p.k, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.k_batch_stride,
+                                     p.k_row_stride, p.k_head_stride, Cfg::kBlockN, Cfg::kSmemBlockCols);
+    }
+    if (e == nullptr) {
+      e = sm90::make_bshd_tensor_map(&maps.v, p.v, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.v_batch_stride,
+                                     p.v_row_stride, p.v_head_stride, Cfg::kBlockN, Cfg::kSmemBlockCols);
+    }
+    if (e != nullptr) return e;
+  }
+  kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -53,7 +53,9 @@ struct FwdTileConfig {
 
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;  // one K (or V) tile
-  static constexpr int kSmemBytes = kSmemQBytes + kStages * 2 * kSmemKVBytes;
+  // sm_90a with TMA loads: mbarriers for Q and each K/V stage, after the tiles
+  static constexpr int kSmemBarrierBytes = kWgmma ? 64 : 0;
+  static constexpr int kSmemBytes = kSmemQBytes + kStages * 2 * kSmemKVBytes + kSmemBarrierBytes;
 
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole m16 tiles");

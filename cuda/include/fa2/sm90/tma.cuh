@@ -11,6 +11,11 @@
 
 namespace fa2::sm90 {
 
+// The forward's three maps (a kernel argument, __grid_constant__: the TMA reads them from parameter space).
+struct FwdTensorMaps {
+  CUtensorMap q, k, v;
+};
+
 // ---- host: a 4-D tensor map over (batch, seqlen, heads, headdim) b16 elements with any strides (in elements; the
 // row/head/batch strides must be multiples of 8 and the base 16-byte aligned), box = (box_cols headdim elements,
 // box_rows positions, 1 head, 1 batch). box_cols 64 with the 128-byte swizzle, 32 with the 64-byte one, as the
@@ -29,6 +34,11 @@ inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool
     }
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
+  // A dimension of size 1 is never stepped over: give it the stride a contiguous tensor would have, so that whatever
+  // the caller's tensor says there (torch allows anything) passes the encoder's checks.
+  if (seqlen == 1) row_stride = headdim;
+  if (heads == 1) head_stride = seqlen * row_stride;
+  if (batch == 1) batch_stride = heads * head_stride;
   const cuuint64_t dims[4] = {cuuint64_t(headdim), cuuint64_t(seqlen), cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2, cuuint64_t(batch_stride) * 2};
   const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1};
