@@ -277,3 +277,24 @@ def test_headdim_1_channels_last(device):
     grads_ref = torch.autograd.grad(attention_ref(*leaves, causal=True), leaves, dout.double())
     for g, g_ref in zip(grads, grads_ref):
         assert torch.allclose(g.double(), g_ref, atol=5e-2 if dt != torch.float32 else 1e-5)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_expanded_inputs_with_zero_strides(device):
+    """k/v expand()ed over heads and q over batch (stride 0): read correctly, forward and gradients (the CUDA glue
+    copies them, since the sm_90a kernels' TMA descriptors describe real strides only)."""
+    dt = _dtype(device)
+    q1, k1, v1 = make_qkv(1, 37, 45, 4, 1, 64, dtype=dt, device=device)
+    q = q1.expand(3, -1, -1, -1).requires_grad_()
+    k, v = (t.expand(3, -1, 4, -1).requires_grad_() for t in (k1, v1))
+    assert q.stride(0) == 0 and k.stride(2) == 0
+    out = fa2.attention(q, k, v, causal=True)
+    ref = _ref(q.detach(), k.detach(), v.detach(), causal=True)
+    tol = 2e-2 if dt != torch.float32 else 1e-5
+    assert torch.allclose(out.double(), ref, atol=tol)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    grads_ref = torch.autograd.grad(attention_ref(*leaves, causal=True), leaves, dout.double())
+    for g, g_ref in zip(grads, grads_ref):
+        assert torch.allclose(g.double(), g_ref, atol=5 * tol)
