@@ -23,17 +23,16 @@ struct FwdTensorMaps {
 inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seqlen,
                                         int64_t heads, int64_t headdim, int64_t batch_stride, int64_t row_stride,
                                         int64_t head_stride, int box_rows, int box_cols) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
+  // looked up once (thread-safe static initialization); nullptr when the driver does not have it
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     cudaDriverEntryPointQueryResult found;
     void* fn = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
-    }
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
+  }();
+  if (encode == nullptr) return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
   // A dimension of size 1 is never stepped over: give it the stride a contiguous tensor would have, so that whatever
   // the caller's tensor says there (torch allows anything) passes the encoder's checks.
   if (seqlen == 1) row_stride = headdim;
