@@ -281,8 +281,8 @@ def test_headdim_1_channels_last(device):
 
 @pytest.mark.parametrize("device", devices())
 def test_expanded_inputs_with_zero_strides(device):
-    """k/v expand()ed over heads and q over batch (stride 0): read correctly, forward and gradients (the CUDA glue
-    copies them, since the sm_90a kernels' TMA descriptors describe real strides only)."""
+    """k/v expand()ed over heads and q over batch (stride 0): read correctly, forward and gradients (on a cc 9.0 GPU
+    the CUDA forward copies them, since the sm_90a kernels' TMA descriptors describe real strides only)."""
     dt = _dtype(device)
     q1, k1, v1 = make_qkv(1, 37, 45, 4, 1, 64, dtype=dt, device=device)
     q = q1.expand(3, -1, -1, -1).requires_grad_()

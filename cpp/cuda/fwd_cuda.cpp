@@ -56,9 +56,15 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const int headdim_rounded = fwd_headdim_rounded(static_cast<int>(headdim_padded));
   TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA forward kernel for headdim ", headdim,
               " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
-  const at::Tensor qk = cuda_glue::kernel_input(q, headdim_padded);
-  const at::Tensor kk = cuda_glue::kernel_input(k, headdim_padded);
-  const at::Tensor vk = cuda_glue::kernel_input(v, headdim_padded);
+  // On a compute capability 9.0 GPU an sm_90a instance (TMA loads) may run: it needs real (nonzero) strides.
+  int major = 0, minor = 0;
+  const int device = q.get_device();
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const bool real_strides = major == 9 && minor == 0 && arch_specific_kernels();
+  const at::Tensor qk = cuda_glue::kernel_input(q, headdim_padded, real_strides);
+  const at::Tensor kk = cuda_glue::kernel_input(k, headdim_padded, real_strides);
+  const at::Tensor vk = cuda_glue::kernel_input(v, headdim_padded, real_strides);
   at::Tensor out_k = headdim_padded == headdim
                          ? out
                          : at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim_padded}, q.options());

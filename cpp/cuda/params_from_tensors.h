@@ -21,26 +21,26 @@ namespace cuda_glue {
 
 inline int64_t round_up_8(int64_t x) { return (x + 7) / 8 * 8; }
 
-// 16-byte aligned data and batch/row/head strides that are nonzero multiples of 8 elements (dims of size 1
-// excepted). Stride 0 (an expand()ed tensor) is copied too: the sm_90a kernels read through TMA descriptors, which
-// describe real strides only.
-inline bool rows_16b_aligned(const at::Tensor& t) {
+// 16-byte aligned data and batch/row/head strides that are multiples of 8 elements (dims of size 1 excepted);
+// with real_strides, not 0 either (an expand()ed tensor): TMA descriptors (the sm_90a forward) describe real
+// strides only, the other kernels read stride 0 as it is.
+inline bool rows_16b_aligned(const at::Tensor& t, bool real_strides) {
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   for (int d = 0; d < 3; ++d) {
-    if (t.size(d) > 1 && (t.stride(d) % 8 != 0 || t.stride(d) == 0)) return false;
+    if (t.size(d) > 1 && (t.stride(d) % 8 != 0 || (real_strides && t.stride(d) == 0))) return false;
   }
   return true;
 }
 
 // q, k or v as the kernels read it: headdim zero-padded to headdim_padded, rows 16-byte aligned. No copy when the
 // tensor already qualifies (any strides, e.g. a (B, H, S, D) tensor transposed to (B, S, H, D)).
-inline at::Tensor kernel_input(const at::Tensor& t, int64_t headdim_padded) {
+inline at::Tensor kernel_input(const at::Tensor& t, int64_t headdim_padded, bool real_strides = false) {
   // constant_pad_nd keeps the input's memory format (e.g. channels_last for a headdim-1 tensor, whose last stride
   // need not be 1), so make the padded copy row-contiguous explicitly.
   if (t.size(3) != headdim_padded) {
     return at::constant_pad_nd(t, {0, headdim_padded - t.size(3)}, 0).contiguous();
   }
-  if (!rows_16b_aligned(t)) return t.clone(at::MemoryFormat::Contiguous);
+  if (!rows_16b_aligned(t, real_strides)) return t.clone(at::MemoryFormat::Contiguous);
   return t;
 }
 

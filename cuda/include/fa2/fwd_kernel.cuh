@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
   constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
 
-  // smem: [Q (kBlockM, d)] [K0 (kBlockN, d)] [V0] ([K1] [V1] when double-buffered)
+  // smem: [Q (kBlockM, d)] [K0 (kBlockN, d)] [V0] ([K1] [V1] when double-buffered) ([mbarriers]: sm_90a TMA)
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
   const uint32_t sQ = ptx::smem_u32(smem);
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.
@@ -382,6 +382,9 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   // columns past headdim), everyone waits on the barrier. A stage's barrier completes once per use: the use in
   // iteration it has parity (it / 2) % 2.
   constexpr int kBlockCols = Cfg::kSmemBlockCols, kColBlocks = kHeadDim / kBlockCols;
+  // the bytes each barrier expects are the bytes its boxes write (a mismatch would hang the wait)
+  static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
+  static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
   const uint32_t bar_q = sQ + Cfg::kSmemBytes - Cfg::kSmemBarrierBytes;
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
   auto tma_kv = [&](int n, int buf) {  // K and V of key tile n into stage buf (thread 0)
@@ -462,7 +465,8 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc_s[mt][nt][r] = 0.f;
     }
-    // -- tile n has landed (this thread's copies), and every warp is done with the buffers about to be refilled
+    // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
+    //    warp is done with the buffers about to be refilled
     if constexpr (kTma) {
       if (it == 0) sm90::mbarrier_wait(bar_q, 0);
       sm90::mbarrier_wait(bar_kv(buf), (it >> 1) & 1);

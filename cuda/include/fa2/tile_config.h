@@ -27,7 +27,7 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // sm_90a (wgmma) variant of the same kernel: two warpgroups of 4 warps, each multiplying its own 64 query rows
 // (wgmma's M), so every warp still owns 16 whole rows. 8 warps leave one CTA per SM; the shared memory allows a
 // 128-key tile up to d 128 and double-buffered K/V everywhere: (128 + 2 * 2 * block_n) * d * 2 bytes = 160 KB at
-// d 128, 192 KB at d 256. Not yet measured (the first step of the Hopper path: wgmma GEMMs, cp.async loads).
+// d 128, 192 KB at d 256. Not yet measured (the Hopper path's first steps: wgmma products, TMA loads).
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
 }

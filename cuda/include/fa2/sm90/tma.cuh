@@ -1,4 +1,4 @@
-// Hopper (sm_90a) tensor memory accelerator: loading (rows x 64) tiles of a (batch, seqlen, heads, headdim) tensor
+// Hopper (sm_90a) tensor memory accelerator: loading (rows x 64 or x 32) blocks of a (batch, seqlen, heads, headdim) tensor
 // straight into fa2's SwizzledTile layout (the TMA's 128-byte swizzle writes exactly that layout), completion
 // tracked by a shared-memory mbarrier. Host side: make_bshd_tensor_map (driver entry point, no libcuda link).
 // Second building block of the sm90 kernel family; checked by scripts/sm90_tma_probe.cu.
@@ -23,13 +23,21 @@ struct FwdTensorMaps {
 inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seqlen,
                                         int64_t heads, int64_t headdim, int64_t batch_stride, int64_t row_stride,
                                         int64_t head_stride, int box_rows, int box_cols) {
-  // looked up once (thread-safe static initialization); nullptr when the driver does not have it
+  // Looked up once (thread-safe static initialization); nullptr when the driver does not have it. The older
+  // cudaGetDriverEntryPoint (CUDA 11.3+, deprecated in 13) rather than ...ByVersion (12.5+): the extension links
+  // the cudart torch loaded, which may predate 12.5 within the same major version.
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     cudaDriverEntryPointQueryResult found;
     void* fn = nullptr;
-    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                                     &found) == cudaSuccess &&
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    const bool ok = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found) == cudaSuccess &&
                     found == cudaDriverEntryPointSuccess;
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
     return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
   }();
   if (encode == nullptr) return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
