@@ -70,15 +70,28 @@ __device__ __forceinline__ void fence_barrier_init() {
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-// Blocks until the barrier's phase `phase` (0, 1, 0, ...) has completed.
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
+// Blocks until the barrier's phase `phase` (0, 1, 0, ...) has completed. A phase that never completes (expected
+// bytes that no copy delivers) would hang the kernel, and with it the process in its next synchronization: after
+// FA2_MBARRIER_SPIN_LIMIT unsuccessful polls (each of which already waits a while in hardware; seconds in all,
+// where a real load takes microseconds) the kernel traps instead, which surfaces as a CUDA error. 0: no limit.
+#ifndef FA2_MBARRIER_SPIN_LIMIT
+#define FA2_MBARRIER_SPIN_LIMIT (1u << 24)
+#endif
+__device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t phase) {
+  uint32_t done;
   asm volatile(
-      "{\n.reg .pred done;\n"
-      "wait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(bar),
-      "r"(phase)
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(phase)
       : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
+  for (uint32_t polls = 0; !mbarrier_try_wait(bar, phase); ++polls) {
+    if (FA2_MBARRIER_SPIN_LIMIT != 0 && polls >= FA2_MBARRIER_SPIN_LIMIT) __trap();
+  }
 }
 // (rows x cols) box at (col, row, head, batch) of the tensor map into shared memory `dst` (aligned to the
 // swizzle period: 1024 bytes for 128B), completing `bytes` transactions on `bar`.
