@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call that validates a CUDA build end to end and says so in a few lines (logs in $OUT):
+#   1. the sm90 building-block probes (wgmma descriptors/fragments, TMA tiles), when the GPU is compute capability 9.0
+#   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
+#      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones)
+#   3. compute-sanitizer memcheck on the small grid
+#   4. a quick side-by-side timing: fa2 (sm_90a), fa2-sm80 (same build, sm80-path kernels), torch's FA-2, cuDNN
+# Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
+# Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu_validate}
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
+export FA2_CUDA_ARCHS=${FA2_CUDA_ARCHS:-90;90a}
+PY=${PYTHON:-python3}
+summary=()
+step() {  # step NAME SECONDS COMMAND...: runs with a time limit, logs to $OUT/NAME.log, records the outcome
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  local verdict="ok"
+  [ $rc -eq 124 ] && verdict="TIMEOUT (${limit} s)"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="FAILED (rc $rc)"
+  summary+=("$(printf '%-10s %-18s %4d s  %s' "$name" "$verdict" $((SECONDS - start)) "$(tail -1 "$OUT/$name.log" | cut -c1-110)")")
+}
+
+cc=$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 0)
+if [ "$cc" = "90" ]; then
+  for probe in sm90_wgmma_probe sm90_tma_probe; do
+    step "$probe" 60 bash -c "nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda/include \
+      scripts/$probe.cu -o /tmp/$probe && /tmp/$probe"
+  done
+fi
+
+export PYTEST_ADDOPTS='-k "cuda or current_stream or reduce_overhead or 2_31 or build or hopper or wgmma"'
+step tests 360 scripts/gpu_check.sh "scripts/gpu_pytest.py tests"
+unset PYTEST_ADDOPTS
+step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools memcheck
+step bench 100 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 --dims 64,128 \
+  --seqlens 2k,8k --causal both --masks none --pass fwd,fwdbwd --impls fa2,fa2-sm80,torch-fa2,cudnn \
+  --mem-seqlens "" --warmup-ms 10 --rep-ms 30 --no-progress --no-plot --out "$OUT/bench"
+
+echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
+printf '%s\n' "${summary[@]}"
+grep -E "passed|failed" "$OUT/tests.log" | tail -2
+grep -E "^FAILED" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
+sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -14
