@@ -18,17 +18,19 @@
 namespace fa2 {
 namespace {
 
-// Asked of the runtime directly (cheap attribute queries; the full properties only for the error message).
-void check_sm80(const at::Tensor& q) {
+// q's GPU compute capability as 10 * major + minor, checked to be >= 8.0. Asked of the runtime directly (cheap
+// attribute queries; the full properties only for the error message).
+int checked_compute_capability(const at::Tensor& q) {
   const int device = q.get_device();
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major >= 8) return;
+  if (major >= 8) return 10 * major + minor;
   cudaDeviceProp prop{};
   C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   TORCH_CHECK(false, "fa2: the CUDA kernels need compute capability 8.0 or newer (Ampere, Ada, Hopper); ", q.device(),
               " is ", prop.name, " with compute capability ", major, ".", minor);
+  return 0;
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -38,7 +40,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const AttentionProblem prob = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right,
                                                  softcap);
   const c10::cuda::CUDAGuard device_guard(q.device());
-  check_sm80(q);
+  const int compute_capability = checked_compute_capability(q);
 
   const int64_t headdim = prob.headdim;
   at::Tensor out = at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim}, q.options());
@@ -57,11 +59,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA forward kernel for headdim ", headdim,
               " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
   // On a compute capability 9.0 GPU an sm_90a instance (TMA loads) may run: it needs real (nonzero) strides.
-  int major = 0, minor = 0;
-  const int device = q.get_device();
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  const bool real_strides = major == 9 && minor == 0 && arch_specific_kernels();
+  const bool real_strides = compute_capability == 90 && arch_specific_kernels();
   const at::Tensor qk = cuda_glue::kernel_input(q, headdim_padded, real_strides);
   const at::Tensor kk = cuda_glue::kernel_input(k, headdim_padded, real_strides);
   const at::Tensor vk = cuda_glue::kernel_input(v, headdim_padded, real_strides);

@@ -413,12 +413,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const float* dsum_g = p.softmax_d + bh * p.seqlen_q;
   float* dq_accum = p.dq_accum + bh * p.seqlen_q * kHeadDim;
   float* dbias = p.dbias != nullptr ? p.dbias + bh * p.seqlen_q * p.seqlen_k : nullptr;
-  const void* bias_bh = nullptr;
-  if (p.bias_type != BiasType::kNone) {
-    const int64_t offset = batch * p.bias_batch_stride + head * p.bias_head_stride;
-    const int elem_bytes = p.bias_type == BiasType::kFloat32 ? 4 : p.bias_type == BiasType::kBool ? 1 : 2;
-    bias_bh = static_cast<const char*>(p.bias) + offset * elem_bytes;
-  }
+  const void* bias_bh = bias_of_head(p, batch, head);
 
   auto load_q_do = [&](int m, int buf) {
     const int m0 = m * kBlockM, rows = p.seqlen_q - m0;
@@ -706,12 +701,7 @@ __global__ void __launch_bounds__(256) bwd_row_stats_kernel(const __grid_constan
   }
   const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + (head / p.h_h_k_ratio) * p.k_head_stride +
                lane * 8;
-  const void* bias_bh = nullptr;
-  if (p.bias_type != BiasType::kNone) {
-    const int64_t offset = batch * p.bias_batch_stride + head * p.bias_head_stride;
-    const int elem_bytes = p.bias_type == BiasType::kFloat32 ? 4 : p.bias_type == BiasType::kBool ? 1 : 2;
-    bias_bh = static_cast<const char*>(p.bias) + offset * elem_bytes;
-  }
+  const void* bias_bh = bias_of_head(p, batch, head);
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   int key_lo = 0, key_hi = -1;
   info.key_range(row, key_lo, key_hi);

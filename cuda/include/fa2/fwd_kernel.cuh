@@ -85,8 +85,19 @@ __device__ __forceinline__ void gemm_qk(float (&acc_s)[kMTiles][kNTiles][4], uin
   }
 }
 
+// P's keys 16 kt .. 16 kt + 15 of one m16 tile (fp32 C fragments of n8 tiles 2 kt, 2 kt + 1) packed to T as the A
+// operand of one k16 step: the C layout of two n8 tiles is the A layout of mma.sync m16n8k16 and of wgmma's
+// register A alike.
+template <typename T, int kNTiles>
+__device__ __forceinline__ void pack_p_k16(const float (&p)[kNTiles][4], int kt, uint32_t (&a)[4]) {
+  a[0] = ptx::pack2<T>(p[2 * kt][0], p[2 * kt][1]);
+  a[1] = ptx::pack2<T>(p[2 * kt][2], p[2 * kt][3]);
+  a[2] = ptx::pack2<T>(p[2 * kt + 1][0], p[2 * kt + 1][1]);
+  a[3] = ptx::pack2<T>(p[2 * kt + 1][2], p[2 * kt + 1][3]);
+}
+
 // acc_o (kMTiles, kDTiles) += P V, P (= acc_s after the softmax, fp32) packed to T in registers as the A operand
-// (the C layout of two n8 tiles is the A layout of one k16 step), V by ldmatrix.trans.
+// (pack_p_k16), V by ldmatrix.trans.
 template <typename T, typename VTile, int kMTiles, int kNTiles, int kDTiles>
 __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], const float (&p)[kMTiles][kNTiles][4],
                                         uint32_t v_lane) {
@@ -95,12 +106,7 @@ __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], con
   for (int kt = 0; kt < kNTiles / 2; ++kt) {
     uint32_t a[kMTiles][4];  // P (16 rows, keys 16 kt.. +15)
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      a[mt][0] = ptx::pack2<T>(p[mt][2 * kt][0], p[mt][2 * kt][1]);
-      a[mt][1] = ptx::pack2<T>(p[mt][2 * kt][2], p[mt][2 * kt][3]);
-      a[mt][2] = ptx::pack2<T>(p[mt][2 * kt + 1][0], p[mt][2 * kt + 1][1]);
-      a[mt][3] = ptx::pack2<T>(p[mt][2 * kt + 1][2], p[mt][2 * kt + 1][3]);
-    }
+    for (int mt = 0; mt < kMTiles; ++mt) pack_p_k16<T>(p[mt], kt, a[mt]);
 #pragma unroll
     for (int dp = 0; dp < kDTiles / 2; ++dp) {
       uint32_t b[4];  // V keys 16 kt.. +15, dims 16 dp.. +15, transposed: {b0, b1} of d tile 2dp, then 2dp+1
@@ -138,7 +144,7 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
   sm90::hold_registers(d);
 }
 
-// acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (packed as in gemm_pv), V (keys x d) as
+// acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (pack_p_k16), V (keys x d) as
 // an N-major B operand from shared memory.
 template <typename T, typename VTile, int kNTiles, int kDTiles>
 __device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], const float (&p)[1][kNTiles][4],
@@ -147,12 +153,7 @@ __device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], con
   float(&d)[kDTiles * 4] = reinterpret_cast<float(&)[kDTiles * 4]>(acc_o);
   uint32_t a[kNTiles / 2][4];
 #pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) {
-    a[kt][0] = ptx::pack2<T>(p[0][2 * kt][0], p[0][2 * kt][1]);
-    a[kt][1] = ptx::pack2<T>(p[0][2 * kt][2], p[0][2 * kt][3]);
-    a[kt][2] = ptx::pack2<T>(p[0][2 * kt + 1][0], p[0][2 * kt + 1][1]);
-    a[kt][3] = ptx::pack2<T>(p[0][2 * kt + 1][2], p[0][2 * kt + 1][3]);
-  }
+  for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(p[0], kt, a[kt]);
   sm90::hold_registers(d);  // see sm90::hold_registers
   sm90::hold_fragments(a);
   sm90::fence();
@@ -360,11 +361,7 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
   static_assert((kMode == ScoreMode::kPlain) == (kBias == BiasType::kNone) || kMode == ScoreMode::kGeneral,
                 "plain means no bias; bias-fold needs one");
-  const void* bias_bh = nullptr;  // this (batch, head)'s bias
-  if constexpr (kBias != BiasType::kNone) {
-    using B = typename BiasElement<T, kBias>::type;
-    bias_bh = static_cast<const B*>(p.bias) + batch * p.bias_batch_stride + head * p.bias_head_stride;
-  }
+  const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
   // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
   auto load_k = [&](int n, int buf, auto check_rows) {
     load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
