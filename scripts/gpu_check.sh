@@ -43,7 +43,7 @@ grep -B1 -E "\b[1-9][0-9]* bytes spill stores" "$OUT/ptxas.log" | grep -oE "_Z[A
 i=0
 for check in "$@"; do
   i=$((i + 1))
-  name="$i-$(basename "${check%% *}" .py)"  # numbered: the same script may run twice with other arguments
+  name="$i-$(basename -- "${check%% *}" .py)"  # numbered: the same script may run twice with other arguments
   echo "== $check"
   # shellcheck disable=SC2086
   if ! PYTHONPATH=python "$PY" $check 2>&1 | tee "$OUT/$name.log"; then

@@ -14,18 +14,9 @@ mkdir -p "$OUT"
 export OUT PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 export FA2_CUDA_ARCHS=${FA2_CUDA_ARCHS:-90;90a}
 PY=${PYTHON:-python3}
-summary=()
-step() {  # step NAME SECONDS COMMAND...: runs with a time limit, logs to $OUT/NAME.log, records the outcome
-  local name=$1 limit=$2
-  shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  local verdict="ok"
-  [ $rc -eq 124 ] && verdict="TIMEOUT (${limit} s)"
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="FAILED (rc $rc)"
-  summary+=("$(printf '%-10s %-18s %4d s  %s' "$name" "$verdict" $((SECONDS - start)) "$(tail -1 "$OUT/$name.log" | cut -c1-110)")")
-}
+STEP_LOGS=$OUT
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
 
 cc=$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 0)
 if [ "$cc" = "90" ]; then
@@ -44,7 +35,7 @@ step bench 100 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtype
   --mem-seqlens "" --warmup-ms 10 --rep-ms 30 --no-progress --no-plot --out "$OUT/bench"
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
-printf '%s\n' "${summary[@]}"
+print_steps
 grep -E "passed|failed" "$OUT/tests.log" | tail -2
 grep -E "^FAILED" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
 sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -14

@@ -127,6 +127,10 @@ def sample_inputs(device, dtype, *, requires_grad=False, full=False, seed=0):
         for shape in (shapes[0], shapes[4]):
             add("bias", shape, {}, kind)
         add("bias-causal", shapes[1], {"causal": True}, kind)
+    # a key-row bias (row stride 0) over many key tiles: the CUDA forward stages it in shared memory a tile ahead
+    for kind in ("padding", "bool_padding"):
+        add("bias-long", (1, 70, 1100, 2, 1, 128), {}, kind)
+        add("bias-long", (2, 200, 777, 2, 2, 64), {"causal": True}, kind)
     for shape, flags in itertools.product((shapes[0], shapes[5]), ({}, {"causal": True})):
         add("layout", shape, flags, layout="bhsd")
     # A row that sees no key: window that excludes everything for early rows, and an all-False bool bias row.
