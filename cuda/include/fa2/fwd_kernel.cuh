@@ -220,8 +220,7 @@ __device__ __forceinline__ float fold_bias(float bias, float inv_scale) {
 }
 
 // acc = bias[row, col] * inv_scale for the fragment elements (the bias-fold path: Q K^T then accumulates on
-// top, and scale*log2(e) applied to the sum gives (scale q.k + bias) log2(e) with the plain path's one FMA), for a
-// bias that varies along queries (row stride != 0; a key-row bias is staged in shared memory by the kernel).
+// top, and scale*log2(e) applied to the sum gives (scale q.k + bias) log2(e) with the plain path's one FMA).
 // Elements past seqlen_q / seqlen_k are 0 and not read (rows past seqlen_q are never stored; columns past
 // seqlen_k are masked); kCheckCols only for the tile that crosses seqlen_k.
 template <bool kCheckCols, typename B, int kMTiles, int kNTiles>
@@ -229,29 +228,45 @@ __device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4]
                                                int64_t col_stride, int row0, int col0, int seqlen_q, int seqlen_k,
                                                float inv_scale) {
   const int64_t step8 = 8 * col_stride;
+  if (row_stride == 0) {  // the same for every query row: one load per column
+    const B* ptr = bias + col0 * col_stride;
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int col = col0 + nt * 8;
+      const float b0 = !kCheckCols || col < seqlen_k ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
+      const float b1 = !kCheckCols || col + 1 < seqlen_k ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = row0 + mt * 16 + half * 8;
-      const bool row_ok = row < seqlen_q;
-      const B* ptr = bias + (row_ok ? row : 0) * row_stride + col0 * col_stride;
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        acc[mt][nt][0] = b0;
+        acc[mt][nt][1] = b1;
+        acc[mt][nt][2] = b0;
+        acc[mt][nt][3] = b1;
+      }
+      ptr += step8;
+    }
+  } else {
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        const int col = col0 + nt * 8;
-        acc[mt][nt][half * 2] = row_ok && (!kCheckCols || col < seqlen_k) ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
-        acc[mt][nt][half * 2 + 1] =
-            row_ok && (!kCheckCols || col + 1 < seqlen_k) ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
-        ptr += step8;
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + mt * 16 + half * 8;
+        const bool row_ok = row < seqlen_q;
+        const B* ptr = bias + (row_ok ? row : 0) * row_stride + col0 * col_stride;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const int col = col0 + nt * 8;
+          acc[mt][nt][half * 2] = row_ok && (!kCheckCols || col < seqlen_k) ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
+          acc[mt][nt][half * 2 + 1] =
+              row_ok && (!kCheckCols || col + 1 < seqlen_k) ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
+          ptr += step8;
+        }
       }
     }
   }
 }
 
 template <typename T, BiasType kBias>
-struct BiasElement;  // the C++ type of a bias element (kNone: a placeholder, never read)
-template <typename T>
-struct BiasElement<T, BiasType::kNone> { using type = T; };
+struct BiasElement;  // the C++ type of a bias element
 template <typename T>
 struct BiasElement<T, BiasType::kSameAsInput> { using type = T; };
 template <typename T>
@@ -309,7 +324,6 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
 
   // smem: [Q (kBlockM, d)] [K0 (kBlockN, d)] [V0] ([K1] [V1] when double-buffered) ([mbarriers]: sm_90a TMA)
-  //       ([key-row bias, 2 x kBlockN fp32]: bias-fold variants)
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
   const uint32_t sQ = ptx::smem_u32(smem);
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.
@@ -405,29 +419,6 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
     ptx::cp_async_commit();
   }
 
-  // -- a bias that is the same for every query row (a key padding mask: row stride 0) in the bias-fold path: one
-  //    fp32 row per key tile, staged in shared memory one tile ahead. Thread c < kBlockN loads column c of tile
-  //    n-2 into a register during iteration n, stores it into the free buffer during iteration n-1, and everyone
-  //    reads it after iteration n-1's barrier. The global load's latency hides behind a whole iteration, where
-  //    each thread loading its own fragment columns right before Q K^T (init_from_bias) waited for it every tile.
-  using BiasT = typename BiasElement<T, kBias>::type;
-  const bool key_row_bias = kMode == ScoreMode::kBiasFold && p.bias_row_stride == 0;
-  const float inv_scale = 1.f / p.scale;
-  float* key_bias_smem = reinterpret_cast<float*>(smem + Cfg::kSmemBytes);  // [2][kBlockN]
-  auto key_bias_column = [&](int n) {  // folded bias of key n * kBlockN + tid (0 past seqlen_k: masked anyway)
-    const int col = n * kBlockN + tid;
-    return col < p.seqlen_k
-               ? fold_bias(load_bias(static_cast<const BiasT*>(bias_bh) + int64_t(col) * p.bias_col_stride), inv_scale)
-               : 0.f;
-  };
-  float key_bias_next = 0.f;  // column tid of the tile after the one staged next
-  if constexpr (kMode == ScoreMode::kBiasFold) {
-    if (key_row_bias && tid < kBlockN) {
-      key_bias_smem[tid] = key_bias_column(range.hi - 1);  // read after the first iteration's barrier
-      if (range.hi - 2 >= range.lo) key_bias_next = key_bias_column(range.hi - 2);
-    }
-  }
-
   float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -453,16 +444,15 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
     float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
     if constexpr (kMode == ScoreMode::kBiasFold) {
-      // a bias that varies along queries: each thread loads its fragment elements, issued before the barrier so
-      // that the loads' latency overlaps the wait (a key-row bias is read from shared memory after it)
-      if (!key_row_bias) {
-        if (n * kBlockN + kBlockN > p.seqlen_k) {
-          init_from_bias</*kCheckCols=*/true>(acc_s, static_cast<const BiasT*>(bias_bh), p.bias_row_stride,
-                                              p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
-        } else {
-          init_from_bias</*kCheckCols=*/false>(acc_s, static_cast<const BiasT*>(bias_bh), p.bias_row_stride,
-                                               p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
-        }
+      // issued before the barrier so that the loads' latency overlaps the wait
+      using B = typename BiasElement<T, kBias>::type;
+      const float inv_scale = 1.f / p.scale;
+      if (n * kBlockN + kBlockN > p.seqlen_k) {
+        init_from_bias</*kCheckCols=*/true>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
+                                            p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
+      } else {
+        init_from_bias</*kCheckCols=*/false>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
+                                             p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
       }
     } else {
 #pragma unroll
@@ -498,28 +488,6 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
       ptx::cp_async_commit();
     }
 
-    if constexpr (kMode == ScoreMode::kBiasFold) {
-      if (key_row_bias) {
-        // S starts from this tile's staged bias row (the same for every row: a broadcast read per column pair);
-        // then the next tile's row goes into the other buffer, whose readers all passed this iteration's barrier
-        const float* row = key_bias_smem + (it & 1) * kBlockN + (col0 - n * kBlockN);
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          const float2 b = *reinterpret_cast<const float2*>(row + nt * 8);
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            acc_s[mt][nt][0] = b.x;
-            acc_s[mt][nt][1] = b.y;
-            acc_s[mt][nt][2] = b.x;
-            acc_s[mt][nt][3] = b.y;
-          }
-        }
-        if (tid < kBlockN && n - 1 >= range.lo) {
-          key_bias_smem[((it + 1) & 1) * kBlockN + tid] = key_bias_next;
-          if (n - 2 >= range.lo) key_bias_next = key_bias_column(n - 2);
-        }
-      }
-    }
     // -- S (+)= Q K^T
     if constexpr (kWgmma) {
       gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));

@@ -18,8 +18,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // scale <= 0), times the bias element type. Eight variants per instance.
   using fwd::ScoreMode;
   void (*kernel)(const AttentionParams, const sm90::FwdTensorMaps) = nullptr;
-  const bool general = p.softcap > 0.f || !(p.scale > 0.f);
-  if (general) {
+  if (p.softcap > 0.f || !(p.scale > 0.f)) {
     switch (p.bias_type) {
       case BiasType::kNone: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kNone>; break;
       case BiasType::kSameAsInput:
@@ -48,8 +47,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   const int num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA forward supports at most 65535 heads and batch 65535";
   const dim3 grid(num_m_blocks, p.nheads, p.batch);
-  const bool bias_fold = !general && p.bias_type != BiasType::kNone;
-  const int smem = Cfg::kSmemBytes + (bias_fold ? Cfg::kSmemKeyBiasBytes : 0);  // fwd_kernel.cuh: key-row bias
+  const int smem = Cfg::kSmemBytes;
   cudaError_t err = cudaSuccess;
   if (smem > 48 * 1024) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -30,7 +30,9 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // d 128, 192 KB at d 256. Measured on the H200 (2026-11-30, bf16/fp16, 16k tokens, hidden 2048, S 1k..16k, with
 // TMA loads): forward 1.35-2.1x torch's FA-2, 1.0-1.10x cuDNN at d 64, 0.72-0.96x at d 128 and 256
 // (benchmarks/results/attention_h200-20261130-sm90a.json). At d 64 the plain variant takes 128 registers (two CTAs
-// per SM), the bias variants 174-194 (one CTA per SM: their 0.6x of the plain speed); capping them at 128 spills.
+// per SM), the bias-fold variants 155-190 (one CTA per SM: with a padding bias 0.55-0.6x of the plain speed);
+// capped at 128 (__launch_bounds__ minimum 2 blocks) ptxas spills 0 (bool), 56 (same dtype), 64 (fp32) bytes there,
+// the general (softcap) variants 388-560: the next thing to measure for the bias variants.
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
 }
@@ -59,9 +61,6 @@ struct FwdTileConfig {
   // sm_90a with TMA loads: mbarriers for Q and each K/V stage, after the tiles
   static constexpr int kSmemBarrierBytes = kWgmma ? 64 : 0;
   static constexpr int kSmemBytes = kSmemQBytes + kStages * 2 * kSmemKVBytes + kSmemBarrierBytes;
-  // Bias-fold variants only, after everything else: a bias that is the same for every query row (a key padding
-  // mask, row stride 0) is staged here as one fp32 row per key tile, two tiles (the current one and the next).
-  static constexpr int kSmemKeyBiasBytes = 2 * kBlockN * 4;
 
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole m16 tiles");
@@ -71,7 +70,7 @@ struct FwdTileConfig {
   static_assert(kStages == 1 || kStages == 2, "single- or double-buffered K/V");
   static_assert((kBlockM * kHeadDim / 8) % kNThreads == 0, "Q tile splits evenly into 16-byte cp.async");
   static_assert((kBlockN * kHeadDim / 8) % kNThreads == 0, "K/V tile splits evenly into 16-byte cp.async");
-  static_assert(kSmemBytes + kSmemKeyBiasBytes <= 227 * 1024, "fits the opt-in shared memory of sm80/sm90");
+  static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm80/sm90");
   // fp32 accumulator registers per thread: O and S; beyond ~200 the kernel spills.
   static_assert(kMTiles * (kDTiles + kNTiles) * 4 <= 192, "accumulators must stay in registers");
 };
