@@ -14,6 +14,9 @@
 include_guard(GLOBAL)
 
 set(FA2_KERNEL_DIRECTIONS fwd bwd)
+# Directions with arch-specific kernels (sm_90a: wgmma, TMA). For the others an "a" arch is no new code: skipped
+# when its plain number is also built (90a next to 90), else compiled as that plain arch's kernels.
+set(FA2_KERNEL_DIRECTIONS_ARCH_SPECIFIC fwd)
 set(FA2_KERNEL_DTYPES fp16 bf16)
 set(FA2_KERNEL_HEADDIMS_SUPPORTED 32 64 96 128 192 256)
 
@@ -90,7 +93,13 @@ function(fa2_generate_kernels src_dir gen_dir)
           # 90a: SASS for compute capability 9.0 exactly, with the arch-specific instructions (wgmma, setmaxnreg)
           set(arch_specific 0)
           if(arch MATCHES "a$")
-            set(arch_specific 1)
+            if(NOT dir IN_LIST FA2_KERNEL_DIRECTIONS_ARCH_SPECIFIC)
+              if(arch_num IN_LIST ARG_ARCHS)
+                continue()
+              endif()
+            else()
+              set(arch_specific 1)
+            endif()
           endif()
           set(FA2_INSTANCE "${dir}_${dtype}_hdim${hd}_sm${arch}")
           set(FA2_CTYPE "${_fa2_ctype_${dtype}}")

@@ -169,4 +169,9 @@ at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bia
   return r.reshape(attn_bias.sizes()).to(attn_bias.scalar_type());
 }
 
+void check_compute_capability(int major, int minor, const std::string& device, const std::string& device_name) {
+  TORCH_CHECK(major >= 8, "fa2: the CUDA kernels need compute capability 8.0 or newer (Ampere, Ada, Hopper); ", device,
+              " is ", device_name, " with compute capability ", major, ".", minor);
+}
+
 }  // namespace fa2

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <optional>
+#include <string>
 
 namespace fa2 {
 
@@ -30,6 +31,10 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                   bool causal, int64_t window_left, int64_t window_right, double softcap,
                                   bool bias_requires_grad);
+
+// The CUDA kernels need compute capability 8.0 or newer: raises naming the device, its name and capability
+// otherwise. (The CUDA forward asks the runtime; fa2._C._check_compute_capability lets tests reach the message.)
+void check_compute_capability(int major, int minor, const std::string& device, const std::string& device_name);
 
 // Reduces a full (batch, nheads, seqlen_q, seqlen_k) float32 gradient to the shape/dtype of the bias as given.
 at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bias);

@@ -2,6 +2,9 @@
 // It holds no logic beyond reporting what this build contains.
 #include <pybind11/pybind11.h>
 
+#include <string>
+
+#include "checks.h"
 #include "fa2_build_info.h"
 #if FA2_WITH_CUDA
 #include "fa2/launch.h"
@@ -20,6 +23,10 @@ PYBIND11_MODULE(_C, m) {
     d["cuda_archs"] = FA2_BUILT_CUDA_ARCHS;
     d["kernels"] = FA2_BUILT_KERNELS;
     return d;
+  });
+  // The compute-capability check of the CUDA path, reachable without such a GPU (tests/test_api.py).
+  m.def("_check_compute_capability", [](int major, int minor, const std::string& device, const std::string& name) {
+    fa2::check_compute_capability(major, minor, device, name);
   });
   // Development switch (benchmarks/bench_attention.py's "fa2-sm80"): whether sm_90a instances may run.
   m.def("set_arch_specific_kernels", [](bool enabled) {

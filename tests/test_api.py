@@ -205,6 +205,16 @@ def test_bad_input_raises_clear_error(device, compiled):
 
 # ---- packaging ----------------------------------------------------------------------------------------------------
 
+def test_gpu_older_than_sm80_gets_a_clear_error():
+    """The CUDA forward's compute-capability check (cpp/checks.cpp), called as it is on such a GPU: no sm < 8.0 GPU
+    exists on the test machines, so the check is reached through fa2._C."""
+    with pytest.raises(RuntimeError, match=r"compute capability 8\.0 or newer .*cuda:1 is Tesla T4 with compute "
+                                           r"capability 7\.5"):
+        fa2._C._check_compute_capability(7, 5, "cuda:1", "Tesla T4")
+    fa2._C._check_compute_capability(8, 0, "cuda:0", "NVIDIA A100")  # passes
+    fa2._C._check_compute_capability(9, 0, "cuda:0", "NVIDIA H200")
+
+
 def test_abi_mismatch_gives_rebuild_message(monkeypatch):
     import builtins
     import sys

@@ -28,8 +28,7 @@ int checked_compute_capability(const at::Tensor& q) {
   if (major >= 8) return 10 * major + minor;
   cudaDeviceProp prop{};
   C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  TORCH_CHECK(false, "fa2: the CUDA kernels need compute capability 8.0 or newer (Ampere, Ada, Hopper); ", q.device(),
-              " is ", prop.name, " with compute capability ", major, ".", minor);
+  check_compute_capability(major, minor, q.device().str(), prop.name);  // raises
   return 0;
 }
 
