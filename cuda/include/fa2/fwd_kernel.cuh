@@ -223,12 +223,15 @@ __device__ __forceinline__ float fold_bias(float bias, float inv_scale) {
 // top, and scale*log2(e) applied to the sum gives (scale q.k + bias) log2(e) with the plain path's one FMA).
 // Elements past seqlen_q / seqlen_k are 0 and not read (rows past seqlen_q are never stored; columns past
 // seqlen_k are masked); kCheckCols only for the tile that crosses seqlen_k.
-template <bool kCheckCols, typename B, int kMTiles, int kNTiles>
+// kKeyRow: the bias is the same for every query row (row stride 0, e.g. a key padding mask): one load per column,
+// shared by the thread's rows. A separate kernel variant, because the general loads need ~50 more registers
+// (at d 64 on sm_90a that is one CTA per SM instead of two).
+template <bool kKeyRow, bool kCheckCols, typename B, int kMTiles, int kNTiles>
 __device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4], const B* bias, int64_t row_stride,
                                                int64_t col_stride, int row0, int col0, int seqlen_q, int seqlen_k,
                                                float inv_scale) {
   const int64_t step8 = 8 * col_stride;
-  if (row_stride == 0) {  // the same for every query row: one load per column
+  if constexpr (kKeyRow) {  // the same for every query row: one load per column
     const B* ptr = bias + col0 * col_stride;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
@@ -305,14 +308,17 @@ __device__ __forceinline__ void score_mod(float (&s)[kMTiles][kNTiles][4], const
 //   kPlain     scale > 0, no softcap, no bias: S stays raw q.k, scale*log2(e) folded into the exp2's one FMA.
 //   kBiasFold  scale > 0, no softcap, a bias: S starts from bias / scale (loaded while the tile's barrier waits)
 //              and Q K^T accumulates on top; from there exactly the plain path (one FMA before exp2).
+//   kKeyBiasFold  the same for a bias with row stride 0 (one value per key: padding masks), in fewer registers.
 //   kGeneral   softcap > 0 or scale <= 0: S = scale q.k, soft-capped, + bias in fp32, in log2(e) units.
-enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2 };
+enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFold = 3 };
 
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build (cmake/Kernels.cmake):
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias>
-__global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNThreads)
+__global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNThreads,
+                                  FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(kMode ==
+                                                                                             ScoreMode::kKeyBiasFold))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
   constexpr bool kWgmma = kArchTag == 901;
   constexpr bool kTma = kWgmma && FA2_SM90_TMA;
@@ -359,6 +365,7 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
   const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+  constexpr bool kBiasFold = kMode == ScoreMode::kBiasFold || kMode == ScoreMode::kKeyBiasFold;
   static_assert((kMode == ScoreMode::kPlain) == (kBias == BiasType::kNone) || kMode == ScoreMode::kGeneral,
                 "plain means no bias; bias-fold needs one");
   const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
@@ -443,16 +450,17 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
     const int buf = Cfg::kStages == 2 ? (it & 1) : 0;
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
     float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
-    if constexpr (kMode == ScoreMode::kBiasFold) {
+    if constexpr (kBiasFold) {
       // issued before the barrier so that the loads' latency overlaps the wait
       using B = typename BiasElement<T, kBias>::type;
+      constexpr bool kKeyRow = kMode == ScoreMode::kKeyBiasFold;
       const float inv_scale = 1.f / p.scale;
       if (n * kBlockN + kBlockN > p.seqlen_k) {
-        init_from_bias</*kCheckCols=*/true>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
-                                            p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
+        init_from_bias<kKeyRow, /*kCheckCols=*/true>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
+                                                     p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
       } else {
-        init_from_bias</*kCheckCols=*/false>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
-                                             p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
+        init_from_bias<kKeyRow, /*kCheckCols=*/false>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
+                                                      p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
       }
     } else {
 #pragma unroll

@@ -11,37 +11,45 @@
 
 namespace fa2 {
 
+using FwdKernel = void (*)(const AttentionParams, const sm90::FwdTensorMaps);
+
+// The kernel of one score path for the bias element type (nullptr for a combination that does not exist).
+template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode>
+FwdKernel fwd_kernel_for_bias(BiasType bias_type) {
+  switch (bias_type) {
+    case BiasType::kNone:
+      if constexpr (kMode == fwd::ScoreMode::kPlain || kMode == fwd::ScoreMode::kGeneral) {
+        return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kNone>;
+      }
+      return nullptr;
+    case BiasType::kSameAsInput:
+    case BiasType::kFloat32:
+    case BiasType::kBool:
+      if constexpr (kMode != fwd::ScoreMode::kPlain) {
+        if (bias_type == BiasType::kSameAsInput) return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kSameAsInput>;
+        if (bias_type == BiasType::kFloat32) return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kFloat32>;
+        return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kBool>;
+      }
+      return nullptr;
+  }
+  return nullptr;
+}
+
 template <typename T, int kHeadDim, int kArch>
 const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the kernel's own choice (fwd_kernel.cuh)
-  // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator / general (softcap,
-  // scale <= 0), times the bias element type. Eight variants per instance.
+  // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator (a key-row bias or one that
+  // varies along queries) / general (softcap, scale <= 0), times the bias element type. Eleven variants per instance.
   using fwd::ScoreMode;
-  void (*kernel)(const AttentionParams, const sm90::FwdTensorMaps) = nullptr;
+  FwdKernel kernel = nullptr;
   if (p.softcap > 0.f || !(p.scale > 0.f)) {
-    switch (p.bias_type) {
-      case BiasType::kNone: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kNone>; break;
-      case BiasType::kSameAsInput:
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kSameAsInput>;
-        break;
-      case BiasType::kFloat32:
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kFloat32>;
-        break;
-      case BiasType::kBool: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, BiasType::kBool>; break;
-    }
+    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kGeneral>(p.bias_type);
+  } else if (p.bias_type == BiasType::kNone) {
+    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kPlain>(p.bias_type);
+  } else if (p.bias_row_stride == 0) {  // one bias value per key (padding masks)
+    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kKeyBiasFold>(p.bias_type);
   } else {
-    switch (p.bias_type) {
-      case BiasType::kNone: kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kPlain, BiasType::kNone>; break;
-      case BiasType::kSameAsInput:
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kBiasFold, BiasType::kSameAsInput>;
-        break;
-      case BiasType::kFloat32:
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kBiasFold, BiasType::kFloat32>;
-        break;
-      case BiasType::kBool:
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kBiasFold, BiasType::kBool>;
-        break;
-    }
+    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kBiasFold>(p.bias_type);
   }
   if (kernel == nullptr) return "fa2: unknown bias type";
   const int num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;

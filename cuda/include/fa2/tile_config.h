@@ -30,9 +30,9 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // d 128, 192 KB at d 256. Measured on the H200 (2026-11-30, bf16/fp16, 16k tokens, hidden 2048, S 1k..16k, with
 // TMA loads): forward 1.35-2.1x torch's FA-2, 1.0-1.10x cuDNN at d 64, 0.72-0.96x at d 128 and 256
 // (benchmarks/results/attention_h200-20261130-sm90a.json). At d 64 the plain variant takes 128 registers (two CTAs
-// per SM), the bias-fold variants 155-190 (one CTA per SM: with a padding bias 0.55-0.6x of the plain speed);
-// capped at 128 (__launch_bounds__ minimum 2 blocks) ptxas spills 0 (bool), 56 (same dtype), 64 (fp32) bytes there,
-// the general (softcap) variants 388-560: the next thing to measure for the bias variants.
+// per SM), the bias-fold variants 155-190 (one CTA per SM: with a padding bias 0.55-0.6x of the plain speed). The
+// registers went to the loads of a bias that varies along queries; a key-row bias (padding masks) now has its own
+// variant, held to 128 registers (min_blocks_per_sm). Not yet measured.
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
 }
@@ -47,6 +47,11 @@ struct FwdTileConfig {
   static constexpr int kNWarps = kShape.warps;
   static constexpr int kStages = kShape.stages;
   static constexpr int kNThreads = kNWarps * 32;
+  // CTAs per SM the register allocation must allow (__launch_bounds__'s minimum), for the lean variants (a key-row
+  // bias): sm_90a at d <= 64 asks for 2, i.e. <= 128 registers a thread, which two CTAs' 80 KB of shared memory
+  // allow (ptxas, bf16: 128 registers, 0 bytes spilled for a bool bias, 48 for float ones; unbounded: 129-141).
+  // 0 (everything else) leaves the compiler free: an explicit 1 is not the same (the plain variant then took 152).
+  static constexpr int min_blocks_per_sm(bool lean) { return lean && kWgmma && kHeadDim_ <= 64 ? 2 : 0; }
 
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
   static constexpr int kMTiles = kRowsPerWarp / 16;   // m16 tiles per warp
