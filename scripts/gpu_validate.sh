@@ -27,15 +27,15 @@ if [ "$cc" = "90" ]; then
 fi
 
 export PYTEST_ADDOPTS='-k "cuda or current_stream or reduce_overhead or 2_31 or build or hopper or wgmma"'
-step tests 360 scripts/gpu_check.sh "scripts/gpu_pytest.py tests"
+step tests 420 scripts/gpu_check.sh "scripts/gpu_pytest.py tests"
 unset PYTEST_ADDOPTS
 step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools memcheck
 step bench 100 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 --dims 64,128 \
-  --seqlens 2k,8k --causal both --masks none --pass fwd,fwdbwd --impls fa2,fa2-sm80,torch-fa2,cudnn \
+  --seqlens 2k,8k --causal both --masks none,padding --pass fwd,fwdbwd --impls fa2,fa2-sm80,torch-fa2,cudnn \
   --mem-seqlens "" --warmup-ms 10 --rep-ms 30 --no-progress --no-plot --out "$OUT/bench"
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
 grep -E "passed|failed" "$OUT/tests.log" | tail -2
 grep -E "^FAILED" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
-sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -14
+sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -24
