@@ -149,3 +149,29 @@ def test_bhsd_views_need_no_copy(device):
         out = fa2.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
     assert not any(("copy" in o or "clone" in o or "contiguous" in o) for o in log.ops), log.ops
     assert out.shape == (2, 4, 64, 64)
+
+
+@pytest.mark.parametrize("device,dtype", [(d, t) for d, t in DEVICE_DTYPES if t != torch.float64],
+                         ids=[i for (d, t), i in zip(DEVICE_DTYPES, IDS) if t != torch.float64])
+@pytest.mark.parametrize("bias_dtype", ["same", "fp32", "bool"])
+def test_key_row_bias_equals_the_same_bias_materialized(device, dtype, bias_dtype):
+    """A bias that is the same for every query row (stride 0 along queries: a padding mask) takes its own kernel
+    variant on CUDA; it must give bitwise what the same values give as a full (B, H, Sq, Sk) tensor, forward and
+    backward (both paths fold the same values, in the same order)."""
+    b, sq, sk, h, hk, d = 2, 150, 300, 4, 2, 64
+    g = torch.Generator(device=device).manual_seed(3)
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device=device, requires_grad=True, generator=g)
+    if bias_dtype == "bool":
+        row = torch.rand(b, 1, 1, sk, device=device, generator=g) > 0.2
+    else:
+        row = torch.randn(b, 1, 1, sk, device=device, generator=g)
+        row[..., -7:] = torch.finfo(torch.float32).min  # padded keys, as Hugging Face writes them
+        row = row.to(dtype if bias_dtype == "same" else torch.float32)
+    full = row.expand(b, h, sq, sk).contiguous()
+    dout = torch.randn(b, sq, h, d, device=device, dtype=dtype, generator=g)
+    results = []
+    for bias in (row.expand(b, h, sq, sk), full):
+        out = fa2.attention(q, k, v, attn_bias=bias)
+        results.append((out,) + torch.autograd.grad(out, (q, k, v), dout))
+    for name, a, c in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, c), f"{name}: max diff {(a.float() - c.float()).abs().max().item()}"
