@@ -221,11 +221,12 @@ __device__ __forceinline__ float fold_bias(float bias, float inv_scale) {
 
 // acc = bias[row, col] * inv_scale for the fragment elements (the bias-fold path: Q K^T then accumulates on
 // top, and scale*log2(e) applied to the sum gives (scale q.k + bias) log2(e) with the plain path's one FMA).
-// Elements past seqlen_q / seqlen_k are 0 and not read (rows past seqlen_q are never stored; columns past
-// seqlen_k are masked); kCheckCols only for the tile that crosses seqlen_k.
+// Elements past seqlen_k are 0 and not read (they are masked; kCheckCols only for the tile that crosses seqlen_k);
+// rows past seqlen_q are 0 too, except with kKeyRow, where they get the (in-bounds) key row: they are never stored.
 // kKeyRow: the bias is the same for every query row (row stride 0, e.g. a key padding mask): one load per column,
-// shared by the thread's rows. A separate kernel variant, because the general loads need ~50 more registers
-// (at d 64 on sm_90a that is one CTA per SM instead of two).
+// shared by the thread's rows. A separate kernel variant because the per-element loads cost registers: at d 64 on
+// sm_90a (bf16) the bias-fold variants take 156-192, the key-row ones 129-141 unbounded, which min_blocks_per_sm
+// (tile_config.h) then holds to 128 for a second CTA per SM.
 template <bool kKeyRow, bool kCheckCols, typename B, int kMTiles, int kNTiles>
 __device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4], const B* bias, int64_t row_stride,
                                                int64_t col_stride, int row0, int col0, int seqlen_q, int seqlen_k,

@@ -30,7 +30,7 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // d 128, 192 KB at d 256. Measured on the H200 (2026-11-30, bf16/fp16, 16k tokens, hidden 2048, S 1k..16k, with
 // TMA loads): forward 1.35-2.1x torch's FA-2, 1.0-1.10x cuDNN at d 64, 0.72-0.96x at d 128 and 256
 // (benchmarks/results/attention_h200-20261130-sm90a.json). At d 64 the plain variant takes 128 registers (two CTAs
-// per SM), the bias-fold variants 155-190 (one CTA per SM: with a padding bias 0.55-0.6x of the plain speed). The
+// per SM), the bias-fold variants 155-192 (one CTA per SM: with a padding bias 0.55-0.6x of the plain speed). The
 // registers went to the loads of a bias that varies along queries; a key-row bias (padding masks) now has its own
 // variant, held to 128 registers (min_blocks_per_sm). Not yet measured.
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
