@@ -54,7 +54,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
-IMPLS = ("fa2", "fa2-sm80", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
+# fa2-ws: fa2 with the sm_90a forward's warp-specialized pipeline switched on (plain path, d <= 128; the rest runs
+# as fa2): the candidate next step, against the default in one run.
+FA2_SWITCHES = {"fa2-sm80": ("set_arch_specific_kernels", False), "fa2-ws": ("set_sm90_warp_specialized", True)}
+IMPLS = ("fa2", "fa2-sm80", "fa2-ws", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
@@ -257,7 +260,7 @@ def make_call(impl: str, cfg: Config, bias, fa2_mod, device):
     """(f, to_bhsd): f(q, k, v) runs the implementation on (B, H, S, D) tensors and returns its output in its own
     layout; to_bhsd(out) views that output as (B, H, S, D)."""
     causal = cfg.causal
-    if impl in ("fa2", "fa2-sm80"):
+    if impl == "fa2" or impl in FA2_SWITCHES:
         if fa2_mod is None:
             raise RuntimeError(import_fa2()[1] or "fa2 is not importable")
         # flash-attn layout (B, S, H, D): transposed views of the (B, H, S, D) tensors, no copies.
@@ -327,12 +330,14 @@ def short(e: BaseException, caught=()) -> str:
 # ---- one implementation on one config: all passes ------------------------------------------------------------
 
 def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
-    if impl == "fa2-sm80" and fa2_mod is not None:
-        fa2_mod._C.set_arch_specific_kernels(False)
+    if impl in FA2_SWITCHES and fa2_mod is not None:
+        name, value = FA2_SWITCHES[impl]
+        switch = getattr(fa2_mod._C, name)
+        switch(value)
         try:
             return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
         finally:
-            fa2_mod._C.set_arch_specific_kernels(True)
+            switch(not value)
     return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
 
 

@@ -36,4 +36,12 @@ PYBIND11_MODULE(_C, m) {
     (void)enabled;
 #endif
   });
+  // Development switch (benchmarks/bench_attention.py's "fa2-ws"): the sm_90a forward's warp-specialized pipeline.
+  m.def("set_sm90_warp_specialized", [](bool enabled) {
+#if FA2_WITH_CUDA
+    fa2::set_sm90_warp_specialized(enabled);
+#else
+    (void)enabled;
+#endif
+  });
 }

@@ -67,3 +67,34 @@ def test_wgmma_training_step_matches_sm80_path():
         err_a = ((x.float() - r).norm() / r.norm()).item()
         err_b = ((y.float() - r).norm() / r.norm()).item()
         assert err_a < 2 * err_b + 1e-3, f"{name}: wgmma path {err_a:.2e} vs sm80 path {err_b:.2e} relative error"
+
+
+def _fwd_kernel_names(fn):
+    """Names of the CUDA kernels fn() launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_warp_specialized_forward_equals_the_default(dtype):
+    """The warp-specialized sm_90a forward (fa2._C.set_sm90_warp_specialized; plain path, headdim <= 128) runs the
+    same products and softmax as the default pipeline, only scheduled differently: bitwise the same out and lse on
+    every plain sample (the others fall back to the default kernels), and it really is another kernel."""
+    samples = [s for s in sample_inputs("cuda", dtype, full=True)
+               if "attn_bias" not in s.kwargs and not s.kwargs.get("softcap") and s.q.shape[-1] <= 128]
+    assert len(samples) > 10
+    fa2._C.set_sm90_warp_specialized(True)
+    try:
+        ws = [torch.ops.fa2.fwd(*s.args()) for s in samples]
+        names = _fwd_kernel_names(lambda: torch.ops.fa2.fwd(*samples[0].args()))
+    finally:
+        fa2._C.set_sm90_warp_specialized(False)
+    default = [torch.ops.fa2.fwd(*s.args()) for s in samples]
+    # the kernel's last template argument (kWarpSpecialized) is true: "...ELb1EEEv..." in its mangled name
+    assert any("fwd_kernel" in n and "Lb1E" in n for n in names) or any("true>" in n for n in names), names
+    for s, (out_ws, lse_ws), (out, lse) in zip(samples, ws, default):
+        assert torch.equal(out_ws, out), f"out differs: {s}"
+        assert torch.equal(lse_ws, lse), f"lse differs: {s}"

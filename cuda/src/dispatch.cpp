@@ -17,21 +17,38 @@ const char* message(std::string s) {
   return buffer.c_str();
 }
 
-// Whether sm_XXa instances may be chosen: set_arch_specific_kernels(), else FA2_DISABLE_ARCH_SPECIFIC=1 turns them
-// off (e.g. to time the sm80-path kernels against the wgmma ones on the same build).
-std::atomic<int> g_arch_specific{-1};  // -1: not set, from the environment
-
-bool arch_specific_disabled() {
-  int state = g_arch_specific.load(std::memory_order_relaxed);
-  if (state < 0) {
-    const char* v = std::getenv("FA2_DISABLE_ARCH_SPECIFIC");
-    int from_env = v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0 ? 0 : 1;
-    // a concurrent set_arch_specific_kernels() wins over the environment
-    if (!g_arch_specific.compare_exchange_strong(state, from_env, std::memory_order_relaxed)) return state == 0;
-    state = from_env;
+// A process-wide on/off switch for A/B timing: set() wins; until then the environment variable decides (set to
+// anything but "" or "0" means `when_set`, absent means the opposite).
+class Switch {
+ public:
+  constexpr Switch(const char* env_var, bool when_set) : env_var_(env_var), when_set_(when_set) {}
+  bool on() {
+    int state = state_.load(std::memory_order_relaxed);
+    if (state < 0) {
+      const char* v = std::getenv(env_var_);
+      const bool set = v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+      const int from_env = set == when_set_ ? 1 : 0;
+      // a concurrent set() wins over the environment
+      if (!state_.compare_exchange_strong(state, from_env, std::memory_order_relaxed)) return state == 1;
+      state = from_env;
+    }
+    return state == 1;
   }
-  return state == 0;
-}
+  void set(bool on) { state_.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+ private:
+  const char* env_var_;
+  bool when_set_;
+  std::atomic<int> state_{-1};  // -1: not decided yet
+};
+
+// Whether sm_XXa instances may be chosen (FA2_DISABLE_ARCH_SPECIFIC=1 turns them off, e.g. to time the sm80-path
+// kernels against the wgmma ones on the same build).
+Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
+// Whether the sm_90a forward runs its warp-specialized pipeline (FA2_SM90_WARP_SPECIALIZED=1).
+Switch g_sm90_warp_specialized{"FA2_SM90_WARP_SPECIALIZED", /*when_set=*/true};
+
+bool arch_specific_disabled() { return !g_arch_specific.on(); }
 
 }  // namespace
 
@@ -71,8 +88,10 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
                  "; rebuild with FA2_CUDA_ARCHS including " + std::to_string(cc));
 }
 
-void set_arch_specific_kernels(bool enabled) { g_arch_specific.store(enabled ? 1 : 0, std::memory_order_relaxed); }
-bool arch_specific_kernels() { return !arch_specific_disabled(); }
+void set_arch_specific_kernels(bool enabled) { g_arch_specific.set(enabled); }
+bool arch_specific_kernels() { return g_arch_specific.on(); }
+void set_sm90_warp_specialized(bool enabled) { g_sm90_warp_specialized.set(enabled); }
+bool sm90_warp_specialized() { return g_sm90_warp_specialized.on(); }
 
 int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim) {
   int best = -1;

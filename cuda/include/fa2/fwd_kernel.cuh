@@ -313,18 +313,34 @@ __device__ __forceinline__ void score_mod(float (&s)[kMTiles][kNTiles][4], const
 //   kGeneral   softcap > 0 or scale <= 0: S = scale q.k, soft-capped, + bias in fp32, in log2(e) units.
 enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFold = 3 };
 
+// Warp specialization (sm_90a with TMA loads; kWarpSpecialized): one more warpgroup, the producer, runs ahead
+// issuing the K/V copies into the ring (waiting on "empty" barriers the consumer warps arrive on once their products
+// have read a stage) with its registers given back (setmaxnreg 24); the kNWarps consumer warps take 240 and never
+// sync the whole CTA inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
+constexpr int kWsProducerThreads = 128, kWsProducerRegs = 24, kWsConsumerRegs = 240;
+
+template <int kHeadDim, int kArchTag, bool kWarpSpecialized>
+constexpr int fwd_kernel_threads() {
+  return FwdTileConfig<kHeadDim, kArchTag == 901>::kNThreads + (kWarpSpecialized ? kWsProducerThreads : 0);
+}
+
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build (cmake/Kernels.cmake):
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
-template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias>
-__global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNThreads,
-                                  FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(kMode ==
-                                                                                             ScoreMode::kKeyBiasFold))
+template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false>
+__global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized>(),
+                                  kWarpSpecialized ? 1
+                                                   : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
+                                                         kMode == ScoreMode::kKeyBiasFold))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
   constexpr bool kWgmma = kArchTag == 901;
   constexpr bool kTma = kWgmma && FA2_SM90_TMA;
+  constexpr bool kWs = kWarpSpecialized;
   using Cfg = FwdTileConfig<kHeadDim, kWgmma>;
   static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
+  static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
+  static_assert(kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * kWsConsumerRegs <= 64 * 1024,
+                "warp specialization: producer + consumer registers within the 64K register file");
   using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
   using KVTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
@@ -340,7 +356,9 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest (causal) rows first: shorter tail of the wave
   const int head = blockIdx.y, batch = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // tid / warp: the thread's place among the consumer (computing) threads; the producer warpgroup of a
+  // warp-specialized kernel comes first and has tid < 0
+  const int tid = int(threadIdx.x) - (kWs ? kWsProducerThreads : 0), warp = tid >> 5, lane = threadIdx.x & 31;
   const int m0 = m_block * kBlockM;
   const int rows_q = min(kBlockM, p.seqlen_q - m0);
   const int headdim = p.headdim;
@@ -352,6 +370,7 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
   if (range.empty()) {
     // -- no query of this block sees any key: out = 0, lse = +inf
+    if (tid < 0) return;  // the producer warpgroup has nothing to load
     for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
       const int row = idx / kDTiles, chunk = idx % kDTiles;
       if (row < rows_q && chunk * 8 < headdim) {
@@ -382,16 +401,18 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
   using CheckRows = std::true_type;
   using NoCheckRows = std::false_type;
 
-  // TMA path: mbarriers after the tiles, one for Q and one per K/V stage; thread 0 issues every copy, one per
-  // column block of a tile (the TMA writes the SwizzledTile layout itself and zero-fills rows past seqlen and
-  // columns past headdim), everyone waits on the barrier. A stage's barrier completes once per use: the use in
-  // iteration it has parity (it / 2) % 2.
+  // TMA path: mbarriers after the tiles, one for Q and one per K/V stage ("full"; warp-specialized: also one
+  // "empty" per stage); one thread issues every copy, one per column block of a tile (the TMA writes the
+  // SwizzledTile layout itself and zero-fills rows past seqlen and columns past headdim), everyone waits on the
+  // barrier. A stage's barrier completes once per use: the use in iteration it has parity (it / 2) % 2.
   constexpr int kBlockCols = Cfg::kSmemBlockCols, kColBlocks = kHeadDim / kBlockCols;
   // the bytes each barrier expects are the bytes its boxes write (a mismatch would hang the wait)
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
   const uint32_t bar_q = sQ + Cfg::kSmemBytes - Cfg::kSmemBarrierBytes;
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
+  auto bar_empty = [&](int buf) { return bar_q + 24 + 8 * buf; };  // warp-specialized: the consumers released it
+  static_assert(!kTma || 40 <= Cfg::kSmemBarrierBytes, "five mbarriers");
   auto tma_kv = [&](int n, int buf) {  // K and V of key tile n into stage buf (thread 0)
     sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes);
 #pragma unroll
@@ -404,14 +425,36 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
 
   // -- prologue: Q and the first (highest) key tile in flight
   if constexpr (kTma) {
-    if (tid == 0) {
+    if (threadIdx.x == 0) {
       sm90::mbarrier_init(bar_q, 1);
       sm90::mbarrier_init(bar_kv(0), 1);
       sm90::mbarrier_init(bar_kv(1), 1);
+      if constexpr (kWs) {
+        sm90::mbarrier_init(bar_empty(0), Cfg::kNWarps);  // one arrival per consumer warp
+        sm90::mbarrier_init(bar_empty(1), Cfg::kNWarps);
+      }
       sm90::fence_barrier_init();
     }
-    __syncthreads();
-    if (tid == 0) {
+    __syncthreads();  // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below
+    if constexpr (kWs) {
+      if (tid < 0) {  // -- the producer warpgroup: one thread streams Q, then every K/V tile into the ring
+        sm90::setmaxnreg_dec<kWsProducerRegs>();
+        if (threadIdx.x == 0) {
+          sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
+#pragma unroll
+          for (int blk = 0; blk < kColBlocks; ++blk) {
+            sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
+          }
+          for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
+            // the stage's previous tile (iteration it - 2) must have been read by every consumer warp
+            if (it >= 2) sm90::mbarrier_wait(bar_empty(it & 1), ((it >> 1) - 1) & 1);
+            tma_kv(n, it & 1);
+          }
+        }
+        return;
+      }
+      sm90::setmaxnreg_inc<kWsConsumerRegs>();
+    } else if (tid == 0) {
       sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
 #pragma unroll
       for (int blk = 0; blk < kColBlocks; ++blk) {
@@ -476,8 +519,10 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
     if constexpr (kTma) {
       if (it == 0) sm90::mbarrier_wait(bar_q, 0);
       sm90::mbarrier_wait(bar_kv(buf), (it >> 1) & 1);
-      __syncthreads();
-      if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration
+      if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
+        __syncthreads();
+        if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration
+      }
     } else {
       ptx::cp_async_wait<0>();
       if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
@@ -525,6 +570,12 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
     } else {
       gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
     }
+    if constexpr (kWs) {
+      // both products of this warp have completed (each waits for its wgmma group), so its reads of stage buf are
+      // done: one arrival per warp releases the stage to the producer
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf));
+    }
   }
 
   // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
@@ -555,7 +606,11 @@ __global__ void __launch_bounds__(FwdTileConfig<kHeadDim, kArchTag == 901>::kNTh
       }
     }
   }
-  __syncthreads();
+  if constexpr (kWs) {
+    ptx::named_barrier_sync(1, kNThreads);  // the consumer warps only (the producer has left)
+  } else {
+    __syncthreads();
+  }
   constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
 #pragma unroll
   for (int i = 0; i < kOutIters; ++i) {

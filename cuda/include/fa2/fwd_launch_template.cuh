@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "fa2/fwd_kernel.cuh"
+#include "fa2/launch.h"  // sm90_warp_specialized
 #include "fa2/params.h"
 #include "fa2/tile_config.h"
 
@@ -42,7 +43,19 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // varies along queries) / general (softcap, scale <= 0), times the bias element type. Eleven variants per instance.
   using fwd::ScoreMode;
   FwdKernel kernel = nullptr;
-  if (p.softcap > 0.f || !(p.scale > 0.f)) {
+  int threads = Cfg::kNThreads;
+  // sm_90a: the warp-specialized pipeline (fwd_kernel.cuh), so far for the plain path only and when switched on
+  // (set_sm90_warp_specialized / FA2_SM90_WARP_SPECIALIZED=1) while it is being measured against the default.
+  // d <= 128: at d 192/256 ptxas spills the consumers' accumulators around every wgmma (it warns that it serializes
+  // them for lack of registers) although they may use 240 after setmaxnreg; the d 128 consumers spill 2 values.
+  constexpr bool kCanWs = kArch == 901 && FA2_SM90_TMA && kHeadDim <= 128;
+  const bool plain = !(p.softcap > 0.f || !(p.scale > 0.f)) && p.bias_type == BiasType::kNone;
+  if (kCanWs && plain && sm90_warp_specialized()) {
+    if constexpr (kCanWs) {
+      kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kPlain, BiasType::kNone, /*kWarpSpecialized=*/true>;
+      threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
+    }
+  } else if (p.softcap > 0.f || !(p.scale > 0.f)) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kGeneral>(p.bias_type);
   } else if (p.bias_type == BiasType::kNone) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kPlain>(p.bias_type);
@@ -77,7 +90,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     }
     if (e != nullptr) return e;
   }
-  kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p, maps);
+  kernel<<<grid, threads, smem, stream>>>(p, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

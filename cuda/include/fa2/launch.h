@@ -17,6 +17,11 @@ int fwd_headdim_rounded(int headdim);
 void set_arch_specific_kernels(bool enabled);
 bool arch_specific_kernels();
 
+// Whether the sm_90a forward uses its warp-specialized pipeline (a producer warpgroup streaming K/V; plain path
+// only so far). Default: off unless the environment has FA2_SM90_WARP_SPECIALIZED=1, until it is measured to win.
+void set_sm90_warp_specialized(bool enabled);
+bool sm90_warp_specialized();
+
 // Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
 // headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8
 // elements, seqlen_q, seqlen_k, batch, nheads >= 1 (the torch glue pads/copies and handles empty inputs).

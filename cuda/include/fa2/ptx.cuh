@@ -77,6 +77,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem
   const int src_size = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
 }
+// Named barrier `id` (1..15; 0 is __syncthreads'), complete once `threads` threads (a multiple of 32) have arrived:
+// syncs a subset of the CTA, e.g. the consumer warps of a warp-specialized kernel.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most n of this thread's committed groups are still in flight (n = 0: all landed).
 template <int n>

@@ -70,6 +70,10 @@ __device__ __forceinline__ void fence_barrier_init() {
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// One plain arrival (e.g. a consumer warp releasing a buffer to the producer).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // Blocks until the barrier's phase `phase` (0, 1, 0, ...) has completed. A phase that never completes (expected
 // bytes that no copy delivers) would hang the kernel, and with it the process in its next synchronization: after
 // FA2_MBARRIER_SPIN_LIMIT unsuccessful polls (each of which already waits a while in hardware; seconds in all,

@@ -81,4 +81,18 @@ __device__ __forceinline__ void hold_fragments(uint32_t (&a)[N][4]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
 }
 
+// Warp specialization: a warpgroup gives registers back (a producer that only issues copies) or takes more (the
+// consumers that hold the accumulators). Every warp of the warpgroup executes the same one; counts are multiples of
+// 8 in [24, 256], and the CTA's total stays within what it was launched with (e.g. 128 x 24 + 256 x 240 <= 64K).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 }  // namespace fa2::sm90
