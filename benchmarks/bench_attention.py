@@ -56,7 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
 # fa2-ws: fa2 with the sm_90a forward's warp-specialized pipeline switched on (plain path, d <= 128; the rest runs
 # as fa2): the candidate next step, against the default in one run.
-FA2_SWITCHES = {"fa2-sm80": ("set_arch_specific_kernels", False), "fa2-ws": ("set_sm90_warp_specialized", True)}
+FA2_SWITCHES = {"fa2-sm80": ("arch_specific_kernels", False), "fa2-ws": ("sm90_warp_specialized", True)}
 IMPLS = ("fa2", "fa2-sm80", "fa2-ws", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
@@ -332,12 +332,12 @@ def short(e: BaseException, caught=()) -> str:
 def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
     if impl in FA2_SWITCHES and fa2_mod is not None:
         name, value = FA2_SWITCHES[impl]
-        switch = getattr(fa2_mod._C, name)
-        switch(value)
+        before = getattr(fa2_mod._C, name)()  # restored afterwards (the environment may have set it)
+        getattr(fa2_mod._C, "set_" + name)(value)
         try:
             return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
         finally:
-            switch(not value)
+            getattr(fa2_mod._C, "set_" + name)(before)
     return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
 
 

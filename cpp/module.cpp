@@ -44,4 +44,19 @@ PYBIND11_MODULE(_C, m) {
     (void)enabled;
 #endif
   });
+  // Their current values (so that a benchmark or test can restore them).
+  m.def("arch_specific_kernels", []() {
+#if FA2_WITH_CUDA
+    return fa2::arch_specific_kernels();
+#else
+    return false;
+#endif
+  });
+  m.def("sm90_warp_specialized", []() {
+#if FA2_WITH_CUDA
+    return fa2::sm90_warp_specialized();
+#else
+    return false;
+#endif
+  });
 }

@@ -3,13 +3,15 @@ on the same inputs: both within the numerics rule, and really two different kern
 switches between them). Runs on a compute capability 9.0 GPU with a build that has sm_90a instances."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import fa2
 from fa2.reference import attention_ref
 from numerics import assert_close_rule
-from samples import sample_inputs
+from samples import make_qkv, sample_inputs
 
 
 def _has_sm90a_build() -> bool:
@@ -21,14 +23,23 @@ pytestmark = pytest.mark.skipif(not _has_sm90a_build(),
                                 reason="needs a compute capability 9.0 GPU and a build with FA2_CUDA_ARCHS including 90a")
 
 
+@contextlib.contextmanager
+def _switch(name, value):
+    """fa2._C.set_<name>(value) inside the block, the previous value restored after it."""
+    before = getattr(fa2._C, name)()
+    getattr(fa2._C, "set_" + name)(value)
+    try:
+        yield
+    finally:
+        getattr(fa2._C, "set_" + name)(before)
+
+
 def _both_paths(fn):
     """fn() with the sm_90a instances, then with the sm80-path instances of the same build."""
-    first = fn()
-    fa2._C.set_arch_specific_kernels(False)
-    try:
+    with _switch("arch_specific_kernels", True):
+        first = fn()
+    with _switch("arch_specific_kernels", False):
         second = fn()
-    finally:
-        fa2._C.set_arch_specific_kernels(True)
     return first, second
 
 
@@ -82,19 +93,30 @@ def _fwd_kernel_names(fn):
 def test_warp_specialized_forward_equals_the_default(dtype):
     """The warp-specialized sm_90a forward (fa2._C.set_sm90_warp_specialized; plain path, headdim <= 128) runs the
     same products and softmax as the default pipeline, only scheduled differently: bitwise the same out and lse on
-    every plain sample (the others fall back to the default kernels), and it really is another kernel."""
+    every plain sample (the others fall back to the default kernels), including key ranges long enough for the
+    producer to wait on released stages and query blocks that see no key; and it really is another kernel, at every
+    instantiated headdim it serves."""
     samples = [s for s in sample_inputs("cuda", dtype, full=True)
                if "attn_bias" not in s.kwargs and not s.kwargs.get("softcap") and s.q.shape[-1] <= 128]
-    assert len(samples) > 10
-    fa2._C.set_sm90_warp_specialized(True)
-    try:
-        ws = [torch.ops.fa2.fwd(*s.args()) for s in samples]
-        names = _fwd_kernel_names(lambda: torch.ops.fa2.fwd(*samples[0].args()))
-    finally:
-        fa2._C.set_sm90_warp_specialized(False)
-    default = [torch.ops.fa2.fwd(*s.args()) for s in samples]
-    # the kernel's last template argument (kWarpSpecialized) is true: "...ELb1EEEv..." in its mangled name
-    assert any("fwd_kernel" in n and "Lb1E" in n for n in names) or any("true>" in n for n in names), names
-    for s, (out_ws, lse_ws), (out, lse) in zip(samples, ws, default):
-        assert torch.equal(out_ws, out), f"out differs: {s}"
-        assert torch.equal(lse_ws, lse), f"lse differs: {s}"
+    extra = [((1, 300, 1100, 2, 1, 128), {}), ((1, 300, 1100, 2, 1, 128), {"causal": True}),
+             ((2, 260, 700, 4, 2, 96), {}), ((1, 500, 900, 2, 2, 32), {"window_left": 300, "window_right": 0}),
+             ((1, 300, 20, 2, 2, 64), {"causal": True})]  # bottom-right causal: rows 0..279 see no key
+    calls = [(s.args(), str(s)) for s in samples]
+    for shape, flags in extra:
+        q, k, v = make_qkv(*shape, dtype=dtype, device="cuda")
+        calls.append(((q, k, v, None, None, flags.get("causal", False), flags.get("window_left", -1),
+                       flags.get("window_right", -1), 0.0), f"{shape} {flags}"))
+    assert len(calls) > 15
+    with _switch("sm90_warp_specialized", True):
+        ws = [torch.ops.fa2.fwd(*args) for args, _ in calls]
+        by_headdim = {}
+        for args, _ in calls:
+            by_headdim.setdefault(-(-args[0].shape[-1] // 32) * 32, args)  # one call per rounded headdim
+        names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in by_headdim.items()}
+    with _switch("sm90_warp_specialized", False):
+        default = [torch.ops.fa2.fwd(*args) for args, _ in calls]
+    for d, kernels in names.items():  # demangled: fa2::fwd::fwd_kernel<T, D, 901, mode, bias, true>(...)
+        assert any("fwd_kernel<" in n and ", true>(" in n for n in kernels), (d, kernels)
+    for (_, what), (out_ws, lse_ws), (out, lse) in zip(calls, ws, default):
+        assert torch.equal(out_ws, out), f"out differs by {(out_ws.float() - out.float()).abs().max().item()}: {what}"
+        assert torch.equal(lse_ws, lse), f"lse differs: {what}"

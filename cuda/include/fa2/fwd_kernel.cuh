@@ -339,8 +339,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   using Cfg = FwdTileConfig<kHeadDim, kWgmma>;
   static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
   static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
-  static_assert(kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * kWsConsumerRegs <= 64 * 1024,
-                "warp specialization: producer + consumer registers within the 64K register file");
+  // setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
+  // (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K
+  constexpr int kWsThreads = kWsProducerThreads + Cfg::kNThreads;
+  static_assert(!kWs || kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * kWsConsumerRegs <=
+                            kWsThreads * ((64 * 1024 / kWsThreads) & ~7),
+                "warp specialization: producer + consumer registers within the CTA's launch register pool");
   using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
   using KVTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;

@@ -83,7 +83,9 @@ __device__ __forceinline__ void hold_fragments(uint32_t (&a)[N][4]) {
 
 // Warp specialization: a warpgroup gives registers back (a producer that only issues copies) or takes more (the
 // consumers that hold the accumulators). Every warp of the warpgroup executes the same one; counts are multiples of
-// 8 in [24, 256], and the CTA's total stays within what it was launched with (e.g. 128 x 24 + 256 x 240 <= 64K).
+// 8 in [24, 256], and the CTA's total must stay within the pool it was launched with, the per-thread count (64K /
+// threads, a multiple of 8) times the threads: 128 x 24 + 256 x 240 = 64512 = 384 x 168. An .inc beyond it waits
+// forever.
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
