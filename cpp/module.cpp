@@ -8,6 +8,13 @@
 #include "fa2_build_info.h"
 #if FA2_WITH_CUDA
 #include "fa2/launch.h"
+#else
+namespace fa2 {  // a CPU-only build has no kernels to switch: the development switches read as off
+inline void set_arch_specific_kernels(bool) {}
+inline bool arch_specific_kernels() { return false; }
+inline void set_sm90_warp_specialized(bool) {}
+inline bool sm90_warp_specialized() { return false; }
+}  // namespace fa2
 #endif
 
 namespace py = pybind11;
@@ -28,35 +35,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_check_compute_capability", [](int major, int minor, const std::string& device, const std::string& name) {
     fa2::check_compute_capability(major, minor, device, name);
   });
-  // Development switch (benchmarks/bench_attention.py's "fa2-sm80"): whether sm_90a instances may run.
-  m.def("set_arch_specific_kernels", [](bool enabled) {
-#if FA2_WITH_CUDA
-    fa2::set_arch_specific_kernels(enabled);
-#else
-    (void)enabled;
-#endif
-  });
-  // Development switch (benchmarks/bench_attention.py's "fa2-ws"): the sm_90a forward's warp-specialized pipeline.
-  m.def("set_sm90_warp_specialized", [](bool enabled) {
-#if FA2_WITH_CUDA
-    fa2::set_sm90_warp_specialized(enabled);
-#else
-    (void)enabled;
-#endif
-  });
-  // Their current values (so that a benchmark or test can restore them).
-  m.def("arch_specific_kernels", []() {
-#if FA2_WITH_CUDA
-    return fa2::arch_specific_kernels();
-#else
-    return false;
-#endif
-  });
-  m.def("sm90_warp_specialized", []() {
-#if FA2_WITH_CUDA
-    return fa2::sm90_warp_specialized();
-#else
-    return false;
-#endif
-  });
+  // Development switches (benchmarks/bench_attention.py's "fa2-sm80" and "fa2-ws", tests/test_hopper.py): whether
+  // sm_90a instances may run; whether the sm_90a forward uses its warp-specialized pipeline. With getters, so that a
+  // benchmark or test can restore them.
+  m.def("set_arch_specific_kernels", &fa2::set_arch_specific_kernels);
+  m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
+  m.def("set_sm90_warp_specialized", &fa2::set_sm90_warp_specialized);
+  m.def("sm90_warp_specialized", &fa2::sm90_warp_specialized);
 }
