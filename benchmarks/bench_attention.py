@@ -55,9 +55,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
 # fa2-ws: fa2 with the sm_90a forward's warp-specialized pipeline switched on (plain path, d <= 128; the rest runs
-# as fa2): the candidate next step, against the default in one run.
-FA2_SWITCHES = {"fa2-sm80": ("arch_specific_kernels", False), "fa2-ws": ("sm90_warp_specialized", True)}
-IMPLS = ("fa2", "fa2-sm80", "fa2-ws", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
+# as fa2), fa2-wspp: the same with ping-pong between its consumer warpgroups: candidate next steps, against the
+# default in one run.
+FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
+                "fa2-ws": {"sm90_warp_specialized": True, "sm90_pingpong": False},
+                "fa2-wspp": {"sm90_warp_specialized": True, "sm90_pingpong": True}}
+IMPLS = ("fa2", "fa2-sm80", "fa2-ws", "fa2-wspp", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
@@ -331,13 +334,15 @@ def short(e: BaseException, caught=()) -> str:
 
 def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
     if impl in FA2_SWITCHES and fa2_mod is not None:
-        name, value = FA2_SWITCHES[impl]
-        before = getattr(fa2_mod._C, name)()  # restored afterwards (the environment may have set it)
-        getattr(fa2_mod._C, "set_" + name)(value)
+        switches = FA2_SWITCHES[impl]
+        before = {name: getattr(fa2_mod._C, name)() for name in switches}  # restored afterwards
+        for name, value in switches.items():
+            getattr(fa2_mod._C, "set_" + name)(value)
         try:
             return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
         finally:
-            getattr(fa2_mod._C, "set_" + name)(before)
+            for name, value in before.items():
+                getattr(fa2_mod._C, "set_" + name)(value)
     return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
 
 

@@ -14,6 +14,8 @@ inline void set_arch_specific_kernels(bool) {}
 inline bool arch_specific_kernels() { return false; }
 inline void set_sm90_warp_specialized(bool) {}
 inline bool sm90_warp_specialized() { return false; }
+inline void set_sm90_pingpong(bool) {}
+inline bool sm90_pingpong() { return false; }
 }  // namespace fa2
 #endif
 
@@ -42,4 +44,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
   m.def("set_sm90_warp_specialized", &fa2::set_sm90_warp_specialized);
   m.def("sm90_warp_specialized", &fa2::sm90_warp_specialized);
+  m.def("set_sm90_pingpong", &fa2::set_sm90_pingpong);  // with the warp-specialized forward ("fa2-wspp")
+  m.def("sm90_pingpong", &fa2::sm90_pingpong);
 }

@@ -3,9 +3,10 @@
 #   1. the sm90 building-block probes (wgmma descriptors/fragments, TMA tiles), when the GPU is compute capability 9.0
 #   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones)
-#   3. compute-sanitizer memcheck on the small grid (and memcheck + racecheck with the warp-specialized forward)
-#   4. a quick side-by-side timing: fa2 (sm_90a), fa2-ws (its warp-specialized forward), fa2-sm80 (same build,
-#      sm80-path kernels), torch's FA-2, cuDNN
+#   3. compute-sanitizer memcheck on the small grid (and memcheck + racecheck with the warp-specialized forward,
+#      racecheck + synccheck with its ping-pong)
+#   4. a quick side-by-side timing: fa2 (sm_90a), fa2-ws / fa2-wspp (its warp-specialized forward, without / with
+#      ping-pong), fa2-sm80 (same build, sm80-path kernels), torch's FA-2, cuDNN
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh
 set -uo pipefail
@@ -35,8 +36,11 @@ step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools 
 # barriers are what a race would come from
 step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 "$PY" scripts/sanitizer_check.py \
   --tools memcheck,racecheck
+step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 FA2_SM90_PINGPONG=1 "$PY" \
+  scripts/sanitizer_check.py --tools racecheck,synccheck
 step bench 100 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 --dims 64,128 \
-  --seqlens 2k,8k --causal both --masks none,padding --pass fwd,fwdbwd --impls fa2,fa2-ws,fa2-sm80,torch-fa2,cudnn \
+  --seqlens 2k,8k --causal both --masks none,padding --pass fwd,fwdbwd \
+  --impls fa2,fa2-ws,fa2-wspp,fa2-sm80,torch-fa2,cudnn \
   --mem-seqlens "" --warmup-ms 10 --rep-ms 30 --no-progress --no-plot --out "$OUT/bench"
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"

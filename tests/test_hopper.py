@@ -89,13 +89,15 @@ def _fwd_kernel_names(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+@pytest.mark.parametrize("pingpong", [False, True], ids=["ws", "ws-pingpong"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_warp_specialized_forward_equals_the_default(dtype):
+def test_warp_specialized_forward_equals_the_default(dtype, pingpong):
     """The warp-specialized sm_90a forward (fa2._C.set_sm90_warp_specialized; plain path, headdim <= 128) runs the
     same products and softmax as the default pipeline, only scheduled differently: bitwise the same out and lse on
     every plain sample (the others fall back to the default kernels), including key ranges long enough for the
     producer to wait on released stages and query blocks that see no key; and it really is another kernel, at every
-    instantiated headdim it serves."""
+    instantiated headdim it serves. With ping-pong (fa2._C.set_sm90_pingpong) as well: only the order in which the
+    two consumer warpgroups issue their products changes."""
     samples = [s for s in sample_inputs("cuda", dtype, full=True)
                if "attn_bias" not in s.kwargs and not s.kwargs.get("softcap") and s.q.shape[-1] <= 128]
     extra = [((1, 300, 1100, 2, 1, 128), {}), ((1, 300, 1100, 2, 1, 128), {"causal": True}),
@@ -107,7 +109,7 @@ def test_warp_specialized_forward_equals_the_default(dtype):
         calls.append(((q, k, v, None, None, flags.get("causal", False), flags.get("window_left", -1),
                        flags.get("window_right", -1), 0.0), f"{shape} {flags}"))
     assert len(calls) > 15
-    with _switch("sm90_warp_specialized", True):
+    with _switch("sm90_warp_specialized", True), _switch("sm90_pingpong", pingpong):
         ws = [torch.ops.fa2.fwd(*args) for args, _ in calls]
         by_headdim = {}
         for args, _ in calls:
@@ -115,8 +117,9 @@ def test_warp_specialized_forward_equals_the_default(dtype):
         names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in by_headdim.items()}
     with _switch("sm90_warp_specialized", False):
         default = [torch.ops.fa2.fwd(*args) for args, _ in calls]
-    for d, kernels in names.items():  # demangled: fa2::fwd::fwd_kernel<T, D, 901, mode, bias, true>(...)
-        assert any("fwd_kernel<" in n and ", true>(" in n for n in kernels), (d, kernels)
+    want = ", true, true>(" if pingpong else ", true, false>("  # fwd_kernel<T, D, 901, mode, bias, ws, pingpong>
+    for d, kernels in names.items():
+        assert any("fwd_kernel<" in n and want in n for n in kernels), (d, kernels)
     for (_, what), (out_ws, lse_ws), (out, lse) in zip(calls, ws, default):
         assert torch.equal(out_ws, out), f"out differs by {(out_ws.float() - out.float()).abs().max().item()}: {what}"
         assert torch.equal(lse_ws, lse), f"lse differs: {what}"

@@ -47,6 +47,8 @@ class Switch {
 Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
 // Whether the sm_90a forward runs its warp-specialized pipeline (FA2_SM90_WARP_SPECIALIZED=1).
 Switch g_sm90_warp_specialized{"FA2_SM90_WARP_SPECIALIZED", /*when_set=*/true};
+// With it, ping-pong between the consumer warpgroups (FA2_SM90_PINGPONG=1).
+Switch g_sm90_pingpong{"FA2_SM90_PINGPONG", /*when_set=*/true};
 
 bool arch_specific_disabled() { return !g_arch_specific.on(); }
 
@@ -92,6 +94,8 @@ void set_arch_specific_kernels(bool enabled) { g_arch_specific.set(enabled); }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 void set_sm90_warp_specialized(bool enabled) { g_sm90_warp_specialized.set(enabled); }
 bool sm90_warp_specialized() { return g_sm90_warp_specialized.on(); }
+void set_sm90_pingpong(bool enabled) { g_sm90_pingpong.set(enabled); }
+bool sm90_pingpong() { return g_sm90_pingpong.on(); }
 
 int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim) {
   int best = -1;

@@ -128,7 +128,8 @@ __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], con
 
 // acc_s (this warp's 16 rows, kNTiles n8 tiles) += Q (the warpgroup's 64 rows from wg_row0) K^T, both K-major in
 // shared memory (SwizzledTile layouts, see sm90/wgmma.cuh).
-template <typename T, typename QTile, typename KTile, int kNTiles, int kHeadDim>
+// kWait = false: only issued (and committed); wgmma_wait() completes it.
+template <typename T, typename QTile, typename KTile, int kNTiles, int kHeadDim, bool kWait = true>
 __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uint32_t s_q, int wg_row0, uint32_t s_k) {
   using QDesc = sm90::TileDescriptors<QTile>;
   using KDesc = sm90::TileDescriptors<KTile>;
@@ -140,8 +141,17 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
     sm90::Wgmma<T, kNTiles * 8>::template ss<0>(d, QDesc::k_major(s_q, wg_row0, k16), KDesc::k_major(s_k, 0, k16), 1);
   }
   sm90::commit_group();
+  if constexpr (kWait) {
+    sm90::wait_group<0>();
+    sm90::hold_registers(d);
+  }
+}
+
+// Completes the wgmma groups this warpgroup issued into acc (see gemm_qk_wgmma's kWait).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void wgmma_wait(float (&acc)[kMTiles][kNTiles][4]) {
   sm90::wait_group<0>();
-  sm90::hold_registers(d);
+  sm90::hold_registers(reinterpret_cast<float(&)[kMTiles * kNTiles * 4]>(acc));
 }
 
 // acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (pack_p_k16), V (keys x d) as
@@ -318,6 +328,26 @@ enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFo
 // have read a stage) with its registers given back (setmaxnreg 24); the kNWarps consumer warps take 240 and never
 // sync the whole CTA inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
 constexpr int kWsProducerThreads = 128, kWsProducerRegs = 24, kWsConsumerRegs = 240;
+// Ping-pong (with warp specialization, kPingpong): the two consumer warpgroups take turns issuing their products, one
+// "slot" each (P V of tile n, then Q K^T of tile n + 1), so that one's softmax runs while the other's products
+// occupy the tensor cores. Named barriers 2 + w: warpgroup w waits on its own to start a slot, the other arrives on
+// it when its slot ends (1: the consumers' epilogue barrier).
+constexpr int kPingpongBarrier = 2;
+// Warpgroup wg (0 or 1) of the two consumer warpgroups waits for its own ping-pong barrier / arrives on the other's.
+__device__ __forceinline__ void pingpong_wait(int wg) {
+  if (wg == 0) {
+    ptx::named_barrier_sync<kPingpongBarrier, 256>();
+  } else {
+    ptx::named_barrier_sync<kPingpongBarrier + 1, 256>();
+  }
+}
+__device__ __forceinline__ void pingpong_signal_other(int wg) {
+  if (wg == 0) {
+    ptx::named_barrier_arrive<kPingpongBarrier + 1, 256>();
+  } else {
+    ptx::named_barrier_arrive<kPingpongBarrier, 256>();
+  }
+}
 
 template <int kHeadDim, int kArchTag, bool kWarpSpecialized>
 constexpr int fwd_kernel_threads() {
@@ -327,7 +357,8 @@ constexpr int fwd_kernel_threads() {
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build (cmake/Kernels.cmake):
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
-template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false>
+template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
+          bool kPingpong = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
@@ -339,6 +370,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   using Cfg = FwdTileConfig<kHeadDim, kWgmma>;
   static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
   static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
+  static_assert(!kPingpong || (kWs && Cfg::kNThreads == 256), "ping-pong: two consumer warpgroups, warp-specialized");
   // setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
   // (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K
   constexpr int kWsThreads = kWsProducerThreads + Cfg::kNThreads;
@@ -458,6 +490,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         return;
       }
       sm90::setmaxnreg_inc<kWsConsumerRegs>();
+      // ping-pong: warpgroup 0 takes the first slot. Each warpgroup waits for its own barrier once per tile plus
+      // once, and gets as many arrivals: this one from warpgroup 1, one per tile from each other slot's end, and
+      // warpgroup 0's last one after the loop (warpgroup 1's last slot ends with nobody waiting).
+      if constexpr (kPingpong) {
+        if (warp >> 2 == 1) pingpong_signal_other(1);
+      }
     } else if (tid == 0) {
       sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
 #pragma unroll
@@ -547,7 +585,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
 
     // -- S (+)= Q K^T
-    if constexpr (kWgmma) {
+    if constexpr (kPingpong) {
+      // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
+      // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
+      if (it == 0) pingpong_wait(warp >> 2);
+      gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
+      pingpong_signal_other(warp >> 2);
+      wgmma_wait(acc_s);
+    } else if constexpr (kWgmma) {
       gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
     } else {
       gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
@@ -569,6 +614,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     softmax.template update<kBias == BiasType::kSameAsInput || kBias == BiasType::kFloat32>(acc_s, acc_o, mult,
                                                                                             heavy_s);
     // -- O += P V
+    if constexpr (kPingpong) pingpong_wait(warp >> 2);  // this warpgroup's next slot: P V, then the next Q K^T
     if constexpr (kWgmma) {
       gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, sV(buf));
     } else {
@@ -580,6 +626,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf));
     }
+  }
+
+  if constexpr (kPingpong) {
+    if (warp >> 2 == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
   }
 
   // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
@@ -611,7 +661,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
   }
   if constexpr (kWs) {
-    ptx::named_barrier_sync(1, kNThreads);  // the consumer warps only (the producer has left)
+    ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
   } else {
     __syncthreads();
   }

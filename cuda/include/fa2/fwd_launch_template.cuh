@@ -52,7 +52,9 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   const bool plain = !(p.softcap > 0.f || !(p.scale > 0.f)) && p.bias_type == BiasType::kNone;
   if (kCanWs && plain && sm90_warp_specialized()) {
     if constexpr (kCanWs) {
-      kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kPlain, BiasType::kNone, /*kWarpSpecialized=*/true>;
+      constexpr ScoreMode kPlain = ScoreMode::kPlain;
+      kernel = sm90_pingpong() ? &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, /*kPingpong=*/true>
+                               : &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false>;
       threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
     }
   } else if (p.softcap > 0.f || !(p.scale > 0.f)) {

@@ -21,6 +21,10 @@ bool arch_specific_kernels();
 // only so far). Default: off unless the environment has FA2_SM90_WARP_SPECIALIZED=1, until it is measured to win.
 void set_sm90_warp_specialized(bool enabled);
 bool sm90_warp_specialized();
+// With it: whether its two consumer warpgroups take turns issuing their products (ping-pong). Default: off unless
+// FA2_SM90_PINGPONG=1.
+void set_sm90_pingpong(bool enabled);
+bool sm90_pingpong();
 
 // Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
 // headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8

@@ -77,10 +77,19 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem
   const int src_size = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_size));
 }
-// Named barrier `id` (1..15; 0 is __syncthreads'), complete once `threads` threads (a multiple of 32) have arrived:
-// syncs a subset of the CTA, e.g. the consumer warps of a warp-specialized kernel.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+// Named barrier kId (1..15; 0 is __syncthreads'), complete once kThreads threads (a multiple of 32) have arrived:
+// syncs a subset of the CTA, e.g. the consumer warps of a warp-specialized kernel. Compile-time ids: with a register
+// id ptxas reserves all 16 barriers.
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "barrier 1..15, whole warps");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+// Arrives on named barrier kId without waiting (the signalling side of a named-barrier handshake).
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_arrive() {
+  static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "barrier 1..15, whole warps");
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most n of this thread's committed groups are still in flight (n = 0: all landed).
