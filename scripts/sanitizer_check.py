@@ -25,6 +25,10 @@ CASES = [
     dict(shape=(1, 70, 50, 2, 2, 256), flags=dict(causal=True), bias=(1, 2, 70, 50)),
     dict(shape=(1, 1, 200, 2, 2, 96), flags={}),
     dict(shape=(1, 129, 129, 2, 2, 32), flags=dict(causal=True), bool_bias=True),
+    # plain, many key tiles (the sm_90a stage ring wraps: the warp-specialized producer waits on released stages)
+    dict(shape=(1, 300, 1100, 2, 1, 128), flags={}),
+    # bottom-right causal with seqlen_q > seqlen_k: whole query blocks see no key (the kernels' early exit)
+    dict(shape=(1, 300, 20, 2, 2, 64), flags=dict(causal=True)),
 ]
 for dtype in (torch.bfloat16, torch.float16):
     for case in CASES:

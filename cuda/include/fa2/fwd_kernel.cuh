@@ -331,7 +331,9 @@ constexpr int kWsProducerThreads = 128, kWsProducerRegs = 24, kWsConsumerRegs = 
 // Ping-pong (with warp specialization, kPingpong): the two consumer warpgroups take turns issuing their products, one
 // "slot" each (P V of tile n, then Q K^T of tile n + 1), so that one's softmax runs while the other's products
 // occupy the tensor cores. Named barriers 2 + w: warpgroup w waits on its own to start a slot, the other arrives on
-// it when its slot ends (1: the consumers' epilogue barrier).
+// it when its slot ends (1: the consumers' epilogue barrier). Named barriers count arrivals without phases, so this
+// relies on strict alternation: both warpgroups visit the same key tiles, every iteration opens and closes exactly
+// one slot each (no per-warpgroup skipping, no break/continue in the loop), or the pairing shifts and the CTA hangs.
 constexpr int kPingpongBarrier = 2;
 // Warpgroup wg (0 or 1) of the two consumer warpgroups waits for its own ping-pong barrier / arrives on the other's.
 __device__ __forceinline__ void pingpong_wait(int wg) {
