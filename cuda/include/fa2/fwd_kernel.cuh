@@ -371,6 +371,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   constexpr bool kWs = kWarpSpecialized;
   using Cfg = FwdTileConfig<kHeadDim, kWgmma>;
   static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
+  // K/V stages of the ring and the shared memory in all (warp-specialized: deeper where it fits, tile_config.h)
+  constexpr int kRing = kWarpSpecialized ? Cfg::kWsStages : Cfg::kStages;
+  constexpr int kSmemTotal = kWarpSpecialized ? Cfg::kSmemBytesWs : Cfg::kSmemBytes;
   static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
   static_assert(!kPingpong || (kWs && Cfg::kNThreads == 256), "ping-pong: two consumer warpgroups, warp-specialized");
   // setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
@@ -442,15 +445,15 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // TMA path: mbarriers after the tiles, one for Q and one per K/V stage ("full"; warp-specialized: also one
   // "empty" per stage); one thread issues every copy, one per column block of a tile (the TMA writes the
   // SwizzledTile layout itself and zero-fills rows past seqlen and columns past headdim), everyone waits on the
-  // barrier. A stage's barrier completes once per use: the use in iteration it has parity (it / 2) % 2.
+  // barrier. A stage's barrier completes once per use: the use in iteration it has parity (it / kRing) % 2.
   constexpr int kBlockCols = Cfg::kSmemBlockCols, kColBlocks = kHeadDim / kBlockCols;
   // the bytes each barrier expects are the bytes its boxes write (a mismatch would hang the wait)
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
-  const uint32_t bar_q = sQ + Cfg::kSmemBytes - Cfg::kSmemBarrierBytes;
+  const uint32_t bar_q = sQ + kSmemTotal - Cfg::kSmemBarrierBytes;
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
-  auto bar_empty = [&](int buf) { return bar_q + 24 + 8 * buf; };  // warp-specialized: the consumers released it
-  static_assert(!kTma || 40 <= Cfg::kSmemBarrierBytes, "five mbarriers");
+  auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
+  static_assert(!kTma || 8 * (1 + 2 * kRing) <= Cfg::kSmemBarrierBytes, "Q, full and empty mbarriers");
   auto tma_kv = [&](int n, int buf) {  // K and V of key tile n into stage buf (thread 0)
     sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes);
 #pragma unroll
@@ -465,11 +468,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       sm90::mbarrier_init(bar_q, 1);
-      sm90::mbarrier_init(bar_kv(0), 1);
-      sm90::mbarrier_init(bar_kv(1), 1);
-      if constexpr (kWs) {
-        sm90::mbarrier_init(bar_empty(0), Cfg::kNWarps);  // one arrival per consumer warp
-        sm90::mbarrier_init(bar_empty(1), Cfg::kNWarps);
+#pragma unroll
+      for (int b = 0; b < kRing; ++b) {
+        sm90::mbarrier_init(bar_kv(b), 1);
+        if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps);  // one arrival per consumer warp
       }
       sm90::fence_barrier_init();
     }
@@ -484,9 +486,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
             sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
           }
           for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
-            // the stage's previous tile (iteration it - 2) must have been read by every consumer warp
-            if (it >= 2) sm90::mbarrier_wait(bar_empty(it & 1), ((it >> 1) - 1) & 1);
-            tma_kv(n, it & 1);
+            // the stage's previous tile (iteration it - kRing) must have been read by every consumer warp
+            if (it >= kRing) sm90::mbarrier_wait(bar_empty(it % kRing), ((it / kRing) - 1) & 1);
+            tma_kv(n, it % kRing);
           }
         }
         return;
@@ -535,7 +537,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   const uint32_t v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
 
   for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
-    const int buf = Cfg::kStages == 2 ? (it & 1) : 0;
+    const int buf = kRing == 1 ? 0 : it % kRing;
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
     float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
     if constexpr (kBiasFold) {
@@ -562,7 +564,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     //    warp is done with the buffers about to be refilled
     if constexpr (kTma) {
       if (it == 0) sm90::mbarrier_wait(bar_q, 0);
-      sm90::mbarrier_wait(bar_kv(buf), (it >> 1) & 1);
+      sm90::mbarrier_wait(bar_kv(buf), (it / kRing) & 1);
       if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
         __syncthreads();
         if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration

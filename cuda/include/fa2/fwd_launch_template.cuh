@@ -43,7 +43,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // varies along queries) / general (softcap, scale <= 0), times the bias element type. Eleven variants per instance.
   using fwd::ScoreMode;
   FwdKernel kernel = nullptr;
-  int threads = Cfg::kNThreads;
+  int threads = Cfg::kNThreads, smem = Cfg::kSmemBytes;
   // sm_90a: the warp-specialized pipeline (fwd_kernel.cuh), so far for the plain path only and when switched on
   // (set_sm90_warp_specialized / FA2_SM90_WARP_SPECIALIZED=1) while it is being measured against the default.
   // d <= 128: at d 192/256 ptxas spills the consumers' accumulators around every wgmma (it warns that it serializes
@@ -56,6 +56,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       kernel = sm90_pingpong() ? &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, /*kPingpong=*/true>
                                : &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false>;
       threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
+      smem = Cfg::kSmemBytesWs;  // its deeper K/V ring
     }
   } else if (p.softcap > 0.f || !(p.scale > 0.f)) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kGeneral>(p.bias_type);
@@ -70,7 +71,6 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   const int num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA forward supports at most 65535 heads and batch 65535";
   const dim3 grid(num_m_blocks, p.nheads, p.batch);
-  const int smem = Cfg::kSmemBytes;
   cudaError_t err = cudaSuccess;
   if (smem > 48 * 1024) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

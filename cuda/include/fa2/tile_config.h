@@ -66,6 +66,12 @@ struct FwdTileConfig {
   // sm_90a with TMA loads: mbarriers for Q and each K/V stage, after the tiles
   static constexpr int kSmemBarrierBytes = kWgmma ? 64 : 0;
   static constexpr int kSmemBytes = kSmemQBytes + kStages * 2 * kSmemKVBytes + kSmemBarrierBytes;
+  // The warp-specialized sm_90a kernel (fwd_kernel.cuh) keeps a deeper K/V ring where the shared memory allows: with
+  // a producer running ahead, a third stage gives its loads a whole extra iteration (ping-pong releases a stage later
+  // than the plain order). d 128: 32 + 3 x 64 KB = 224 KB.
+  static constexpr int kWsStages = kWgmma && kSmemQBytes + 3 * 2 * kSmemKVBytes + kSmemBarrierBytes <= 227 * 1024
+                                       ? 3 : 2;
+  static constexpr int kSmemBytesWs = kSmemQBytes + kWsStages * 2 * kSmemKVBytes + kSmemBarrierBytes;
 
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole m16 tiles");
