@@ -1,8 +1,12 @@
-// FlashAttention-2 forward, sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async); runs on sm80..sm90.
+// FlashAttention-2 forward. One kernel body, three ways to run it (template arguments):
+//   sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async): runs on sm80..sm90;
+//   sm_90a (kArchTag 901): the same per-warp work with wgmma products (a warpgroup per 64 query rows) and TMA loads;
+//   sm_90a warp-specialized (opt-in while it is measured): a producer warpgroup streams K/V into a ring of
+//   mbarrier-guarded stages, the consumer warpgroups compute, optionally taking turns issuing products (ping-pong).
 //
 // One CTA = one block of kBlockM queries of one (batch, head). Q stays in shared memory; K/V tiles of kBlockN keys
-// stream through swizzled shared memory with cp.async; each warp owns kRowsPerWarp query rows (m16 tiles), so
-// row statistics never leave a quad of lanes. Per key tile:
+// stream through swizzled shared memory; each warp owns kRowsPerWarp query rows (m16 tiles), so row statistics never
+// leave a quad of lanes. Per key tile:
 //   S = Q K^T (fp32, registers)  ->  [score mod: scale, softcap, bias]  ->  [mask, boundary tiles only]
 //   ->  online softmax (exp2, scale*log2e folded into one FMA)  ->  P to f16/bf16 in registers  ->  O += P V
 // Key tiles are visited from the last visible one down to the first, only those the causal/window range allows.
