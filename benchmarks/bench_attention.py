@@ -55,12 +55,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
 # fa2-ws: fa2 with the sm_90a forward's warp-specialized pipeline switched on (plain path, d <= 128; the rest runs
-# as fa2), fa2-wspp: the same with ping-pong between its consumer warpgroups: candidate next steps, against the
-# default in one run.
+# as fa2), fa2-wspp: the same with ping-pong between its consumer warpgroups, fa2-wsov: with P V overlapping the next
+# softmax instead: candidate next steps, against the default in one run.
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
-                "fa2-ws": {"sm90_warp_specialized": True, "sm90_pingpong": False},
-                "fa2-wspp": {"sm90_warp_specialized": True, "sm90_pingpong": True}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-ws", "fa2-wspp", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
+                "fa2-ws": {"sm90_warp_specialized": True, "sm90_pingpong": False, "sm90_overlap": False},
+                "fa2-wspp": {"sm90_warp_specialized": True, "sm90_pingpong": True, "sm90_overlap": False},
+                "fa2-wsov": {"sm90_warp_specialized": True, "sm90_pingpong": False, "sm90_overlap": True}}
+IMPLS = ("fa2", "fa2-sm80", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn", "efficient", "math", "flex",
+         "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}

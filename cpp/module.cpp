@@ -16,6 +16,8 @@ inline void set_sm90_warp_specialized(bool) {}
 inline bool sm90_warp_specialized() { return false; }
 inline void set_sm90_pingpong(bool) {}
 inline bool sm90_pingpong() { return false; }
+inline void set_sm90_overlap(bool) {}
+inline bool sm90_overlap() { return false; }
 }  // namespace fa2
 #endif
 
@@ -46,4 +48,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("sm90_warp_specialized", &fa2::sm90_warp_specialized);
   m.def("set_sm90_pingpong", &fa2::set_sm90_pingpong);  // with the warp-specialized forward ("fa2-wspp")
   m.def("sm90_pingpong", &fa2::sm90_pingpong);
+  m.def("set_sm90_overlap", &fa2::set_sm90_overlap);  // with the warp-specialized forward ("fa2-wsov")
+  m.def("sm90_overlap", &fa2::sm90_overlap);
 }

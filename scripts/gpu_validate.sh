@@ -4,9 +4,9 @@
 #   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones)
 #   3. compute-sanitizer memcheck on the small grid (and memcheck + racecheck with the warp-specialized forward,
-#      racecheck + synccheck with its ping-pong)
-#   4. a quick side-by-side timing: fa2 (sm_90a), fa2-ws / fa2-wspp (its warp-specialized forward, without / with
-#      ping-pong), fa2-sm80 (same build, sm80-path kernels), torch's FA-2, cuDNN
+#      racecheck + synccheck with its ping-pong, racecheck with its overlap)
+#   4. a quick side-by-side timing: fa2 (sm_90a), fa2-ws / fa2-wspp / fa2-wsov (its warp-specialized forward: plain,
+#      with ping-pong, with P V overlapping the softmax), fa2-sm80 (same build, sm80-path kernels), torch's FA-2, cuDNN
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh
 set -uo pipefail
@@ -41,9 +41,11 @@ step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 "$PY" scr
   --tools memcheck,racecheck
 step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 FA2_SM90_PINGPONG=1 "$PY" \
   scripts/sanitizer_check.py --tools racecheck,synccheck
+step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 FA2_SM90_OVERLAP=1 "$PY" \
+  scripts/sanitizer_check.py --tools racecheck
 step bench 100 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 --dims 64,128 \
   --seqlens 2k,8k --causal both --masks none,padding --pass fwd,fwdbwd \
-  --impls fa2,fa2-ws,fa2-wspp,fa2-sm80,torch-fa2,cudnn \
+  --impls fa2,fa2-ws,fa2-wspp,fa2-wsov,fa2-sm80,torch-fa2,cudnn \
   --mem-seqlens "" --warmup-ms 10 --rep-ms 30 --no-progress --no-plot --out "$OUT/bench"
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"

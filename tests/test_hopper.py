@@ -89,15 +89,15 @@ def _fwd_kernel_names(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-@pytest.mark.parametrize("pingpong", [False, True], ids=["ws", "ws-pingpong"])
+@pytest.mark.parametrize("schedule", ["plain", "pingpong", "overlap"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_warp_specialized_forward_equals_the_default(dtype, pingpong):
+def test_warp_specialized_forward_equals_the_default(dtype, schedule):
     """The warp-specialized sm_90a forward (fa2._C.set_sm90_warp_specialized; plain path, headdim <= 128) runs the
     same products and softmax as the default pipeline, only scheduled differently: bitwise the same out and lse on
     every plain sample (the others fall back to the default kernels), including key ranges long enough for the
     producer to wait on released stages and query blocks that see no key; and it really is another kernel, at every
-    instantiated headdim it serves. With ping-pong (fa2._C.set_sm90_pingpong) as well: only the order in which the
-    two consumer warpgroups issue their products changes."""
+    instantiated headdim it serves. With ping-pong (fa2._C.set_sm90_pingpong) only the order in which the two consumer
+    warpgroups issue their products changes; with the overlap (set_sm90_overlap) only when each warpgroup waits."""
     samples = [s for s in sample_inputs("cuda", dtype, full=True)
                if "attn_bias" not in s.kwargs and not s.kwargs.get("softcap") and s.q.shape[-1] <= 128]
     extra = [((1, 300, 1100, 2, 1, 128), {}), ((1, 300, 1100, 2, 1, 128), {"causal": True}),
@@ -109,7 +109,8 @@ def test_warp_specialized_forward_equals_the_default(dtype, pingpong):
         calls.append(((q, k, v, None, None, flags.get("causal", False), flags.get("window_left", -1),
                        flags.get("window_right", -1), 0.0), f"{shape} {flags}"))
     assert len(calls) > 15
-    with _switch("sm90_warp_specialized", True), _switch("sm90_pingpong", pingpong):
+    with _switch("sm90_warp_specialized", True), _switch("sm90_pingpong", schedule == "pingpong"), \
+            _switch("sm90_overlap", schedule == "overlap"):
         ws = [torch.ops.fa2.fwd(*args) for args, _ in calls]
         by_headdim = {}
         for args, _ in calls:
@@ -117,7 +118,9 @@ def test_warp_specialized_forward_equals_the_default(dtype, pingpong):
         names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in by_headdim.items()}
     with _switch("sm90_warp_specialized", False):
         default = [torch.ops.fa2.fwd(*args) for args, _ in calls]
-    want = ", true, true>(" if pingpong else ", true, false>("  # fwd_kernel<T, D, 901, mode, bias, ws, pingpong>
+    # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>
+    want = {"plain": ", true, false, false>(", "pingpong": ", true, true, false>(",
+            "overlap": ", true, false, true>("}[schedule]
     for d, kernels in names.items():
         assert any("fwd_kernel<" in n and want in n for n in kernels), (d, kernels)
     for (_, what), (out_ws, lse_ws), (out, lse) in zip(calls, ws, default):

@@ -49,6 +49,8 @@ Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
 Switch g_sm90_warp_specialized{"FA2_SM90_WARP_SPECIALIZED", /*when_set=*/true};
 // With it, ping-pong between the consumer warpgroups (FA2_SM90_PINGPONG=1).
 Switch g_sm90_pingpong{"FA2_SM90_PINGPONG", /*when_set=*/true};
+// Or the intra-warpgroup overlap of P V with the next softmax (FA2_SM90_OVERLAP=1).
+Switch g_sm90_overlap{"FA2_SM90_OVERLAP", /*when_set=*/true};
 
 bool arch_specific_disabled() { return !g_arch_specific.on(); }
 
@@ -96,6 +98,8 @@ void set_sm90_warp_specialized(bool enabled) { g_sm90_warp_specialized.set(enabl
 bool sm90_warp_specialized() { return g_sm90_warp_specialized.on(); }
 void set_sm90_pingpong(bool enabled) { g_sm90_pingpong.set(enabled); }
 bool sm90_pingpong() { return g_sm90_pingpong.on(); }
+void set_sm90_overlap(bool enabled) { g_sm90_overlap.set(enabled); }
+bool sm90_overlap() { return g_sm90_overlap.on(); }
 
 int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim) {
   int best = -1;

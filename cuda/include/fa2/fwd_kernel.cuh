@@ -151,23 +151,23 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
   }
 }
 
-// Completes the wgmma groups this warpgroup issued into acc (see gemm_qk_wgmma's kWait).
-template <int kMTiles, int kNTiles>
+// Completes the wgmma groups this warpgroup issued into acc (see gemm_qk_wgmma's kWait): all but the kPending most
+// recently committed ones (groups complete in order).
+template <int kPending = 0, int kMTiles, int kNTiles>
 __device__ __forceinline__ void wgmma_wait(float (&acc)[kMTiles][kNTiles][4]) {
-  sm90::wait_group<0>();
+  sm90::wait_group<kPending>();
   sm90::hold_registers(reinterpret_cast<float(&)[kMTiles * kNTiles * 4]>(acc));
 }
 
 // acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (pack_p_k16), V (keys x d) as
 // an N-major B operand from shared memory.
-template <typename T, typename VTile, int kNTiles, int kDTiles>
-__device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], const float (&p)[1][kNTiles][4],
-                                              uint32_t s_v) {
+// The same from P already packed (a[kt]: keys 16 kt .. 16 kt + 15). kWait = false: only issued; the caller waits
+// (wait_group) and then pins acc_o and a (hold_registers / hold_fragments) before touching either.
+template <typename T, typename VTile, int kNTiles, int kDTiles, bool kWait = true>
+__device__ __forceinline__ void gemm_pv_wgmma_packed(float (&acc_o)[1][kDTiles][4], uint32_t (&a)[kNTiles / 2][4],
+                                                     uint32_t s_v) {
   using VDesc = sm90::TileDescriptors<VTile>;
   float(&d)[kDTiles * 4] = reinterpret_cast<float(&)[kDTiles * 4]>(acc_o);
-  uint32_t a[kNTiles / 2][4];
-#pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(p[0], kt, a[kt]);
   sm90::hold_registers(d);  // see sm90::hold_registers
   sm90::hold_fragments(a);
   sm90::fence();
@@ -176,9 +176,19 @@ __device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], con
     sm90::Wgmma<T, kDTiles * 8>::template rs<1>(d, a[kt], VDesc::mn_major(s_v, kt), 1);
   }
   sm90::commit_group();
-  sm90::wait_group<0>();
-  sm90::hold_registers(d);
-  sm90::hold_fragments(a);
+  if constexpr (kWait) {
+    sm90::wait_group<0>();
+    sm90::hold_registers(d);
+    sm90::hold_fragments(a);
+  }
+}
+template <typename T, typename VTile, int kNTiles, int kDTiles>
+__device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], const float (&p)[1][kNTiles][4],
+                                              uint32_t s_v) {
+  uint32_t a[kNTiles / 2][4];
+#pragma unroll
+  for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(p[0], kt, a[kt]);
+  gemm_pv_wgmma_packed<T, VTile, kNTiles, kDTiles>(acc_o, a, s_v);
 }
 
 // ---- score modification (the general path): s = scale * q.k; softcap; + bias --------------------------------
@@ -364,7 +374,7 @@ constexpr int fwd_kernel_threads() {
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
-          bool kPingpong = false>
+          bool kPingpong = false, bool kOverlap = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
@@ -380,6 +390,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   constexpr int kSmemTotal = kWarpSpecialized ? Cfg::kSmemBytesWs : Cfg::kSmemBytes;
   static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
   static_assert(!kPingpong || (kWs && Cfg::kNThreads == 256), "ping-pong: two consumer warpgroups, warp-specialized");
+  // kOverlap (warp-specialized, without ping-pong): P V of tile n-1 stays in flight while S of tile n becomes P; O
+  // is rescaled once it completed. The same operations on O in the same order (x c(n-1), + P V(n-1), x c(n), ...).
+  static_assert(!kOverlap || (kWs && !kPingpong), "intra-warpgroup overlap: warp-specialized, without ping-pong");
   // setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
   // (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K
   constexpr int kWsThreads = kWsProducerThreads + Cfg::kNThreads;
@@ -540,6 +553,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   const uint32_t k_lane = KVTile::lane_bytes((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
   const uint32_t v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
 
+  uint32_t p_prev[kNTiles / 2][4];  // kOverlap: P of the previous tile, packed, and its stage
+  int buf_prev = 0;
   for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
     const int buf = kRing == 1 ? 0 : it % kRing;
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
@@ -593,7 +608,16 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
 
     // -- S (+)= Q K^T
-    if constexpr (kPingpong) {
+    if constexpr (kOverlap) {
+      // Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in order)
+      gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
+      if (it > 0) {
+        gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
+        wgmma_wait</*kPending=*/1>(acc_s);
+      } else {
+        wgmma_wait(acc_s);
+      }
+    } else if constexpr (kPingpong) {
       // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
       // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
       if (it == 0) pingpong_wait(warp >> 2);
@@ -619,8 +643,24 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
 
     // -- online softmax: m, l updated, O rescaled, S -> P
     // heavy rows (softmax.cuh) only where a float bias can push every score of a row that low
-    softmax.template update<kBias == BiasType::kSameAsInput || kBias == BiasType::kFloat32>(acc_s, acc_o, mult,
-                                                                                            heavy_s);
+    constexpr bool kHeavyRows = kBias == BiasType::kSameAsInput || kBias == BiasType::kFloat32;
+    if constexpr (kOverlap) {
+      float correction[2 * kMTiles];
+      softmax.template update_scores<kHeavyRows>(acc_s, mult, heavy_s, correction);
+      if (it > 0) {  // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten
+        wgmma_wait(acc_o);
+        sm90::hold_fragments(p_prev);
+        __syncwarp();
+        if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf_prev));
+      }
+      softmax.rescale(acc_o, correction);
+#pragma unroll
+      for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(acc_s[0], kt, p_prev[kt]);
+      buf_prev = buf;
+      continue;  // this tile's P V goes out with the next tile's Q K^T (or after the loop)
+    } else {
+      softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
+    }
     // -- O += P V
     if constexpr (kPingpong) pingpong_wait(warp >> 2);  // this warpgroup's next slot: P V, then the next Q K^T
     if constexpr (kWgmma) {
@@ -638,6 +678,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
 
   if constexpr (kPingpong) {
     if (warp >> 2 == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
+  }
+  if constexpr (kOverlap) {  // the last tile's P V (the loop ran at least once: the key range is not empty)
+    gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf_prev));
   }
 
   // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)

@@ -53,8 +53,14 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   if (kCanWs && plain && sm90_warp_specialized()) {
     if constexpr (kCanWs) {
       constexpr ScoreMode kPlain = ScoreMode::kPlain;
-      kernel = sm90_pingpong() ? &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, /*kPingpong=*/true>
-                               : &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false>;
+      // schedules (fwd_kernel.cuh): ping-pong, or the intra-warpgroup overlap, or neither (not both yet)
+      if (sm90_pingpong()) {
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, /*kPingpong=*/true>;
+      } else if (sm90_overlap()) {
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, /*kOverlap=*/true>;
+      } else {
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, false>;
+      }
       threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
       smem = Cfg::kSmemBytesWs;  // its deeper K/V ring
     }

@@ -25,6 +25,10 @@ bool sm90_warp_specialized();
 // FA2_SM90_PINGPONG=1.
 void set_sm90_pingpong(bool enabled);
 bool sm90_pingpong();
+// With it (and without ping-pong): whether each consumer warpgroup keeps P V of tile n-1 in flight during the
+// softmax of tile n. Default: off unless FA2_SM90_OVERLAP=1.
+void set_sm90_overlap(bool enabled);
+bool sm90_overlap();
 
 // Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
 // headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8

@@ -46,54 +46,79 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
                                          float mult, float heavy_s) {
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = mt * 2 + half;
-        // -- new row max over this tile (quad-reduced: the 4 lanes of a group hold one row)
-        float m_new = row_max[r];
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) m_new = fmaxf(m_new, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
-        m_new = ptx::quad_max(m_new);
-        float m_scaled, correction;
-        if (kHeavyRows && m_new < heavy_s && m_new != -INFINITY) {
-          // -- a heavy row (rare; quad-uniform): p = exp2((s - m) * mult), rescale by exp2((m_old - m) * mult)
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) s[mt][nt][half * 2 + e] -= m_new;  // -inf stays -inf
-          correction = exp2_ftz((row_max[r] - m_new) * mult);             // -inf (first tile): 0
-          m_scaled = 0.f;
-        } else {
-          // A row that has seen only masked keys keeps m = -inf: subtract 0 instead, so exp2(-inf - -inf) = NaN
-          // never happens and its p stay 0.
-          m_scaled = m_new == -INFINITY ? 0.f : m_new * mult;
-          // -- rescale what was accumulated under the old max (exp2(-inf) = 0 on the first visible tile)
-          correction = exp2_ftz(row_max[r] * mult - m_scaled);
-        }
-        row_max[r] = m_new;
-        row_sum[r] *= correction;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][half * 2] *= correction;
-          o[mt][dt][half * 2 + 1] *= correction;
-        }
-        // -- p = exp2(s * mult - m * mult): one FFMA + one MUFU.EX2 per score
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = exp2_ftz(fmaf(s[mt][nt][half * 2 + e], mult, -m_scaled));
-            s[mt][nt][half * 2 + e] = p;
-            sum += p;
-          }
-        }
-        row_sum[r] += sum;
-      }
+    for (int r = 0; r < kRows; ++r) {
+      const float correction = update_row<kHeavyRows>(s, r, mult, heavy_s);
+      rescale_row(o, r, correction);
     }
   }
 
+  // update() in two halves, for a kernel whose previous P V may still be accumulating into O while the scores of the
+  // next tile are turned into P: update_scores (m, l, S -> P, and per row the factor O must be scaled by), then
+  // rescale(o) once O is free. The same operations on the same values as update().
+  template <bool kHeavyRows, int kNTiles>
+  __device__ __forceinline__ void update_scores(float (&s)[kMTiles][kNTiles][4], float mult, float heavy_s,
+                                                float (&correction)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) correction[r] = update_row<kHeavyRows>(s, r, mult, heavy_s);
+  }
+  template <int kDTiles>
+  __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4], const float (&correction)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) rescale_row(o, r, correction[r]);
+  }
+
+ private:
+  // Row r = (mt, half) of the tile: new max, l rescaled, S -> P, l += sum P; returns the factor for O's row.
+  template <bool kHeavyRows, int kNTiles>
+  __device__ __forceinline__ float update_row(float (&s)[kMTiles][kNTiles][4], int r, float mult, float heavy_s) {
+    const int mt = r >> 1, half = r & 1;
+    // -- new row max over this tile (quad-reduced: the 4 lanes of a group hold one row)
+    float m_new = row_max[r];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) m_new = fmaxf(m_new, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
+    m_new = ptx::quad_max(m_new);
+    float m_scaled, correction;
+    if (kHeavyRows && m_new < heavy_s && m_new != -INFINITY) {
+      // -- a heavy row (rare; quad-uniform): p = exp2((s - m) * mult), rescale by exp2((m_old - m) * mult)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) s[mt][nt][half * 2 + e] -= m_new;  // -inf stays -inf
+      correction = exp2_ftz((row_max[r] - m_new) * mult);             // -inf (first tile): 0
+      m_scaled = 0.f;
+    } else {
+      // A row that has seen only masked keys keeps m = -inf: subtract 0 instead, so exp2(-inf - -inf) = NaN
+      // never happens and its p stay 0.
+      m_scaled = m_new == -INFINITY ? 0.f : m_new * mult;
+      // -- rescale what was accumulated under the old max (exp2(-inf) = 0 on the first visible tile)
+      correction = exp2_ftz(row_max[r] * mult - m_scaled);
+    }
+    row_max[r] = m_new;
+    row_sum[r] *= correction;
+    // -- p = exp2(s * mult - m * mult): one FFMA + one MUFU.EX2 per score
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2_ftz(fmaf(s[mt][nt][half * 2 + e], mult, -m_scaled));
+        s[mt][nt][half * 2 + e] = p;
+        sum += p;
+      }
+    }
+    row_sum[r] += sum;
+    return correction;
+  }
+  template <int kDTiles>
+  __device__ __forceinline__ static void rescale_row(float (&o)[kMTiles][kDTiles][4], int r, float correction) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      o[r >> 1][dt][(r & 1) * 2] *= correction;
+      o[r >> 1][dt][(r & 1) * 2 + 1] *= correction;
+    }
+  }
+
+ public:
   // After the last tile: the factor that normalizes O (0 for a row that saw no key: its output is 0, not NaN)
   // and lse = m * mult * ln(2) + ln(l) (+inf for such a row).
   __device__ __forceinline__ void finalize(float mult, float (&inv_sum)[kRows], float (&lse)[kRows]) const {
