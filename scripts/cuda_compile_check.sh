@@ -3,7 +3,7 @@
 #   1. nothing under cuda/ includes torch, ATen or c10;
 #   2. every hand-written source under cuda/src compiles (host-only .cpp with the host compiler, .cu with nvcc);
 #   3. one instance per kernel family (direction) compiles for sm_80 and for sm_90a, ptxas reporting registers
-#      and spills (a spill in a kernel is printed as a warning, not a failure);
+#      and spills (a spill in a kernel is printed as a warning, not a failure; wgmma serialized by ptxas, C751x, fails);
 #   4. the sm90 building-block probes (scripts/sm90_wgmma_probe.cu, sm90_tma_probe.cu) compile for sm_90a, and the
 #      generated wgmma wrappers match their generator.
 # Usage: scripts/cuda_compile_check.sh [headdim (default 128)]; env NVCC, CXX, FA2_JOBS (default 2).
@@ -63,5 +63,7 @@ for log in "$work"/gen/*.ptxas.log; do
   awk -v inst="$inst" '/bytes spill stores/ {spill=$5} /Used [0-9]+ registers/ {
       print "  " inst ": " $5 " registers" (spill > 0 ? ", " spill " B spill stores" : ""); spill=0}' "$log"
   if grep -qE "[1-9][0-9]* bytes spill stores" "$log"; then echo "  warning: $inst spills registers (see -Xptxas -v)"; fi
+  # ptxas serializing wgmma (C7510..C7515: wait after every product) silently undoes an sm_90a kernel's pipelining
+  if grep -E "C751[0-9]" "$log"; then echo "FAIL: $inst: ptxas serialized wgmma instructions (above)"; exit 1; fi
 done
 echo "OK: CUDA compile check passed in $((SECONDS - start)) s"

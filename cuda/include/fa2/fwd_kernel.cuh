@@ -393,6 +393,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // kOverlap (warp-specialized, without ping-pong): P V of tile n-1 stays in flight while S of tile n becomes P; O
   // is rescaled once it completed. The same operations on O in the same order (x c(n-1), + P V(n-1), x c(n), ...).
   static_assert(!kOverlap || (kWs && !kPingpong), "intra-warpgroup overlap: warp-specialized, without ping-pong");
+  // one stage would deadlock a warp-specialized kernel: a consumer waits for tile it before releasing tile it - 1
+  static_assert(!kWs || kRing >= 2, "warp specialization needs at least two K/V stages");
   // setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
   // (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K
   constexpr int kWsThreads = kWsProducerThreads + Cfg::kNThreads;
@@ -647,9 +649,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if constexpr (kOverlap) {
       float correction[2 * kMTiles];
       softmax.template update_scores<kHeavyRows>(acc_s, mult, heavy_s, correction);
-      if (it > 0) {  // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten
-        wgmma_wait(acc_o);
-        sm90::hold_fragments(p_prev);
+      // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. The wait is not
+      // under `it > 0` (nothing is pending in the first iteration): split from the issue's condition, ptxas saw a
+      // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
+      wgmma_wait(acc_o);
+      sm90::hold_fragments(p_prev);
+      if (it > 0) {
         __syncwarp();
         if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf_prev));
       }

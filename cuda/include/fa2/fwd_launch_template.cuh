@@ -53,11 +53,15 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   if (kCanWs && plain && sm90_warp_specialized()) {
     if constexpr (kCanWs) {
       constexpr ScoreMode kPlain = ScoreMode::kPlain;
-      // schedules (fwd_kernel.cuh): ping-pong, or the intra-warpgroup overlap, or neither (not both yet)
+      // schedules (fwd_kernel.cuh): ping-pong, or the intra-warpgroup overlap (d <= 64: at d 128 ptxas holds the
+      // consumers to 168 registers, too few for S, O and the previous P, and serializes the products), or neither;
+      // ping-pong wins when both are switched on (they do not combine yet)
       if (sm90_pingpong()) {
         kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, /*kPingpong=*/true>;
-      } else if (sm90_overlap()) {
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, /*kOverlap=*/true>;
+      } else if (kHeadDim <= 64 && sm90_overlap()) {
+        if constexpr (kHeadDim <= 64) {
+          kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, /*kOverlap=*/true>;
+        }
       } else {
         kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, false>;
       }

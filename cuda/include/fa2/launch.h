@@ -25,8 +25,8 @@ bool sm90_warp_specialized();
 // FA2_SM90_PINGPONG=1.
 void set_sm90_pingpong(bool enabled);
 bool sm90_pingpong();
-// With it (and without ping-pong): whether each consumer warpgroup keeps P V of tile n-1 in flight during the
-// softmax of tile n. Default: off unless FA2_SM90_OVERLAP=1.
+// With it (and without ping-pong, which wins when both are on): whether each consumer warpgroup keeps P V of tile
+// n-1 in flight during the softmax of tile n (headdim <= 64 so far). Default: off unless FA2_SM90_OVERLAP=1.
 void set_sm90_overlap(bool enabled);
 bool sm90_overlap();
 
