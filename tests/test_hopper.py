@@ -118,11 +118,12 @@ def test_warp_specialized_forward_equals_the_default(dtype, schedule):
         names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in by_headdim.items()}
     with _switch("sm90_warp_specialized", False):
         default = [torch.ops.fa2.fwd(*args) for args, _ in calls]
-    # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>
-    want = {"plain": ", true, false, false>(", "pingpong": ", true, true, false>(",
-            "overlap": ", true, false, true>("}[schedule]
+    # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>; the overlap serves d <= 64 so far (the
+    # launcher falls back to the plain warp-specialized schedule above)
     for d, kernels in names.items():
-        assert any("fwd_kernel<" in n and want in n for n in kernels), (d, kernels)
+        want = {"plain": ", true, false, false>(", "pingpong": ", true, true, false>(",
+                "overlap": ", true, false, true>(" if d <= 64 else ", true, false, false>("}[schedule]
+        assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, kernels)
     for (_, what), (out_ws, lse_ws), (out, lse) in zip(calls, ws, default):
         assert torch.equal(out_ws, out), f"out differs by {(out_ws.float() - out.float()).abs().max().item()}: {what}"
         assert torch.equal(lse_ws, lse), f"lse differs: {what}"
