@@ -92,17 +92,18 @@ def _fwd_kernel_names(fn):
 @pytest.mark.parametrize("schedule", ["plain", "pingpong", "overlap"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_warp_specialized_forward_equals_the_default(dtype, schedule):
-    """The warp-specialized sm_90a forward (fa2._C.set_sm90_warp_specialized; plain path, headdim <= 128) runs the
+    """The warp-specialized sm_90a forward (fa2._C.set_sm90_warp_specialized; plain path) runs the
     same products and softmax as the default pipeline, only scheduled differently: bitwise the same out and lse on
     every plain sample (the others fall back to the default kernels), including key ranges long enough for the
     producer to wait on released stages and query blocks that see no key; and it really is another kernel, at every
     instantiated headdim it serves. With ping-pong (fa2._C.set_sm90_pingpong) only the order in which the two consumer
     warpgroups issue their products changes; with the overlap (set_sm90_overlap) only when each warpgroup waits."""
     samples = [s for s in sample_inputs("cuda", dtype, full=True)
-               if "attn_bias" not in s.kwargs and not s.kwargs.get("softcap") and s.q.shape[-1] <= 128]
+               if "attn_bias" not in s.kwargs and not s.kwargs.get("softcap")]
     extra = [((1, 300, 1100, 2, 1, 128), {}), ((1, 300, 1100, 2, 1, 128), {"causal": True}),
              ((2, 260, 700, 4, 2, 96), {}), ((1, 500, 900, 2, 2, 32), {"window_left": 300, "window_right": 0}),
-             ((1, 300, 20, 2, 2, 64), {"causal": True})]  # bottom-right causal: rows 0..279 see no key
+             ((1, 300, 20, 2, 2, 64), {"causal": True}),  # bottom-right causal: rows 0..279 see no key
+             ((1, 200, 700, 2, 1, 256), {}), ((1, 150, 500, 2, 2, 192), {"causal": True})]
     calls = [(s.args(), str(s)) for s in samples]
     for shape, flags in extra:
         q, k, v = make_qkv(*shape, dtype=dtype, device="cuda")
@@ -114,15 +115,14 @@ def test_warp_specialized_forward_equals_the_default(dtype, schedule):
         ws = [torch.ops.fa2.fwd(*args) for args, _ in calls]
         by_headdim = {}
         for args, _ in calls:
-            by_headdim.setdefault(-(-args[0].shape[-1] // 32) * 32, args)  # one call per rounded headdim
+            by_headdim.setdefault(-(-args[0].shape[-1] // 32) * 32, args)  # one call per rounded headdim (32..256)
         names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in by_headdim.items()}
     with _switch("sm90_warp_specialized", False):
         default = [torch.ops.fa2.fwd(*args) for args, _ in calls]
-    # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>; the overlap serves d <= 64 so far (the
-    # launcher falls back to the plain warp-specialized schedule above)
+    # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>
+    want = {"plain": ", true, false, false>(", "pingpong": ", true, true, false>(",
+            "overlap": ", true, false, true>("}[schedule]
     for d, kernels in names.items():
-        want = {"plain": ", true, false, false>(", "pingpong": ", true, true, false>(",
-                "overlap": ", true, false, true>(" if d <= 64 else ", true, false, false>("}[schedule]
         assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, kernels)
     for (_, what), (out_ws, lse_ws), (out, lse) in zip(calls, ws, default):
         assert torch.equal(out_ws, out), f"out differs by {(out_ws.float() - out.float()).abs().max().item()}: {what}"

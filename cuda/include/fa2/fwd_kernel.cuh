@@ -584,8 +584,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
     //    warp is done with the buffers about to be refilled
     if constexpr (kTma) {
-      if (it == 0) sm90::mbarrier_wait(bar_q, 0);
-      sm90::mbarrier_wait(bar_kv(buf), (it / kRing) & 1);
+      if constexpr (kWs) {  // untimed: see sm90::mbarrier_wait_untimed (the producer's waits keep the trap)
+        if (it == 0) sm90::mbarrier_wait_untimed(bar_q, 0);
+        sm90::mbarrier_wait_untimed(bar_kv(buf), (it / kRing) & 1);
+      } else {
+        if (it == 0) sm90::mbarrier_wait(bar_q, 0);
+        sm90::mbarrier_wait(bar_kv(buf), (it / kRing) & 1);
+      }
       if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
         __syncthreads();
         if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration

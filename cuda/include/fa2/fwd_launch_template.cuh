@@ -46,22 +46,17 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   int threads = Cfg::kNThreads, smem = Cfg::kSmemBytes;
   // sm_90a: the warp-specialized pipeline (fwd_kernel.cuh), so far for the plain path only and when switched on
   // (set_sm90_warp_specialized / FA2_SM90_WARP_SPECIALIZED=1) while it is being measured against the default.
-  // d <= 128: at d 192/256 ptxas spills the consumers' accumulators around every wgmma (it warns that it serializes
-  // them for lack of registers) although they may use 240 after setmaxnreg; the d 128 consumers spill 2 values.
-  constexpr bool kCanWs = kArch == 901 && FA2_SM90_TMA && kHeadDim <= 128;
+  constexpr bool kCanWs = kArch == 901 && FA2_SM90_TMA;
   const bool plain = !(p.softcap > 0.f || !(p.scale > 0.f)) && p.bias_type == BiasType::kNone;
   if (kCanWs && plain && sm90_warp_specialized()) {
     if constexpr (kCanWs) {
       constexpr ScoreMode kPlain = ScoreMode::kPlain;
-      // schedules (fwd_kernel.cuh): ping-pong, or the intra-warpgroup overlap (d <= 64: at d 128 ptxas holds the
-      // consumers to 168 registers, too few for S, O and the previous P, and serializes the products), or neither;
-      // ping-pong wins when both are switched on (they do not combine yet)
+      // schedules (fwd_kernel.cuh): ping-pong, or the intra-warpgroup overlap, or neither; ping-pong wins when both
+      // are switched on (they do not combine yet)
       if (sm90_pingpong()) {
         kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, /*kPingpong=*/true>;
-      } else if (kHeadDim <= 64 && sm90_overlap()) {
-        if constexpr (kHeadDim <= 64) {
-          kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, /*kOverlap=*/true>;
-        }
+      } else if (sm90_overlap()) {
+        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, /*kOverlap=*/true>;
       } else {
         kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, false>;
       }

@@ -18,7 +18,7 @@ void set_arch_specific_kernels(bool enabled);
 bool arch_specific_kernels();
 
 // Whether the sm_90a forward uses its warp-specialized pipeline (a producer warpgroup streaming K/V; plain path
-// only so far). Default: off unless the environment has FA2_SM90_WARP_SPECIALIZED=1, until it is measured to win.
+// only so far, every headdim). Default: off unless the environment has FA2_SM90_WARP_SPECIALIZED=1, until it is measured to win.
 void set_sm90_warp_specialized(bool enabled);
 bool sm90_warp_specialized();
 // With it: whether its two consumer warpgroups take turns issuing their products (ping-pong). Default: off unless
@@ -26,7 +26,7 @@ bool sm90_warp_specialized();
 void set_sm90_pingpong(bool enabled);
 bool sm90_pingpong();
 // With it (and without ping-pong, which wins when both are on): whether each consumer warpgroup keeps P V of tile
-// n-1 in flight during the softmax of tile n (headdim <= 64 so far). Default: off unless FA2_SM90_OVERLAP=1.
+// n-1 in flight during the softmax of tile n. Default: off unless FA2_SM90_OVERLAP=1.
 void set_sm90_overlap(bool enabled);
 bool sm90_overlap();
 

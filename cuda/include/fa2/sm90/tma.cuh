@@ -97,6 +97,13 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
     if (FA2_MBARRIER_SPIN_LIMIT != 0 && polls >= FA2_MBARRIER_SPIN_LIMIT) __trap();
   }
 }
+// The same without the trap, for the consumer warpgroups of a warp-specialized kernel: a __trap on their path makes
+// ptxas ignore their setmaxnreg.inc and hold them to the launch-time register count (seen with CUDA 13.0: 168
+// instead of 240, spills). A phase that never completes there stalls the producer too, whose own waits still trap.
+__device__ __forceinline__ void mbarrier_wait_untimed(uint32_t bar, uint32_t phase) {
+  while (!mbarrier_try_wait(bar, phase)) {
+  }
+}
 // (rows x cols) box at (col, row, head, batch) of the tensor map into shared memory `dst` (aligned to the
 // swizzle period: 1024 bytes for 128B), completing `bytes` transactions on `bar`.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int row,
