@@ -473,7 +473,28 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
   auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
   static_assert(!kTma || 8 * (1 + 2 * kRing) <= Cfg::kSmemBarrierBytes, "Q, full and empty mbarriers");
-  auto tma_kv = [&](int n, int buf) {  // K and V of key tile n into stage buf (thread 0)
+  // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp)
+  auto release_stage = [&](int buf) {
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf));
+  };
+  // the computing threads' wait for a Q / K+V barrier; untimed in a warp-specialized kernel (see
+  // sm90::mbarrier_wait_untimed: its producer's waits keep the trap)
+  auto wait_loaded = [&](uint32_t bar, uint32_t phase) {
+    if constexpr (kWs) {
+      sm90::mbarrier_wait_untimed(bar, phase);
+    } else {
+      sm90::mbarrier_wait(bar, phase);
+    }
+  };
+  auto tma_q = [&]() {  // this block's Q (one thread)
+    sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
+#pragma unroll
+    for (int blk = 0; blk < kColBlocks; ++blk) {
+      sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
+    }
+  };
+  auto tma_kv = [&](int n, int buf) {  // K and V of key tile n into stage buf (one thread)
     sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes);
 #pragma unroll
     for (int blk = 0; blk < kColBlocks; ++blk) {
@@ -499,11 +520,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if (tid < 0) {  // -- the producer warpgroup: one thread streams Q, then every K/V tile into the ring
         sm90::setmaxnreg_dec<kWsProducerRegs>();
         if (threadIdx.x == 0) {
-          sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
-#pragma unroll
-          for (int blk = 0; blk < kColBlocks; ++blk) {
-            sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
-          }
+          tma_q();
           for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
             // the stage's previous tile (iteration it - kRing) must have been read by every consumer warp
             if (it >= kRing) sm90::mbarrier_wait(bar_empty(it % kRing), ((it / kRing) - 1) & 1);
@@ -520,11 +537,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         if (warp >> 2 == 1) pingpong_signal_other(1);
       }
     } else if (tid == 0) {
-      sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
-#pragma unroll
-      for (int blk = 0; blk < kColBlocks; ++blk) {
-        sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
-      }
+      tma_q();
       tma_kv(range.hi - 1, 0);
     }
   } else {
@@ -584,13 +597,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
     //    warp is done with the buffers about to be refilled
     if constexpr (kTma) {
-      if constexpr (kWs) {  // untimed: see sm90::mbarrier_wait_untimed (the producer's waits keep the trap)
-        if (it == 0) sm90::mbarrier_wait_untimed(bar_q, 0);
-        sm90::mbarrier_wait_untimed(bar_kv(buf), (it / kRing) & 1);
-      } else {
-        if (it == 0) sm90::mbarrier_wait(bar_q, 0);
-        sm90::mbarrier_wait(bar_kv(buf), (it / kRing) & 1);
-      }
+      if (it == 0) wait_loaded(bar_q, 0);
+      wait_loaded(bar_kv(buf), (it / kRing) & 1);
       if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
         __syncthreads();
         if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration
@@ -659,10 +667,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
       wgmma_wait(acc_o);
       sm90::hold_fragments(p_prev);
-      if (it > 0) {
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf_prev));
-      }
+      if (it > 0) release_stage(buf_prev);
       softmax.rescale(acc_o, correction);
 #pragma unroll
       for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(acc_s[0], kt, p_prev[kt]);
@@ -678,12 +683,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     } else {
       gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
     }
-    if constexpr (kWs) {
-      // both products of this warp have completed (each waits for its wgmma group), so its reads of stage buf are
-      // done: one arrival per warp releases the stage to the producer
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf));
-    }
+    // both products of this warp have completed (each waits for its wgmma group): its reads of stage buf are done
+    if constexpr (kWs) release_stage(buf);
   }
 
   if constexpr (kPingpong) {
@@ -691,8 +692,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   }
   if constexpr (kOverlap) {  // the last tile's P V (the loop ran at least once: the key range is not empty)
     gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf_prev));
+    release_stage(buf_prev);
   }
 
   // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)

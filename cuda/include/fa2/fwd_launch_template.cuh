@@ -47,7 +47,8 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // sm_90a: the warp-specialized pipeline (fwd_kernel.cuh), so far for the plain path only and when switched on
   // (set_sm90_warp_specialized / FA2_SM90_WARP_SPECIALIZED=1) while it is being measured against the default.
   constexpr bool kCanWs = kArch == 901 && FA2_SM90_TMA;
-  const bool plain = !(p.softcap > 0.f || !(p.scale > 0.f)) && p.bias_type == BiasType::kNone;
+  const bool general = p.softcap > 0.f || !(p.scale > 0.f);  // ScoreMode::kGeneral
+  const bool plain = !general && p.bias_type == BiasType::kNone;
   if (kCanWs && plain && sm90_warp_specialized()) {
     if constexpr (kCanWs) {
       constexpr ScoreMode kPlain = ScoreMode::kPlain;
@@ -63,9 +64,9 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
       smem = Cfg::kSmemBytesWs;  // its deeper K/V ring
     }
-  } else if (p.softcap > 0.f || !(p.scale > 0.f)) {
+  } else if (general) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kGeneral>(p.bias_type);
-  } else if (p.bias_type == BiasType::kNone) {
+  } else if (plain) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kPlain>(p.bias_type);
   } else if (p.bias_row_stride == 0) {  // one bias value per key (padding masks)
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kKeyBiasFold>(p.bias_type);
