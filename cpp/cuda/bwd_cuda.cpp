@@ -94,7 +94,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   params.dbias = bias_requires_grad ? dbias_full.data_ptr<float>() : nullptr;
   // The score-mod path's per-row statistics (softcap or bias; written by the kernels, see bwd_row_stats_kernel).
   Tensor row_lse, row_shift;
-  if (params.softcap > 0.f || params.bias_type != BiasType::kNone) {
+  if (bwd_uses_score_mod(params)) {
     row_lse = at::empty({batch, nheads, seqlen_q}, f32);
     row_shift = at::empty({batch, nheads, seqlen_q}, f32);
     params.row_lse = row_lse.data_ptr<float>();

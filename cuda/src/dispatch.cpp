@@ -52,8 +52,6 @@ Switch g_sm90_pingpong{"FA2_SM90_PINGPONG", /*when_set=*/true};
 // Or the intra-warpgroup overlap of P V with the next softmax (FA2_SM90_OVERLAP=1).
 Switch g_sm90_overlap{"FA2_SM90_OVERLAP", /*when_set=*/true};
 
-bool arch_specific_disabled() { return !g_arch_specific.on(); }
-
 }  // namespace
 
 const char* dispatch_instance(const char* direction, const InstanceEntry* entries, int num_entries,
@@ -72,7 +70,7 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
     if (e.dtype != p.dtype || e.headdim != p.headdim_rounded) continue;
     built_archs += " sm_" + std::to_string(e.arch) + (e.arch_specific ? "a" : "");
     const bool runs_here = e.arch / 10 == cc / 10 && e.arch <= cc &&
-                           (!e.arch_specific || (e.arch == cc && !arch_specific_disabled()));
+                           (!e.arch_specific || (e.arch == cc && g_arch_specific.on()));
     const bool better = best == nullptr || e.arch_specific > best->arch_specific ||
                         (e.arch_specific == best->arch_specific && e.arch > best->arch);
     if (runs_here && better) best = &e;
@@ -86,7 +84,7 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
   }
   return message(std::string("fa2: no CUDA ") + direction + " kernel for this GPU (compute capability " +
                  std::to_string(major) + "." + std::to_string(minor) + "): this build has" + built_archs +
-                 (arch_specific_disabled() ? " (arch-specific ones switched off: FA2_DISABLE_ARCH_SPECIFIC / "
+                 (!g_arch_specific.on() ? " (arch-specific ones switched off: FA2_DISABLE_ARCH_SPECIFIC / "
                                              "fa2._C.set_arch_specific_kernels)"
                                            : "") +
                  "; rebuild with FA2_CUDA_ARCHS including " + std::to_string(cc));

@@ -26,7 +26,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
 
   // -- 2. dK, dV, dQ partials: one CTA per (key block, head, batch). The plain variant folds scale*log2(e) into the
   //    exp2 FMA on raw q.k; softcap or a bias need the recomputed score, and its row statistics (bwd_kernel.cuh).
-  const bool score_mod = p.softcap > 0.f || p.bias_type != BiasType::kNone;
+  const bool score_mod = bwd_uses_score_mod(p);
   if (score_mod) {
     if (p.row_lse == nullptr || p.row_shift == nullptr) return "fa2: the CUDA backward needs row_lse/row_shift buffers";
     constexpr int kStatsRowsPerCta = 8;

@@ -64,4 +64,10 @@ struct AttentionParams {
   void* workspace = nullptr;    // scratch given by the caller (allocated by torch's caching allocator)
 };
 
+// Whether the backward recomputes scores through softcap / bias (its score-mod path, which needs row_lse and
+// row_shift) rather than from raw q.k. One place for the host glue that allocates them and the launcher.
+inline bool bwd_uses_score_mod(const AttentionParams& p) {
+  return p.softcap > 0.f || p.bias_type != BiasType::kNone;
+}
+
 }  // namespace fa2
