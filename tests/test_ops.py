@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import threading
+
 import pytest
 import torch
 
@@ -127,6 +129,29 @@ def test_deterministic_backward(device, dtype):
         runs = [torch.autograd.grad(fa2.attention(q, k, v, causal=True), (q, k, v), dout) for _ in range(20)]
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(r, runs[0]))
+
+
+def test_deterministic_setting_reaches_a_backward_on_another_thread(monkeypatch):
+    """fa2.deterministic() holds for the calls made inside it even when their backward runs on another thread (the
+    autograd engine runs CUDA nodes on a device worker thread, where a thread-local setting was invisible: CUDA
+    gradients were silently not deterministic) or after the block. Checked on the flag fa2.bwd receives."""
+    seen = []
+    real_bwd = torch.ops.fa2.bwd
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real_bwd(*args)
+
+    monkeypatch.setattr(torch.ops.fa2, "bwd", spy)
+    q, k, v = make_qkv(1, 9, 11, 2, 2, 8, dtype=torch.float32, device="cpu", requires_grad=True)
+    with fa2.deterministic():
+        out = fa2.attention(q, k, v)
+    worker = threading.Thread(target=lambda: torch.autograd.grad(out.sum(), (q, k, v)))
+    worker.start()
+    worker.join()
+    out = fa2.attention(q, k, v)  # outside the block: not deterministic
+    torch.autograd.grad(out.sum(), (q, k, v))
+    assert seen == [True, False]
 
 
 @pytest.mark.parametrize("device", devices())

@@ -10,6 +10,9 @@ import threading
 
 import torch
 
+# fa2.deterministic()'s setting, per thread: read when a call's forward runs and kept with its autograd node, because
+# its backward may run on another thread (the autograd engine runs CUDA nodes on a per-device worker thread, where
+# this thread's setting is not visible).
 _state = threading.local()
 
 
@@ -20,7 +23,8 @@ def deterministic_enabled() -> bool:
 
 @contextlib.contextmanager
 def deterministic(enabled: bool = True):
-    """Make fa2's backward bitwise reproducible inside this block (CUDA dQ is then reduced in a fixed order)."""
+    """Make the backward of the fa2 calls made inside this block bitwise reproducible (CUDA dQ is then reduced in a
+    fixed order), wherever and whenever that backward runs."""
     previous = getattr(_state, "deterministic", False)
     _state.deterministic = enabled
     try:
@@ -72,6 +76,7 @@ def _setup_context(ctx, inputs, output):
     ctx.flags = (scale, causal, window_left, window_right, softcap)
     ctx.bias_requires_grad = (attn_bias is not None and attn_bias.requires_grad
                               and attn_bias.dtype != torch.bool)
+    ctx.deterministic = deterministic_enabled()  # the forward's thread's setting (see _state)
     ctx.mark_non_differentiable(lse)
 
 
@@ -85,7 +90,7 @@ def _backward(ctx, dout, dlse):
         dout = dout.contiguous()
     dq, dk, dv, dbias = torch.ops.fa2.bwd(
         dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
-        ctx.bias_requires_grad, deterministic_enabled())
+        ctx.bias_requires_grad, ctx.deterministic or torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv, (dbias if ctx.bias_requires_grad else None), None, None, None, None, None
 
 
