@@ -1,6 +1,6 @@
 """The numerics rule of DESIGN.md (as flash-attn's own test suite), in one place.
 
-|out - ref_hi| <= factor * |out_naive - ref_hi| (+ a floor of a few ulps of the output dtype), where ref_hi is the
+|out - ref_hi| <= factor * |out_naive - ref_hi| (+ a floor: the output dtype's rounding of ref_hi), where ref_hi is the
 math in fp32 (fp64 for fp32/fp64 inputs) and out_naive the same math done naively in the input dtype.
 factor = 2 for the forward, 3 for gradients.
 """
@@ -21,6 +21,13 @@ def assert_close_rule(name, got, ref_hi, ref_naive, factor):
     # noise (1/80 of a bf16 ulp at 1.0); and for fp32 inputs a blocked summation order differs from the naive one
     # by a few hundred ulps.
     floor = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 1e-4) * scale
+    # Plus twice the error of storing the exact result in the output dtype (flash-attn's own tests add the same,
+    # their dq_atol): a correctly rounded result is already half an ulp off, while on a tiny problem (a headdim of
+    # 1, two queries) the naive reference can land within a fraction of an ulp by luck, leaving "factor x naive"
+    # smaller than the output's rounding. Seen once on CUDA: dq 0.009 against 3 x 0.0028 (bf16, headdim 1, 2 queries x
+    # 97 keys; the rerun passed).
+    if got.numel() and dtype in (torch.float16, torch.bfloat16):
+        floor += 2 * (ref_hi.to(dtype).double() - ref_hi).abs().max().item()
     bound = factor * naive_err + floor
     assert err <= bound, f"{name}: max|fa2 - ref| = {err:.3g} > {factor} x naive error {naive_err:.3g} (+{floor:.1g})"
     return err, bound
