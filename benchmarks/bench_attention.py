@@ -54,14 +54,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
-# fa2-ws: fa2 with the sm_90a forward's warp-specialized pipeline switched on (plain path, d <= 128; the rest runs
-# as fa2), fa2-wspp: the same with ping-pong between its consumer warpgroups, fa2-wsov: with P V overlapping the next
-# softmax instead: candidate next steps, against the default in one run.
+# fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov: fa2 with the sm_90a forward's schedule forced (fa2._C.set_sm90_schedule;
+# fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp specialization), warp-specialized,
+# with ping-pong between its consumer warpgroups, with P V overlapping the next softmax. Forced warp-specialized
+# schedules apply to the plain path; the rest runs as fa2 (or pipelined under fa2-pipe).
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
-                "fa2-ws": {"sm90_warp_specialized": True, "sm90_pingpong": False, "sm90_overlap": False},
-                "fa2-wspp": {"sm90_warp_specialized": True, "sm90_pingpong": True, "sm90_overlap": False},
-                "fa2-wsov": {"sm90_warp_specialized": True, "sm90_pingpong": False, "sm90_overlap": True}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn", "efficient", "math", "flex",
+                "fa2-pipe": {"sm90_schedule": "pipelined"},
+                "fa2-ws": {"sm90_schedule": "ws"},
+                "fa2-wspp": {"sm90_schedule": "pingpong"},
+                "fa2-wsov": {"sm90_schedule": "overlap"}}
+IMPLS = ("fa2", "fa2-sm80", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn", "efficient", "math", "flex",
          "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}

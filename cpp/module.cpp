@@ -9,15 +9,15 @@
 #if FA2_WITH_CUDA
 #include "fa2/launch.h"
 #else
+#include "fa2/tile_config.h"  // Sm90Schedule (plain C++)
 namespace fa2 {  // a CPU-only build has no kernels to switch: the development switches read as off
 inline void set_arch_specific_kernels(bool) {}
 inline bool arch_specific_kernels() { return false; }
-inline void set_sm90_warp_specialized(bool) {}
-inline bool sm90_warp_specialized() { return false; }
-inline void set_sm90_pingpong(bool) {}
-inline bool sm90_pingpong() { return false; }
-inline void set_sm90_overlap(bool) {}
-inline bool sm90_overlap() { return false; }
+inline const char* set_sm90_schedule(const char*) { return "fa2: this build has no CUDA kernels (no sm_90a schedule)"; }
+inline const char* sm90_schedule(Sm90Schedule* schedule) {
+  *schedule = Sm90Schedule::kAuto;
+  return nullptr;
+}
 }  // namespace fa2
 #endif
 
@@ -39,15 +39,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("_check_compute_capability", [](int major, int minor, const std::string& device, const std::string& name) {
     fa2::check_compute_capability(major, minor, device, name);
   });
-  // Development switches (benchmarks/bench_attention.py's "fa2-sm80" and "fa2-ws", tests/test_hopper.py): whether
-  // sm_90a instances may run; whether the sm_90a forward uses its warp-specialized pipeline. With getters, so that a
-  // benchmark or test can restore them.
+  // Development switches (benchmarks/bench_attention.py's "fa2-sm80", "fa2-pipe", "fa2-ws", ..., tests/test_hopper.py):
+  // whether sm_90a instances may run; which schedule the sm_90a forward runs (fa2/launch.h). With getters, so that
+  // a benchmark or test can restore them.
   m.def("set_arch_specific_kernels", &fa2::set_arch_specific_kernels);
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
-  m.def("set_sm90_warp_specialized", &fa2::set_sm90_warp_specialized);
-  m.def("sm90_warp_specialized", &fa2::sm90_warp_specialized);
-  m.def("set_sm90_pingpong", &fa2::set_sm90_pingpong);  // with the warp-specialized forward ("fa2-wspp")
-  m.def("sm90_pingpong", &fa2::sm90_pingpong);
-  m.def("set_sm90_overlap", &fa2::set_sm90_overlap);  // with the warp-specialized forward ("fa2-wsov")
-  m.def("sm90_overlap", &fa2::sm90_overlap);
+  m.def("set_sm90_schedule", [](const std::string& name) {
+    if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
+  }, py::arg("name"), "auto, pipelined, ws, pingpong or overlap (FA2_SM90_SCHEDULE)");
+  m.def("sm90_schedule", []() {
+    fa2::Sm90Schedule schedule;
+    if (const char* error = fa2::sm90_schedule(&schedule)) throw py::value_error(error);
+    return std::string(fa2::sm90_schedule_name(schedule));
+  });
+  m.def("sm90_default_schedule", [](int headdim) {  // what "auto" runs at an instantiated headdim
+    return std::string(fa2::sm90_schedule_name(fa2::sm90_default_schedule(headdim)));
+  }, py::arg("headdim"));
 }

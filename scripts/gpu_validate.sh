@@ -3,12 +3,16 @@
 #   1. the sm90 building-block probes (wgmma descriptors/fragments, TMA tiles), when the GPU is compute capability 9.0
 #   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones; not the zoo)
-#   3. compute-sanitizer memcheck on the small grid (and memcheck + racecheck with the warp-specialized forward,
-#      racecheck + synccheck with its ping-pong, racecheck with its overlap)
-#   4. a quick side-by-side forward timing: fa2 (sm_90a), fa2-ws / fa2-wspp / fa2-wsov (its warp-specialized forward: plain,
-#      with ping-pong, with P V overlapping the softmax), fa2-sm80 (same build, sm80-path kernels), torch's FA-2, cuDNN
+#   3. compute-sanitizer memcheck on the small grid with the default sm_90a schedules (and with each warp-specialized
+#      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", racecheck "overlap")
+#   4. a quick side-by-side forward timing: fa2 (sm_90a, default schedules), fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov
+#      (each sm_90a schedule forced: pipelined, warp-specialized, with ping-pong, with P V overlapping the softmax),
+#      torch's FA-2, cuDNN
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
-# Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh
+# Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
+#   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov bench
+#   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
+#   in another invocation with its own OUT: both only read the built extension)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_validate}
@@ -20,37 +24,47 @@ STEP_LOGS=$OUT
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
 
+[ $# -eq 0 ] && set -- probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov bench
+selected=" $* "
+want_step() { [[ "$selected" == *" $1 "* ]]; }
+
 cc=$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 0)
-if [ "$cc" = "90" ]; then
+if [ "$cc" = "90" ] && want_step probes; then
   for probe in sm90_wgmma_probe sm90_tma_probe; do
     step "$probe" 60 bash -c "nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda/include \
       scripts/$probe.cu -o /tmp/$probe && /tmp/$probe"
   done
 fi
 
-# the opt-in warp-specialized forward is new code with named barriers (a hang there would not trap): its tests stay
-# out of the main step and run in their own short one after it (which also builds). The zoo (slow: compilation)
+# the warp-specialized schedules have named barriers (a hang there would not trap): the tests that force each stay
+# out of the main step and run in their own short one after it. The zoo (slow: compilation)
 # runs in gpu_results.sh's zootests step instead.
-export PYTEST_ADDOPTS='-k "(cuda or current_stream or reduce_overhead or 2_31 or build or hopper or wgmma) and not warp_specialized and not zoo"'
-step tests 420 scripts/gpu_check.sh "scripts/gpu_pytest.py tests"
+export PYTEST_ADDOPTS='-k "(cuda or current_stream or reduce_overhead or 2_31 or build or hopper or wgmma) and not sm90_schedule and not zoo"'
+want_step build && step build 180 scripts/gpu_check.sh "-m fa2"
+want_step tests && step tests 420 scripts/gpu_check.sh "scripts/gpu_pytest.py tests"
+want_step pytest && step tests 400 env PYTHONPATH=python "$PY" scripts/gpu_pytest.py tests
 unset PYTEST_ADDOPTS
-step tests-ws 150 env PYTHONPATH=python "$PY" scripts/gpu_pytest.py tests/test_hopper.py -k warp_specialized
-step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools memcheck
-# the opt-in warp-specialized sm_90a forward (FA2_SM90_WARP_SPECIALIZED) under racecheck too: its producer/consumer
-# barriers are what a race would come from
-step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 "$PY" scripts/sanitizer_check.py \
+want_step tests-ws && step tests-ws 150 env PYTHONPATH=python "$PY" scripts/gpu_pytest.py tests/test_hopper.py -k sm90_schedule
+want_step memcheck && step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools memcheck
+# each warp-specialized sm_90a schedule forced (FA2_SM90_SCHEDULE) under racecheck: its producer/consumer barriers
+# are what a race would come from
+want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=ws "$PY" scripts/sanitizer_check.py \
   --tools memcheck,racecheck
-step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 FA2_SM90_PINGPONG=1 "$PY" \
+want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong "$PY" \
   scripts/sanitizer_check.py --tools racecheck,synccheck
-step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_WARP_SPECIALIZED=1 FA2_SM90_OVERLAP=1 "$PY" \
+want_step sanitize-wsov && step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap "$PY" \
   scripts/sanitizer_check.py --tools racecheck
-step bench 100 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 --dims 64,128 \
-  --seqlens 2k,8k --causal both --masks none,padding --pass fwd \
-  --impls fa2,fa2-ws,fa2-wspp,fa2-wsov,fa2-sm80,torch-fa2,cudnn \
+want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 \
+  --dims ${FA2_VALIDATE_DIMS:-64,96,128,192,256} --seqlens ${FA2_VALIDATE_SEQLENS:-2k,16k} --causal both \
+  --masks none,padding --pass fwd --impls fa2,fa2-pipe,fa2-ws,fa2-wspp,fa2-wsov,torch-fa2,cudnn \
   --mem-seqlens "" --warmup-ms 10 --rep-ms 30 --no-progress --no-plot --out "$OUT/bench"
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
-grep -E "passed|failed" "$OUT/tests.log" "$OUT/tests-ws.log" | tail -3
-grep -E "^FAILED" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
-sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -24
+grep -hE "passed|failed" "$OUT/tests.log" "$OUT/tests-ws.log" 2>/dev/null | tail -3
+grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/tests-ws.log "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
+[ -f "$OUT/bench.log" ] && sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -40
+# a device call brings back at most 8 files: the logs travel packed, the benchmark JSON as files of their own
+find "$OUT" -name '*.json' -path '*bench*' -exec cp {} "$OUT/" \; 2>/dev/null
+tar czf /tmp/gpu_validate_logs.tgz -C "$OUT" --exclude='*.json' . 2>/dev/null && mv /tmp/gpu_validate_logs.tgz "$OUT/logs.tgz" \
+  && find "$OUT" -mindepth 1 ! -name logs.tgz ! -name '*.json' -delete 2>/dev/null

@@ -30,6 +30,11 @@ CASES = [
     dict(shape=(1, 130, 700, 2, 1, 256), flags={}),  # d 256: two stages, 64-key tiles
     # bottom-right causal with seqlen_q > seqlen_k: whole query blocks see no key (the kernels' early exit)
     dict(shape=(1, 300, 20, 2, 2, 64), flags=dict(causal=True)),
+    # key-row biases with 16-byte aligned rows: loaded into the K/V stages by the TMA on sm_90a (pipelined at d 64, the
+    # warp-specialized defaults at d 128 / 256), the tile that crosses seqlen_k read from global memory
+    dict(shape=(2, 130, 400, 2, 2, 64), flags={}, bias=(2, 1, 1, 400)),
+    dict(shape=(2, 100, 640, 2, 2, 128), flags=dict(causal=True), bias=(2, 1, 1, 640)),
+    dict(shape=(1, 90, 520, 2, 1, 256), flags={}, bias=(1, 1, 1, 520)),
 ]
 for dtype in (torch.bfloat16, torch.float16):
     for case in CASES:

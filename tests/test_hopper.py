@@ -89,41 +89,101 @@ def _fwd_kernel_names(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-@pytest.mark.parametrize("schedule", ["plain", "pingpong", "overlap"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_warp_specialized_forward_equals_the_default(dtype, schedule):
-    """The warp-specialized sm_90a forward (fa2._C.set_sm90_warp_specialized; plain path) runs the
-    same products and softmax as the default pipeline, only scheduled differently: bitwise the same out and lse on
-    every plain sample (the others fall back to the default kernels), including key ranges long enough for the
-    producer to wait on released stages and query blocks that see no key; and it really is another kernel, at every
-    instantiated headdim it serves. With ping-pong (fa2._C.set_sm90_pingpong) only the order in which the two consumer
-    warpgroups issue their products changes; with the overlap (set_sm90_overlap) only when each warpgroup waits."""
-    samples = [s for s in sample_inputs("cuda", dtype, full=True)
-               if "attn_bias" not in s.kwargs and not s.kwargs.get("softcap")]
+# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>: how each sm_90a schedule's kernel name ends
+KERNEL_SUFFIX = {"pipelined": ", false, false, false>(", "ws": ", true, false, false>(",
+                 "pingpong": ", true, true, false>(", "overlap": ", true, false, true>("}
+
+
+def _key_row_bias(b, sk, dtype, kind, gen, misaligned=False):
+    """A (b, 1, 1, sk) bias of the given kind ("same": the input dtype, "fp32", "bool"); misaligned: a view one
+    element into a longer row, so that the rows do not start 16-byte aligned."""
+    n = sk + (1 if misaligned else 0)
+    if kind == "bool":
+        row = torch.rand(b, 1, 1, n, device="cuda", generator=gen) > 0.3
+    else:
+        row = torch.randn(b, 1, 1, n, device="cuda", generator=gen).to(dtype if kind == "same" else torch.float32)
+        row[..., -5:] = torch.finfo(row.dtype).min
+    return row[..., 1:] if misaligned else row
+
+
+def _schedule_calls(dtype):
+    """(fa2.fwd arguments, a label, the extra call's flags) for the schedule tests: every sample without softcap (plain and with
+    each bias kind), extra plain shapes (key ranges long enough for a warp-specialized producer to wait on released
+    stages, query blocks that see no key, every instantiated headdim), and key-row biases at the headdims whose
+    default schedule is warp-specialized, with key tiles all full or not, aligned rows or not."""
+    samples = [s for s in sample_inputs("cuda", dtype, full=True) if not s.kwargs.get("softcap")]
+    calls = [(s.args(), str(s), {}) for s in samples]
+    gen = torch.Generator(device="cuda").manual_seed(5)
     extra = [((1, 300, 1100, 2, 1, 128), {}), ((1, 300, 1100, 2, 1, 128), {"causal": True}),
              ((2, 260, 700, 4, 2, 96), {}), ((1, 500, 900, 2, 2, 32), {"window_left": 300, "window_right": 0}),
              ((1, 300, 20, 2, 2, 64), {"causal": True}),  # bottom-right causal: rows 0..279 see no key
              ((1, 200, 700, 2, 1, 256), {}), ((1, 150, 500, 2, 2, 192), {"causal": True})]
-    calls = [(s.args(), str(s)) for s in samples]
+    for kind, sk, misaligned in [("same", 1024, False), ("fp32", 1100, False), ("bool", 640, False),
+                                 ("same", 640, True)]:
+        for d, causal in [(128, False), (128, True), (256, False), (192, True)]:
+            extra.append(((2, 200, sk, 4, 2, d), {"causal": causal, "bias": (kind, misaligned)}))
     for shape, flags in extra:
         q, k, v = make_qkv(*shape, dtype=dtype, device="cuda")
-        calls.append(((q, k, v, None, None, flags.get("causal", False), flags.get("window_left", -1),
-                       flags.get("window_right", -1), 0.0), f"{shape} {flags}"))
-    assert len(calls) > 15
-    with _switch("sm90_warp_specialized", True), _switch("sm90_pingpong", schedule == "pingpong"), \
-            _switch("sm90_overlap", schedule == "overlap"):
-        ws = [torch.ops.fa2.fwd(*args) for args, _ in calls]
-        by_headdim = {}
-        for args, _ in calls:
-            by_headdim.setdefault(-(-args[0].shape[-1] // 32) * 32, args)  # one call per rounded headdim (32..256)
-        names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in by_headdim.items()}
-    with _switch("sm90_warp_specialized", False):
-        default = [torch.ops.fa2.fwd(*args) for args, _ in calls]
-    # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>
-    want = {"plain": ", true, false, false>(", "pingpong": ", true, true, false>(",
-            "overlap": ", true, false, true>("}[schedule]
+        bias = None
+        if "bias" in flags:
+            kind, misaligned = flags["bias"]
+            bias = _key_row_bias(shape[0], shape[2], dtype, kind, gen, misaligned=misaligned).expand(
+                shape[0], shape[3], shape[1], shape[2])
+        calls.append(((q, k, v, bias, None, flags.get("causal", False), flags.get("window_left", -1),
+                       flags.get("window_right", -1), 0.0), f"{shape} {flags}", flags))
+    return calls
+
+
+@pytest.mark.parametrize("schedule", ["ws", "pingpong", "overlap", "auto"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
+    """The sm_90a forward's schedules (fa2._C.set_sm90_schedule; tile_config.h) run the same products and softmax as
+    the pipelined kernel, only scheduled differently: bitwise the same out and lse on every call, plain or with a
+    bias (forced warp-specialized schedules serve the plain path; a key-row bias with aligned rows runs each
+    headdim's default schedule, its bias staged in shared memory), including query blocks that see no key. And they
+    really are other kernels: a forced schedule at every instantiated headdim of the plain path, "auto" the
+    headdim's default (fa2._C.sm90_default_schedule) for plain calls and aligned key-row biases, and the pipelined
+    kernel for a misaligned one."""
+    calls = _schedule_calls(dtype)
+    assert len(calls) > 30
+    with _switch("sm90_schedule", schedule):
+        scheduled = [torch.ops.fa2.fwd(*args) for args, _, _ in calls]
+        plain_by_headdim, key_bias = {}, []
+        for args, _, flags in calls:
+            d = -(-args[0].shape[-1] // 32) * 32  # the instantiated headdim that serves it (32 .. 256)
+            if args[3] is None and d not in plain_by_headdim:
+                plain_by_headdim[d] = args
+            elif "bias" in flags:
+                key_bias.append((d, flags["bias"][1], args))
+        names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in plain_by_headdim.items()}
+        bias_names = [(d, misaligned, _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)))
+                      for d, misaligned, a in key_bias]
+    with _switch("sm90_schedule", "pipelined"):
+        pipelined = [torch.ops.fa2.fwd(*args) for args, _, _ in calls]
+    assert len(names) >= 5, sorted(names)
     for d, kernels in names.items():
+        want = KERNEL_SUFFIX[fa2._C.sm90_default_schedule(d) if schedule == "auto" else schedule]
         assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, kernels)
-    for (_, what), (out_ws, lse_ws), (out, lse) in zip(calls, ws, default):
-        assert torch.equal(out_ws, out), f"out differs by {(out_ws.float() - out.float()).abs().max().item()}: {what}"
-        assert torch.equal(lse_ws, lse), f"lse differs: {what}"
+    if schedule == "auto":
+        for d, misaligned, kernels in bias_names:
+            want = KERNEL_SUFFIX["pipelined" if misaligned else fa2._C.sm90_default_schedule(d)]
+            assert any("fwd_kernel<" in n and want in n for n in kernels), (d, misaligned, kernels)
+    for (_, what, _), (out_s, lse_s), (out, lse) in zip(calls, scheduled, pipelined):
+        assert torch.equal(out_s, out), f"out differs by {(out_s.float() - out.float()).abs().max().item()}: {what}"
+        assert torch.equal(lse_s, lse), f"lse differs: {what}"
+
+
+def test_sm90_schedule_setting():
+    """set_sm90_schedule takes the five names and rejects others with a clear error (the setting unchanged)."""
+    before = fa2._C.sm90_schedule()
+    try:
+        for name in ("pipelined", "ws", "pingpong", "overlap", "auto"):
+            fa2._C.set_sm90_schedule(name)
+            assert fa2._C.sm90_schedule() == name
+        with pytest.raises(ValueError, match="unknown sm_90a schedule 'fast'"):
+            fa2._C.set_sm90_schedule("fast")
+        assert fa2._C.sm90_schedule() == "auto"
+    finally:
+        fa2._C.set_sm90_schedule(before)
+    assert fa2._C.sm90_default_schedule(64) == "pipelined"
+    assert fa2._C.sm90_default_schedule(128) in KERNEL_SUFFIX

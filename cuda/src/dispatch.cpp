@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "fa2/launch.h"  // the switches defined here
+
 namespace fa2 {
 namespace {
 
@@ -45,12 +47,22 @@ class Switch {
 // Whether sm_XXa instances may be chosen (FA2_DISABLE_ARCH_SPECIFIC=1 turns them off, e.g. to time the sm80-path
 // kernels against the wgmma ones on the same build).
 Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
-// Whether the sm_90a forward runs its warp-specialized pipeline (FA2_SM90_WARP_SPECIALIZED=1).
-Switch g_sm90_warp_specialized{"FA2_SM90_WARP_SPECIALIZED", /*when_set=*/true};
-// With it, ping-pong between the consumer warpgroups (FA2_SM90_PINGPONG=1).
-Switch g_sm90_pingpong{"FA2_SM90_PINGPONG", /*when_set=*/true};
-// Or the intra-warpgroup overlap of P V with the next softmax (FA2_SM90_OVERLAP=1).
-Switch g_sm90_overlap{"FA2_SM90_OVERLAP", /*when_set=*/true};
+// The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
+// no schedule.
+constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
+std::atomic<int> g_sm90_schedule{kScheduleUnread};
+
+int schedule_index(const char* name) {
+  for (int i = 0; i < int(sizeof(kSm90ScheduleNames) / sizeof(kSm90ScheduleNames[0])); ++i) {
+    if (std::strcmp(name, kSm90ScheduleNames[i]) == 0) return i;
+  }
+  return kScheduleInvalid;
+}
+std::string schedule_choices() {
+  std::string all;
+  for (const char* n : kSm90ScheduleNames) all += std::string(all.empty() ? "" : ", ") + n;
+  return all;
+}
 
 }  // namespace
 
@@ -92,12 +104,30 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
 
 void set_arch_specific_kernels(bool enabled) { g_arch_specific.set(enabled); }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
-void set_sm90_warp_specialized(bool enabled) { g_sm90_warp_specialized.set(enabled); }
-bool sm90_warp_specialized() { return g_sm90_warp_specialized.on(); }
-void set_sm90_pingpong(bool enabled) { g_sm90_pingpong.set(enabled); }
-bool sm90_pingpong() { return g_sm90_pingpong.on(); }
-void set_sm90_overlap(bool enabled) { g_sm90_overlap.set(enabled); }
-bool sm90_overlap() { return g_sm90_overlap.on(); }
+const char* set_sm90_schedule(const char* name) {
+  const int index = schedule_index(name);
+  if (index < 0) {
+    return message(std::string("fa2: unknown sm_90a schedule '") + name + "' (one of " + schedule_choices() + ")");
+  }
+  g_sm90_schedule.store(index, std::memory_order_relaxed);
+  return nullptr;
+}
+
+const char* sm90_schedule(Sm90Schedule* schedule) {
+  int state = g_sm90_schedule.load(std::memory_order_relaxed);
+  const char* env = std::getenv("FA2_SM90_SCHEDULE");
+  if (state == kScheduleUnread) {
+    const int from_env = env == nullptr || *env == '\0' ? int(Sm90Schedule::kAuto) : schedule_index(env);
+    // a concurrent set_sm90_schedule wins over the environment
+    state = g_sm90_schedule.compare_exchange_strong(state, from_env, std::memory_order_relaxed) ? from_env : state;
+  }
+  if (state == kScheduleInvalid) {
+    return message(std::string("fa2: FA2_SM90_SCHEDULE=") + (env != nullptr ? env : "") +
+                   " is not an sm_90a schedule (one of " + schedule_choices() + ")");
+  }
+  *schedule = static_cast<Sm90Schedule>(state);
+  return nullptr;
+}
 
 int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim) {
   int best = -1;

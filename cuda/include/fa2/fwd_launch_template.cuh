@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "fa2/fwd_kernel.cuh"
-#include "fa2/launch.h"  // sm90_warp_specialized
+#include "fa2/launch.h"  // sm90_schedule
 #include "fa2/params.h"
 #include "fa2/tile_config.h"
 
@@ -36,39 +36,79 @@ FwdKernel fwd_kernel_for_bias(BiasType bias_type) {
   return nullptr;
 }
 
+// The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type.
+template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule>
+FwdKernel ws_kernel() {
+  static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
+  return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true,
+                          /*kPingpong=*/kSchedule == Sm90Schedule::kPingpong,
+                          /*kOverlap=*/kSchedule == Sm90Schedule::kOverlap>;
+}
+
 template <typename T, int kHeadDim, int kArch>
 const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the kernel's own choice (fwd_kernel.cuh)
   // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator (a key-row bias or one that
-  // varies along queries) / general (softcap, scale <= 0), times the bias element type. Eleven variants per instance.
+  // varies along queries) / general (softcap, scale <= 0), times the bias element type: eleven variants per
+  // instance; sm_90a adds the warp-specialized ones (plain: three schedules; key-row bias: the default schedule).
   using fwd::ScoreMode;
   FwdKernel kernel = nullptr;
   int threads = Cfg::kNThreads, smem = Cfg::kSmemBytes;
-  // sm_90a: the warp-specialized pipeline (fwd_kernel.cuh), so far for the plain path only and when switched on
-  // (set_sm90_warp_specialized / FA2_SM90_WARP_SPECIALIZED=1) while it is being measured against the default.
-  constexpr bool kCanWs = kArch == 901 && FA2_SM90_TMA;
   const bool general = p.softcap > 0.f || !(p.scale > 0.f);  // ScoreMode::kGeneral
   const bool plain = !general && p.bias_type == BiasType::kNone;
-  if (kCanWs && plain && sm90_warp_specialized()) {
-    if constexpr (kCanWs) {
-      constexpr ScoreMode kPlain = ScoreMode::kPlain;
-      // schedules (fwd_kernel.cuh): ping-pong, or the intra-warpgroup overlap, or neither; ping-pong wins when both
-      // are switched on (they do not combine yet)
-      if (sm90_pingpong()) {
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, /*kPingpong=*/true>;
-      } else if (sm90_overlap()) {
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, /*kOverlap=*/true>;
+  // sm_90a: the schedule of the key loop (tile_config.h, Sm90Schedule): each headdim's default unless
+  // set_sm90_schedule / FA2_SM90_SCHEDULE forces one. Warp-specialized kernels serve the plain path (every schedule)
+  // and a key-row bias (the headdim's default schedule only: fewer instantiations); the rest runs pipelined.
+  constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
+  constexpr Sm90Schedule kDefault = kTma ? sm90_default_schedule(kHeadDim) : Sm90Schedule::kPipelined;
+  Sm90Schedule schedule = kDefault;
+  if constexpr (kTma) {
+    if (const char* e = sm90_schedule(&schedule)) return e;
+    if (schedule == Sm90Schedule::kAuto) schedule = kDefault;
+  }
+  // a bias with one value per key (padding masks): its own variant; on sm_90a its key tiles are loaded by the TMA,
+  // which needs 16-byte aligned rows (else the general bias-fold variant reads it)
+  const bool key_row_bias = !general && p.bias_type != BiasType::kNone && p.bias_row_stride == 0 &&
+                            (!kTma || bias_rows_tma_loadable(p));
+  bool warp_specialized = false;
+  if constexpr (kTma) {
+    constexpr ScoreMode kPlain = ScoreMode::kPlain, kKeyBias = ScoreMode::kKeyBiasFold;
+    if (plain && schedule != Sm90Schedule::kPipelined) {
+      warp_specialized = true;
+      if (schedule == Sm90Schedule::kPingpong) {
+        kernel = ws_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpong>();
+      } else if (schedule == Sm90Schedule::kOverlap) {
+        kernel = ws_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kOverlap>();
       } else {
-        kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, true, false, false>;
+        kernel = ws_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kWarpSpecialized>();
       }
-      threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
-      smem = Cfg::kSmemBytesWs;  // its deeper K/V ring
+    } else if constexpr (kDefault != Sm90Schedule::kPipelined) {
+      if (key_row_bias && schedule != Sm90Schedule::kPipelined) {
+        warp_specialized = true;
+        switch (p.bias_type) {
+          case BiasType::kSameAsInput:
+            kernel = ws_kernel<T, kHeadDim, kArch, kKeyBias, BiasType::kSameAsInput, kDefault>();
+            break;
+          case BiasType::kFloat32:
+            kernel = ws_kernel<T, kHeadDim, kArch, kKeyBias, BiasType::kFloat32, kDefault>();
+            break;
+          case BiasType::kBool:
+            kernel = ws_kernel<T, kHeadDim, kArch, kKeyBias, BiasType::kBool, kDefault>();
+            break;
+          case BiasType::kNone:
+            break;
+        }
+      }
     }
+  }
+  if (warp_specialized) {
+    threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
+    smem = Cfg::kSmemBytesWs;  // its deeper K/V ring
   } else if (general) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kGeneral>(p.bias_type);
   } else if (plain) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kPlain>(p.bias_type);
-  } else if (p.bias_row_stride == 0) {  // one bias value per key (padding masks)
+  } else if (key_row_bias) {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kKeyBiasFold>(p.bias_type);
   } else {
     kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kBiasFold>(p.bias_type);
@@ -83,7 +123,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   sm90::FwdTensorMaps maps{};  // the TMA's view of q, k, v (sm_90a instances that load with it)
-  if constexpr (kArch == 901 && FA2_SM90_TMA) {
+  if constexpr (kTma) {
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
     const char* e = sm90::make_bshd_tensor_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
                                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, Cfg::kBlockM,
@@ -95,6 +135,10 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     if (e == nullptr) {
       e = sm90::make_bshd_tensor_map(&maps.v, p.v, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.v_batch_stride,
                                      p.v_row_stride, p.v_head_stride, Cfg::kBlockN, Cfg::kSmemBlockCols);
+    }
+    if (e == nullptr && key_row_bias) {
+      e = sm90::make_key_bias_tensor_map(&maps.bias, p.bias, bias_element_bytes(p.bias_type), bf16, p.batch, p.nheads,
+                                         p.seqlen_k, p.bias_batch_stride, p.bias_head_stride, Cfg::kBlockN);
     }
     if (e != nullptr) return e;
   }

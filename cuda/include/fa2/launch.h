@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "fa2/params.h"
+#include "fa2/tile_config.h"  // Sm90Schedule
 
 namespace fa2 {
 
@@ -17,18 +18,14 @@ int fwd_headdim_rounded(int headdim);
 void set_arch_specific_kernels(bool enabled);
 bool arch_specific_kernels();
 
-// Whether the sm_90a forward uses its warp-specialized pipeline (a producer warpgroup streaming K/V; plain path
-// only so far, every headdim). Default: off unless the environment has FA2_SM90_WARP_SPECIALIZED=1, until it is measured to win.
-void set_sm90_warp_specialized(bool enabled);
-bool sm90_warp_specialized();
-// With it: whether its two consumer warpgroups take turns issuing their products (ping-pong). Default: off unless
-// FA2_SM90_PINGPONG=1.
-void set_sm90_pingpong(bool enabled);
-bool sm90_pingpong();
-// With it (and without ping-pong, which wins when both are on): whether each consumer warpgroup keeps P V of tile
-// n-1 in flight during the softmax of tile n. Default: off unless FA2_SM90_OVERLAP=1.
-void set_sm90_overlap(bool enabled);
-bool sm90_overlap();
+// Which schedule the sm_90a forward's key loop runs (tile_config.h, Sm90Schedule; names in kSm90ScheduleNames):
+// "auto" (default: each headdim's measured best, sm90_default_schedule), "pipelined", "ws", "pingpong", "overlap".
+// Process-wide, for A/B timing; until set, the environment's FA2_SM90_SCHEDULE decides. A forced warp-specialized
+// schedule applies to the plain path; a key-row bias runs the headdim's default one unless "pipelined" is forced.
+// set_sm90_schedule returns nullptr, or a message for an unknown name (the setting is then unchanged);
+// sm90_schedule returns nullptr and sets *schedule, or a message when FA2_SM90_SCHEDULE names no schedule.
+const char* set_sm90_schedule(const char* name);
+const char* sm90_schedule(Sm90Schedule* schedule);
 
 // Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
 // headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8

@@ -31,11 +31,38 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // TMA loads): forward 1.35-2.1x torch's FA-2, 1.0-1.10x cuDNN at d 64, 0.72-0.96x at d 128 and 256
 // (benchmarks/results/attention_h200-20261130-sm90a.json). At d 64 the plain variant takes 128 registers (two CTAs
 // per SM), the bias-fold variants 155-192 (one CTA per SM: with a padding bias 0.55-0.6x of the plain speed). The
-// registers went to the loads of a bias that varies along queries; a key-row bias (padding masks) now has its own
-// variant, held to 128 registers (min_blocks_per_sm). Not yet measured.
+// registers went to the loads of a bias that varies along queries; a key-row bias (padding masks) has its own
+// variant, held to 128 registers (min_blocks_per_sm): 0.68-0.71x of the plain speed; with its bias tile loaded by
+// the TMA with K/V and folded to fp32 once per CTA, 0.80-0.89x (d 128: 0.83-0.94x, d 256: 0.92-0.96x of the
+// warp-specialized defaults; 2026-11-30, S 1k-16k, benchmarks/results/attention_h200-20261130-ws.json).
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
 }
+
+// How the sm_90a forward schedules its key loop (fwd_kernel.cuh):
+//   kPipelined        two warpgroups, one thread issues the next K/V tile's TMA after a CTA barrier per tile;
+//   kWarpSpecialized  a producer warpgroup streams K/V into a ring of mbarrier-guarded stages, no CTA barrier;
+//   kPingpong         that, with the two consumer warpgroups taking turns issuing their products;
+//   kOverlap          that, with P V of tile n-1 in flight during the softmax of tile n (intra-warpgroup overlap).
+// kAuto (a runtime setting only: set_sm90_schedule) means sm90_default_schedule(headdim).
+enum class Sm90Schedule : int { kAuto = 0, kPipelined = 1, kWarpSpecialized = 2, kPingpong = 3, kOverlap = 4 };
+
+// The schedule each headdim runs by default. Measured on the H200 (2026-11-30, bf16, 16k tokens, hidden 2048,
+// S 2k/8k/16k, causal and not; benchmarks/results/attention_h200-20261130-schedules.json), forward TFLOP/s relative to
+// kPipelined: d 64 warp-specialized 0.72-0.80, ping-pong 0.58-0.63, overlap 0.68-0.74 (one 384-thread CTA per SM
+// where the pipelined kernel runs two); d 128 warp-specialized 1.06-1.12, ping-pong 0.87-0.94, overlap 1.12-1.20;
+// d 256 warp-specialized 1.10-1.14, ping-pong 0.85-0.93, overlap 0.65-0.83 (its O, S and P_prev crowd the registers).
+// A second run (attention_h200-20261130-schedules2.json, S 2k/16k): d 96 warp-specialized 1.01-1.03, overlap
+// 1.00-1.03 (within the run-to-run noise: d 96 stays pipelined, like d 32); d 192 warp-specialized 1.02-1.13,
+// overlap 1.02-1.11.
+constexpr Sm90Schedule sm90_default_schedule(int headdim) {
+  return headdim <= 96 ? Sm90Schedule::kPipelined : headdim <= 128 ? Sm90Schedule::kOverlap
+                                                                   : Sm90Schedule::kWarpSpecialized;
+}
+
+// The names set_sm90_schedule / FA2_SM90_SCHEDULE take (index = the enum's value).
+constexpr const char* kSm90ScheduleNames[] = {"auto", "pipelined", "ws", "pingpong", "overlap"};
+constexpr const char* sm90_schedule_name(Sm90Schedule s) { return kSm90ScheduleNames[static_cast<int>(s)]; }
 
 template <int kHeadDim_, bool kWgmma_ = false>
 struct FwdTileConfig {
@@ -48,8 +75,9 @@ struct FwdTileConfig {
   static constexpr int kStages = kShape.stages;
   static constexpr int kNThreads = kNWarps * 32;
   // CTAs per SM the register allocation must allow (__launch_bounds__'s minimum), for the lean variants (a key-row
-  // bias): sm_90a at d <= 64 asks for 2, i.e. <= 128 registers a thread, which two CTAs' 80 KB of shared memory
-  // allow (ptxas, bf16: 128 registers, 0 bytes spilled for a bool bias, 48 for float ones; unbounded: 129-141).
+  // bias): sm_90a at d <= 64 asks for 2, i.e. <= 128 registers a thread, which two CTAs' 82 KB of shared memory
+  // allow (ptxas, bf16, bias staged and folded in shared memory: 128 registers, 48 bytes spilled for a bool bias,
+  // 72-76 for float ones, mostly around the loop's setup; unbounded: 129-141).
   // 0 (everything else) leaves the compiler free: an explicit 1 is not the same (the plain variant then took 152).
   static constexpr int min_blocks_per_sm(bool lean) { return lean && kWgmma && kHeadDim_ <= 64 ? 2 : 0; }
 
@@ -65,13 +93,20 @@ struct FwdTileConfig {
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;  // one K (or V) tile
   // sm_90a with TMA loads: mbarriers for Q and each K/V stage, after the tiles
   static constexpr int kSmemBarrierBytes = kWgmma ? 64 : 0;
-  static constexpr int kSmemBytes = kSmemQBytes + kStages * 2 * kSmemKVBytes + kSmemBarrierBytes;
+  // sm_90a: a key-row bias (padding masks) travels with its K/V stage, one key tile of it (<= 4-byte elements), so
+  // that the products never wait on a global load of it (fwd_kernel.cuh, kStagedBias)
+  static constexpr int kSmemBiasTileBytes = kWgmma ? kBlockN * 4 : 0;
+  // the pipelined kernel also keeps each stage's bias tile folded to fp32 once for the CTA (fwd_kernel.cuh)
+  static constexpr int kSmemBiasFoldedBytes = kSmemBiasTileBytes;
+  static constexpr int kSmemBytes =
+      kSmemQBytes + kStages * (2 * kSmemKVBytes + kSmemBiasTileBytes + kSmemBiasFoldedBytes) + kSmemBarrierBytes;
   // The warp-specialized sm_90a kernel (fwd_kernel.cuh) keeps a deeper K/V ring where the shared memory allows: with
   // a producer running ahead, a third stage gives its loads a whole extra iteration (ping-pong releases a stage later
-  // than the plain order). d 128: 32 + 3 x 64 KB = 224 KB.
-  static constexpr int kWsStages = kWgmma && kSmemQBytes + 3 * 2 * kSmemKVBytes + kSmemBarrierBytes <= 227 * 1024
-                                       ? 3 : 2;
-  static constexpr int kSmemBytesWs = kSmemQBytes + kWsStages * 2 * kSmemKVBytes + kSmemBarrierBytes;
+  // than the plain order). d 128: 32 + 3 x (64 + 0.5) KB = 225.5 KB.
+  static constexpr int kWsStages =
+      kWgmma && kSmemQBytes + 3 * (2 * kSmemKVBytes + kSmemBiasTileBytes) + kSmemBarrierBytes <= 227 * 1024 ? 3 : 2;
+  static constexpr int kSmemBytesWs = kSmemQBytes + kWsStages * (2 * kSmemKVBytes + kSmemBiasTileBytes) +
+                                      kSmemBarrierBytes;
 
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole m16 tiles");

@@ -11,18 +11,18 @@
 
 namespace fa2::sm90 {
 
-// The forward's three maps (a kernel argument, __grid_constant__: the TMA reads them from parameter space).
+// The forward's maps (a kernel argument, __grid_constant__: the TMA reads them from parameter space): q, k, v, and
+// a key-row bias's (make_key_bias_tensor_map) when the kernel stages one.
 struct FwdTensorMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, bias;
 };
 
 // ---- host: a 4-D tensor map over (batch, seqlen, heads, headdim) b16 elements with any strides (in elements; the
 // row/head/batch strides must be multiples of 8 and the base 16-byte aligned), box = (box_cols headdim elements,
 // box_rows positions, 1 head, 1 batch). box_cols 64 with the 128-byte swizzle, 32 with the 64-byte one, as the
 // SwizzledTile column blocks. Rows and columns outside the tensor read as zeros. Returns nullptr or a message.
-inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seqlen,
-                                        int64_t heads, int64_t headdim, int64_t batch_stride, int64_t row_stride,
-                                        int64_t head_stride, int box_rows, int box_cols) {
+// cuTensorMapEncodeTiled, looked up once; nullptr when the driver does not have it.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   // Looked up once (thread-safe static initialization); nullptr when the driver does not have it. The older
   // cudaGetDriverEntryPoint (CUDA 11.3+, deprecated in 13) rather than ...ByVersion (12.5+): the extension links
   // the cudart torch loaded, which may predate 12.5 within the same major version.
@@ -40,6 +40,13 @@ inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool
 #endif
     return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
   }();
+  return encode;
+}
+
+inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool bf16, int64_t batch, int64_t seqlen,
+                                        int64_t heads, int64_t headdim, int64_t batch_stride, int64_t row_stride,
+                                        int64_t head_stride, int box_rows, int box_cols) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
   // A dimension of size 1 is never stepped over: give it the stride a contiguous tensor would have, so that whatever
   // the caller's tensor says there (torch allows anything) passes the encoder's checks.
@@ -55,6 +62,35 @@ inline const char* make_bshd_tensor_map(CUtensorMap* map, const void* base, bool
                             box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected the tensor (alignment or strides)";
+}
+
+// ---- host: a 3-D tensor map over a key-row bias, (batch, heads, seqlen_k) elements of `elem_bytes` (2: b16 of the
+// inputs' type, 4: float32, 1: bool as bytes) with unit key stride; a broadcast dimension (stride 0) has size 1 and
+// is addressed at 0. Box = box_cols keys of one (batch, head); keys past seqlen_k read as zeros (masked anyway).
+// Needs a 16-byte aligned base and head/batch strides that are multiples of 16 bytes. Returns nullptr or a message.
+inline const char* make_key_bias_tensor_map(CUtensorMap* map, const void* base, int elem_bytes, bool bf16,
+                                            int64_t batch, int64_t heads, int64_t seqlen_k, int64_t batch_stride,
+                                            int64_t head_stride, int box_cols) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
+  if (head_stride == 0) heads = 1;
+  if (batch_stride == 0) batch = 1;
+  // a dimension of size 1 is never stepped over: any multiple of 16 bytes will do there
+  const int64_t row_bytes = (seqlen_k * elem_bytes + 15) / 16 * 16;
+  const int64_t head_bytes = heads == 1 ? row_bytes : head_stride * elem_bytes;
+  const int64_t batch_bytes = batch == 1 ? head_bytes * heads : batch_stride * elem_bytes;
+  const cuuint64_t dims[3] = {cuuint64_t(seqlen_k), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[2] = {cuuint64_t(head_bytes), cuuint64_t(batch_bytes)};
+  const cuuint32_t box[3] = {cuuint32_t(box_cols), 1, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type = elem_bytes == 4   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : bf16            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected the key-row bias (alignment or strides)";
 }
 
 // ---- device ---------------------------------------------------------------------------------------------------
@@ -112,6 +148,16 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
       "[%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
+      : "memory");
+}
+// (1 x 1 x cols) box at (col, head, batch) of a 3-D tensor map into shared memory `dst` (16-byte aligned),
+// completing its bytes on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int head,
+                                            int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(batch), "r"(bar)
       : "memory");
 }
 #endif
