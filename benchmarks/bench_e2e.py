@@ -34,6 +34,7 @@ import gc
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import time
@@ -400,6 +401,10 @@ def main(argv=None):
     p.add_argument("--tag")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
+
+    def stop(signum, frame):  # a time limit's SIGTERM (timeout(1)): stop like Ctrl-C, writing what was measured
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available (use --device cpu)")
     device = torch.device(args.device)

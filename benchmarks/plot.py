@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"fa2": "#d62728", "fa2-sm80": "#f4a582", "fa2-ws": "#67001f", "fa2-wspp": "#b2182b", "fa2-wsov": "#d6604d", "torch-fa2": "#1f77b4", "cudnn": "#2ca02c", "efficient": "#9467bd", "math": "#7f7f7f",
+COLORS = {"fa2": "#d62728", "fa2-sm80": "#f4a582", "fa2-pipe": "#fddbc7", "fa2-ws": "#67001f", "fa2-wspp": "#b2182b", "fa2-wsov": "#d6604d", "torch-fa2": "#1f77b4", "cudnn": "#2ca02c", "efficient": "#9467bd", "math": "#7f7f7f",
           "flex": "#ff7f0e", "sdpa": "#17becf"}
 PASS_LABEL = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 
@@ -31,7 +31,7 @@ def _hw(env: dict) -> str:
     return env.get("gpu") or f"CPU ({env.get('cpu', '?')}, {env.get('threads', '?')} threads)"
 
 
-def plot_attention_speed(result: dict, out_dir: str) -> list[str]:
+def plot_attention_speed(result: dict, out_dir: str, stem: str) -> list[str]:
     rows = result["measurements"]
     env, tag = result["env"], result["tag"]
     cpu = not env.get("gpu")
@@ -89,14 +89,14 @@ def plot_attention_speed(result: dict, out_dir: str) -> list[str]:
                      f"({(env.get('git_commit') or '?')[:8]}), {env.get('date', '')[:10]}", fontsize=9,
                      x=0.01, y=0.995, ha="left")
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
-        path = os.path.join(out_dir, f"attention_{tag}_{dtype}_{mask}.png")
+        path = os.path.join(out_dir, f"{stem}_{dtype}_{mask}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
     return paths
 
 
-def plot_attention_memory(result: dict, out_dir: str) -> list[str]:
+def plot_attention_memory(result: dict, out_dir: str, stem: str) -> list[str]:
     rows = result.get("memory") or []
     ok = [r for r in rows if r["status"] == "ok" and r.get("peak_bytes")]  # log axis: drop None and 0
     if not ok:
@@ -124,13 +124,13 @@ def plot_attention_memory(result: dict, out_dir: str) -> list[str]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = os.path.join(out_dir, f"attention_{tag}_memory.png")
+    path = os.path.join(out_dir, f"{stem}_memory.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
 
 
-def plot_e2e(result: dict, out_dir: str) -> list[str]:
+def plot_e2e(result: dict, out_dir: str, stem: str) -> list[str]:
     rows = [r for r in result["runs"] if r["mode"] == "train"]
     if not any(r["status"] == "ok" for r in rows):
         return []
@@ -159,17 +159,19 @@ def plot_e2e(result: dict, out_dir: str) -> list[str]:
                  f"{env.get('date', '')[:10]}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = os.path.join(out_dir, f"e2e_{tag}.png")
+    path = os.path.join(out_dir, f"{stem}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
 
 
-def plot_all(result: dict, out_dir: str) -> list[str]:
+def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
+    """PNGs named <stem>_... (default: the name the benchmark gave its JSON, attention_<tag> / e2e_<tag>)."""
     os.makedirs(out_dir, exist_ok=True)
     if result.get("kind") == "e2e":
-        return plot_e2e(result, out_dir)
-    return plot_attention_speed(result, out_dir) + plot_attention_memory(result, out_dir)
+        return plot_e2e(result, out_dir, stem or f"e2e_{result['tag']}")
+    stem = stem or f"attention_{result['tag']}"
+    return plot_attention_speed(result, out_dir, stem) + plot_attention_memory(result, out_dir, stem)
 
 
 def main():
@@ -180,7 +182,8 @@ def main():
     for path in args.json:
         with open(path) as f:
             result = json.load(f)
-        for png in plot_all(result, args.out or os.path.dirname(os.path.abspath(path))):
+        stem = os.path.splitext(os.path.basename(path))[0]  # a renamed JSON keeps its PNGs apart
+        for png in plot_all(result, args.out or os.path.dirname(os.path.abspath(path)), stem):
             print("wrote", png)
 
 

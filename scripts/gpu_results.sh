@@ -46,7 +46,7 @@ for what in "$@"; do
         --no-progress --no-plot --out "$OUT/bench" ;;
     e2e)
       # shellcheck disable=SC2086
-      eval step e2e 300 env PYTHONPATH=python "$PY" benchmarks/bench_e2e.py $E2E_ARGS --no-plot --out "$OUT/bench" ;;
+      eval step e2e "${FA2_E2E_LIMIT:-300}" env PYTHONPATH=python "$PY" benchmarks/bench_e2e.py $E2E_ARGS --no-plot --out "$OUT/bench" ;;
     *) echo "unknown step $what"; exit 2 ;;
   esac
 done
