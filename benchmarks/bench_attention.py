@@ -58,13 +58,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp specialization), warp-specialized,
 # with ping-pong between its consumer warpgroups, with P V overlapping the next softmax. Forced warp-specialized
 # schedules apply to the plain path; the rest runs as fa2 (or pipelined under fa2-pipe).
+# fa2-bwd90: fa2 with the backward's sm_90a (wgmma) instances switched on (fa2._C.set_sm90_backward), opt-in until
+# measured against fa2's default (sm80-path) backward.
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
+                "fa2-bwd90": {"sm90_backward": True},
                 "fa2-pipe": {"sm90_schedule": "pipelined"},
                 "fa2-ws": {"sm90_schedule": "ws"},
                 "fa2-wspp": {"sm90_schedule": "pingpong"},
                 "fa2-wsov": {"sm90_schedule": "overlap"}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn", "efficient", "math", "flex",
-         "sdpa")
+IMPLS = ("fa2", "fa2-sm80", "fa2-bwd90", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn",
+         "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}

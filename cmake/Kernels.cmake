@@ -16,7 +16,7 @@ include_guard(GLOBAL)
 set(FA2_KERNEL_DIRECTIONS fwd bwd)
 # Directions with arch-specific kernels (sm_90a: wgmma, TMA). For the others an "a" arch is no new code: skipped
 # when its plain number is also built (90a next to 90), else compiled as that plain arch's kernels.
-set(FA2_KERNEL_DIRECTIONS_ARCH_SPECIFIC fwd)
+set(FA2_KERNEL_DIRECTIONS_ARCH_SPECIFIC fwd bwd)
 set(FA2_KERNEL_DTYPES fp16 bf16)
 set(FA2_KERNEL_HEADDIMS_SUPPORTED 32 64 96 128 192 256)
 

@@ -7,6 +7,7 @@
 #include "checks.h"
 #include "fa2_build_info.h"
 #if FA2_WITH_CUDA
+#include "fa2/bwd_launch.h"
 #include "fa2/launch.h"
 #else
 #include "fa2/tile_config.h"  // Sm90Schedule (plain C++)
@@ -14,6 +15,8 @@ namespace fa2 {  // a CPU-only build has no kernels to switch: the development s
 inline void set_arch_specific_kernels(bool) {}
 inline bool arch_specific_kernels() { return false; }
 inline const char* set_sm90_schedule(const char*) { return "fa2: this build has no CUDA kernels (no sm_90a schedule)"; }
+inline void set_sm90_backward(bool) {}
+inline bool sm90_backward() { return false; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
   *schedule = Sm90Schedule::kAuto;
   return nullptr;
@@ -44,6 +47,8 @@ PYBIND11_MODULE(_C, m) {
   // a benchmark or test can restore them.
   m.def("set_arch_specific_kernels", &fa2::set_arch_specific_kernels);
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
+  m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd90")
+  m.def("sm90_backward", &fa2::sm90_backward);
   m.def("set_sm90_schedule", [](const std::string& name) {
     if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
   }, py::arg("name"), "auto, pipelined, ws, pingpong or overlap (FA2_SM90_SCHEDULE)");

@@ -187,3 +187,25 @@ def test_sm90_schedule_setting():
         fa2._C.set_sm90_schedule(before)
     assert fa2._C.sm90_default_schedule(64) == "pipelined"
     assert fa2._C.sm90_default_schedule(128) in KERNEL_SUFFIX
+
+
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+def test_sm90_backward_runs_wgmma_and_follows_the_rule(d):
+    """The backward's sm_90a instances (fa2._C.set_sm90_backward, opt-in; wgmma products at these headdims, plain
+    path): the kernel that runs is the wgmma one, and its gradients follow the rule against the fp32 reference,
+    causal or not, with query/key tails and GQA. (gpu_validate.sh also runs the CUDA test suite with it switched on.)"""
+    for causal in (False, True):
+        q, k, v = make_qkv(2, 333, 461, 4, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        dout = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
+        with _switch("sm90_backward", True):
+            out = fa2.attention(q, k, v, causal=causal)
+            names = _fwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+        # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false>
+        assert any("bwd_kernel<" in n and ", true>, 901, false>" in n for n in names), names
+        leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.float())
+        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, causal=causal, upcast=False), leaf_lo, dout)
+        for name, g, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+            assert_close_rule(f"{name} d {d} causal {causal}", g, g_hi, g_lo, factor=3)

@@ -20,7 +20,8 @@ int64_t bwd_workspace_ints(const AttentionParams& p) {
 }
 
 const char* run_bwd(const AttentionParams& params, cudaStream_t stream) {
-  return dispatch_instance("backward", kBwdInstances, kNumBwdInstances, params, stream);
+  // the sm_90a (wgmma) instances only when switched on (bwd_launch.h), else the sm80-path ones where built
+  return dispatch_instance("backward", kBwdInstances, kNumBwdInstances, params, stream, sm90_backward());
 }
 
 }  // namespace fa2

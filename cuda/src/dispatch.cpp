@@ -47,6 +47,8 @@ class Switch {
 // Whether sm_XXa instances may be chosen (FA2_DISABLE_ARCH_SPECIFIC=1 turns them off, e.g. to time the sm80-path
 // kernels against the wgmma ones on the same build).
 Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
+// Whether the backward prefers its sm_90a (wgmma) instances (FA2_SM90_BACKWARD=1): opt-in until measured.
+Switch g_sm90_backward{"FA2_SM90_BACKWARD", /*when_set=*/true};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
@@ -67,7 +69,7 @@ std::string schedule_choices() {
 }  // namespace
 
 const char* dispatch_instance(const char* direction, const InstanceEntry* entries, int num_entries,
-                              const AttentionParams& p, cudaStream_t stream) {
+                              const AttentionParams& p, cudaStream_t stream, bool prefer_arch_specific) {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -83,8 +85,9 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
     built_archs += " sm_" + std::to_string(e.arch) + (e.arch_specific ? "a" : "");
     const bool runs_here = e.arch / 10 == cc / 10 && e.arch <= cc &&
                            (!e.arch_specific || (e.arch == cc && g_arch_specific.on()));
-    const bool better = best == nullptr || e.arch_specific > best->arch_specific ||
-                        (e.arch_specific == best->arch_specific && e.arch > best->arch);
+    const bool better = best == nullptr ||
+                        (e.arch_specific != best->arch_specific ? e.arch_specific == prefer_arch_specific
+                                                                : e.arch > best->arch);
     if (runs_here && better) best = &e;
   }
   if (best != nullptr) return best->fn(p, stream);
@@ -103,6 +106,8 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
 }
 
 void set_arch_specific_kernels(bool enabled) { g_arch_specific.set(enabled); }
+void set_sm90_backward(bool enabled) { g_sm90_backward.set(enabled); }
+bool sm90_backward() { return g_sm90_backward.on(); }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 const char* set_sm90_schedule(const char* name) {
   const int index = schedule_index(name);

@@ -20,10 +20,11 @@ struct InstanceEntry {
   InstanceEntry{&name, dtype, headdim, arch, arch_specific != 0},
 
 // Runs the instance for (p.dtype, p.headdim_rounded) whose SASS runs on the current device (same major
-// compute capability, minor <= the device's; an arch-specific build only on its exact compute capability), preferring
-// an arch-specific one, then the highest. nullptr on success, else a message.
+// compute capability, minor <= the device's; an arch-specific build only on its exact compute capability),
+// preferring an arch-specific one (or, with prefer_arch_specific false, one that is not, as long as there is one),
+// then the highest. nullptr on success, else a message.
 const char* dispatch_instance(const char* direction, const InstanceEntry* entries, int num_entries,
-                              const AttentionParams& p, cudaStream_t stream);
+                              const AttentionParams& p, cudaStream_t stream, bool prefer_arch_specific = true);
 
 // The smallest instantiated headdim >= headdim, or -1.
 int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim);

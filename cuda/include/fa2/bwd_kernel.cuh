@@ -37,6 +37,7 @@
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/softmax.cuh"  // exp2_ftz
+#include "fa2/sm90/wgmma.cuh"  // only instantiated by sm_90a instances (BwdTileConfig::kWgmma)
 
 namespace fa2 {
 namespace bwd {
@@ -174,6 +175,24 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], uin
         ptx::mma_m16n8k16<T>(acc[mt][2 * np + 1], a[mt], b_hi);
       }
     }
+  }
+}
+
+// One of the backward's products, acc (kMTiles x kNTiles n8 tiles per warp) += A B^T with warp_gemm's operand
+// conventions: by warp_gemm (mma.sync), or on sm_90a (kWgmma) by the warp's warpgroup with one m64 wgmma, whose
+// 64 x (kNTiles * 8) result is exactly its four warps' tiles stacked along M (the tile config lines them up:
+// bwd_tile_shape_wgmma). a_m0 & ~63 is then the warpgroup's first row (or, transposed, column) of A; b_n0 its first
+// row (column) of B.
+template <typename T, bool kWgmma, int kMTiles, int kNTiles, int kKSteps, bool kATrans, bool kBTrans, typename ATile,
+          typename BTile>
+__device__ __forceinline__ void product(float (&acc)[kMTiles][kNTiles][4], uint32_t sA, int a_m0, uint32_t sB, int b_n0,
+                                        int lane) {
+  if constexpr (kWgmma) {
+    static_assert(kMTiles == 1, "wgmma: 16 rows per warp");
+    sm90::gemm_ss<T, kNTiles * 8, kKSteps, kATrans, kBTrans, ATile, BTile>(
+        reinterpret_cast<float(&)[kNTiles * 4]>(acc), sA, a_m0 & ~63, sB, b_n0);
+  } else {
+    warp_gemm<T, kMTiles, kNTiles, kKSteps, kATrans, kBTrans, ATile, BTile>(acc, sA, a_m0, sB, b_n0, lane);
   }
 }
 
@@ -362,11 +381,16 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   constexpr int kSdPM = Cfg::kSdPMTiles, kSdPN = Cfg::kSdPNTiles;
   constexpr int kKVM = Cfg::kdKVMTiles, kKVN = Cfg::kdKVNTiles;
   constexpr int kQM = Cfg::kdQMTiles, kQN = Cfg::kdQNTiles;
-  (void)kArch;  // only makes the symbol of each arch's instance distinct
+  // sm_90a instances with a wgmma tile config multiply with wgmma (product); the rest, with mma.sync
+  constexpr bool kWgmma = Cfg::kWgmma;
+  static_assert(!kWgmma || kArch == 901, "wgmma needs an sm_90a instance");
 
   // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] ([Q1] [dO1]) [P (kBlockM, kBlockN)] [dS] [lse, D]0 ([..]1)
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];  // 1024: wgmma's 128-byte swizzle period (sm90/wgmma.cuh)
   const uint32_t sK = ptx::smem_u32(smem);
+  if constexpr (kWgmma) {
+    if (sK % 1024 != 0) __trap();  // the descriptors assume every tile starts at a swizzle period
+  }
   const uint32_t sV = sK + Cfg::kSmemKVBytes;
   auto sQ = [&](int buf) { return sV + Cfg::kSmemKVBytes + buf * 2 * Cfg::kSmemQBytes; };
   auto sdO = [&](int buf) { return sQ(buf) + Cfg::kSmemQBytes; };
@@ -463,6 +487,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     // -- Q, dO of block m have landed (this thread's copies), and every warp is done with iteration m-1's
     //    buffers (the Q/dO buffer about to be refilled, P, dS)
     ptx::cp_async_wait<0>();
+    if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
     __syncthreads();
     if constexpr (Cfg::kStages == 2) {
       if (m < m_hi) load_q_do(m + 1, buf ^ 1);  // overlaps this whole iteration
@@ -491,7 +516,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
       // One straight-line block per case (masked or not), so that P's exp2 can overlap dP's loads and MMAs.
       auto s_p_dp_ds = [&](auto mask) {
         // -- S = Q K^T;  P = exp2(q.k scale log2e - lse log2e), masked on boundary blocks, rounded to T
-        warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0,
+        product<T, kWgmma, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0,
                                                                               lane);
         uint32_t p_packed[kSdPM][kSdPN][2];
         if constexpr (std::is_same_v<decltype(mask), bool>) {  // the mask decided inside the block
@@ -505,7 +530,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
         }
         store_packed<PTile>(sP, p_packed, sdp_m0 + group, sdp_n0 + tig * 2);
         // -- dP = dO V^T;  dS = P (dP - D)
-        warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
+        product<T, kWgmma, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
                                                                               lane);
         dp_to_ds<T>(acc_dp, p_packed, dsum);
         store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
@@ -519,9 +544,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
       }
     } else {
       // -- S = Q K^T, dP = dO V^T;  then the forward's score (scale, softcap, bias), P, dS and dbias together
-      warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0,
+      product<T, kWgmma, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0,
                                                                             lane);
-      warp_gemm<T, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
+      product<T, kWgmma, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_dp, sdO(buf), sdp_m0, sV, sdp_n0,
                                                                             lane);
       switch (p.bias_type) {
         case BiasType::kSameAsInput:
@@ -544,17 +569,18 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
       store_fragments<T, PTile>(sP, acc_s, sdp_m0 + group, sdp_n0 + tig * 2);
       store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
     }
+    if constexpr (kWgmma) sm90::fence_proxy_async();  // P and dS, stored by threads, then read by wgmma
     __syncthreads();
 
     // -- dV += P^T dO, dK += dS^T Q                                       // (kBlockN, d) split over warps
-    warp_gemm<T, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile>(acc_dv, sP, kv_n0, sdO(buf), kv_d0, lane);
-    warp_gemm<T, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile>(acc_dk, sdS, kv_n0, sQ(buf), kv_d0, lane);
+    product<T, kWgmma, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile>(acc_dv, sP, kv_n0, sdO(buf), kv_d0, lane);
+    product<T, kWgmma, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile>(acc_dk, sdS, kv_n0, sQ(buf), kv_d0, lane);
 
     // -- dQ (partial over this key block) = dS K, reduced into dq_accum   // (kBlockM, d) split over warps
     {
       float acc_dq[kQM][kQN][4];
       zero(acc_dq);
-      warp_gemm<T, kQM, kQN, kBlockN / 16, false, true, PTile, KTile>(acc_dq, sdS, dq_m0, sK, dq_d0, lane);
+      product<T, kWgmma, kQM, kQN, kBlockN / 16, false, true, PTile, KTile>(acc_dq, sdS, dq_m0, sK, dq_d0, lane);
       int turn = 0;
       if (p.deterministic) {
         turn = n_block - range.first_key_block(m, num_n_blocks);

@@ -15,6 +15,13 @@ int bwd_headdim_rounded(int headdim);
 // 1 (ticket counter) + batch * nheads * ceil(seqlen_q / block_m) (one turn counter per query block).
 int64_t bwd_workspace_ints(const AttentionParams& params);
 
+// Whether the backward prefers its sm_90a instances on a compute capability 9.0 GPU (wgmma products where the
+// headdim allows: bwd_tile_config.h) over the sm80-path ones of the same build. Default: no, unless the environment
+// has FA2_SM90_BACKWARD=1, until they are measured (switched off, a build with 90a and without 90 runs its sm_90a
+// instances with the sm80-path tiles, as before).
+void set_sm90_backward(bool enabled);
+bool sm90_backward();
+
 // Backward: fills dq, dk, dv (and dbias when params.dbias != nullptr). Needs, besides the forward's conditions
 // (launch.h: headdim a multiple of 8, 16-byte aligned tensors, strides multiples of 8 elements, non-empty sizes):
 //   params.headdim_rounded == bwd_headdim_rounded(params.headdim);

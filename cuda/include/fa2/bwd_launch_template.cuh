@@ -4,13 +4,30 @@
 #include <cuda_runtime_api.h>
 
 #include "fa2/bwd_kernel.cuh"
+#include "fa2/bwd_launch.h"  // sm90_backward
 #include "fa2/bwd_tile_config.h"
 #include "fa2/params.h"
 
 namespace fa2 {
 
-template <typename T, typename Cfg, int kArch>
+// The main kernel (step 2 below) of one score path with its tile config.
+template <typename T, typename Cfg, int kArch, bool kScoreMod>
+const char* launch_bwd_kernel(const AttentionParams& p, cudaStream_t stream) {
+  void (*kernel)(const AttentionParams) = &bwd::bwd_kernel<T, Cfg, kArch, kScoreMod>;
+  const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const dim3 grid(num_n_blocks, p.nheads, p.batch);
+  const int smem = Cfg::kSmemBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+// CfgScoreMod: the tile config of the score-mod variant (softcap, bias), when it differs from the plain one's.
+template <typename T, typename Cfg, int kArch, typename CfgScoreMod = Cfg>
 const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
+  static_assert(Cfg::kBlockM == CfgScoreMod::kBlockM, "one deterministic-mode counter layout (bwd_workspace_ints)");
   constexpr int kHeadDim = Cfg::kHeadDim;
   if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA backward supports at most 65535 heads and batch 65535";
 
@@ -36,16 +53,9 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
-  void (*kernel)(const AttentionParams) = score_mod ? &bwd::bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/true>
-                                                    : &bwd::bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>;
-  const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const dim3 grid(num_n_blocks, p.nheads, p.batch);
-  const int smem = Cfg::kSmemBytes;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return cudaGetErrorString(err);
+  const char* e = score_mod ? launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(p, stream)
+                            : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(p, stream);
+  if (e != nullptr) return e;
 
   // -- 3. dq = scale * dq_accum
   bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(p);
@@ -53,9 +63,21 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+// sm_90a instances (kArch 901), when switched on (set_sm90_backward), take the wgmma tile configs where there is one
+// (bwd_tile_config.h) for the plain path; the score-mod path keeps the sm80 one (with wgmma, ptxas spilled 0.2-5 KB a
+// thread there: the recomputed score's loads and S, dP, dK, dV all live at once). Switched off, they run the sm80
+// configs: what a build with 90a but without 90 ran before.
 template <typename T, int kHeadDim, int kArch>
 const char* run_bwd_instance(const AttentionParams& p, cudaStream_t stream) {
-  return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(p, stream);
+  if constexpr (kArch == 901) {
+    if (sm90_backward()) {
+      return run_bwd_with_config<T, typename BwdTileConfigSm90a<kHeadDim>::type, kArch, BwdTileConfig<kHeadDim>>(
+          p, stream);
+    }
+    return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(p, stream);
+  } else {
+    return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(p, stream);
+  }
 }
 
 }  // namespace fa2

@@ -38,6 +38,24 @@ constexpr BwdTileShape bwd_tile_shape(int headdim) {
                           : BwdTileShape{64, 64, 8, 2, 2, 2, 1, true};
 }
 
+// sm_90a (wgmma) variant, same tile sizes (block_m must match: bwd_workspace_ints sizes the deterministic mode's
+// counters by bwd_tile_shape): each of the five products is a warpgroup's m64 wgmma, so every product's warp grid
+// stacks the four warps of a warpgroup along M, 16 rows each (warps_m_sdp / warps_n_dkv / warps_m_dq multiples of 4),
+// and a warpgroup's share of N starts at a column block of the operand it reads. d 96 and 192 cannot split their dQ
+// (or dK/dV) columns that way between two warpgroups and keep the sm80 warp tiles (bwd_wgmma_headdim).
+//   d 32/64: 128x128, S/dP and dQ 8 x 1 warps (each warpgroup 64 query rows), dK/dV 8 x 1 (64 keys each);
+//   d 128: 64x128, S/dP and dQ 4 x 2 (the warpgroups split keys / headdim), dK/dV 8 x 1;
+//   d 256: 64x64 single-buffered, everything 4 x 2.
+// Not measured yet: used only when switched on (set_sm90_backward, bwd_launch.h).
+constexpr bool bwd_wgmma_headdim(int headdim) {
+  return headdim == 32 || headdim == 64 || headdim == 128 || headdim == 256;
+}
+constexpr BwdTileShape bwd_tile_shape_wgmma(int headdim) {
+  return headdim <= 64    ? BwdTileShape{128, 128, 8, 8, 8, 8, 2, true}
+         : headdim <= 128 ? BwdTileShape{64, 128, 8, 4, 8, 4, 2, false}
+                          : BwdTileShape{64, 64, 8, 4, 4, 4, 1, true};
+}
+
 // The shape is spelled out as template arguments (defaulting to bwd_tile_shape) so that a benchmark can build a
 // variant next to the chosen one.
 template <int kHeadDim_, int kBlockM_ = bwd_tile_shape(kHeadDim_).block_m,
@@ -45,9 +63,10 @@ template <int kHeadDim_, int kBlockM_ = bwd_tile_shape(kHeadDim_).block_m,
           int kWarpsMSdP_ = bwd_tile_shape(kHeadDim_).warps_m_sdp,
           int kWarpsNdKV_ = bwd_tile_shape(kHeadDim_).warps_n_dkv,
           int kWarpsMdQ_ = bwd_tile_shape(kHeadDim_).warps_m_dq, int kStages_ = bwd_tile_shape(kHeadDim_).stages,
-          bool kWholeBlockMask_ = bwd_tile_shape(kHeadDim_).whole_block_mask>
+          bool kWholeBlockMask_ = bwd_tile_shape(kHeadDim_).whole_block_mask, bool kWgmma_ = false>
 struct BwdTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kWgmma = kWgmma_;  // sm_90a: the products by wgmma (bwd_tile_shape_wgmma's warp grids)
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNWarps = kNWarps_;
@@ -91,9 +110,27 @@ struct BwdTileConfig {
                 "tiles split evenly into 16-byte cp.async");
   static_assert(kStages == 1 || kStages == 2, "single- or double-buffered Q/dO");
   static_assert(kSmemBytes <= 163 * 1024, "fits the A100's opt-in shared memory (H100/H200: 227 KB)");
+  static_assert(!kWgmma || (kSdPMTiles == 1 && kdKVMTiles == 1 && kdQMTiles == 1 && kWarpsMSdP % 4 == 0 &&
+                            kWarpsNdKV % 4 == 0 && kWarpsMdQ % 4 == 0),
+                "wgmma: each warpgroup's four warps stacked along M, 16 rows each");
+  static_assert(!kWgmma || (kSmemKVBytes % 1024 == 0 && kSmemQBytes % 1024 == 0 && kSmemPBytes % 1024 == 0),
+                "wgmma: every tile starts at a 1024-byte swizzle period");
   // fp32 accumulators live across the loop (dK, dV) plus S and dP inside it; beyond ~200 the kernel spills.
   static_assert(2 * kdKVMTiles * kdKVNTiles * 4 + 2 * kSdPMTiles * kSdPNTiles * 4 <= 192,
                 "accumulators must stay in registers");
+};
+
+// The sm_90a instances' configuration (wgmma where bwd_wgmma_headdim, else the sm80 warp tiles).
+template <int kHeadDim, bool kWgmma = bwd_wgmma_headdim(kHeadDim)>
+struct BwdTileConfigSm90a {
+  using type = BwdTileConfig<kHeadDim>;
+};
+template <int kHeadDim>
+struct BwdTileConfigSm90a<kHeadDim, true> {
+  static constexpr BwdTileShape kShape = bwd_tile_shape_wgmma(kHeadDim);
+  static_assert(kShape.block_m == bwd_tile_shape(kHeadDim).block_m, "bwd_workspace_ints counts bwd_tile_shape's blocks");
+  using type = BwdTileConfig<kHeadDim, kShape.block_m, kShape.block_n, kShape.warps, kShape.warps_m_sdp,
+                             kShape.warps_n_dkv, kShape.warps_m_dq, kShape.stages, kShape.whole_block_mask, true>;
 };
 
 }  // namespace fa2

@@ -20,15 +20,16 @@ def wrapper(n, ctype, ptype):
     acc = n // 2
     ss = f'''template <>
 struct Wgmma<{ctype}, {n}> {{
-  // D (+)= A B: A (64 x 16) and B (16 x {n}) from shared memory (descriptors); trans_b: B is N-major.
-  template <int kTransB>
+  // D (+)= A B: A (64 x 16) and B (16 x {n}) from shared memory (descriptors); trans_b: B is N-major, trans_a: A is
+  // M-major.
+  template <int kTransB, int kTransA = 0>
   __device__ static __forceinline__ void ss(float (&d)[{acc}], uint64_t desc_a, uint64_t desc_b, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 0, %{acc + 3};\\n}}\\n"
+        "{{{regs(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, %{acc + 4}, %{acc + 3};\\n}}\\n"
         : {operands(n)}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB), "n"(kTransA));
   }}
   // D (+)= A B: A (64 x 16) from registers (four f16x2/bf16x2 per thread, the m16n8k16 A layout per warp).
   template <int kTransB>

@@ -41,11 +41,11 @@ struct TileDescriptors<SwizzledTile<kRows, kCols, kBlockCols>> {
     return make_descriptor(addr, 16, 8 * kRowBytes, kSwizzle);
   }
 
-  // As an MN-major B operand (rows = K, columns = N; wgmma with trans_b = 1): the 16 rows k16 * 16 .. +15, all
-  // columns. Along N, column blocks follow each other every kBlockBytes (leading offset); along K, groups of
-  // 8 rows every 8 rows (stride offset).
-  __device__ static __forceinline__ uint64_t mn_major(uint32_t tile, int k16) {
-    const uint32_t addr = tile + k16 * 16 * kRowBytes;
+  // As an MN-major operand (rows = K, columns = M or N; wgmma with trans_a / trans_b = 1): the 16 rows
+  // k16 * 16 .. +15, the columns from col0 (a multiple of kBlockCols) on. Along M/N, column blocks follow each other
+  // every kBlockBytes (leading offset); along K, groups of 8 rows every 8 rows (stride offset).
+  __device__ static __forceinline__ uint64_t mn_major(uint32_t tile, int k16, int col0 = 0) {
+    const uint32_t addr = tile + (col0 / kBlockCols) * kBlockBytes + k16 * 16 * kRowBytes;
     return make_descriptor(addr, kBlockBytes, 8 * kRowBytes, kSwizzle);
   }
 };
@@ -86,6 +86,29 @@ __device__ __forceinline__ void hold_fragments(uint32_t (&a)[N][4]) {
 // 8 in [24, 256], and the CTA's total must stay within the pool it was launched with, the per-thread count (64K /
 // threads, a multiple of 8) times the threads: 128 x 24 + 256 x 240 = 64512 = 384 x 168. An .inc beyond it waits
 // forever.
+// d (+)= A B, the warpgroup's m64 x kN product over kKSteps k16 steps, issued and waited for (all 128 threads):
+//   A (64 x K): rows a_at .. a_at + 63 of ATile as (M, K) (K-major), or (kAMnMajor) columns a_at .. of ATile as
+//     (K, M) (a_at a multiple of its column blocks);
+//   B (K x kN): rows b_at .. of BTile as (N, K) (K-major: B^T stored), or (kBMnMajor) columns b_at .. of BTile as
+//     (K, N) (b_at a multiple of its column blocks).
+// d is the warp's share of the accumulator (the m16n8 C fragments of its 16 rows, kN / 8 n8 tiles).
+template <typename T, int kN, int kKSteps, bool kAMnMajor, bool kBMnMajor, class ATile, class BTile>
+__device__ __forceinline__ void gemm_ss(float (&d)[kN / 2], uint32_t sA, int a_at, uint32_t sB, int b_at) {
+  using ADesc = TileDescriptors<ATile>;
+  using BDesc = TileDescriptors<BTile>;
+  hold_registers(d);  // see hold_registers
+  fence();
+#pragma unroll
+  for (int k16 = 0; k16 < kKSteps; ++k16) {
+    const uint64_t desc_a = kAMnMajor ? ADesc::mn_major(sA, k16, a_at) : ADesc::k_major(sA, a_at, k16);
+    const uint64_t desc_b = kBMnMajor ? BDesc::mn_major(sB, k16, b_at) : BDesc::k_major(sB, b_at, k16);
+    Wgmma<T, kN>::template ss<kBMnMajor ? 1 : 0, kAMnMajor ? 1 : 0>(d, desc_a, desc_b, 1);
+  }
+  commit_group();
+  wait_group<0>();
+  hold_registers(d);
+}
+
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
