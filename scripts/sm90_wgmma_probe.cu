@@ -1,6 +1,8 @@
 // Checks fa2's wgmma building blocks (cuda/include/fa2/sm90/wgmma.cuh) on an sm_90 GPU before a kernel relies on
 // them: the descriptors of SwizzledTile layouts as K-major A and B operands (S = Q K^T) and as an N-major B operand
-// with A from registers (O = P V), for 128-byte and 64-byte swizzles, bf16 and f16, against a double reference.
+// with A from registers (O = P V), for 128-byte and 64-byte swizzles, bf16 and f16, against a double reference; and
+// sm90::gemm_ss in the backward's forms: M-major A and N-major B taken from a column offset (dV += P^T dO,
+// dK += dS^T Q), K-major A with N-major B (dQ = dS K).
 //   nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -I cuda/include scripts/sm90_wgmma_probe.cu -o /tmp/sm90_wgmma_probe && /tmp/sm90_wgmma_probe
 // Prints one line per case; exits 1 if any case is off.
 #include <cuda_bf16.h>
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "fa2/sm90/wgmma.cuh"
@@ -109,8 +112,78 @@ __global__ void __launch_bounds__(128) rs_kernel(const T* a, const T* b, float* 
   store_accumulators<N>(d, c);
 }
 
+// The backward's products through sm90::gemm_ss: C (64 x N) = A B with
+//   A: kAMn ? columns kACol0 .. + 63 of a (K x kACols) row-major matrix (M-major) : rows 0..63 of a (64 x K) one;
+//   B: kBMn ? columns kBCol0 .. + N - 1 of a (K x kBCols) row-major matrix (N-major) : a (N x K) one (B^T, K-major).
+template <typename T, int N, int K, bool kAMn, int kACols, int kACol0, bool kBMn, int kBCols, int kBCol0>
+__global__ void __launch_bounds__(128) gemm_ss_kernel(const T* a, const T* b, float* c) {
+  using ATile = std::conditional_t<kAMn, SwizzledTile<K, kACols, block_cols(kACols)>, SwizzledTile<64, K, block_cols(K)>>;
+  using BTile = std::conditional_t<kBMn, SwizzledTile<K, kBCols, block_cols(kBCols)>, SwizzledTile<N, K, block_cols(K)>>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  T* sa = reinterpret_cast<T*>(smem);
+  T* sb = reinterpret_cast<T*>(smem + ATile::kBytes);
+  fill_tile<ATile>(sa, a, kAMn ? K : 64, kAMn ? kACols : K);
+  fill_tile<BTile>(sb, b, kBMn ? K : N, kBMn ? kBCols : K);
+  sm90::fence_proxy_async();
+  __syncthreads();
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  sm90::gemm_ss<T, N, K / 16, kAMn, kBMn, ATile, BTile>(d, fa2::ptx::smem_u32(sa), kAMn ? kACol0 : 0,
+                                                         fa2::ptx::smem_u32(sb), kBMn ? kBCol0 : 0);
+  store_accumulators<N>(d, c);
+}
+
 template <typename T>
 float to_float(T x) { return static_cast<float>(x); }
+
+template <typename T, int N, int K, bool kAMn, int kACols, int kACol0, bool kBMn, int kBCols, int kBCol0>
+bool run_gemm_case(const char* name) {
+  std::mt19937 gen(N * 1000 + K + kACol0 + kBCol0);
+  std::normal_distribution<float> dist;
+  const int a_rows = kAMn ? K : 64, a_cols = kAMn ? kACols : K, b_rows = kBMn ? K : N, b_cols = kBMn ? kBCols : K;
+  std::vector<T> a(a_rows * a_cols), b(b_rows * b_cols);
+  for (auto& x : a) x = T(dist(gen));
+  for (auto& x : b) x = T(dist(gen));
+  T *da, *db;
+  float* dc;
+  cudaMalloc(&da, a.size() * sizeof(T));
+  cudaMalloc(&db, b.size() * sizeof(T));
+  cudaMalloc(&dc, 64 * N * sizeof(float));
+  cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemset(dc, 0xff, 64 * N * sizeof(float));  // NaN: unwritten outputs show
+  const int smem = (a.size() + b.size()) * 2;
+  auto kernel = gemm_ss_kernel<T, N, K, kAMn, kACols, kACol0, kBMn, kBCols, kBCol0>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kernel<<<1, 128, smem>>>(da, db, dc);
+  cudaError_t err = cudaDeviceSynchronize();
+  std::vector<float> c(64 * N);
+  cudaMemcpy(c.data(), dc, c.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  if (err != cudaSuccess) {
+    std::printf("%-34s CUDA error: %s\n", name, cudaGetErrorString(err));
+    return false;
+  }
+  double max_err = 0, max_ref = 0;
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < N; ++j) {
+      double ref = 0;
+      for (int k = 0; k < K; ++k) {
+        const double av = kAMn ? to_float(a[k * kACols + kACol0 + i]) : to_float(a[i * K + k]);
+        const double bv = kBMn ? to_float(b[k * kBCols + kBCol0 + j]) : to_float(b[j * K + k]);
+        ref += av * bv;
+      }
+      const double e = std::fabs(double(c[i * N + j]) - ref);
+      max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
+      max_ref = std::max(max_ref, std::fabs(ref));
+    }
+  }
+  const bool ok = max_err <= 1e-4 * max_ref + 1e-4;
+  std::printf("%-34s max |err| %.2e (max |ref| %.1f)  %s\n", name, max_err, max_ref, ok ? "ok" : "WRONG");
+  return ok;
+}
 
 template <typename T, int N, int K, bool kRegisterA, int kARow0 = 0>
 bool run_case(const char* name) {
@@ -176,6 +249,14 @@ int main() {
   ok &= run_case<__nv_bfloat16, 256, 64, true>("rs bf16 n256 k64 (4 column blocks)");
   ok &= run_case<__nv_bfloat16, 96, 128, true>("rs bf16 n96 k128 (64B swizzle)");
   ok &= run_case<__half, 128, 128, true>("rs f16 n128 k128");
+  // backward (gemm_ss): dV += P^T dO / dK += dS^T Q, A = columns of P (queries x keys), B = columns of dO (queries x d)
+  ok &= run_gemm_case<__nv_bfloat16, 64, 128, true, 128, 64, true, 64, 0>("bwd dKV d64: P^T cols 64.., dO");
+  ok &= run_gemm_case<__nv_bfloat16, 128, 64, true, 128, 64, true, 128, 0>("bwd dKV d128: P^T cols 64.., dO 2 blk");
+  ok &= run_gemm_case<__half, 128, 64, true, 64, 0, true, 256, 128>("bwd dKV d256 f16: dO cols 128..");
+  ok &= run_gemm_case<__nv_bfloat16, 32, 128, true, 128, 64, true, 32, 0>("bwd dKV d32: dO 64B swizzle");
+  // dQ = dS K: A = dS rows (K-major), B = columns of K (keys x d)
+  ok &= run_gemm_case<__nv_bfloat16, 64, 128, false, 0, 0, true, 128, 64>("bwd dQ d128: K cols 64..");
+  ok &= run_gemm_case<__half, 64, 128, false, 0, 0, true, 64, 0>("bwd dQ d64 f16");
   std::printf("sm90_wgmma_probe: %s\n", ok ? "all ok" : "FAILED");
   return ok ? 0 : 1;
 }
