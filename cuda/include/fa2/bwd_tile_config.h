@@ -115,6 +115,12 @@ struct BwdTileConfig {
                 "wgmma: each warpgroup's four warps stacked along M, 16 rows each");
   static_assert(!kWgmma || (kSmemKVBytes % 1024 == 0 && kSmemQBytes % 1024 == 0 && kSmemPBytes % 1024 == 0),
                 "wgmma: every tile starts at a 1024-byte swizzle period");
+  // an M-major / N-major operand is addressed from a column block (TileDescriptors::mn_major): a warpgroup's share
+  // of d (dK/dV, dQ) and of the keys (P^T, dS^T as dK/dV's A) must start at one
+  static_assert(!kWgmma || ((kHeadDim / kWarpsDdKV) % kSmemBlockColsD == 0 &&
+                            (kHeadDim / kWarpsDdQ) % kSmemBlockColsD == 0 &&
+                            (kBlockN * 4 / kWarpsNdKV) % kSmemBlockColsN == 0),
+                "wgmma: each warpgroup's columns of an MN-major operand start at a column block");
   // fp32 accumulators live across the loop (dK, dV) plus S and dP inside it; beyond ~200 the kernel spills.
   static_assert(2 * kdKVMTiles * kdKVNTiles * 4 + 2 * kSdPMTiles * kSdPNTiles * 4 <= 192,
                 "accumulators must stay in registers");

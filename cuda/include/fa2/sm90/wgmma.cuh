@@ -81,11 +81,6 @@ __device__ __forceinline__ void hold_fragments(uint32_t (&a)[N][4]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
 }
 
-// Warp specialization: a warpgroup gives registers back (a producer that only issues copies) or takes more (the
-// consumers that hold the accumulators). Every warp of the warpgroup executes the same one; counts are multiples of
-// 8 in [24, 256], and the CTA's total must stay within the pool it was launched with, the per-thread count (64K /
-// threads, a multiple of 8) times the threads: 128 x 24 + 256 x 240 = 64512 = 384 x 168. An .inc beyond it waits
-// forever.
 // d (+)= A B, the warpgroup's m64 x kN product over kKSteps k16 steps, issued and waited for (all 128 threads):
 //   A (64 x K): rows a_at .. a_at + 63 of ATile as (M, K) (K-major), or (kAMnMajor) columns a_at .. of ATile as
 //     (K, M) (a_at a multiple of its column blocks);
@@ -109,6 +104,11 @@ __device__ __forceinline__ void gemm_ss(float (&d)[kN / 2], uint32_t sA, int a_a
   hold_registers(d);
 }
 
+// Warp specialization: a warpgroup gives registers back (a producer that only issues copies) or takes more (the
+// consumers that hold the accumulators). Every warp of the warpgroup executes the same one; counts are multiples of
+// 8 in [24, 256], and the CTA's total must stay within the pool it was launched with, the per-thread count (64K /
+// threads, a multiple of 8) times the threads: 128 x 24 + 256 x 240 = 64512 = 384 x 168. An .inc beyond it waits
+// forever.
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
