@@ -1,0 +1,50 @@
+"""The fa2 calls scripts/gpu_profile.sh puts under Nsight Compute: one named case per run, two warm-up calls and
+then the profiled one (gpu_profile.sh skips the warm-ups' kernels). 4 x 16 heads x 4096 tokens, bf16, non-causal.
+  fwd-d64 / fwd-d64-pad / fwd-d128 / fwd-d128-pad   forward, without / with a (B, 1, 1, S) padding bias (bf16)
+  bwd-d64 / bwd-d128                                the backward (default instances)
+  bwd90-d64 / bwd90-d128                            the backward with its sm_90a instances (set_sm90_backward)
+Usage: PYTHONPATH=python python3 scripts/profile_cases.py CASE   (or --list)
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import fa2
+
+CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd90-d64", "bwd90-d128")
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES + ("--list",):
+        sys.exit(f"usage: profile_cases.py CASE | --list   (CASE: {', '.join(CASES)})")
+    if sys.argv[1] == "--list":
+        print(" ".join(CASES))
+        return
+    case = sys.argv[1]
+    d = 64 if case.endswith("d64") or "d64-" in case else 128
+    b, s, h = 4, 4096, 16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    bias = None
+    if case.endswith("-pad"):
+        bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=torch.bfloat16)
+        bias[..., s - 300:] = torch.finfo(torch.bfloat16).min  # the last 300 keys padded
+    if case.startswith("fwd"):
+        for _ in range(3):
+            torch.ops.fa2.fwd(q, k, v, bias)
+    else:
+        fa2._C.set_sm90_backward(case.startswith("bwd90"))
+        for t in (q, k, v):
+            t.requires_grad_()
+        out = fa2.attention(q, k, v)
+        dout = torch.randn_like(out)
+        for _ in range(3):
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    torch.cuda.synchronize()
+    print(f"profile_cases: {case} done")
+
+
+if __name__ == "__main__":
+    main()
