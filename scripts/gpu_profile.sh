@@ -15,7 +15,7 @@ export PYTHONPATH=python
 [ $# -eq 0 ] && set -- $("$PY" scripts/profile_cases.py --list)
 for case in "$@"; do
   # two warm-up calls launch the kernel twice before the profiled one
-  timeout 120 ncu --clock-control none -k "regex:^(fwd_kernel|bwd_kernel)$" --launch-skip 2 --launch-count 1 \
+  timeout 120 ncu --clock-control none -k "regex:[fb]wd_kernel" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
     "$PY" scripts/profile_cases.py "$case" >"$OUT/profile/$case.csv" 2>"$OUT/profile/$case.err"
@@ -28,7 +28,7 @@ done
 # and without the padding mask: what the mask's extra time is spent waiting on
 for case in fwd-d64 fwd-d64-pad; do
   [[ " $* " == *" $case "* ]] || continue
-  timeout 120 ncu --clock-control none -k "regex:^fwd_kernel$" --launch-skip 2 --launch-count 1 \
+  timeout 120 ncu --clock-control none -k "regex:fwd_kernel" --launch-skip 2 --launch-count 1 \
     --metrics "regex:^smsp__(average_)?warps?_(latency_)?issue_stalled_[a-z_]+(_per_warp_active\.pct|\.ratio)$" \
     --csv --page raw "$PY" scripts/profile_cases.py "$case" >"$OUT/profile/$case-stalls.csv" \
     2>"$OUT/profile/$case-stalls.err"
