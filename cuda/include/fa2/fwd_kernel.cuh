@@ -380,9 +380,19 @@ enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFo
 
 // Warp specialization (sm_90a with TMA loads; kWarpSpecialized): one more warpgroup, the producer, runs ahead
 // issuing the K/V copies into the ring (waiting on "empty" barriers the consumer warps arrive on once their products
-// have read a stage) with its registers given back (setmaxnreg 24); the kNWarps consumer warps take 240 and never
-// sync the whole CTA inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
-constexpr int kWsProducerThreads = 128, kWsProducerRegs = 24, kWsConsumerRegs = 240;
+// have read a stage) with its registers given back (setmaxnreg 24); the kNWarps consumer warps take what is left of
+// the CTA's pool (ws_consumer_regs: 240 with two consumer warpgroups, 160 with three) and never sync the whole CTA
+// inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
+constexpr int kWsProducerThreads = 128, kWsProducerRegs = 24;
+// setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
+// (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K. The
+// consumers get the rest, a multiple of 8, at most 240.
+constexpr int ws_consumer_regs(int consumer_threads) {
+  const int threads = kWsProducerThreads + consumer_threads;
+  const int pool = threads * ((64 * 1024 / threads) & ~7);
+  const int regs = ((pool - kWsProducerThreads * kWsProducerRegs) / consumer_threads) & ~7;
+  return regs < 240 ? regs : 240;
+}
 // Ping-pong (with warp specialization, kPingpong): the two consumer warpgroups take turns issuing their products, one
 // "slot" each (P V of tile n, then Q K^T of tile n + 1), so that one's softmax runs while the other's products
 // occupy the tensor cores. Named barriers 2 + w: warpgroup w waits on its own to start a slot, the other arrives on
@@ -406,9 +416,16 @@ __device__ __forceinline__ void pingpong_signal_other(int wg) {
   }
 }
 
-template <int kHeadDim, int kArchTag, bool kWarpSpecialized>
+// The tile config of one forward kernel: the wide shape for a warp-specialized one without ping-pong where
+// fwd_wide_warp_specialized (tile_config.h), else the arch's shape.
+template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
+using FwdKernelConfig =
+    FwdTileConfig<kHeadDim, kArchTag == 901, kWarpSpecialized && !kPingpong && fwd_wide_warp_specialized(kHeadDim)>;
+
+template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong = false>
 constexpr int fwd_kernel_threads() {
-  return FwdTileConfig<kHeadDim, kArchTag == 901>::kNThreads + (kWarpSpecialized ? kWsProducerThreads : 0);
+  return FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>::kNThreads +
+         (kWarpSpecialized ? kWsProducerThreads : 0);
 }
 
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build (cmake/Kernels.cmake):
@@ -416,7 +433,7 @@ constexpr int fwd_kernel_threads() {
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false>
-__global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized>(),
+__global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
                                                          kMode == ScoreMode::kKeyBiasFold))
@@ -424,7 +441,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   constexpr bool kWgmma = kArchTag == 901;
   constexpr bool kTma = kWgmma && FA2_SM90_TMA;
   constexpr bool kWs = kWarpSpecialized;
-  using Cfg = FwdTileConfig<kHeadDim, kWgmma>;
+  using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
   static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
   // K/V stages of the ring and the shared memory in all (warp-specialized: deeper where it fits, tile_config.h)
   constexpr int kRing = kWarpSpecialized ? Cfg::kWsStages : Cfg::kStages;
@@ -436,8 +453,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   static_assert(!kOverlap || (kWs && !kPingpong), "intra-warpgroup overlap: warp-specialized, without ping-pong");
   // one stage would deadlock a warp-specialized kernel: a consumer waits for tile it before releasing tile it - 1
   static_assert(!kWs || kRing >= 2, "warp specialization needs at least two K/V stages");
-  // setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
-  // (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K
+  // the consumers' registers after setmaxnreg (see ws_consumer_regs)
+  constexpr int kWsConsumerRegs = ws_consumer_regs(Cfg::kNThreads);
   constexpr int kWsThreads = kWsProducerThreads + Cfg::kNThreads;
   static_assert(!kWs || kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * kWsConsumerRegs <=
                             kWsThreads * ((64 * 1024 / kWsThreads) & ~7),
@@ -802,6 +819,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     __syncthreads();
   }
   constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
+  static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
 #pragma unroll
   for (int i = 0; i < kOutIters; ++i) {
     const int idx = tid + i * kNThreads;

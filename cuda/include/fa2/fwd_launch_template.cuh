@@ -36,24 +36,32 @@ FwdKernel fwd_kernel_for_bias(BiasType bias_type) {
   return nullptr;
 }
 
+// A kernel and what its launch needs from its tile config (fwd::FwdKernelConfig).
+struct FwdLaunch {
+  FwdKernel kernel;
+  int threads, smem, block_m;
+};
+
 // The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type.
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule>
-FwdKernel ws_kernel() {
+FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
-  return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true,
-                          /*kPingpong=*/kSchedule == Sm90Schedule::kPingpong,
-                          /*kOverlap=*/kSchedule == Sm90Schedule::kOverlap>;
+  constexpr bool kPingpong = kSchedule == Sm90Schedule::kPingpong;
+  using Cfg = fwd::FwdKernelConfig<kHeadDim, kArch, /*kWarpSpecialized=*/true, kPingpong>;
+  static_assert(Cfg::kBlockN == FwdTileConfig<kHeadDim, true>::kBlockN, "K/V tensor maps of the instance's key tile");
+  return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong,
+                           /*kOverlap=*/kSchedule == Sm90Schedule::kOverlap>,
+          fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM};
 }
 
 template <typename T, int kHeadDim, int kArch>
 const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
-  using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the kernel's own choice (fwd_kernel.cuh)
+  using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the non-warp-specialized kernels' (fwd_kernel.cuh)
   // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator (a key-row bias or one that
   // varies along queries) / general (softcap, scale <= 0), times the bias element type: eleven variants per
   // instance; sm_90a adds the warp-specialized ones (plain: three schedules; key-row bias: the default schedule).
   using fwd::ScoreMode;
-  FwdKernel kernel = nullptr;
-  int threads = Cfg::kNThreads, smem = Cfg::kSmemBytes;
+  FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM};
   const bool general = p.softcap > 0.f || !(p.scale > 0.f);  // ScoreMode::kGeneral
   const bool plain = !general && p.bias_type == BiasType::kNone;
   // sm_90a: the schedule of the key loop (tile_config.h, Sm90Schedule): each headdim's default unless
@@ -70,30 +78,27 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // which needs 16-byte aligned rows (else the general bias-fold variant reads it)
   const bool key_row_bias = !general && p.bias_type != BiasType::kNone && p.bias_row_stride == 0 &&
                             (!kTma || bias_rows_tma_loadable(p));
-  bool warp_specialized = false;
   if constexpr (kTma) {
     constexpr ScoreMode kPlain = ScoreMode::kPlain, kKeyBias = ScoreMode::kKeyBiasFold;
     if (plain && schedule != Sm90Schedule::kPipelined) {
-      warp_specialized = true;
       if (schedule == Sm90Schedule::kPingpong) {
-        kernel = ws_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpong>();
+        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpong>();
       } else if (schedule == Sm90Schedule::kOverlap) {
-        kernel = ws_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kOverlap>();
+        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kOverlap>();
       } else {
-        kernel = ws_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kWarpSpecialized>();
+        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kWarpSpecialized>();
       }
     } else if constexpr (kDefault != Sm90Schedule::kPipelined) {
       if (key_row_bias && schedule != Sm90Schedule::kPipelined) {
-        warp_specialized = true;
         switch (p.bias_type) {
           case BiasType::kSameAsInput:
-            kernel = ws_kernel<T, kHeadDim, kArch, kKeyBias, BiasType::kSameAsInput, kDefault>();
+            launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kSameAsInput, kDefault>();
             break;
           case BiasType::kFloat32:
-            kernel = ws_kernel<T, kHeadDim, kArch, kKeyBias, BiasType::kFloat32, kDefault>();
+            launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kFloat32, kDefault>();
             break;
           case BiasType::kBool:
-            kernel = ws_kernel<T, kHeadDim, kArch, kKeyBias, BiasType::kBool, kDefault>();
+            launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kBool, kDefault>();
             break;
           case BiasType::kNone:
             break;
@@ -101,32 +106,31 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       }
     }
   }
-  if (warp_specialized) {
-    threads = fwd::fwd_kernel_threads<kHeadDim, kArch, true>();
-    smem = Cfg::kSmemBytesWs;  // its deeper K/V ring
+  if (launch.kernel != nullptr) {
+    // warp-specialized (above)
   } else if (general) {
-    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kGeneral>(p.bias_type);
+    launch.kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kGeneral>(p.bias_type);
   } else if (plain) {
-    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kPlain>(p.bias_type);
+    launch.kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kPlain>(p.bias_type);
   } else if (key_row_bias) {
-    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kKeyBiasFold>(p.bias_type);
+    launch.kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kKeyBiasFold>(p.bias_type);
   } else {
-    kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kBiasFold>(p.bias_type);
+    launch.kernel = fwd_kernel_for_bias<T, kHeadDim, kArch, ScoreMode::kBiasFold>(p.bias_type);
   }
-  if (kernel == nullptr) return "fa2: unknown bias type";
-  const int num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  if (launch.kernel == nullptr) return "fa2: unknown bias type";
+  const int num_m_blocks = (p.seqlen_q + launch.block_m - 1) / launch.block_m;
   if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA forward supports at most 65535 heads and batch 65535";
   const dim3 grid(num_m_blocks, p.nheads, p.batch);
   cudaError_t err = cudaSuccess;
-  if (smem > 48 * 1024) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (launch.smem > 48 * 1024) {
+    err = cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   sm90::FwdTensorMaps maps{};  // the TMA's view of q, k, v (sm_90a instances that load with it)
   if constexpr (kTma) {
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
     const char* e = sm90::make_bshd_tensor_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
-                                               p.q_batch_stride, p.q_row_stride, p.q_head_stride, Cfg::kBlockM,
+                                               p.q_batch_stride, p.q_row_stride, p.q_head_stride, launch.block_m,
                                                Cfg::kSmemBlockCols);
     if (e == nullptr) {
       e = sm90::make_bshd_tensor_map(&maps.k, p.k, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.k_batch_stride,
@@ -142,7 +146,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     }
     if (e != nullptr) return e;
   }
-  kernel<<<grid, threads, smem, stream>>>(p, maps);
+  launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(p, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -39,6 +39,13 @@ constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
 }
 
+// The warp-specialized sm_90a kernel without ping-pong at d <= 64 ("wide"): three consumer warpgroups, 192 query rows
+// against each 128-key tile (FA-3's d 64 tile), one 512-thread CTA per SM: K/V are read by 1.5x the rows of the
+// two-warpgroup tile, and the 160 registers a consumer gets are enough at d 64 (the pipelined kernel needs 128).
+// Not measured yet (the schedules table below is of the two-warpgroup version).
+constexpr FwdTileShape fwd_tile_shape_wgmma_wide(int /*headdim: d <= 64*/) { return FwdTileShape{192, 128, 12, 2}; }
+constexpr bool fwd_wide_warp_specialized(int headdim) { return headdim <= 64; }
+
 // How the sm_90a forward schedules its key loop (fwd_kernel.cuh):
 //   kPipelined        two warpgroups, one thread issues the next K/V tile's TMA after a CTA barrier per tile;
 //   kWarpSpecialized  a producer warpgroup streams K/V into a ring of mbarrier-guarded stages, no CTA barrier;
@@ -64,10 +71,13 @@ constexpr Sm90Schedule sm90_default_schedule(int headdim) {
 constexpr const char* kSm90ScheduleNames[] = {"auto", "pipelined", "ws", "pingpong", "overlap"};
 constexpr const char* sm90_schedule_name(Sm90Schedule s) { return kSm90ScheduleNames[static_cast<int>(s)]; }
 
-template <int kHeadDim_, bool kWgmma_ = false>
+template <int kHeadDim_, bool kWgmma_ = false, bool kWide_ = false>
 struct FwdTileConfig {
   static constexpr bool kWgmma = kWgmma_;  // sm_90a: S = Q K^T and O += P V by wgmma (one warpgroup per 64 rows)
-  static constexpr FwdTileShape kShape = kWgmma ? fwd_tile_shape_wgmma(kHeadDim_) : fwd_tile_shape(kHeadDim_);
+  static constexpr bool kWide = kWide_;    // the wide warp-specialized shape (TMA loads only)
+  static constexpr FwdTileShape kShape = kWide     ? fwd_tile_shape_wgmma_wide(kHeadDim_)
+                                         : kWgmma ? fwd_tile_shape_wgmma(kHeadDim_)
+                                                  : fwd_tile_shape(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kShape.block_m;
   static constexpr int kBlockN = kShape.block_n;
@@ -115,7 +125,8 @@ struct FwdTileConfig {
                 "wgmma: one warpgroup per 64 query rows, 16 rows per warp");
   static_assert(kStages == 1 || kStages == 2, "single- or double-buffered K/V");
   static_assert((kBlockM * kHeadDim / 8) % kNThreads == 0, "Q tile splits evenly into 16-byte cp.async");
-  static_assert((kBlockN * kHeadDim / 8) % kNThreads == 0, "K/V tile splits evenly into 16-byte cp.async");
+  static_assert(kWide || (kBlockN * kHeadDim / 8) % kNThreads == 0, "K/V tile splits evenly into 16-byte cp.async");
+  static_assert(!kWide || kWgmma, "the wide shape is a warp-specialized wgmma one");
   static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm80/sm90");
   // fp32 accumulator registers per thread: O and S; beyond ~200 the kernel spills.
   static_assert(kMTiles * (kDTiles + kNTiles) * 4 <= 192, "accumulators must stay in registers");
