@@ -90,8 +90,11 @@ struct OnlineSoftmax {
       // A row that has seen only masked keys keeps m = -inf: subtract 0 instead, so exp2(-inf - -inf) = NaN
       // never happens and its p stay 0.
       m_scaled = m_new == -INFINITY ? 0.f : m_new * mult;
-      // -- rescale what was accumulated under the old max (exp2(-inf) = 0 on the first visible tile)
-      correction = exp2_ftz(row_max[r] * mult - m_scaled);
+      // -- rescale what was accumulated under the old max (exp2(-inf) = 0 on the first visible tile). When the max
+      //    did not move the factor is exactly 1: computed, row_max * mult - m_scaled is the rounding error of
+      //    m * mult (ptxas fuses it into one FFMA), about 1e-6 from 0, and O and l would drift by that much per tile
+      //    (lse with them), differently for kernels that visit different numbers of masked tiles.
+      correction = m_new == row_max[r] ? 1.f : exp2_ftz(row_max[r] * mult - m_scaled);
     }
     row_max[r] = m_new;
     row_sum[r] *= correction;
