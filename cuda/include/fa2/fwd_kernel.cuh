@@ -422,7 +422,7 @@ template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
 using FwdKernelConfig =
     FwdTileConfig<kHeadDim, kArchTag == 901, kWarpSpecialized && !kPingpong && fwd_wide_warp_specialized(kHeadDim)>;
 
-template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong = false>
+template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
 constexpr int fwd_kernel_threads() {
   return FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>::kNThreads +
          (kWarpSpecialized ? kWsProducerThreads : 0);
