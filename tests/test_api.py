@@ -244,6 +244,26 @@ def test_build_info_and_env_report():
     assert "fa2 built against torch" in report and "active paths" in report
 
 
+def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
+    """python -m fa2 on a (simulated) H200 with an sm_90a build: which forward/backward kernels run and the schedule
+    setting (the GPU machine has the real thing; here torch.cuda and the build record are stand-ins)."""
+    import fa2.__main__ as report
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    info = dict(fa2.build_info(), with_cuda=True, torch_cuda="13.0", cuda_archs="90,90a",
+                kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a")
+    monkeypatch.setattr(fa2, "build_info", lambda: info)
+    for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto")]:
+        monkeypatch.setattr(fa2._C, name, lambda value=value: value)
+    assert report.main() == 0
+    out = capsys.readouterr().out
+    assert "cuda:0 forward sm_90a kernels (wgmma, TMA; schedule auto), backward sm80-instruction kernels" in out, out
+    assert "d64 pipelined, d128 overlap, d256 ws" in out, out
+
+
 def test_sdpa_more_than_4_dims_broadcasts_mask():
     q = torch.randn(2, 3, 4, 6, 16)
     k = torch.randn(2, 3, 4, 9, 16)

@@ -25,10 +25,24 @@ def main() -> int:
                  ("fa2 CUDA kernels", (f"{len(info['kernels'].split(','))} instances" if info["kernels"] else "none"))]
         paths = ["CPU kernel (float32/float64/bfloat16/float16)"]
         if info["with_cuda"] and cuda_ok:
+            from fa2 import _C
+            try:
+                schedule = _C.sm90_schedule()
+            except ValueError as e:  # FA2_SM90_SCHEDULE names no schedule: the forward will say so too
+                schedule = f"invalid ({e})"
+            hopper = "sm90a" in info["kernels"] and _C.arch_specific_kernels()
             for i in range(torch.cuda.device_count()):
                 cap = torch.cuda.get_device_capability(i)
-                paths.append(f"cuda:{i} sm80 kernels (fp16/bf16)" if cap >= (8, 0)
-                             else f"cuda:{i} unsupported (sm_{cap[0]}{cap[1]} < sm_80)")
+                if cap < (8, 0):
+                    paths.append(f"cuda:{i} unsupported (sm_{cap[0]}{cap[1]} < sm_80)")
+                elif cap == (9, 0) and hopper:
+                    backward = "sm_90a wgmma" if _C.sm90_backward() else "sm80-instruction kernels"
+                    paths.append(f"cuda:{i} forward sm_90a kernels (wgmma, TMA; schedule {schedule}), "
+                                 f"backward {backward} (fp16/bf16)")
+                else:
+                    paths.append(f"cuda:{i} sm80-instruction kernels (fp16/bf16)")
+            rows.append(("sm_90a forward schedule", f"{schedule} (FA2_SM90_SCHEDULE; auto: "
+                         + ", ".join(f"d{d} {_C.sm90_default_schedule(d)}" for d in (64, 128, 256)) + ")"))
         elif cuda_ok:
             paths.append("CUDA present but fa2 was built without CUDA kernels")
         rows.append(("active paths", "; ".join(paths)))
