@@ -120,13 +120,14 @@ const char* set_sm90_schedule(const char* name) {
 
 const char* sm90_schedule(Sm90Schedule* schedule) {
   int state = g_sm90_schedule.load(std::memory_order_relaxed);
-  const char* env = std::getenv("FA2_SM90_SCHEDULE");
-  if (state == kScheduleUnread) {
+  if (state == kScheduleUnread) {  // the environment is read once, not on every launch
+    const char* env = std::getenv("FA2_SM90_SCHEDULE");
     const int from_env = env == nullptr || *env == '\0' ? int(Sm90Schedule::kAuto) : schedule_index(env);
     // a concurrent set_sm90_schedule wins over the environment
     state = g_sm90_schedule.compare_exchange_strong(state, from_env, std::memory_order_relaxed) ? from_env : state;
   }
   if (state == kScheduleInvalid) {
+    const char* env = std::getenv("FA2_SM90_SCHEDULE");
     return message(std::string("fa2: FA2_SM90_SCHEDULE=") + (env != nullptr ? env : "") +
                    " is not an sm_90a schedule (one of " + schedule_choices() + ")");
   }
