@@ -11,28 +11,22 @@
 
 namespace fa2 {
 
-template <typename B>
-__device__ __forceinline__ float load_bias(const B* p) {
-  return static_cast<float>(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<__half>(const __half* p) {
-  return __half2float(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat162float(__ldg(p));
-}
-template <>
-__device__ __forceinline__ float load_bias<bool>(const bool* p) {  // True = keep
-  return __ldg(reinterpret_cast<const unsigned char*>(p)) ? 0.f : -INFINITY;
-}
-
-// One bias element already in registers (e.g. read from shared memory) as fp32, with load_bias's meaning.
+// One bias element already in registers (e.g. read from shared memory) as fp32: float/half/bf16 values as they
+// are, a bool's byte as a mask (nonzero = keep -> 0, 0 -> -inf).
 __device__ __forceinline__ float bias_to_float(float b) { return b; }
 __device__ __forceinline__ float bias_to_float(__half b) { return __half2float(b); }
 __device__ __forceinline__ float bias_to_float(__nv_bfloat16 b) { return __bfloat162float(b); }
 __device__ __forceinline__ float bias_to_float(unsigned char keep) { return keep ? 0.f : -INFINITY; }  // a bool's byte
+
+// One attn_bias element from global memory as fp32 (bias_to_float's meaning).
+template <typename B>
+__device__ __forceinline__ float load_bias(const B* p) {
+  return bias_to_float(__ldg(p));
+}
+template <>
+__device__ __forceinline__ float load_bias<bool>(const bool* p) {  // read as its byte
+  return bias_to_float(__ldg(reinterpret_cast<const unsigned char*>(p)));
+}
 
 __host__ __device__ inline int bias_element_bytes(BiasType t) {
   return t == BiasType::kFloat32 ? 4 : t == BiasType::kBool ? 1 : 2;
