@@ -136,14 +136,20 @@ __global__ void __launch_bounds__(128) gemm_ss_kernel(const T* a, const T* b, fl
 template <typename T>
 float to_float(T x) { return static_cast<float>(x); }
 
-template <typename T, int N, int K, bool kAMn, int kACols, int kACol0, bool kBMn, int kBCols, int kBCol0>
-bool run_gemm_case(const char* name) {
-  std::mt19937 gen(N * 1000 + K + kACol0 + kBCol0);
+template <typename T>
+std::vector<T> random_matrix(size_t n, std::mt19937& gen) {
   std::normal_distribution<float> dist;
-  const int a_rows = kAMn ? K : 64, a_cols = kAMn ? kACols : K, b_rows = kBMn ? K : N, b_cols = kBMn ? kBCols : K;
-  std::vector<T> a(a_rows * a_cols), b(b_rows * b_cols);
-  for (auto& x : a) x = T(dist(gen));
-  for (auto& x : b) x = T(dist(gen));
+  std::vector<T> m(n);
+  for (auto& x : m) x = T(dist(gen));
+  return m;
+}
+
+// Runs kernel(a, b, c) as one 128-thread CTA with smem bytes of dynamic shared memory and compares its (64 x N)
+// fp32 output with sum_k a_at(i, k) * b_at(k, j) in double. Prints one line; true when within fp32 accumulation of
+// exact b16 products.
+template <typename T, int N, int K, typename Kernel, typename AAt, typename BAt>
+bool check_product(const char* name, const std::vector<T>& a, const std::vector<T>& b, Kernel kernel, int smem,
+                   AAt a_at, BAt b_at) {
   T *da, *db;
   float* dc;
   cudaMalloc(&da, a.size() * sizeof(T));
@@ -152,8 +158,6 @@ bool run_gemm_case(const char* name) {
   cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice);
   cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice);
   cudaMemset(dc, 0xff, 64 * N * sizeof(float));  // NaN: unwritten outputs show
-  const int smem = (a.size() + b.size()) * 2;
-  auto kernel = gemm_ss_kernel<T, N, K, kAMn, kACols, kACol0, kBMn, kBCols, kBCol0>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kernel<<<1, 128, smem>>>(da, db, dc);
   cudaError_t err = cudaDeviceSynchronize();
@@ -170,11 +174,7 @@ bool run_gemm_case(const char* name) {
   for (int i = 0; i < 64; ++i) {
     for (int j = 0; j < N; ++j) {
       double ref = 0;
-      for (int k = 0; k < K; ++k) {
-        const double av = kAMn ? to_float(a[k * kACols + kACol0 + i]) : to_float(a[i * K + k]);
-        const double bv = kBMn ? to_float(b[k * kBCols + kBCol0 + j]) : to_float(b[j * K + k]);
-        ref += av * bv;
-      }
+      for (int k = 0; k < K; ++k) ref += a_at(i, k) * b_at(k, j);
       const double e = std::fabs(double(c[i * N + j]) - ref);
       max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
       max_ref = std::max(max_ref, std::fabs(ref));
@@ -185,52 +185,27 @@ bool run_gemm_case(const char* name) {
   return ok;
 }
 
+template <typename T, int N, int K, bool kAMn, int kACols, int kACol0, bool kBMn, int kBCols, int kBCol0>
+bool run_gemm_case(const char* name) {
+  std::mt19937 gen(N * 1000 + K + kACol0 + kBCol0);
+  const std::vector<T> a = random_matrix<T>(kAMn ? K * kACols : 64 * K, gen);
+  const std::vector<T> b = random_matrix<T>(kBMn ? K * kBCols : N * K, gen);
+  return check_product<T, N, K>(
+      name, a, b, gemm_ss_kernel<T, N, K, kAMn, kACols, kACol0, kBMn, kBCols, kBCol0>, int(a.size() + b.size()) * 2,
+      [&](int i, int k) { return double(to_float(kAMn ? a[k * kACols + kACol0 + i] : a[i * K + k])); },
+      [&](int k, int j) { return double(to_float(kBMn ? b[k * kBCols + kBCol0 + j] : b[j * K + k])); });
+}
+
 template <typename T, int N, int K, bool kRegisterA, int kARow0 = 0>
 bool run_case(const char* name) {
   std::mt19937 gen(N * 1000 + K);
-  std::normal_distribution<float> dist;
-  const int b_rows = kRegisterA ? K : N, b_cols = kRegisterA ? N : K;
-  std::vector<T> a(64 * K), b(b_rows * b_cols);
-  for (auto& x : a) x = T(dist(gen));
-  for (auto& x : b) x = T(dist(gen));
-  T *da, *db;
-  float* dc;
-  cudaMalloc(&da, a.size() * sizeof(T));
-  cudaMalloc(&db, b.size() * sizeof(T));
-  cudaMalloc(&dc, 64 * N * sizeof(float));
-  cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice);
-  cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice);
-  cudaMemset(dc, 0xff, 64 * N * sizeof(float));  // NaN: unwritten outputs show
-  const int smem = (kRegisterA ? 0 : (kARow0 + 64) * K * 2) + b_rows * b_cols * 2;
+  const std::vector<T> a = random_matrix<T>(64 * K, gen);
+  const std::vector<T> b = random_matrix<T>(size_t(K) * N, gen);  // (K x N) for rs, (N x K) for ss
+  const int smem = (kRegisterA ? 0 : (kARow0 + 64) * K * 2) + K * N * 2;
   auto kernel = kRegisterA ? rs_kernel<T, N, K> : ss_kernel<T, N, K, kARow0>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  kernel<<<1, 128, smem>>>(da, db, dc);
-  cudaError_t err = cudaDeviceSynchronize();
-  std::vector<float> c(64 * N);
-  cudaMemcpy(c.data(), dc, c.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  cudaFree(da);
-  cudaFree(db);
-  cudaFree(dc);
-  if (err != cudaSuccess) {
-    std::printf("%-34s CUDA error: %s\n", name, cudaGetErrorString(err));
-    return false;
-  }
-  double max_err = 0, max_ref = 0;
-  for (int i = 0; i < 64; ++i) {
-    for (int j = 0; j < N; ++j) {
-      double ref = 0;
-      for (int k = 0; k < K; ++k) {
-        const double bv = kRegisterA ? to_float(b[k * N + j]) : to_float(b[j * K + k]);
-        ref += double(to_float(a[i * K + k])) * bv;
-      }
-      const double e = std::fabs(double(c[i * N + j]) - ref);
-      max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
-      max_ref = std::max(max_ref, std::fabs(ref));
-    }
-  }
-  const bool ok = max_err <= 1e-4 * max_ref + 1e-4;  // fp32 accumulation of exact b16 products
-  std::printf("%-34s max |err| %.2e (max |ref| %.1f)  %s\n", name, max_err, max_ref, ok ? "ok" : "WRONG");
-  return ok;
+  return check_product<T, N, K>(
+      name, a, b, kernel, smem, [&](int i, int k) { return double(to_float(a[i * K + k])); },
+      [&](int k, int j) { return double(to_float(kRegisterA ? b[k * N + j] : b[j * K + k])); });
 }
 
 int main() {
