@@ -5,16 +5,16 @@
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones; not the zoo)
 #   3. compute-sanitizer memcheck on the small grid with the default sm_90a schedules (and with each warp-specialized
 #      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", racecheck "overlap")
-#   4. the backward's opt-in sm_90a (wgmma) instances, FA2_SM90_BACKWARD=1: the CUDA tests of ops, API and Hopper with
-#      them, then memcheck + racecheck
+#   4. the sm80-path backward on the same build, FA2_DISABLE_SM90_BACKWARD=1 (the default is its sm_90a wgmma
+#      instances): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   5. a quick side-by-side forward timing: fa2 (sm_90a, default schedules), fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov
 #      (each sm_90a schedule forced: pipelined, warp-specialized, with ping-pong, with P V overlapping the softmax),
 #      torch's FA-2, cuDNN; FA2_VALIDATE_{DIMS,SEQLENS,PASSES,IMPLS} change it (e.g. PASSES=bwd,fwdbwd with
-#      IMPLS=fa2,fa2-bwd90,torch-fa2,cudnn to time the sm_90a backward)
+#      IMPLS=fa2,fa2-bwd80,torch-fa2,cudnn to time the backward against its sm80-path kernels)
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
 #   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov
-#   tests-bwd90 sanitize-bwd90 bench
+#   tests-bwd80 sanitize-bwd80 bench
 #   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
 #   in another invocation with its own OUT: both only read the built extension)
 set -uo pipefail
@@ -28,8 +28,8 @@ STEP_LOGS=$OUT
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
 
-[ $# -eq 0 ] && set -- probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd90 \
-  sanitize-bwd90 bench
+[ $# -eq 0 ] && set -- probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd80 \
+  sanitize-bwd80 bench
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
 
@@ -59,11 +59,11 @@ want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90
   scripts/sanitizer_check.py --tools racecheck,synccheck
 want_step sanitize-wsov && step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap "$PY" \
   scripts/sanitizer_check.py --tools racecheck
-# the backward's opt-in sm_90a (wgmma) instances (FA2_SM90_BACKWARD=1): the CUDA tests of the ops and the API with
-# them switched on (and test_hopper's own check that they run), then memcheck + racecheck
-want_step tests-bwd90 && step tests-bwd90 300 env PYTHONPATH=python FA2_SM90_BACKWARD=1 "$PY" scripts/gpu_pytest.py \
+# the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
+# tests of the ops and the API with it, then memcheck + racecheck
+want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" scripts/gpu_pytest.py \
   tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
-want_step sanitize-bwd90 && step sanitize-bwd90 120 env PYTHONPATH=python FA2_SM90_BACKWARD=1 "$PY" \
+want_step sanitize-bwd80 && step sanitize-bwd80 120 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
   scripts/sanitizer_check.py --tools memcheck,racecheck
 want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 \
   --dims ${FA2_VALIDATE_DIMS:-64,96,128,192,256} --seqlens ${FA2_VALIDATE_SEQLENS:-2k,16k} --causal both \
@@ -73,8 +73,8 @@ want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_a
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
-grep -hE "passed|failed" "$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd90.log" 2>/dev/null | tail -3
-grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/tests-ws.log "$OUT"/tests-bwd90.log "$OUT"/1-gpu_pytest.log \
+grep -hE "passed|failed" "$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" 2>/dev/null | tail -3
+grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/tests-ws.log "$OUT"/tests-bwd80.log "$OUT"/1-gpu_pytest.log \
   2>/dev/null | head -20
 [ -f "$OUT/bench.log" ] && sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -40
 # a device call brings back at most 8 files: the logs travel packed, the benchmark JSON as files of their own

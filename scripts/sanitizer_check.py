@@ -36,6 +36,11 @@ CASES = [
     dict(shape=(2, 130, 400, 2, 2, 64), flags={}, bias=(2, 1, 1, 400)),
     dict(shape=(2, 100, 640, 2, 2, 128), flags=dict(causal=True), bias=(2, 1, 1, 640)),
     dict(shape=(1, 90, 520, 2, 1, 256), flags={}, bias=(1, 1, 1, 520)),
+    # padding masks with whole key tiles of 0 (run unbiased) and of -inf (skipped above d 64 on sm_90a), the second
+    # batch all padded
+    dict(shape=(2, 130, 656, 2, 2, 64), flags={}, padding=True),
+    dict(shape=(2, 100, 656, 2, 2, 128), flags={}, padding=True),
+    dict(shape=(2, 90, 656, 2, 1, 256), flags=dict(causal=True), padding=True),
 ]
 for dtype in (torch.bfloat16, torch.float16):
     for case in CASES:
@@ -46,6 +51,9 @@ for dtype in (torch.bfloat16, torch.float16):
         bias = None
         if "bias" in case:
             bias = torch.randn(case["bias"], device="cuda", dtype=dtype, requires_grad=True)
+        elif case.get("padding"):
+            bias = torch.zeros(b, 1, 1, sk, device="cuda", dtype=dtype)
+            bias[0, ..., 128:256] = bias[0, ..., 500:] = bias[1] = float("-inf")
         elif case.get("bool_bias"):
             bias = torch.rand(b, h, sq, sk, device="cuda") > 0.2
         out = fa2.attention(q, k, v, bias, **case["flags"])

@@ -4,6 +4,7 @@ switches between them). Runs on a compute capability 9.0 GPU with a build that h
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -190,24 +191,65 @@ def test_sm90_schedule_setting():
 
 
 @pytest.mark.parametrize("d", [32, 64, 128, 256])
-def test_sm90_backward_runs_wgmma_and_follows_the_rule(d):
-    """The backward's sm_90a instances (fa2._C.set_sm90_backward, opt-in; wgmma products at these headdims, plain
-    path): the kernel that runs is the wgmma one, and its gradients follow the rule against the fp32 reference,
-    causal or not, with query/key tails and GQA. (gpu_validate.sh also runs the CUDA test suite with it switched on.)"""
+def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
+    """The backward's sm_90a instances (wgmma products at these headdims, plain path) are the default on this GPU
+    (unless FA2_DISABLE_SM90_BACKWARD is set, as gpu_validate.sh's tests-bwd80 step does to test the sm80-path
+    backward); fa2._C.set_sm90_backward(False) runs the sm80-path one. With them, the kernel that runs is the wgmma
+    one and its gradients follow the rule against the fp32 reference, causal or not, with query/key tails and GQA."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
+    if os.environ.get("FA2_DISABLE_SM90_BACKWARD", "0") in ("", "0"):
+        assert fa2._C.sm90_backward()
     for causal in (False, True):
         q, k, v = make_qkv(2, 333, 461, 4, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         dout = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
+        out = fa2.attention(q, k, v, causal=causal)
+        with _switch("sm90_backward", False):
+            names_off = _fwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
         with _switch("sm90_backward", True):
-            out = fa2.attention(q, k, v, causal=causal)
             names = _fwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
             grads = torch.autograd.grad(out, (q, k, v), dout)
         # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false>
         assert any("bwd_kernel<" in n and ", true>, 901, false>" in n for n in names), names
+        assert not any("bwd_kernel<" in n and ", true>, 901, false>" in n for n in names_off), names_off
+        assert any("bwd_kernel<" in n for n in names_off), names_off
         leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
         grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.float())
         leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, causal=causal, upcast=False), leaf_lo, dout)
         for name, g, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
             assert_close_rule(f"{name} d {d} causal {causal}", g, g_hi, g_lo, factor=3)
+
+
+@pytest.mark.parametrize("kind", ["same", "fp32", "bool"])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind):
+    """A key-row bias staged by the TMA (aligned rows): key tiles whose bias is all 0 run as unbiased ones, tiles whose
+    bias is all -inf (bool False) are skipped (warp-specialized kernels and headdims above 64; fwd_kernel.cuh,
+    KeyTileKind), the rest start S from the bias. Bitwise the same out and lse as the same values materialized as a
+    (B, H, Sq, Sk) bias (which reads every tile), with whole tiles of each kind at the start, the middle and the end
+    of the key range, a batch whose every key is padded (out 0, lse +inf) and one with no padding, causal or not."""
+    b, sq, sk, h, hk = 3, 200, 1008, 4, 2  # 1008 keys: 16-byte aligned rows for every bias dtype
+    g = torch.Generator(device="cuda").manual_seed(11)
+    dtype = torch.bfloat16
+    bias_dtype = torch.bool if kind == "bool" else (dtype if kind == "same" else torch.float32)
+    keep = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
+    keep[0, ..., 128:256] = False  # a padded tile in the middle
+    keep[0, ..., 640:] = False     # and the tail
+    keep[1] = False                # every key padded
+    if kind == "bool":
+        row = keep.clone()
+        row[0, ..., 256:384] = torch.rand(1, 1, 128, device="cuda", generator=g) > 0.3  # a mixed tile
+    else:
+        row = torch.zeros(b, 1, 1, sk, device="cuda", dtype=bias_dtype).masked_fill(~keep, float("-inf"))
+        row[0, ..., 256:384] = torch.randn(1, 1, 128, device="cuda", generator=g).to(bias_dtype)  # a mixed tile
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=g)
+    for causal in (False, True):
+        args = lambda bias: (q, k, v, bias, None, causal, -1, -1, 0.0)
+        names = _fwd_kernel_names(lambda: torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk))))
+        assert any("fwd_kernel<" in n and ", 901, (fa2::fwd::ScoreMode)3," in n for n in names), names
+        out, lse = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk)))
+        out_m, lse_m = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk).contiguous()))
+        assert torch.equal(out, out_m), f"causal {causal}: max diff {(out.float() - out_m.float()).abs().max().item()}"
+        assert torch.equal(lse, lse_m), f"causal {causal}: lse differs"
+        assert torch.equal(out[1], torch.zeros_like(out[1])) and bool(torch.isinf(lse[1]).all())

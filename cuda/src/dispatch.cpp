@@ -47,8 +47,9 @@ class Switch {
 // Whether sm_XXa instances may be chosen (FA2_DISABLE_ARCH_SPECIFIC=1 turns them off, e.g. to time the sm80-path
 // kernels against the wgmma ones on the same build).
 Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
-// Whether the backward prefers its sm_90a (wgmma) instances (FA2_SM90_BACKWARD=1): opt-in until measured.
-Switch g_sm90_backward{"FA2_SM90_BACKWARD", /*when_set=*/true};
+// Whether the backward prefers its sm_90a (wgmma) instances (FA2_DISABLE_SM90_BACKWARD=1 turns them off, e.g. to
+// time the sm80-path backward on the same build).
+Switch g_sm90_backward{"FA2_DISABLE_SM90_BACKWARD", /*when_set=*/false};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;

@@ -196,16 +196,6 @@ __device__ __forceinline__ void product(float (&acc)[kMTiles][kNTiles][4], uint3
   }
 }
 
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
-}
-
 // One f16/bf16 pair (columns col, col + 1 of row) into a swizzled shared-memory tile.
 template <typename Tile>
 __device__ __forceinline__ void st_shared_pair(uint32_t sTile, int row, int col, uint32_t packed) {
@@ -469,8 +459,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   ptx::cp_async_commit();
 
   float acc_dk[kKVM][kKVN][4], acc_dv[kKVM][kKVN][4];  // (keys of this warp, d of this warp)
-  zero(acc_dk);
-  zero(acc_dv);
+  ptx::zero(acc_dk);
+  ptx::zero(acc_dv);
 
   // Warp tiles: S/dP rows sdp_m0.. keys sdp_n0..; dK/dV keys kv_n0.. dims kv_d0..; dQ rows dq_m0.. dims dq_d0..
   const int sdp_m0 = (warp % Cfg::kWarpsMSdP) * (kBlockM / Cfg::kWarpsMSdP);
@@ -510,8 +500,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     const int col0 = n0 + sdp_n0 + tig * 2;  // this thread's first fragment column (global key)
     const bool needs_mask = info.needs_mask(n_block, kBlockN, m0, kBlockM);
     float acc_s[kSdPM][kSdPN][4], acc_dp[kSdPM][kSdPN][4];  // (kBlockM, kBlockN) split over warps
-    zero(acc_s);
-    zero(acc_dp);
+    ptx::zero(acc_s);
+    ptx::zero(acc_dp);
     if constexpr (!kScoreMod) {
       // One straight-line block per case (masked or not), so that P's exp2 can overlap dP's loads and MMAs.
       auto s_p_dp_ds = [&](auto mask) {
@@ -579,7 +569,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     // -- dQ (partial over this key block) = dS K, reduced into dq_accum   // (kBlockM, d) split over warps
     {
       float acc_dq[kQM][kQN][4];
-      zero(acc_dq);
+      ptx::zero(acc_dq);
       product<T, kWgmma, kQM, kQN, kBlockN / 16, false, true, PTile, KTile>(acc_dq, sdS, dq_m0, sK, dq_d0, lane);
       int turn = 0;
       if (p.deterministic) {

@@ -63,7 +63,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// sm_90a instances (kArch 901), when switched on (set_sm90_backward), take the wgmma tile configs where there is one
+// sm_90a instances (kArch 901), unless switched off (set_sm90_backward), take the wgmma tile configs where there is one
 // (bwd_tile_config.h) for the plain path; the score-mod path keeps the sm80 one (with wgmma, ptxas spilled 0.2-5 KB a
 // thread there: the recomputed score's loads and S, dP, dK, dV all live at once). Switched off, they run the sm80
 // configs: what a build with 90a but without 90 ran before.

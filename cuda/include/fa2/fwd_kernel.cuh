@@ -332,6 +332,55 @@ __device__ __forceinline__ void init_from_folded_key_bias(float (&acc)[kMTiles][
   }
 }
 
+// What one staged key tile of a key-row bias holds, so that a padding mask costs only the tiles it cuts:
+//   kZero    every key's bias is +0 (a kept key): S starts from 0, as without a bias;
+//   kMasked  every key's bias is -inf (a padded key; a bool False): the tile adds nothing to any row (its scores are
+//            -inf, so exp2 gives 0, and the running max, the sum and O keep their bits: the rescale is exactly 1,
+//            softmax.cuh), so the kernel skips it;
+//   kMixed   anything else (finfo.min included: a row that sees only such keys averages them): S starts from the bias.
+enum class KeyTileKind : int { kZero, kMasked, kMixed };
+
+// The kind of the kTileBytes-byte tile of B at `tile` (shared memory), decided by every warp on its own from the
+// raw bits: each lane reads kTileBytes / 32 bytes and the warp votes (no block barrier; the same answer in every
+// warp). Conservative: -0.0 or a bool byte other than 0/1 counts as kMixed.
+template <typename B, int kTileBytes>
+__device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned char* tile, int lane) {
+  constexpr int kLaneBytes = kTileBytes / 32;
+  static_assert(kTileBytes % 32 == 0 && (kLaneBytes == 2 || kLaneBytes == 4 || kLaneBytes == 8 || kLaneBytes == 16),
+                "a lane reads 2, 4, 8 or 16 bytes of the tile");
+  // each 32-bit word of an all-kept / all-padded tile (a bool's True is the byte 1 and keeps the key: bias 0)
+  constexpr uint32_t kZeroWord = std::is_same_v<B, bool> ? 0x01010101u : 0u;
+  constexpr uint32_t kMaskedWord = std::is_same_v<B, float>    ? 0xff800000u
+                                   : std::is_same_v<B, __half> ? 0xfc00fc00u
+                                   : std::is_same_v<B, bool>   ? 0u
+                                                               : 0xff80ff80u;  // bf16
+  bool zero = true, masked = true;
+  if constexpr (kLaneBytes == 2) {
+    const uint32_t w = reinterpret_cast<const uint16_t*>(tile)[lane];
+    zero = w == (kZeroWord & 0xffffu);
+    masked = w == (kMaskedWord & 0xffffu);
+  } else {
+    constexpr int kWords = kLaneBytes / 4;
+    uint32_t w[kWords];
+    if constexpr (kWords == 4) {
+      const uint4 v = reinterpret_cast<const uint4*>(tile)[lane];
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (kWords == 2) {
+      const uint2 v = reinterpret_cast<const uint2*>(tile)[lane];
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      w[0] = reinterpret_cast<const uint32_t*>(tile)[lane];
+    }
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      zero &= w[i] == kZeroWord;
+      masked &= w[i] == kMaskedWord;
+    }
+  }
+  if (__all_sync(0xffffffffu, zero)) return KeyTileKind::kZero;
+  return __all_sync(0xffffffffu, masked) ? KeyTileKind::kMasked : KeyTileKind::kMixed;
+}
+
 template <typename T, BiasType kBias>
 struct BiasElement;  // the C++ type of a bias element
 template <typename T>
@@ -520,6 +569,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   constexpr uint32_t kBiasTileBytes = kBlockN * sizeof(BiasElem);
   static_assert(!kStagedBias || (kBiasTileBytes <= Cfg::kSmemBiasTileBytes && kBiasTileBytes % 16 == 0),
                 "a key tile of bias fits its stage and is a whole number of 16-byte TMA units");
+  // Staged key tiles whose bias is all -inf are skipped (KeyTileKind), except under ping-pong (its warpgroups' turns
+  // count tiles) and in the 128-register key-row kernel at d <= 64 (two CTAs per SM): ptxas spilled 88-92 B a thread
+  // there with the skip's path (52-56 B with only the all-zero one), so it reads them as mixed tiles.
+  constexpr bool kSkipMaskedTiles =
+      kStagedBias && !kPingpong && (kWs || FwdTileConfig<kHeadDim, kWgmma>::min_blocks_per_sm(true) == 0);
   const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
   // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
   auto load_k = [&](int n, int buf, auto check_rows) {
@@ -622,12 +676,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   }
 
   float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc_o[mt][dt][r] = 0.f;
+  ptx::zero(acc_o);
   OnlineSoftmax<kMTiles> softmax;
   const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
   const float heavy_s = -kHeavyRowLog2 / mult;  // see softmax.cuh
@@ -643,6 +692,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
 
   uint32_t p_prev[kNTiles / 2][4];  // kOverlap: P of the previous tile, packed, and its stage
   int buf_prev = 0;
+  // kOverlap: whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped
+  // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the wgmma_wait(acc_o) below).
+  bool pv_pending = false;
   for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
     const int buf = kRing == 1 ? 0 : it % kRing;
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
@@ -662,36 +714,47 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                       p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
       }
     } else {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc_s[mt][nt][r] = 0.f;
+      ptx::zero(acc_s);
     }
     // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
     //    warp is done with the buffers about to be refilled
     if constexpr (kTma) {
       if (it == 0) wait_loaded(bar_q, 0);
       wait_loaded(bar_kv(buf), (it / kRing) & 1);
+      // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
+      // read (KeyTileKind). Padding masks are mostly such tiles.
+      KeyTileKind bias_kind = KeyTileKind::kMixed;
+      if constexpr (kStagedBias) {
+        bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes>(smem + (sBias(buf) - sQ), lane);
+      }
       if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
         if constexpr (kStagedBias) {
           // the tile's bias folded (bias / scale, finite when the bias is) to fp32 once for the CTA, one key per
           // thread, before the barrier; every warp then reads its columns' values as they are. At d 64 (H200, bf16
           // padding mask, S 1k-16k) the forward went from 0.71-0.79x of its unmasked speed with every thread
           // converting the columns it holds to 0.80-0.89x.
-          const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem + (sBias(buf) - sQ));
-          float* folded = reinterpret_cast<float*>(smem + (sBiasFolded(buf) - sQ));
-          for (int i = tid; i < kBlockN; i += kNThreads) folded[i] = fold_bias(staged_bias_value(raw, i), 1.f / p.scale);
+          if (bias_kind == KeyTileKind::kMixed) {
+            const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem + (sBias(buf) - sQ));
+            float* folded = reinterpret_cast<float*>(smem + (sBiasFolded(buf) - sQ));
+            for (int i = tid; i < kBlockN; i += kNThreads) folded[i] = fold_bias(staged_bias_value(raw, i), 1.f / p.scale);
+          }
         }
         __syncthreads();
         if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration
       }
-      if constexpr (kStagedBias && kWs) {
-        init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem + (sBias(buf) - sQ)) + (lane & 3) * 2,
-                                  1.f / p.scale);
-      } else if constexpr (kStagedBias) {
-        init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem + (sBiasFolded(buf) - sQ)) + (lane & 3));
+      if constexpr (kStagedBias) {
+        if (kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
+          if constexpr (kWs) release_stage(buf);
+          continue;
+        }
+        if (bias_kind == KeyTileKind::kZero) {
+          ptx::zero(acc_s);
+        } else if constexpr (kWs) {
+          init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem + (sBias(buf) - sQ)) + (lane & 3) * 2,
+                                    1.f / p.scale);
+        } else {
+          init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem + (sBiasFolded(buf) - sQ)) + (lane & 3));
+        }
       }
     } else {
       ptx::cp_async_wait<0>();
@@ -716,7 +779,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if constexpr (kOverlap) {
       // Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in order)
       gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
-      if (it > 0) {
+      if (kSkipMaskedTiles ? pv_pending : it > 0) {
         gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
         wgmma_wait</*kPending=*/1>(acc_s);
       } else {
@@ -757,11 +820,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
       wgmma_wait(acc_o);
       sm90::hold_fragments(p_prev);
-      if (it > 0) release_stage(buf_prev);
+      if (kSkipMaskedTiles ? pv_pending : it > 0) release_stage(buf_prev);
       softmax.rescale(acc_o, correction);
 #pragma unroll
       for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(acc_s[0], kt, p_prev[kt]);
       buf_prev = buf;
+      pv_pending = true;
       continue;  // this tile's P V goes out with the next tile's Q K^T (or after the loop)
     } else {
       softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
@@ -780,9 +844,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   if constexpr (kPingpong) {
     if (warp >> 2 == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
   }
-  if constexpr (kOverlap) {  // the last tile's P V (the loop ran at least once: the key range is not empty)
-    gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
-    release_stage(buf_prev);
+  if constexpr (kOverlap) {  // the last tile's P V (the key range is not empty, but its tiles may all be skipped)
+    if (!kSkipMaskedTiles || pv_pending) {
+      gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
+      release_stage(buf_prev);
+    }
   }
 
   // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
