@@ -733,7 +733,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           // thread, before the barrier; every warp then reads its columns' values as they are. At d 64 (H200, bf16
           // padding mask, S 1k-16k) the forward went from 0.71-0.79x of its unmasked speed with every thread
           // converting the columns it holds to 0.80-0.89x.
-          if (bias_kind == KeyTileKind::kMixed) {
+          // (a -inf tile is read as a mixed one where it is not skipped)
+          if (bias_kind == KeyTileKind::kMixed || (!kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
             const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem + (sBias(buf) - sQ));
             float* folded = reinterpret_cast<float*>(smem + (sBiasFolded(buf) - sQ));
             for (int i = tid; i < kBlockN; i += kNThreads) folded[i] = fold_bias(staged_bias_value(raw, i), 1.f / p.scale);
@@ -744,6 +745,16 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       }
       if constexpr (kStagedBias) {
         if (kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
+          if constexpr (kOverlap) {
+            // the previous tile's P V goes out now: its stage must not stay held while the ring moves on (the
+            // producer would wait for it to be released, this warp for the producer). O gets the same operations
+            // in the same order as if this tile were computed (x 1 exactly, + P V of zeros).
+            if (pv_pending) {
+              gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
+              release_stage(buf_prev);
+              pv_pending = false;
+            }
+          }
           if constexpr (kWs) release_stage(buf);
           continue;
         }
