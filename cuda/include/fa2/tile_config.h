@@ -34,7 +34,9 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // registers went to the loads of a bias that varies along queries; a key-row bias (padding masks) has its own
 // variant, held to 128 registers (min_blocks_per_sm): 0.68-0.71x of the plain speed; with its bias tile loaded by
 // the TMA with K/V and folded to fp32 once per CTA, 0.80-0.89x (d 128: 0.83-0.94x, d 256: 0.92-0.96x of the
-// warp-specialized defaults; 2026-11-30, S 1k-16k, benchmarks/results/attention_h200-20261130-ws.json).
+// warp-specialized defaults; 2026-11-30, S 1k-16k, benchmarks/results/attention_h200-20261130-ws.json). With tiles
+// of all-0 bias run unbiased and (above d 64) all -inf ones skipped: d 64 0.79-0.87x, d 128 0.99-1.08x, d 256
+// 1.02-1.10x (bf16, last 10% of keys padded; attention_h200-20261130-grid-wgmma-bwd.json).
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
 }
