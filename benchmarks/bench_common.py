@@ -63,6 +63,10 @@ def environment(device: torch.device, fa2_mod, fa2_err, **extra) -> dict:
         env["git_dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
     except Exception as e:
         env["git_commit"] = f"unknown ({e})"
+    # A copy of the working tree whose .git is not the source's (the GPU machine's copy keeps an older HEAD) says
+    # which commit it holds through FA2_GIT_COMMIT (set by the caller from the source checkout).
+    if os.environ.get("FA2_GIT_COMMIT"):
+        env["git_commit_in_copy"], env["git_commit"] = env.get("git_commit"), os.environ["FA2_GIT_COMMIT"]
     try:
         import triton
         env["triton"] = triton.__version__

@@ -11,6 +11,8 @@
 # Logs and the benchmark JSON are packed into $OUT/results.tgz (a device call brings back at most 8 files); the
 # result JSON files are also left as files of their own.
 # Usage (repository root, GPU machine): bash scripts/gpu_results.sh [steps...]
+# The GPU machine's copy of the tree keeps an older .git: pass FA2_GIT_COMMIT=<the source checkout's HEAD> on the
+# command line so that the result JSON names the commit measured (benchmarks/bench_common.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_results}
