@@ -57,7 +57,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov: fa2 with the sm_90a forward's schedule forced (fa2._C.set_sm90_schedule;
 # fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp specialization), warp-specialized,
 # with ping-pong between its consumer warpgroups, with P V overlapping the next softmax. Forced warp-specialized
-# schedules apply to the plain path; the rest runs as fa2 (or pipelined under fa2-pipe).
+# schedules apply to the plain path (and fa2-ws at d <= 64 to a padding mask too: the wide kernel); the rest runs
+# as fa2 (or pipelined under fa2-pipe).
 # fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
 # sm80-path backward of the same build (the forward stays on sm_90a).
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},

@@ -121,7 +121,7 @@ def _schedule_calls(dtype):
              ((1, 200, 700, 2, 1, 256), {}), ((1, 150, 500, 2, 2, 192), {"causal": True})]
     for kind, sk, misaligned in [("same", 1024, False), ("fp32", 1100, False), ("bool", 640, False),
                                  ("same", 640, True)]:
-        for d, causal in [(128, False), (128, True), (256, False), (192, True)]:
+        for d, causal in [(128, False), (128, True), (256, False), (192, True), (64, False), (64, True)]:
             extra.append(((2, 200, sk, 4, 2, d), {"causal": causal, "bias": (kind, misaligned)}))
     for shape, flags in extra:
         q, k, v = make_qkv(*shape, dtype=dtype, device="cuda")
@@ -165,10 +165,18 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
     for d, kernels in names.items():
         want = KERNEL_SUFFIX[fa2._C.sm90_default_schedule(d) if schedule == "auto" else schedule]
         assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, kernels)
-    if schedule == "auto":
-        for d, misaligned, kernels in bias_names:
-            want = KERNEL_SUFFIX["pipelined" if misaligned else fa2._C.sm90_default_schedule(d)]
-            assert any("fwd_kernel<" in n and want in n for n in kernels), (d, misaligned, kernels)
+    # key-row biases: each headdim's default schedule, except that a forced "ws" at d <= 64 (default pipelined) runs
+    # the wide warp-specialized kernel; misaligned rows the pipelined kernel
+    for d, misaligned, kernels in bias_names:
+        if misaligned:
+            want = "pipelined"
+        elif schedule == "ws" and d <= 64:
+            want = "ws"
+        elif schedule in ("auto", "ws"):
+            want = fa2._C.sm90_default_schedule(d)
+        else:
+            continue
+        assert any("fwd_kernel<" in n and KERNEL_SUFFIX[want] in n for n in kernels), (schedule, d, misaligned, kernels)
     for (_, what, _), (out_s, lse_s), (out, lse) in zip(calls, scheduled, pipelined):
         assert torch.equal(out_s, out), f"out differs by {(out_s.float() - out.float()).abs().max().item()}: {what}"
         assert torch.equal(lse_s, lse), f"lse differs: {what}"
@@ -221,14 +229,16 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
             assert_close_rule(f"{name} d {d} causal {causal}", g, g_hi, g_lo, factor=3)
 
 
+@pytest.mark.parametrize("schedule", ["auto", "ws"])
 @pytest.mark.parametrize("kind", ["same", "fp32", "bool"])
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
-def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind):
+def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind, schedule):
     """A key-row bias staged by the TMA (aligned rows): key tiles whose bias is all 0 run as unbiased ones, tiles whose
     bias is all -inf (bool False) are skipped (warp-specialized kernels and headdims above 64; fwd_kernel.cuh,
     KeyTileKind), the rest start S from the bias. Bitwise the same out and lse as the same values materialized as a
     (B, H, Sq, Sk) bias (which reads every tile), with whole tiles of each kind at the start, the middle and the end
-    of the key range, a batch whose every key is padded (out 0, lse +inf) and one with no padding, causal or not."""
+    of the key range, a batch whose every key is padded (out 0, lse +inf) and one with no padding, causal or not.
+    "ws" forced: the wide warp-specialized kernel at d 64 (the other headdims keep their default)."""
     b, sq, sk, h, hk = 3, 200, 1008, 4, 2  # 1008 keys: 16-byte aligned rows for every bias dtype
     g = torch.Generator(device="cuda").manual_seed(11)
     dtype = torch.bfloat16
@@ -244,11 +254,13 @@ def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind)
         row = torch.zeros(b, 1, 1, sk, device="cuda", dtype=bias_dtype).masked_fill(~keep, float("-inf"))
         row[0, ..., 256:384] = torch.randn(1, 1, 128, device="cuda", generator=g).to(bias_dtype)  # a mixed tile
     q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=g)
+    want = KERNEL_SUFFIX["ws" if schedule == "ws" and d <= 64 else fa2._C.sm90_default_schedule(d)]
     for causal in (False, True):
         args = lambda bias: (q, k, v, bias, None, causal, -1, -1, 0.0)
-        names = _fwd_kernel_names(lambda: torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk))))
-        assert any("fwd_kernel<" in n and ", 901, (fa2::fwd::ScoreMode)3," in n for n in names), names
-        out, lse = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk)))
+        with _switch("sm90_schedule", schedule):
+            names = _fwd_kernel_names(lambda: torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk))))
+            out, lse = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk)))
+        assert any("fwd_kernel<" in n and ", 901, (fa2::fwd::ScoreMode)3," in n and want in n for n in names), names
         out_m, lse_m = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk).contiguous()))
         assert torch.equal(out, out_m), f"causal {causal}: max diff {(out.float() - out_m.float()).abs().max().item()}"
         assert torch.equal(lse, lse_m), f"causal {causal}: lse differs"

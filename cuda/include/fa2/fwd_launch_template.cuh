@@ -54,19 +54,41 @@ FwdLaunch ws_launch() {
           fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM};
 }
 
+// The same for a key-row bias (padding masks) of the given element type; `launch` is left as it is without a bias.
+template <typename T, int kHeadDim, int kArch, Sm90Schedule kSchedule>
+void use_key_bias_ws_launch(BiasType bias_type, FwdLaunch& launch) {
+  constexpr fwd::ScoreMode kKeyBias = fwd::ScoreMode::kKeyBiasFold;
+  switch (bias_type) {
+    case BiasType::kSameAsInput:
+      launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kSameAsInput, kSchedule>();
+      break;
+    case BiasType::kFloat32:
+      launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kFloat32, kSchedule>();
+      break;
+    case BiasType::kBool:
+      launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kBool, kSchedule>();
+      break;
+    case BiasType::kNone:
+      break;
+  }
+}
+
 template <typename T, int kHeadDim, int kArch>
 const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the non-warp-specialized kernels' (fwd_kernel.cuh)
   // Score path (fwd_kernel.cuh, ScoreMode): plain / bias folded into the S accumulator (a key-row bias or one that
   // varies along queries) / general (softcap, scale <= 0), times the bias element type: eleven variants per
-  // instance; sm_90a adds the warp-specialized ones (plain: three schedules; key-row bias: the default schedule).
+  // instance; sm_90a adds the warp-specialized ones (plain: three schedules; key-row bias: the default schedule, or
+  // at d <= 64 the wide warp-specialized one).
   using fwd::ScoreMode;
   FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM};
   const bool general = p.softcap > 0.f || !(p.scale > 0.f);  // ScoreMode::kGeneral
   const bool plain = !general && p.bias_type == BiasType::kNone;
   // sm_90a: the schedule of the key loop (tile_config.h, Sm90Schedule): each headdim's default unless
   // set_sm90_schedule / FA2_SM90_SCHEDULE forces one. Warp-specialized kernels serve the plain path (every schedule)
-  // and a key-row bias (the headdim's default schedule only: fewer instantiations); the rest runs pipelined.
+  // and a key-row bias (the headdim's default schedule only: fewer instantiations; at d <= 64, whose default is
+  // pipelined, also the wide warp-specialized kernel when "ws" is forced, to time it against the default with a
+  // padding mask); the rest runs pipelined.
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
   constexpr Sm90Schedule kDefault = kTma ? sm90_default_schedule(kHeadDim) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = kDefault;
@@ -79,7 +101,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   const bool key_row_bias = !general && p.bias_type != BiasType::kNone && p.bias_row_stride == 0 &&
                             (!kTma || bias_rows_tma_loadable(p));
   if constexpr (kTma) {
-    constexpr ScoreMode kPlain = ScoreMode::kPlain, kKeyBias = ScoreMode::kKeyBiasFold;
+    constexpr ScoreMode kPlain = ScoreMode::kPlain;
     if (plain && schedule != Sm90Schedule::kPipelined) {
       if (schedule == Sm90Schedule::kPingpong) {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpong>();
@@ -88,20 +110,12 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       } else {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kWarpSpecialized>();
       }
-    } else if constexpr (kDefault != Sm90Schedule::kPipelined) {
-      if (key_row_bias && schedule != Sm90Schedule::kPipelined) {
-        switch (p.bias_type) {
-          case BiasType::kSameAsInput:
-            launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kSameAsInput, kDefault>();
-            break;
-          case BiasType::kFloat32:
-            launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kFloat32, kDefault>();
-            break;
-          case BiasType::kBool:
-            launch = ws_launch<T, kHeadDim, kArch, kKeyBias, BiasType::kBool, kDefault>();
-            break;
-          case BiasType::kNone:
-            break;
+    } else if (key_row_bias && schedule != Sm90Schedule::kPipelined) {
+      if constexpr (kDefault != Sm90Schedule::kPipelined) {
+        use_key_bias_ws_launch<T, kHeadDim, kArch, kDefault>(p.bias_type, launch);
+      } else if constexpr (fwd_wide_warp_specialized(kHeadDim)) {
+        if (schedule == Sm90Schedule::kWarpSpecialized) {
+          use_key_bias_ws_launch<T, kHeadDim, kArch, Sm90Schedule::kWarpSpecialized>(p.bias_type, launch);
         }
       }
     }
