@@ -98,8 +98,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
 }
 
-// ---- conversions -------------------------------------------------------------------------------------------
-// Packs two fp32 values (lo = lower address / lower column) into one f16x2 / bf16x2 register, round to nearest.
 // An accumulator fragment array (m16 tiles x n8 tiles x 4 fp32) set to 0.
 template <int kMTiles, int kNTiles>
 __device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
@@ -111,6 +109,8 @@ __device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
       for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
 }
 
+// ---- conversions -------------------------------------------------------------------------------------------
+// Packs two fp32 values (lo = lower address / lower column) into one f16x2 / bf16x2 register, round to nearest.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 
