@@ -265,3 +265,12 @@ def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind,
         assert torch.equal(out, out_m), f"causal {causal}: max diff {(out.float() - out_m.float()).abs().max().item()}"
         assert torch.equal(lse, lse_m), f"causal {causal}: lse differs"
         assert torch.equal(out[1], torch.zeros_like(out[1])) and bool(torch.isinf(lse[1]).all())
+    # one batch: any key count keeps the rows aligned, so the last tile's valid keys can end inside a lane's bytes
+    # of the vote (1001 keys); the keys from 640 on padded
+    row1 = row[:1, ..., :1001].clone()
+    row1[..., 640:] = False if kind == "bool" else float("-inf")
+    q1, k1, v1 = q[:1], k[:1, :1001], v[:1, :1001]
+    with _switch("sm90_schedule", schedule):
+        out, lse = torch.ops.fa2.fwd(q1, k1, v1, row1.expand(1, h, sq, 1001), None, False, -1, -1, 0.0)
+    out_m, lse_m = torch.ops.fa2.fwd(q1, k1, v1, row1.expand(1, h, sq, 1001).contiguous(), None, False, -1, -1, 0.0)
+    assert torch.equal(out, out_m) and torch.equal(lse, lse_m), "1001 keys"

@@ -342,9 +342,12 @@ enum class KeyTileKind : int { kZero, kMasked, kMixed };
 
 // The kind of the kTileBytes-byte tile of B at `tile` (shared memory), decided by every warp on its own from the
 // raw bits: each lane reads kTileBytes / 32 bytes and the warp votes (no block barrier; the same answer in every
-// warp). Conservative: -0.0 or a bool byte other than 0/1 counts as kMixed.
-template <typename B, int kTileBytes>
-__device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned char* tile, int lane) {
+// warp). Conservative: -0.0 or a bool byte other than 0/1 counts as kMixed. kValidKeysOnly: only the first
+// valid_keys keys count (the TMA fills the rest of the tile that crosses seqlen_k with zeros, and those keys are
+// masked anyway; a lane whose bytes straddle valid_keys votes kMixed), so that a padded tail there is skipped too;
+// not in the 128-register d 64 kernel, which skips nothing and spilled 8-12 B more with it (ptxas).
+template <typename B, int kTileBytes, bool kValidKeysOnly>
+__device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned char* tile, int lane, int valid_keys) {
   constexpr int kLaneBytes = kTileBytes / 32;
   static_assert(kTileBytes % 32 == 0 && (kLaneBytes == 2 || kLaneBytes == 4 || kLaneBytes == 8 || kLaneBytes == 16),
                 "a lane reads 2, 4, 8 or 16 bytes of the tile");
@@ -375,6 +378,15 @@ __device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned cha
     for (int i = 0; i < kWords; ++i) {
       zero &= w[i] == kZeroWord;
       masked &= w[i] == kMaskedWord;
+    }
+  }
+  if constexpr (kValidKeysOnly) {
+    constexpr int kLaneKeys = kLaneBytes / int(sizeof(B));
+    const int keys_here = valid_keys - lane * kLaneKeys;  // of this lane's keys, how many are below seqlen_k
+    if (keys_here <= 0) {
+      zero = masked = true;  // all past seqlen_k: either
+    } else if (keys_here < kLaneKeys) {
+      zero = masked = false;  // straddles it
     }
   }
   if (__all_sync(0xffffffffu, zero)) return KeyTileKind::kZero;
@@ -725,7 +737,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // read (KeyTileKind). Padding masks are mostly such tiles.
       KeyTileKind bias_kind = KeyTileKind::kMixed;
       if constexpr (kStagedBias) {
-        bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes>(smem + (sBias(buf) - sQ), lane);
+        bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(smem + (sBias(buf) - sQ), lane,
+                                                                                       p.seqlen_k - n * kBlockN);
       }
       if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
         if constexpr (kStagedBias) {
