@@ -61,13 +61,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # as fa2 (or pipelined under fa2-pipe).
 # fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
 # sm80-path backward of the same build (the forward stays on sm_90a).
+# fa2-kbias: fa2 with the backward's key-row bias variant switched on (fa2._C.set_key_bias_backward; opt-in until
+# measured): padding masks on the plain path's schedule (--masks padding --pass bwd,fwdbwd).
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-bwd80": {"sm90_backward": False},
+                "fa2-kbias": {"key_bias_backward": True},
                 "fa2-pipe": {"sm90_schedule": "pipelined"},
                 "fa2-ws": {"sm90_schedule": "ws"},
                 "fa2-wspp": {"sm90_schedule": "pingpong"},
                 "fa2-wsov": {"sm90_schedule": "overlap"}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn",
+IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn",
          "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}

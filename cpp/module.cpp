@@ -17,6 +17,8 @@ inline bool arch_specific_kernels() { return false; }
 inline const char* set_sm90_schedule(const char*) { return "fa2: this build has no CUDA kernels (no sm_90a schedule)"; }
 inline void set_sm90_backward(bool) {}
 inline bool sm90_backward() { return false; }
+inline void set_key_bias_backward(bool) {}
+inline bool key_bias_backward() { return false; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
   *schedule = Sm90Schedule::kAuto;
   return nullptr;
@@ -47,8 +49,11 @@ PYBIND11_MODULE(_C, m) {
   // a benchmark or test can restore them.
   m.def("set_arch_specific_kernels", &fa2::set_arch_specific_kernels);
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
-  m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd90")
+  m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd80": off)
   m.def("sm90_backward", &fa2::sm90_backward);
+  // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias": on)
+  m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
+  m.def("key_bias_backward", &fa2::key_bias_backward);
   m.def("set_sm90_schedule", [](const std::string& name) {
     if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
   }, py::arg("name"), "auto, pipelined, ws, pingpong or overlap (FA2_SM90_SCHEDULE)");

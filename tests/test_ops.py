@@ -206,3 +206,64 @@ def test_key_row_bias_equals_the_same_bias_materialized(device, dtype, bias_dtyp
                 results.append((out,) + torch.autograd.grad(out, (q, k, v), dout))
         for name, a, c in zip(("out", "dq", "dk", "dv"), *results):
             assert torch.equal(a, c), f"d {d} sk {sk} {name}: max diff {(a.float() - c.float()).abs().max().item()}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["same", "fp32", "bool"])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
+def test_key_bias_backward_variant_follows_the_rule(d, kind):
+    """fa2._C.set_key_bias_backward(True) (FA2_KEY_BIAS_BWD=1, opt-in until it has run on a GPU): a key-row bias
+    (padding mask) whose gradient is not needed takes the backward's plain path with its key block's values read once
+    (bwd_kernel.cuh, kKeyBias). Gradients within the rule against the fp32 reference, causal or not, GQA, with right
+    padding (-inf / False: whole padded key blocks, a batch with every key padded) and Hugging Face's left padding
+    (finfo.min: under causal, query rows that see only padded keys, P taken against the row statistics' shift);
+    deterministic mode bitwise repeatable; the key-row kernel is what ran, and a bias that needs its gradient still
+    takes the score-mod path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def bwd_kernel_names(fn):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if "bwd_kernel<" in e.name]
+
+    dtype = torch.bfloat16
+    b, sq, sk, h, hk = 3, 200, 300, 4, 2
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", requires_grad=True, generator=g)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
+    if kind == "bool":
+        row = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
+        row[0, ..., 250:] = row[1] = row[2, ..., :120] = False
+    else:
+        bias_dtype = dtype if kind == "same" else torch.float32
+        row = torch.randn(b, 1, 1, sk, device="cuda", generator=g).to(bias_dtype)
+        row[0, ..., 250:] = row[1] = float("-inf")
+        row[2, ..., :120] = torch.finfo(bias_dtype).min  # causal (bottom-right): rows 0..19 see only these
+    bias = row.expand(b, h, sq, sk)
+    before = fa2._C.key_bias_backward()
+    fa2._C.set_key_bias_backward(True)
+    try:
+        for causal in (False, True):
+            out = fa2.attention(q, k, v, bias, causal=causal)
+            names = bwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            assert names and all(n.endswith(", false, true>(fa2::AttentionParams)") for n in names), names
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
+            bias_hi = bias if kind == "bool" else bias.float()
+            grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, bias_hi, causal=causal), leaf_hi, dout.float())
+            leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, bias, causal=causal, upcast=False), leaf_lo, dout)
+            for name, gr, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+                assert not torch.isnan(gr).any(), f"{name} d {d} causal {causal}: NaN"
+                assert_close_rule(f"{name} d {d} {kind} causal {causal}", gr, g_hi, g_lo, factor=3)
+        with fa2.deterministic():
+            runs = [torch.autograd.grad(fa2.attention(q, k, v, bias, causal=True), (q, k, v), dout) for _ in range(3)]
+        assert all(torch.equal(x, y) for r in runs[1:] for x, y in zip(r, runs[0]))
+        if kind != "bool":  # a bias that needs its gradient: the score-mod path (dbias)
+            leaf_bias = row.detach().clone().requires_grad_()
+            out = fa2.attention(q, k, v, leaf_bias.expand(b, h, sq, sk))
+            names = bwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v, leaf_bias), dout))
+            assert names and all(n.endswith(", true, false>(fa2::AttentionParams)") for n in names), names
+    finally:
+        fa2._C.set_key_bias_backward(before)

@@ -50,6 +50,8 @@ Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
 // Whether the backward prefers its sm_90a (wgmma) instances (FA2_DISABLE_SM90_BACKWARD=1 turns them off, e.g. to
 // time the sm80-path backward on the same build).
 Switch g_sm90_backward{"FA2_DISABLE_SM90_BACKWARD", /*when_set=*/false};
+// Whether the backward runs a key-row bias on its plain path (FA2_KEY_BIAS_BWD=1; bwd_launch.h): opt-in until run.
+Switch g_key_bias_backward{"FA2_KEY_BIAS_BWD", /*when_set=*/true};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
@@ -109,6 +111,8 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
 void set_arch_specific_kernels(bool enabled) { g_arch_specific.set(enabled); }
 void set_sm90_backward(bool enabled) { g_sm90_backward.set(enabled); }
 bool sm90_backward() { return g_sm90_backward.on(); }
+void set_key_bias_backward(bool enabled) { g_key_bias_backward.set(enabled); }
+bool key_bias_backward() { return g_key_bias_backward.on(); }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 const char* set_sm90_schedule(const char* name) {
   const int index = schedule_index(name);

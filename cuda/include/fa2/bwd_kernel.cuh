@@ -229,6 +229,18 @@ __device__ __forceinline__ float bias_at(const B* bias, int64_t row_stride, int6
   }
 }
 
+// One element (row, col) of this (batch, head)'s bias as fp32, of the element type p.bias_type names.
+template <typename T>
+__device__ __forceinline__ float bias_value(const AttentionParams& p, const void* bias_bh, int row, int col) {
+  const int64_t offset = row * p.bias_row_stride + col * p.bias_col_stride;
+  switch (p.bias_type) {
+    case BiasType::kSameAsInput: return load_bias(static_cast<const T*>(bias_bh) + offset);
+    case BiasType::kFloat32: return load_bias(static_cast<const float*>(bias_bh) + offset);
+    case BiasType::kBool: return load_bias(static_cast<const bool*>(bias_bh) + offset);
+    default: return 0.f;
+  }
+}
+
 // In place: s (raw q.k) -> P, dp -> dS (w.r.t. q.k / scale, i.e. with the softcap chain rule applied).
 // Fragment element (mt, nt, 2 half + e) is query row0 + 16 mt + 8 half, key col0 + 8 nt + e (global indices).
 // dbias (when given) receives P (dP - D), the gradient w.r.t. the biased (post-softcap) score.
@@ -318,6 +330,45 @@ __device__ __forceinline__ void scores_to_p_packed(const float (&s)[kMTiles][kNT
   }
 }
 
+// Key-row bias path, step 1 (a bias with one value per key: padding masks; no softcap, no dbias): as
+// scores_to_p_packed, with the forward's score x = q.k scale + bias[col] taken against the score-mod path's row
+// statistics, P = exp2((x - shift) log2e - lse log2e) (lse2 = row_lse log2e; see bwd_row_stats_kernel). key_bias:
+// this thread's first column of the key block's bias (fp32, shared memory; 0 past seqlen_k). Rows past seqlen_q
+// (zero Q and dO, lse and shift 0) take no bias: P = 1 there as on the plain path, where exp(bias) could overflow.
+template <typename T, bool kMask, int kMTiles, int kNTiles>
+__device__ __forceinline__ void key_bias_scores_to_p_packed(const float (&s)[kMTiles][kNTiles][4],
+                                                            uint32_t (&p_packed)[kMTiles][kNTiles][2],
+                                                            const float (&lse2)[2 * kMTiles], const float* shift,
+                                                            const float* key_bias, float scale, const BlockInfo& info,
+                                                            int seqlen_q, int row0, int col0) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 2 + half, row = row0 + mt * 16 + half * 8;
+      const float row_shift = shift[mt * 16 + half * 8];
+      const bool row_in = row < seqlen_q;
+      int key_lo = 0, key_hi = 0;
+      if constexpr (kMask) info.key_range(row, key_lo, key_hi);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const float2 b = *reinterpret_cast<const float2*>(key_bias + nt * 8);
+        float prob[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = s[mt][nt][half * 2 + e] * scale + (row_in ? (e == 0 ? b.x : b.y) : 0.f);
+          prob[e] = exp2_ftz(fmaf(x - row_shift, kLog2e, -lse2[r]));
+          if constexpr (kMask) {
+            const int col = col0 + nt * 8 + e;
+            if (col < key_lo || col > key_hi) prob[e] = 0.f;
+          }
+        }
+        p_packed[mt][nt][half] = ptx::pack2<T>(prob[0], prob[1]);
+      }
+    }
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float2 unpack2(uint32_t v) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -360,9 +411,13 @@ __device__ __forceinline__ void store_packed(uint32_t sTile, const uint32_t (&v)
 
 // kScoreMod = false: no softcap, no bias (P = exp2(q.k scale log2e - lse log2e), one FMA). kScoreMod = true: the
 // forward's score is recomputed in fp32 (scale, softcap, bias); softcap and the bias dtype are run-time switches
-// (block-uniform), as in the forward.
-template <typename T, typename Cfg, int kArch, bool kScoreMod>
+// (block-uniform), as in the forward. kKeyBias (with kScoreMod = false): a bias with one value per key (padding
+// masks; no softcap, no dbias) on the plain path's schedule, its values for the CTA's key block read once into
+// shared memory (Cfg::kSmemBytes + kBlockN * 4 bytes), P taken against the score-mod path's row statistics.
+template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_constant__ AttentionParams p) {
+  static_assert(!(kScoreMod && kKeyBias), "the key-row bias variant is one of the plain path");
+  constexpr bool kRowStats = kScoreMod || kKeyBias;  // P against bwd_row_stats_kernel's (shift, lse)
   constexpr int kHeadDim = Cfg::kHeadDim;
   using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockColsD>;         // Q, dO: (kBlockM, d)
   using KTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockColsD>;         // K, V: (kBlockN, d)
@@ -388,6 +443,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const uint32_t sdS = sP + Cfg::kSmemPBytes;
   // [lse (kBlockM)] [D (kBlockM)] [shift (kBlockM), score-mod path] fp32 per stage, copied with Q, dO
   auto sStats = [&](int buf) { return sdS + Cfg::kSmemPBytes + buf * Cfg::kSmemStatsBytes; };
+  // kKeyBias: [the key block's bias (kBlockN fp32)] after the last stage's statistics
+  const uint32_t sKeyBias = sStats(Cfg::kStages);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
@@ -422,8 +479,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride + n0 * p.k_row_stride;
   const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride + n0 * p.v_row_stride;
   // score-mod path: the statistics bwd_row_stats_kernel prepared (lse, or log l next to a shift, per row)
-  const float* lse = (kScoreMod ? p.row_lse : p.lse) + bh * p.seqlen_q;
-  const float* shift_g = kScoreMod ? p.row_shift + bh * p.seqlen_q : lse;
+  const float* lse = (kRowStats ? p.row_lse : p.lse) + bh * p.seqlen_q;
+  const float* shift_g = kRowStats ? p.row_shift + bh * p.seqlen_q : lse;
   const float* dsum_g = p.softmax_d + bh * p.seqlen_q;
   float* dq_accum = p.dq_accum + bh * p.seqlen_q * kHeadDim;
   float* dbias = p.dbias != nullptr ? p.dbias + bh * p.seqlen_q * p.seqlen_k : nullptr;
@@ -444,7 +501,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
       const float* src = (tid < kBlockM ? lse : dsum_g) + m0 + row;
       ptx::cp_async_4(sStats(buf) + tid * 4, m0 + row < p.seqlen_q ? src : lse, m0 + row < p.seqlen_q);
     }
-    if (kScoreMod && tid < kBlockM) {
+    if (kRowStats && tid < kBlockM) {
       ptx::cp_async_4(sStats(buf) + (2 * kBlockM + tid) * 4, m0 + tid < p.seqlen_q ? shift_g + m0 + tid : lse,
                       m0 + tid < p.seqlen_q);
     }
@@ -457,6 +514,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     load_q_do(m_lo, 0);
   }
   ptx::cp_async_commit();
+  if constexpr (kKeyBias) {  // read by every iteration after its block barrier
+    static_assert(kBlockN <= kNThreads, "one key per thread");
+    if (tid < kBlockN) {
+      reinterpret_cast<float*>(smem + (sKeyBias - sK))[tid] =
+          n0 + tid < p.seqlen_k ? bias_value<T>(p, bias_bh, 0, n0 + tid) : 0.f;
+    }
+  }
 
   float acc_dk[kKVM][kKVN][4], acc_dv[kKVM][kKVN][4];  // (keys of this warp, d of this warp)
   ptx::zero(acc_dk);
@@ -504,19 +568,28 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     ptx::zero(acc_dp);
     if constexpr (!kScoreMod) {
       // One straight-line block per case (masked or not), so that P's exp2 can overlap dP's loads and MMAs.
+      const float* key_bias = reinterpret_cast<const float*>(smem + (sKeyBias - sK)) + sdp_n0 + tig * 2;
       auto s_p_dp_ds = [&](auto mask) {
         // -- S = Q K^T;  P = exp2(q.k scale log2e - lse log2e), masked on boundary blocks, rounded to T
         product<T, kWgmma, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile>(acc_s, sQ(buf), sdp_m0, sK, sdp_n0,
                                                                               lane);
         uint32_t p_packed[kSdPM][kSdPN][2];
+        auto to_p = [&](auto masked) {
+          if constexpr (kKeyBias) {
+            key_bias_scores_to_p_packed<T, decltype(masked)::value>(acc_s, p_packed, lse2, shift, key_bias, p.scale,
+                                                                    info, p.seqlen_q, row0, col0);
+          } else {
+            scores_to_p_packed<T, decltype(masked)::value>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
+          }
+        };
         if constexpr (std::is_same_v<decltype(mask), bool>) {  // the mask decided inside the block
           if (mask) {
-            scores_to_p_packed<T, true>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
+            to_p(std::true_type{});
           } else {
-            scores_to_p_packed<T, false>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
+            to_p(std::false_type{});
           }
         } else {
-          scores_to_p_packed<T, decltype(mask)::value>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
+          to_p(mask);
         }
         store_packed<PTile>(sP, p_packed, sdp_m0 + group, sdp_n0 + tig * 2);
         // -- dP = dO V^T;  dS = P (dP - D)
@@ -671,17 +744,6 @@ constexpr int row_group_threads() {
 // (row_shift, row_lse) = (0, lse). One warp per row; only heavy rows loop over their keys (O(seqlen_k * d) each,
 // CUDA cores: fine for padded queries, slow if most rows of a long sequence are heavy).
 constexpr float kLseExactLimit = 4096.f;  // float's spacing there is 5e-4: P keeps ~2^-11
-
-template <typename T>
-__device__ __forceinline__ float bias_value(const AttentionParams& p, const void* bias_bh, int row, int col) {
-  const int64_t offset = row * p.bias_row_stride + col * p.bias_col_stride;
-  switch (p.bias_type) {
-    case BiasType::kSameAsInput: return load_bias(static_cast<const T*>(bias_bh) + offset);
-    case BiasType::kFloat32: return load_bias(static_cast<const float*>(bias_bh) + offset);
-    case BiasType::kBool: return load_bias(static_cast<const bool*>(bias_bh) + offset);
-    default: return 0.f;
-  }
-}
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_row_stats_kernel(const __grid_constant__ AttentionParams p) {

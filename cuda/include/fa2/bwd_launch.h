@@ -22,6 +22,13 @@ int64_t bwd_workspace_ints(const AttentionParams& params);
 void set_sm90_backward(bool enabled);
 bool sm90_backward();
 
+// Whether a key-row bias (padding masks: one value per key; no softcap, no dbias) runs the backward's plain path
+// with the bias read once per key block (bwd_kernel.cuh, kKeyBias) instead of the score-mod path (which reads it per
+// score, on the sm80 tiles: 0.34-0.74x the unbiased backward on the H200). Default: no, unless the environment has
+// FA2_KEY_BIAS_BWD=1, until it has run on a GPU.
+void set_key_bias_backward(bool enabled);
+bool key_bias_backward();
+
 // Backward: fills dq, dk, dv (and dbias when params.dbias != nullptr). Needs, besides the forward's conditions
 // (launch.h: headdim a multiple of 8, 16-byte aligned tensors, strides multiples of 8 elements, non-empty sizes):
 //   params.headdim_rounded == bwd_headdim_rounded(params.headdim);

@@ -10,13 +10,19 @@
 
 namespace fa2 {
 
+// The shared memory of the key-row bias variant: its key block's bias after the tiles (bwd_kernel.cuh).
+template <typename Cfg>
+constexpr int bwd_key_bias_smem_bytes() {
+  return Cfg::kSmemBytes + Cfg::kBlockN * 4;
+}
+
 // The main kernel (step 2 below) of one score path with its tile config.
-template <typename T, typename Cfg, int kArch, bool kScoreMod>
+template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias = false>
 const char* launch_bwd_kernel(const AttentionParams& p, cudaStream_t stream) {
-  void (*kernel)(const AttentionParams) = &bwd::bwd_kernel<T, Cfg, kArch, kScoreMod>;
+  void (*kernel)(const AttentionParams) = &bwd::bwd_kernel<T, Cfg, kArch, kScoreMod, kKeyBias>;
   const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const dim3 grid(num_n_blocks, p.nheads, p.batch);
-  const int smem = Cfg::kSmemBytes;
+  const int smem = kKeyBias ? bwd_key_bias_smem_bytes<Cfg>() : Cfg::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
@@ -43,7 +49,12 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
 
   // -- 2. dK, dV, dQ partials: one CTA per (key block, head, batch). The plain variant folds scale*log2(e) into the
   //    exp2 FMA on raw q.k; softcap or a bias need the recomputed score, and its row statistics (bwd_kernel.cuh).
+  //    A key-row bias without dbias may take the plain path's schedule and tiles (key_bias_backward(), opt-in)
+  //    where its extra shared memory fits the instance's GPU (A100: 163 KB).
   const bool score_mod = bwd_uses_score_mod(p);
+  constexpr bool kKeyBiasFits = kArch >= 900 || bwd_key_bias_smem_bytes<Cfg>() <= 163 * 1024;
+  const bool key_bias = kKeyBiasFits && key_bias_backward() && p.bias_type != BiasType::kNone &&
+                        p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr;
   if (score_mod) {
     if (p.row_lse == nullptr || p.row_shift == nullptr) return "fa2: the CUDA backward needs row_lse/row_shift buffers";
     constexpr int kStatsRowsPerCta = 8;
@@ -53,8 +64,14 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
-  const char* e = score_mod ? launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(p, stream)
-                            : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(p, stream);
+  const char* e = nullptr;
+  if constexpr (kKeyBiasFits) {
+    if (key_bias) e = launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false, /*kKeyBias=*/true>(p, stream);
+  }
+  if (!key_bias) {
+    e = score_mod ? launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(p, stream)
+                  : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(p, stream);
+  }
   if (e != nullptr) return e;
 
   // -- 3. dq = scale * dq_accum
