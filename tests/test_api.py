@@ -256,12 +256,14 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     info = dict(fa2.build_info(), with_cuda=True, torch_cuda="13.0", cuda_archs="90,90a",
                 kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a")
     monkeypatch.setattr(fa2, "build_info", lambda: info)
-    for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto")]:
+    for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto"),
+                        ("key_bias_backward", False)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
     assert "cuda:0 forward sm_90a kernels (wgmma, TMA; schedule auto), backward sm80-instruction kernels" in out, out
     assert "d64 pipelined, d128 overlap, d256 ws" in out, out
+    assert "general bias path (FA2_KEY_BIAS_BWD=1: key-row variant)" in out, out
 
 
 def test_sdpa_more_than_4_dims_broadcasts_mask():

@@ -217,9 +217,9 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
         with _switch("sm90_backward", True):
             names = _fwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
             grads = torch.autograd.grad(out, (q, k, v), dout)
-        # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false>
-        assert any("bwd_kernel<" in n and ", true>, 901, false>" in n for n in names), names
-        assert not any("bwd_kernel<" in n and ", true>, 901, false>" in n for n in names_off), names_off
+        # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false>
+        assert any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names), names
+        assert not any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names_off), names_off
         assert any("bwd_kernel<" in n for n in names_off), names_off
         leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
         grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.float())

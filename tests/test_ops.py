@@ -211,7 +211,7 @@ def test_key_row_bias_equals_the_same_bias_materialized(device, dtype, bias_dtyp
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["same", "fp32", "bool"])
 @pytest.mark.parametrize("d", [64, 96, 128, 256])
-def test_key_bias_backward_variant_follows_the_rule(d, kind):
+def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
     """fa2._C.set_key_bias_backward(True) (FA2_KEY_BIAS_BWD=1, opt-in until it has run on a GPU): a key-row bias
     (padding mask) whose gradient is not needed takes the backward's plain path with its key block's values read once
     (bwd_kernel.cuh, kKeyBias). Gradients within the rule against the fp32 reference, causal or not, GQA, with right
@@ -220,6 +220,8 @@ def test_key_bias_backward_variant_follows_the_rule(d, kind):
     deterministic mode bitwise repeatable; the key-row kernel is what ran, and a bias that needs its gradient still
     takes the score-mod path."""
     from torch.profiler import ProfilerActivity, profile
+    if d == 64 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("not built where its shared memory exceeds the GPU's (sm80 tiles at d 64: 163 KB + 512 B)")
 
     def bwd_kernel_names(fn):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -239,7 +241,9 @@ def test_key_bias_backward_variant_follows_the_rule(d, kind):
         bias_dtype = dtype if kind == "same" else torch.float32
         row = torch.randn(b, 1, 1, sk, device="cuda", generator=g).to(bias_dtype)
         row[0, ..., 250:] = row[1] = float("-inf")
-        row[2, ..., :120] = torch.finfo(bias_dtype).min  # causal (bottom-right): rows 0..19 see only these
+        # causal (bottom-right): rows 0..19 see only these. bf16's min for both dtypes: the bf16 reference keeps it
+        # finite (fp32's min would round to -inf there, masking those rows and loosening the rule's bound)
+        row[2, ..., :120] = torch.finfo(dtype).min
     bias = row.expand(b, h, sq, sk)
     before = fa2._C.key_bias_backward()
     fa2._C.set_key_bias_backward(True)
