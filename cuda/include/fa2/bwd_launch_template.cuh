@@ -55,7 +55,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   constexpr bool kKeyBiasFits = kArch >= 900 || bwd_key_bias_smem_bytes<Cfg>() <= 163 * 1024;
   const bool key_bias = kKeyBiasFits && key_bias_backward() && p.bias_type != BiasType::kNone &&
                         p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr;
-  if (score_mod) {
+  if (score_mod || key_bias) {  // (a key-row bias is a bias: the glue allocates the buffers for both)
     if (p.row_lse == nullptr || p.row_shift == nullptr) return "fa2: the CUDA backward needs row_lse/row_shift buffers";
     constexpr int kStatsRowsPerCta = 8;
     const int64_t stats_ctas = (int64_t(p.batch) * p.nheads * p.seqlen_q + kStatsRowsPerCta - 1) / kStatsRowsPerCta;
