@@ -217,6 +217,7 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
     (bwd_kernel.cuh, kKeyBias). Gradients within the rule against the fp32 reference, causal or not, GQA, with right
     padding (-inf / False: whole padded key blocks, a batch with every key padded) and Hugging Face's left padding
     (finfo.min: under causal, query rows that see only padded keys, P taken against the row statistics' shift);
+    key blocks whose keys are all padded (skipped: dK = dV = 0, their dQ turns passed on in deterministic mode);
     deterministic mode bitwise repeatable; the key-row kernel is what ran, and a bias that needs its gradient still
     takes the score-mod path."""
     from torch.profiler import ProfilerActivity, profile

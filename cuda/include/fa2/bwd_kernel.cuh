@@ -507,20 +507,39 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     }
   };
 
+  // kKeyBias: the key block's bias into shared memory (read by every iteration after its block barrier). A block
+  // whose every key is padded (-inf / False, or past seqlen_k) gets dK = dV = 0 and adds nothing to dQ: its CTA
+  // skips the query blocks, in deterministic mode still passing each one's dQ turn on.
+  int m_last = m_hi;
+  if constexpr (kKeyBias) {
+    static_assert(kBlockN <= kNThreads, "one key per thread");
+    bool padded = true;
+    if (tid < kBlockN) {
+      const bool in_range = n0 + tid < p.seqlen_k;
+      const float b = in_range ? bias_value<T>(p, bias_bh, 0, n0 + tid) : 0.f;
+      reinterpret_cast<float*>(smem + (sKeyBias - sK))[tid] = b;
+      padded = !in_range || b == -INFINITY;
+    }
+    if (__syncthreads_and(padded)) {
+      if (p.deterministic && tid == 0) {
+        for (int m = m_lo; m <= m_hi; ++m) {
+          const int turn = n_block - range.first_key_block(m, num_n_blocks);
+          while (ptx::ld_acquire_gpu(turns + m) != turn) {
+          }
+          ptx::st_release_gpu(turns + m, turn + 1);
+        }
+      }
+      m_last = m_lo - 1;
+    }
+  }
+
   // -- prologue: K, V (resident) and the first query block in flight
-  if (m_lo <= m_hi) {
+  if (m_lo <= m_last) {
     load_tile<KTile, kBlockN, kHeadDim, kNThreads>(sK, k, p.k_row_stride, rows_k, headdim, tid);
     load_tile<KTile, kBlockN, kHeadDim, kNThreads>(sV, v, p.v_row_stride, rows_k, headdim, tid);
     load_q_do(m_lo, 0);
   }
   ptx::cp_async_commit();
-  if constexpr (kKeyBias) {  // read by every iteration after its block barrier
-    static_assert(kBlockN <= kNThreads, "one key per thread");
-    if (tid < kBlockN) {
-      reinterpret_cast<float*>(smem + (sKeyBias - sK))[tid] =
-          n0 + tid < p.seqlen_k ? bias_value<T>(p, bias_bh, 0, n0 + tid) : 0.f;
-    }
-  }
 
   float acc_dk[kKVM][kKVN][4], acc_dv[kKVM][kKVN][4];  // (keys of this warp, d of this warp)
   ptx::zero(acc_dk);
@@ -535,7 +554,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const int dq_d0 = (warp / Cfg::kWarpsMdQ) * (kHeadDim / Cfg::kWarpsDdQ);
   const int group = lane >> 2, tig = lane & 3;
 
-  for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
+  for (int m = m_lo, it = 0; m <= m_last; ++m, ++it) {
     const int buf = Cfg::kStages == 2 ? (it & 1) : 0;
     const int m0 = m * kBlockM;
     // -- Q, dO of block m have landed (this thread's copies), and every warp is done with iteration m-1's
@@ -544,7 +563,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
     __syncthreads();
     if constexpr (Cfg::kStages == 2) {
-      if (m < m_hi) load_q_do(m + 1, buf ^ 1);  // overlaps this whole iteration
+      if (m < m_last) load_q_do(m + 1, buf ^ 1);  // overlaps this whole iteration
       ptx::cp_async_commit();
     }
 
@@ -688,7 +707,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
 
     if constexpr (Cfg::kStages == 1) {
       __syncthreads();  // every warp is done with Q, dO of block m
-      if (m < m_hi) load_q_do(m + 1, 0);
+      if (m < m_last) load_q_do(m + 1, 0);
       ptx::cp_async_commit();
     }
   }
