@@ -70,8 +70,8 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-ws": {"sm90_schedule": "ws"},
                 "fa2-wspp": {"sm90_schedule": "pingpong"},
                 "fa2-wsov": {"sm90_schedule": "overlap"}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2", "cudnn",
-         "efficient", "math", "flex", "sdpa")
+IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2",
+         "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
@@ -90,7 +90,8 @@ def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headd
     Backward: five matmuls of the same size (recomputed S, dV, dP, dQ, dK) = 2.5 x forward. fwd+bwd = 3.5 x.
     Masked-out (padding) keys are still counted, as work done: the peers compute them (additive bias); fa2's sm_90a
     forward skips the key tiles whose bias is all -inf (headdims above 64 and the warp-specialized kernels), so its
-    padding-mask TFLOP/s count work it did not do (at most the padded 10% of keys, in whole 64/128-key tiles)."""
+    padding-mask TFLOP/s count work it did not do (at most the padded 10% of keys, in whole 64/128-key tiles); so
+    do fa2-kbias's backward ones (it skips key blocks whose keys are all padded)."""
     fwd = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
     if causal:
         fwd /= 2

@@ -67,6 +67,7 @@ def environment(device: torch.device, fa2_mod, fa2_err, **extra) -> dict:
     # which commit it holds through FA2_GIT_COMMIT (set by the caller from the source checkout).
     if os.environ.get("FA2_GIT_COMMIT"):
         env["git_commit_in_copy"], env["git_commit"] = env.get("git_commit"), os.environ["FA2_GIT_COMMIT"]
+        env["git_dirty_in_copy"], env["git_dirty"] = env.get("git_dirty"), None  # (against the copy's HEAD)
     try:
         import triton
         env["triton"] = triton.__version__

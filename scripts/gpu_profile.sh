@@ -14,8 +14,10 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=python
 [ $# -eq 0 ] && set -- $("$PY" scripts/profile_cases.py --list)
 for case in "$@"; do
-  # two warm-up calls launch the kernel twice before the profiled one
-  timeout 120 ncu --clock-control none -k "regex:[fb]wd_kernel" --launch-skip 2 --launch-count 1 \
+  # two warm-up calls launch the kernel twice before the profiled one (the backward cases' forward launch is not
+  # counted: each case's own direction only)
+  kernel=$([[ $case == fwd* ]] && echo fwd_kernel || echo bwd_kernel)
+  timeout 120 ncu --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
     "$PY" scripts/profile_cases.py "$case" >"$OUT/profile/$case.csv" 2>"$OUT/profile/$case.err"

@@ -43,15 +43,17 @@ if [ "$cc" = "90" ] && want_step probes; then
   done
 fi
 
-# the warp-specialized schedules have named barriers (a hang there would not trap): the tests that force each stay
-# out of the main step and run in their own short one after it. The zoo (slow: compilation)
-# runs in gpu_results.sh's zootests step instead.
-export PYTEST_ADDOPTS='-k "(cuda or current_stream or reduce_overhead or 2_31 or build or hopper or wgmma) and not sm90_schedule and not zoo"'
+# the warp-specialized schedules have named barriers (a hang there would not trap): the tests that force each (and
+# the padding-tile ones, which skip tiles inside them) stay out of the main step and run in their own short one.
+# The zoo (slow: compilation) runs in gpu_results.sh's zootests step instead.
+main_tests="(cuda or current_stream or reduce_overhead or 2_31 or build or hopper or wgmma)"
+export PYTEST_ADDOPTS="-k \"$main_tests and not sm90_schedule and not padding_tiles and not zoo\""
 want_step build && step build 180 scripts/gpu_check.sh "-m fa2"
 want_step tests && step tests 420 scripts/gpu_check.sh "scripts/gpu_pytest.py tests"
 want_step pytest && step tests 400 env PYTHONPATH=python "$PY" scripts/gpu_pytest.py tests
 unset PYTEST_ADDOPTS
-want_step tests-ws && step tests-ws 150 env PYTHONPATH=python "$PY" scripts/gpu_pytest.py tests/test_hopper.py -k sm90_schedule
+want_step tests-ws && step tests-ws 150 env PYTHONPATH=python "$PY" scripts/gpu_pytest.py tests/test_hopper.py \
+  -k "sm90_schedule or padding_tiles"
 want_step memcheck && step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools memcheck
 # each warp-specialized sm_90a schedule forced (FA2_SM90_SCHEDULE) under racecheck: its producer/consumer barriers
 # are what a race would come from
@@ -63,8 +65,8 @@ want_step sanitize-wsov && step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_
   scripts/sanitizer_check.py --tools racecheck
 # the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
 # tests of the ops and the API with it, then memcheck + racecheck
-want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" scripts/gpu_pytest.py \
-  tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
+want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
+  scripts/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
 want_step sanitize-bwd80 && step sanitize-bwd80 120 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
   scripts/sanitizer_check.py --tools memcheck,racecheck
 # the backward's key-row bias variant (FA2_KEY_BIAS_BWD=1, opt-in): every CUDA test of the ops and the API with it on
@@ -80,9 +82,9 @@ want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_a
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
-grep -hE "passed|failed" "$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-kbias.log" 2>/dev/null | tail -4
-grep -hE "^(FAILED|ERROR)" "$OUT"/tests.log "$OUT"/tests-ws.log "$OUT"/tests-bwd80.log "$OUT"/tests-kbias.log "$OUT"/1-gpu_pytest.log \
-  2>/dev/null | head -20
+test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-kbias.log")
+grep -HE "passed|failed" "${test_logs[@]}" 2>/dev/null | tail -4
+grep -hE "^(FAILED|ERROR)" "${test_logs[@]}" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
 [ -f "$OUT/bench.log" ] && sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -40
 # a device call brings back at most 8 files: the logs travel packed, the benchmark JSON as files of their own
 find "$OUT" -name '*.json' -path '*bench*' -exec cp {} "$OUT/" \; 2>/dev/null

@@ -111,7 +111,8 @@ def _schedule_calls(dtype):
     """(fa2.fwd arguments, a label, the extra call's flags) for the schedule tests: every sample without softcap (plain and with
     each bias kind), extra plain shapes (key ranges long enough for a warp-specialized producer to wait on released
     stages, query blocks that see no key, every instantiated headdim), and key-row biases at the headdims whose
-    default schedule is warp-specialized, with key tiles all full or not, aligned rows or not."""
+    default schedule is warp-specialized and at d 64 (the wide kernel when "ws" is forced), with key tiles all full or
+    not, aligned rows or not."""
     samples = [s for s in sample_inputs("cuda", dtype, full=True) if not s.kwargs.get("softcap")]
     calls = [(s.args(), str(s), {}) for s in samples]
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -141,10 +142,10 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
     """The sm_90a forward's schedules (fa2._C.set_sm90_schedule; tile_config.h) run the same products and softmax as
     the pipelined kernel, only scheduled differently: bitwise the same out and lse on every call, plain or with a
     bias (forced warp-specialized schedules serve the plain path; a key-row bias with aligned rows runs each
-    headdim's default schedule, its bias staged in shared memory), including query blocks that see no key. And they
-    really are other kernels: a forced schedule at every instantiated headdim of the plain path, "auto" the
-    headdim's default (fa2._C.sm90_default_schedule) for plain calls and aligned key-row biases, and the pipelined
-    kernel for a misaligned one."""
+    headdim's default schedule, its bias staged in shared memory, except that a forced "ws" at d <= 64 runs the wide
+    warp-specialized kernel), including query blocks that see no key. And they really are other kernels: a forced
+    schedule at every instantiated headdim of the plain path, the headdim's default (fa2._C.sm90_default_schedule)
+    for aligned key-row biases (wide "ws" at d <= 64 when forced), and the pipelined kernel for a misaligned one."""
     calls = _schedule_calls(dtype)
     assert len(calls) > 30
     with _switch("sm90_schedule", schedule):
@@ -172,10 +173,8 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
             want = "pipelined"
         elif schedule == "ws" and d <= 64:
             want = "ws"
-        elif schedule in ("auto", "ws"):
-            want = fa2._C.sm90_default_schedule(d)
         else:
-            continue
+            want = fa2._C.sm90_default_schedule(d)
         assert any("fwd_kernel<" in n and KERNEL_SUFFIX[want] in n for n in kernels), (schedule, d, misaligned, kernels)
     for (_, what, _), (out_s, lse_s), (out, lse) in zip(calls, scheduled, pipelined):
         assert torch.equal(out_s, out), f"out differs by {(out_s.float() - out.float()).abs().max().item()}: {what}"

@@ -187,6 +187,17 @@ def test_key_row_bias_equals_the_same_bias_materialized(device, dtype, bias_dtyp
     kernels at d 128 / 256 too) and read from global memory otherwise: CUDA runs headdims and key lengths that take
     both, with key tiles that are all full (640) or not."""
     configs = [(64, 300)] + ([(64, 320), (128, 300), (128, 640), (256, 520)] if device == "cuda" else [])
+    # the backward's opt-in key-row variant (FA2_KEY_BIAS_BWD) runs other tiles than the materialized bias: within
+    # the rule, not bitwise (test_cuda_key_bias_backward_variant_follows_the_rule); this compares the general paths
+    before = fa2._C.key_bias_backward()
+    fa2._C.set_key_bias_backward(False)
+    try:
+        _key_row_bias_vs_materialized(device, dtype, bias_dtype, configs)
+    finally:
+        fa2._C.set_key_bias_backward(before)
+
+
+def _key_row_bias_vs_materialized(device, dtype, bias_dtype, configs):
     for d, sk in configs:
         b, sq, h, hk = 2, 150, 4, 2
         g = torch.Generator(device=device).manual_seed(3)

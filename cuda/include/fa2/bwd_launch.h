@@ -16,7 +16,7 @@ int bwd_headdim_rounded(int headdim);
 int64_t bwd_workspace_ints(const AttentionParams& params);
 
 // Whether the backward prefers its sm_90a instances on a compute capability 9.0 GPU (wgmma products where the
-// headdim allows: bwd_tile_config.h) over the sm80-path ones of the same build. Default: yes (1.16-1.28x the
+// headdim allows: bwd_tile_config.h) over the sm80-path ones of the same build. Default: yes (1.16-1.29x the
 // sm80-path backward on the H200 at d 64/128/256), unless the environment has FA2_DISABLE_SM90_BACKWARD=1 (switched
 // off, a build with 90a and without 90 runs its sm_90a instances with the sm80-path tiles).
 void set_sm90_backward(bool enabled);

@@ -47,7 +47,7 @@ constexpr BwdTileShape bwd_tile_shape(int headdim) {
 //   d 128: 64x128, S/dP and dQ 4 x 2 (the warpgroups split keys / headdim), dK/dV 8 x 1;
 //   d 256: 64x64 single-buffered, everything 4 x 2.
 // The default on compute capability 9.0 (set_sm90_backward, bwd_launch.h): on the H200 (bf16, S 2k-16k, causal and
-// not; 2026-11-30) the backward runs 1.22-1.28x the sm80-path one at d 64, 1.25-1.28x at d 128, 1.16-1.19x at d 256.
+// not; 2026-11-30) the backward runs 1.22-1.28x the sm80-path one at d 64, 1.26-1.29x at d 128, 1.16-1.19x at d 256.
 constexpr bool bwd_wgmma_headdim(int headdim) {
   return headdim == 32 || headdim == 64 || headdim == 128 || headdim == 256;
 }

@@ -1,7 +1,7 @@
 // FlashAttention-2 forward. One kernel body, three ways to run it (template arguments):
 //   sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async): runs on sm80..sm90;
 //   sm_90a (kArchTag 901): the same per-warp work with wgmma products (a warpgroup per 64 query rows) and TMA loads;
-//   sm_90a warp-specialized (opt-in while it is measured): a producer warpgroup streams K/V into a ring of
+//   sm_90a warp-specialized (the default at d >= 128: tile_config.h): a producer warpgroup streams K/V into a ring of
 //   mbarrier-guarded stages, the consumer warpgroups compute, optionally taking turns issuing products (ping-pong).
 //
 // One CTA = one block of kBlockM queries of one (batch, head). Q stays in shared memory; K/V tiles of kBlockN keys

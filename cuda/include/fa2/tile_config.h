@@ -44,8 +44,10 @@ constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
 // The warp-specialized sm_90a kernel without ping-pong at d <= 64 ("wide"): three consumer warpgroups, 192 query rows
 // against each 128-key tile (FA-3's d 64 tile), one 512-thread CTA per SM: K/V are read by 1.5x the rows of the
 // two-warpgroup tile, and the 160 registers a consumer gets are enough at d 64 (the pipelined kernel needs 128).
-// Not measured yet (the schedules table below is of the two-warpgroup version). Its results are bitwise those of
-// the pipelined kernel: the wider block only adds key tiles fully masked for some rows, which rescale by exactly 0
+// Measured (bf16, S 2k-16k, attention_h200-20261130-wide64.json): 0.79-1.05x the pipelined kernel (behind at 2k,
+// ahead at 16k non-causal), so not a default; it serves d <= 64 when "ws" is forced (plain calls and key-row biases:
+// fwd_launch_template.cuh). The schedules table below is of the two-warpgroup version. Its results are bitwise those
+// of the pipelined kernel: the wider block only adds key tiles fully masked for some rows, which rescale by exactly 0
 // (before a row's first visible key) or exactly 1 (after its last: OnlineSoftmax keeps the factor 1 when the max
 // does not move).
 constexpr FwdTileShape fwd_tile_shape_wgmma_wide(int /*headdim: d <= 64*/) { return FwdTileShape{192, 128, 12, 2}; }
