@@ -3,7 +3,6 @@ on the same inputs: both within the numerics rule, and really two different kern
 switches between them). Runs on a compute capability 9.0 GPU with a build that has sm_90a instances."""
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 import fa2
 from fa2.reference import attention_ref
+from kernels import cuda_kernel_names, switch
 from numerics import assert_close_rule
 from samples import make_qkv, sample_inputs
 
@@ -24,22 +24,11 @@ pytestmark = pytest.mark.skipif(not _has_sm90a_build(),
                                 reason="needs a compute capability 9.0 GPU and a build with FA2_CUDA_ARCHS including 90a")
 
 
-@contextlib.contextmanager
-def _switch(name, value):
-    """fa2._C.set_<name>(value) inside the block, the previous value restored after it."""
-    before = getattr(fa2._C, name)()
-    getattr(fa2._C, "set_" + name)(value)
-    try:
-        yield
-    finally:
-        getattr(fa2._C, "set_" + name)(before)
-
-
 def _both_paths(fn):
     """fn() with the sm_90a instances, then with the sm80-path instances of the same build."""
-    with _switch("arch_specific_kernels", True):
+    with switch("arch_specific_kernels", True):
         first = fn()
-    with _switch("arch_specific_kernels", False):
+    with switch("arch_specific_kernels", False):
         second = fn()
     return first, second
 
@@ -79,15 +68,6 @@ def test_wgmma_training_step_matches_sm80_path():
         err_a = ((x.float() - r).norm() / r.norm()).item()
         err_b = ((y.float() - r).norm() / r.norm()).item()
         assert err_a < 2 * err_b + 1e-3, f"{name}: wgmma path {err_a:.2e} vs sm80 path {err_b:.2e} relative error"
-
-
-def _fwd_kernel_names(fn):
-    """Names of the CUDA kernels fn() launches (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>: how each sm_90a schedule's kernel name ends
@@ -148,7 +128,7 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
     for aligned key-row biases (wide "ws" at d <= 64 when forced), and the pipelined kernel for a misaligned one."""
     calls = _schedule_calls(dtype)
     assert len(calls) > 30
-    with _switch("sm90_schedule", schedule):
+    with switch("sm90_schedule", schedule):
         scheduled = [torch.ops.fa2.fwd(*args) for args, _, _ in calls]
         plain_by_headdim, key_bias = {}, []
         for args, _, flags in calls:
@@ -157,10 +137,10 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
                 plain_by_headdim[d] = args
             elif "bias" in flags:
                 key_bias.append((d, flags["bias"][1], args))
-        names = {d: _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in plain_by_headdim.items()}
-        bias_names = [(d, misaligned, _fwd_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)))
+        names = {d: cuda_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in plain_by_headdim.items()}
+        bias_names = [(d, misaligned, cuda_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)))
                       for d, misaligned, a in key_bias]
-    with _switch("sm90_schedule", "pipelined"):
+    with switch("sm90_schedule", "pipelined"):
         pipelined = [torch.ops.fa2.fwd(*args) for args, _, _ in calls]
     assert len(names) >= 5, sorted(names)
     for d, kernels in names.items():
@@ -211,10 +191,10 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
         q, k, v = make_qkv(2, 333, 461, 4, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         dout = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
         out = fa2.attention(q, k, v, causal=causal)
-        with _switch("sm90_backward", False):
-            names_off = _fwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-        with _switch("sm90_backward", True):
-            names = _fwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+        with switch("sm90_backward", False):
+            names_off = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+        with switch("sm90_backward", True):
+            names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
             grads = torch.autograd.grad(out, (q, k, v), dout)
         # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false>
         assert any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names), names
@@ -256,8 +236,8 @@ def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind,
     want = KERNEL_SUFFIX["ws" if schedule == "ws" and d <= 64 else fa2._C.sm90_default_schedule(d)]
     for causal in (False, True):
         args = lambda bias: (q, k, v, bias, None, causal, -1, -1, 0.0)
-        with _switch("sm90_schedule", schedule):
-            names = _fwd_kernel_names(lambda: torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk))))
+        with switch("sm90_schedule", schedule):
+            names = cuda_kernel_names(lambda: torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk))))
             out, lse = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk)))
         assert any("fwd_kernel<" in n and ", 901, (fa2::fwd::ScoreMode)3," in n and want in n for n in names), names
         out_m, lse_m = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk).contiguous()))
@@ -269,7 +249,7 @@ def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind,
     row1 = row[:1, ..., :1001].clone()
     row1[..., 640:] = False if kind == "bool" else float("-inf")
     q1, k1, v1 = q[:1], k[:1, :1001], v[:1, :1001]
-    with _switch("sm90_schedule", schedule):
+    with switch("sm90_schedule", schedule):
         out, lse = torch.ops.fa2.fwd(q1, k1, v1, row1.expand(1, h, sq, 1001), None, False, -1, -1, 0.0)
     out_m, lse_m = torch.ops.fa2.fwd(q1, k1, v1, row1.expand(1, h, sq, 1001).contiguous(), None, False, -1, -1, 0.0)
     assert torch.equal(out, out_m) and torch.equal(lse, lse_m), "1001 keys"

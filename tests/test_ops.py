@@ -10,6 +10,7 @@ import torch
 
 import fa2
 from fa2.reference import attention_ref
+from kernels import cuda_kernel_names, switch
 from numerics import assert_close_rule, hi_dtype
 from samples import devices, dtypes_for, make_qkv, sample_inputs
 
@@ -189,12 +190,8 @@ def test_key_row_bias_equals_the_same_bias_materialized(device, dtype, bias_dtyp
     configs = [(64, 300)] + ([(64, 320), (128, 300), (128, 640), (256, 520)] if device == "cuda" else [])
     # the backward's opt-in key-row variant (FA2_KEY_BIAS_BWD) runs other tiles than the materialized bias: within
     # the rule, not bitwise (test_cuda_key_bias_backward_variant_follows_the_rule); this compares the general paths
-    before = fa2._C.key_bias_backward()
-    fa2._C.set_key_bias_backward(False)
-    try:
+    with switch("key_bias_backward", False):
         _key_row_bias_vs_materialized(device, dtype, bias_dtype, configs)
-    finally:
-        fa2._C.set_key_bias_backward(before)
 
 
 def _key_row_bias_vs_materialized(device, dtype, bias_dtype, configs):
@@ -231,15 +228,11 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
     key blocks whose keys are all padded (skipped: dK = dV = 0, their dQ turns passed on in deterministic mode);
     deterministic mode bitwise repeatable; the key-row kernel is what ran, and a bias that needs its gradient still
     takes the score-mod path."""
-    from torch.profiler import ProfilerActivity, profile
     if d == 64 and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("not built where its shared memory exceeds the GPU's (sm80 tiles at d 64: 163 KB + 512 B)")
 
     def bwd_kernel_names(fn):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        return [e.name for e in prof.events() if "bwd_kernel<" in e.name]
+        return [n for n in cuda_kernel_names(fn) if "bwd_kernel<" in n]
 
     dtype = torch.bfloat16
     b, sq, sk, h, hk = 3, 200, 300, 4, 2
@@ -257,9 +250,7 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
         # finite (fp32's min would round to -inf there, masking those rows and loosening the rule's bound)
         row[2, ..., :120] = torch.finfo(dtype).min
     bias = row.expand(b, h, sq, sk)
-    before = fa2._C.key_bias_backward()
-    fa2._C.set_key_bias_backward(True)
-    try:
+    with switch("key_bias_backward", True):
         for causal in (False, True):
             out = fa2.attention(q, k, v, bias, causal=causal)
             names = bwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
@@ -281,5 +272,3 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
             out = fa2.attention(q, k, v, leaf_bias.expand(b, h, sq, sk))
             names = bwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v, leaf_bias), dout))
             assert names and all(n.endswith(", true, false>(fa2::AttentionParams)") for n in names), names
-    finally:
-        fa2._C.set_key_bias_backward(before)
