@@ -507,6 +507,17 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     }
   };
 
+  // deterministic mode: this CTA's turn at query block m's dQ (the number of key blocks below it that touch m), which
+  // thread 0 waits for
+  auto wait_dq_turn = [&](int m) {
+    const int turn = n_block - range.first_key_block(m, num_n_blocks);
+    if (tid == 0) {
+      while (ptx::ld_acquire_gpu(turns + m) != turn) {
+      }
+    }
+    return turn;
+  };
+
   // kKeyBias: the key block's bias into shared memory (read by every iteration after its block barrier). A block
   // whose every key is padded (-inf / False, or past seqlen_k) gets dK = dV = 0 and adds nothing to dQ: its CTA
   // skips the query blocks, in deterministic mode still passing each one's dQ turn on.
@@ -522,12 +533,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     }
     if (__syncthreads_and(padded)) {
       if (p.deterministic && tid == 0) {
-        for (int m = m_lo; m <= m_hi; ++m) {
-          const int turn = n_block - range.first_key_block(m, num_n_blocks);
-          while (ptx::ld_acquire_gpu(turns + m) != turn) {
-          }
-          ptx::st_release_gpu(turns + m, turn + 1);
-        }
+        for (int m = m_lo; m <= m_hi; ++m) ptx::st_release_gpu(turns + m, wait_dq_turn(m) + 1);
       }
       m_last = m_lo - 1;
     }
@@ -665,11 +671,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
       product<T, kWgmma, kQM, kQN, kBlockN / 16, false, true, PTile, KTile>(acc_dq, sdS, dq_m0, sK, dq_d0, lane);
       int turn = 0;
       if (p.deterministic) {
-        turn = n_block - range.first_key_block(m, num_n_blocks);
-        if (tid == 0) {
-          while (ptx::ld_acquire_gpu(turns + m) != turn) {
-          }
-        }
+        turn = wait_dq_turn(m);
         __syncthreads();
       }
       float* dq_row0 = dq_accum + int64_t(m0 + dq_m0 + group) * kHeadDim + dq_d0 + tig * 2;
