@@ -536,6 +536,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto sV = [&](int buf) { return sK(buf) + Cfg::kSmemKVBytes; };
   auto sBias = [&](int buf) { return sK(kRing) + buf * Cfg::kSmemBiasTileBytes; };  // see kStagedBias
   auto sBiasFolded = [&](int buf) { return sBias(kRing) + buf * Cfg::kSmemBiasFoldedBytes; };
+  auto smem_at = [&](uint32_t addr) { return smem + (addr - sQ); };  // a shared-memory address as a pointer
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest (causal) rows first: shorter tail of the wave
   const int head = blockIdx.y, batch = blockIdx.z;
@@ -737,8 +738,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // read (KeyTileKind). Padding masks are mostly such tiles.
       KeyTileKind bias_kind = KeyTileKind::kMixed;
       if constexpr (kStagedBias) {
-        bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(smem + (sBias(buf) - sQ), lane,
-                                                                                       p.seqlen_k - n * kBlockN);
+        bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(smem_at(sBias(buf)), lane,
+                                                                                     p.seqlen_k - n * kBlockN);
       }
       if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
         if constexpr (kStagedBias) {
@@ -748,8 +749,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           // converting the columns it holds to 0.80-0.89x.
           // (a -inf tile is read as a mixed one where it is not skipped)
           if (bias_kind == KeyTileKind::kMixed || (!kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
-            const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem + (sBias(buf) - sQ));
-            float* folded = reinterpret_cast<float*>(smem + (sBiasFolded(buf) - sQ));
+            const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem_at(sBias(buf)));
+            float* folded = reinterpret_cast<float*>(smem_at(sBiasFolded(buf)));
             for (int i = tid; i < kBlockN; i += kNThreads) folded[i] = fold_bias(staged_bias_value(raw, i), 1.f / p.scale);
           }
         }
@@ -774,10 +775,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         if (bias_kind == KeyTileKind::kZero) {
           ptx::zero(acc_s);
         } else if constexpr (kWs) {
-          init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem + (sBias(buf) - sQ)) + (lane & 3) * 2,
+          init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem_at(sBias(buf))) + (lane & 3) * 2,
                                     1.f / p.scale);
         } else {
-          init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem + (sBiasFolded(buf) - sQ)) + (lane & 3));
+          init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem_at(sBiasFolded(buf))) + (lane & 3));
         }
       }
     } else {
