@@ -61,16 +61,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # as fa2 (or pipelined under fa2-pipe).
 # fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
 # sm80-path backward of the same build (the forward stays on sm_90a).
-# fa2-kbias: fa2 with the backward's key-row bias variant switched on (fa2._C.set_key_bias_backward; opt-in until
-# measured): padding masks on the plain path's schedule (--masks padding --pass bwd,fwdbwd).
+# fa2-kbias-off: fa2 with the backward's key-row bias variant switched off (fa2._C.set_key_bias_backward): padding
+# masks on the general bias path, as before it became the default (--masks padding --pass bwd,fwdbwd).
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-bwd80": {"sm90_backward": False},
-                "fa2-kbias": {"key_bias_backward": True},
+                "fa2-kbias-off": {"key_bias_backward": False},
                 "fa2-pipe": {"sm90_schedule": "pipelined"},
                 "fa2-ws": {"sm90_schedule": "ws"},
                 "fa2-wspp": {"sm90_schedule": "pingpong"},
                 "fa2-wsov": {"sm90_schedule": "overlap"}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2",
+IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2",
          "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
@@ -91,7 +91,7 @@ def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headd
     Masked-out (padding) keys are still counted, as work done: the peers compute them (additive bias); fa2's sm_90a
     forward skips the key tiles whose bias is all -inf (headdims above 64 and the warp-specialized kernels), so its
     padding-mask TFLOP/s count work it did not do (at most the padded 10% of keys, in whole 64/128-key tiles); so
-    do fa2-kbias's backward ones (it skips key blocks whose keys are all padded)."""
+    do its backward ones (the key-row variant skips key blocks whose keys are all padded)."""
     fwd = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
     if causal:
         fwd /= 2

@@ -51,7 +51,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
   m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd80": off)
   m.def("sm90_backward", &fa2::sm90_backward);
-  // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias": on)
+  // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)
   m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
   m.def("key_bias_backward", &fa2::key_bias_backward);
   m.def("set_sm90_schedule", [](const std::string& name) {

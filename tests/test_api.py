@@ -263,12 +263,12 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "cuda:0 forward sm_90a kernels (wgmma, TMA; schedule auto), backward sm80-instruction kernels" in out, out
     assert "d64 pipelined, d128 overlap, d256 ws" in out, out
-    assert "general bias path (FA2_KEY_BIAS_BWD=1: key-row variant)" in out, out
+    assert "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)" in out, out
     for name, value in [("sm90_backward", True), ("key_bias_backward", True)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
-    assert "backward sm_90a wgmma (fp16/bf16)" in out and "key-row variant (FA2_KEY_BIAS_BWD)" in out, out
+    assert "backward sm_90a wgmma (fp16/bf16)" in out and "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
 
 
 def test_sdpa_more_than_4_dims_broadcasts_mask():

@@ -188,7 +188,7 @@ def test_key_row_bias_equals_the_same_bias_materialized(device, dtype, bias_dtyp
     kernels at d 128 / 256 too) and read from global memory otherwise: CUDA runs headdims and key lengths that take
     both, with key tiles that are all full (640) or not."""
     configs = [(64, 300)] + ([(64, 320), (128, 300), (128, 640), (256, 520)] if device == "cuda" else [])
-    # the backward's opt-in key-row variant (FA2_KEY_BIAS_BWD) runs other tiles than the materialized bias: within
+    # the backward's key-row variant (the default on CUDA) runs other tiles than the materialized bias: within
     # the rule, not bitwise (test_cuda_key_bias_backward_variant_follows_the_rule); this compares the general paths
     with switch("key_bias_backward", False):
         _key_row_bias_vs_materialized(device, dtype, bias_dtype, configs)
@@ -220,7 +220,7 @@ def _key_row_bias_vs_materialized(device, dtype, bias_dtype, configs):
 @pytest.mark.parametrize("kind", ["same", "fp32", "bool"])
 @pytest.mark.parametrize("d", [64, 96, 128, 256])
 def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
-    """fa2._C.set_key_bias_backward(True) (FA2_KEY_BIAS_BWD=1, opt-in until it has run on a GPU): a key-row bias
+    """fa2._C.set_key_bias_backward(True) (the default; FA2_DISABLE_KEY_BIAS_BWD=1 turns it off): a key-row bias
     (padding mask) whose gradient is not needed takes the backward's plain path with its key block's values read once
     (bwd_kernel.cuh, kKeyBias). Gradients within the rule against the fp32 reference, causal or not, GQA, with right
     padding (-inf / False: whole padded key blocks, a batch with every key padded) and Hugging Face's left padding

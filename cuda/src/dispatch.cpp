@@ -50,8 +50,9 @@ Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
 // Whether the backward prefers its sm_90a (wgmma) instances (FA2_DISABLE_SM90_BACKWARD=1 turns them off, e.g. to
 // time the sm80-path backward on the same build).
 Switch g_sm90_backward{"FA2_DISABLE_SM90_BACKWARD", /*when_set=*/false};
-// Whether the backward runs a key-row bias on its plain path (FA2_KEY_BIAS_BWD=1; bwd_launch.h): opt-in until run.
-Switch g_key_bias_backward{"FA2_KEY_BIAS_BWD", /*when_set=*/true};
+// Whether the backward runs a key-row bias on its plain path (bwd_launch.h; FA2_DISABLE_KEY_BIAS_BWD=1 turns it off,
+// e.g. to time the general bias path on the same build).
+Switch g_key_bias_backward{"FA2_DISABLE_KEY_BIAS_BWD", /*when_set=*/false};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;

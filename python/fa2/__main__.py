@@ -43,8 +43,9 @@ def main() -> int:
                     paths.append(f"cuda:{i} sm80-instruction kernels (fp16/bf16)")
             rows.append(("sm_90a forward schedule", f"{schedule} (FA2_SM90_SCHEDULE; auto: "
                          + ", ".join(f"d{d} {_C.sm90_default_schedule(d)}" for d in (64, 128, 256)) + ")"))
-            rows.append(("padding-mask backward", ("key-row variant (FA2_KEY_BIAS_BWD)" if _C.key_bias_backward()
-                                                   else "general bias path (FA2_KEY_BIAS_BWD=1: key-row variant)")))
+            rows.append(("padding-mask backward", ("key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)"
+                                                   if _C.key_bias_backward()
+                                                   else "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)")))
         elif cuda_ok:
             paths.append("CUDA present but fa2 was built without CUDA kernels")
         rows.append(("active paths", "; ".join(paths)))

@@ -49,7 +49,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
 
   // -- 2. dK, dV, dQ partials: one CTA per (key block, head, batch). The plain variant folds scale*log2(e) into the
   //    exp2 FMA on raw q.k; softcap or a bias need the recomputed score, and its row statistics (bwd_kernel.cuh).
-  //    A key-row bias without dbias may take the plain path's schedule and tiles (key_bias_backward(), opt-in)
+  //    A key-row bias without dbias may take the plain path's schedule and tiles (key_bias_backward(), the default)
   //    where its extra shared memory fits the instance's GPU (A100: 163 KB).
   const bool score_mod = bwd_uses_score_mod(p);
   constexpr bool kKeyBiasFits = kArch >= 900 || bwd_key_bias_smem_bytes<Cfg>() <= 163 * 1024;
