@@ -692,7 +692,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   ptx::zero(acc_o);
   OnlineSoftmax<kMTiles> softmax;
   const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
-  const float heavy_s = -kHeavyRowLog2 / mult;  // see softmax.cuh
+  const float heavy_s = kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : p.heavy_score;  // softmax.cuh
   const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
   const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
   // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
@@ -718,6 +718,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // issued before the barrier so that the loads' latency overlaps the wait
       using B = BiasElem;
       constexpr bool kKeyRow = kMode == ScoreMode::kKeyBiasFold;
+      // (divided here rather than read from p.inv_scale, the same value: ptxas spilled 0 -> 88 B in sm80 d 128)
       const float inv_scale = 1.f / p.scale;
       if (n * kBlockN + kBlockN > p.seqlen_k) {
         init_from_bias<kKeyRow, /*kCheckCols=*/true>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
@@ -751,7 +752,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           if (bias_kind == KeyTileKind::kMixed || (!kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
             const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem_at(sBias(buf)));
             float* folded = reinterpret_cast<float*>(smem_at(sBiasFolded(buf)));
-            for (int i = tid; i < kBlockN; i += kNThreads) folded[i] = fold_bias(staged_bias_value(raw, i), 1.f / p.scale);
+            // one key per thread: a loop here cost the 128-register d 64 kernel spills in its key loop (ptxas)
+            static_assert(kBlockN <= kNThreads, "a key tile's bias is folded one key per thread");
+            if (tid < kBlockN) folded[tid] = fold_bias(staged_bias_value(raw, tid), p.inv_scale);
           }
         }
         __syncthreads();
@@ -776,7 +779,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           ptx::zero(acc_s);
         } else if constexpr (kWs) {
           init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem_at(sBias(buf))) + (lane & 3) * 2,
-                                    1.f / p.scale);
+                                    p.inv_scale);
         } else {
           init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem_at(sBiasFolded(buf))) + (lane & 3));
         }

@@ -160,7 +160,10 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     }
     if (e != nullptr) return e;
   }
-  launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(p, maps);
+  AttentionParams kernel_params = p;  // with the values derived for the kernel (params.h)
+  kernel_params.inv_scale = 1.f / p.scale;
+  kernel_params.heavy_score = -kHeavyRowLog2 / p.scale_log2;
+  launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(kernel_params, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -37,6 +37,11 @@ struct AttentionParams {
   float scale = 0.f;       // softmax scale applied to q.k
   float scale_log2 = 0.f;  // scale * log2(e), folded into one FMA before exp2 (no softcap, no bias)
   float softcap = 0.f;     // 0 = off; else s = softcap * tanh(s * scale / softcap)
+  // Derived by the forward's launcher (fwd_launch_template.cuh), not the caller: 1 / scale (what a bias is folded
+  // by) and -kHeavyRowLog2 / scale_log2 (softmax.cuh's heavy-row bound). Divisions in the kernel (IEEE, with a
+  // slow-path call) cost the 128-register d 64 kernels spills in their key loop (ptxas); on the host they round the same.
+  float inv_scale = 0.f;
+  float heavy_score = 0.f;
   bool is_causal = false;  // informational; already folded into window_right
   int window_left = -1;    // query i sees keys [i + sk - sq - window_left, i + sk - sq + window_right]; -1 = unbounded
   int window_right = -1;
