@@ -4,8 +4,8 @@
 #   2. every hand-written source under cuda/src compiles (host-only .cpp with the host compiler, .cu with nvcc);
 #   3. one instance per kernel family (direction) compiles for sm_80 and for sm_90a, ptxas reporting registers
 #      and spills (a spill in a kernel is printed as a warning, not a failure; wgmma serialized by ptxas, C751x, fails);
-#   4. the sm90 building-block probes (scripts/sm90_wgmma_probe.cu, sm90_tma_probe.cu) compile for sm_90a, and the
-#      generated wgmma wrappers match their generator.
+#   4. the sm90 building-block probes (scripts/sm90_wgmma_probe.cu, sm90_tma_probe.cu) and the forward's variant
+#      harness (scripts/fwd_variant_bench.cu) compile for sm_90a, and the generated wgmma wrappers match their generator.
 # Usage: scripts/cuda_compile_check.sh [headdim (default 128)]; env NVCC, CXX, FA2_JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +45,8 @@ done <"$work/gen/instances.txt"
 for probe in sm90_wgmma_probe sm90_tma_probe; do
   echo "$NVCC -std=c++17 -O2 -I cuda/include --generate-code=arch=compute_90a,code=[sm_90a] scripts/$probe.cu -o $work/$probe" >>"$jobs_file"
 done
+# the forward's variant harness (scripts/fwd_variants.sh), compile only, at its default headdim
+echo "$NVCC ${flags[*]} --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench.o" >>"$jobs_file"
 
 echo "== cuda/include/fa2/sm90/wgmma_ops.cuh is what gen_wgmma.py writes"
 python3 cuda/include/fa2/sm90/gen_wgmma.py --out "$work/wgmma_ops.cuh" >/dev/null

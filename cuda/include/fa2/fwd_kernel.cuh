@@ -712,6 +712,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     const int buf = kRing == 1 ? 0 : it % kRing;
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
     float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
+    // A staged key tile of zero bias: S = Q K^T as on the plain path, whose wgmma ptxas issues without reading the
+    // accumulator, dropping the zeroing (kStagedBias; where the compiler sees the zeros, below). Clear: S += Q K^T.
+    bool overwrite_s = false;
+    // Whether this tile may make a row heavy (softmax.cuh): only a bias below heavy_s (finite) can; the pipelined
+    // key-row kernel learns it for each tile from its fold (heavy_bias_tile), every other kernel assumes it may.
+    bool heavy_bias_tile = true;
     if constexpr (kStagedBias) {
       // S starts from the stage's bias once it has landed (below)
     } else if constexpr (kBiasFold) {
@@ -754,10 +760,23 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
             float* folded = reinterpret_cast<float*>(smem_at(sBiasFolded(buf)));
             // one key per thread: a loop here cost the 128-register d 64 kernel spills in its key loop (ptxas)
             static_assert(kBlockN <= kNThreads, "a key tile's bias is folded one key per thread");
-            if (tid < kBlockN) folded[tid] = fold_bias(staged_bias_value(raw, tid), p.inv_scale);
+            bool heavy_key = false;
+            if (tid < kBlockN) {
+              const float folded_key = fold_bias(staged_bias_value(raw, tid), p.inv_scale);
+              folded[tid] = folded_key;
+              heavy_key = folded_key < heavy_s && folded_key != -INFINITY;
+            }
+            // the block barrier, that also tells every thread whether a key of the tile is that low. Then the
+            // tiles of a padding mask (0 / -inf) run the softmax without the heavy-row branch: at d 64 (H200, bf16
+            // or fp32 mask) 0.92-0.94x of the unmasked speed, from 0.87-0.89x (scripts/fwd_variants.sh)
+            heavy_bias_tile = __syncthreads_or(heavy_key);
+          } else {
+            heavy_bias_tile = false;  // (all +0)
+            __syncthreads();
           }
+        } else {
+          __syncthreads();
         }
-        __syncthreads();
         if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration
       }
       if constexpr (kStagedBias) {
@@ -776,7 +795,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           continue;
         }
         if (bias_kind == KeyTileKind::kZero) {
-          ptx::zero(acc_s);
+          if constexpr (kOverlap || kPingpong) {
+            ptx::zero(acc_s);
+          } else {
+            overwrite_s = true;
+          }
         } else if constexpr (kWs) {
           init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem_at(sBias(buf))) + (lane & 3) * 2,
                                     p.inv_scale);
@@ -821,7 +844,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       pingpong_signal_other(warp >> 2);
       wgmma_wait(acc_s);
     } else if constexpr (kWgmma) {
-      gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+      if (kStagedBias && overwrite_s) {
+        // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at
+        // d 64 with a bool padding mask 0.96-0.99x of the unmasked speed, from 0.91-0.94x)
+        ptx::zero(acc_s);
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+      } else {
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+      }
     } else {
       gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
     }
@@ -856,7 +886,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       pv_pending = true;
       continue;  // this tile's P V goes out with the next tile's Q K^T (or after the loop)
     } else {
-      softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
+      // (a row can still end up below heavy_s without a bias that low, through q.k alone: as on the plain path, it
+      // then takes the ordinary update, whose error there is about |m * mult| 2^-24, small until |m| is huge)
+      if (kHeavyRows && heavy_bias_tile) {
+        softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
+      } else {
+        softmax.template update<false>(acc_s, acc_o, mult, heavy_s);
+      }
     }
     // -- O += P V
     if constexpr (kPingpong) pingpong_wait(warp >> 2);  // this warpgroup's next slot: P V, then the next Q K^T

@@ -1,0 +1,158 @@
+// A/B timing of compile-time variants of the forward kernel, without torch: one instance (bf16, headdim FA2_HD,
+// sm_90a) built straight from a cuda/include tree, timed with CUDA events on random inputs, with and without a
+// (B, 1, 1, S) padding bias (last 10% of keys masked; bf16 / fp32 / bool). Each variant is its own nvcc build (about
+// 10 s), so a device call can build several side by side and time them in one run (scripts/fwd_variants.sh).
+// Prints one line per case: TFLOP/s (4 B H S^2 D / time, the padded keys counted) and a checksum of out (variants
+// that must be bitwise equal print the same one).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fa2/fwd_launch_template.cuh"
+
+#ifndef FA2_HD
+#define FA2_HD 64
+#endif
+
+namespace {
+
+#define CHECK_CUDA(x)                                                                    \
+  do {                                                                                   \
+    cudaError_t e = (x);                                                                 \
+    if (e != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+template <typename E>
+E* device_copy(const std::vector<E>& host) {
+  E* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, host.size() * sizeof(E)));
+  CHECK_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(E), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// the padding bias of one case: key j of every batch is masked when j >= seqlen - seqlen / 10
+template <typename E>
+void* padding_bias(int batch, int seqlen, E keep, E masked) {
+  std::vector<E> host(size_t(batch) * seqlen);
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < seqlen; ++j) host[size_t(b) * seqlen + j] = j >= seqlen - seqlen / 10 ? masked : keep;
+  return device_copy(host);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // usage: fwd_variant_bench [seqlens (comma list, default 1024,4096,16384)] [masks (none,bf16,fp32,bool)]
+  std::vector<int> seqlens = {1024, 4096, 16384};
+  std::string masks = argc > 2 ? argv[2] : "none,bf16,fp32,bool";
+  if (argc > 1) {
+    seqlens.clear();
+    for (char* s = std::strtok(argv[1], ","); s; s = std::strtok(nullptr, ",")) seqlens.push_back(std::atoi(s));
+  }
+  constexpr int kHeadDim = FA2_HD;
+  const int tokens = 16384, hidden = 2048, nheads = hidden / kHeadDim;
+  uint32_t rng = 12345u;  // inputs uniform in [-2, 2) from a fast LCG (the host fills 10^8 values for S 16k)
+  auto uniform = [&rng] {
+    rng = rng * 1664525u + 1013904223u;
+    return float(rng >> 8) * (4.f / 16777216.f) - 2.f;
+  };
+  for (int seqlen : seqlens) {
+    const int batch = tokens / seqlen;
+    const size_t elems = size_t(batch) * seqlen * nheads * kHeadDim;
+    std::vector<__nv_bfloat16> host(elems);
+    __nv_bfloat16* qkv[3];
+    for (auto& t : qkv) {
+      for (auto& x : host) x = __float2bfloat16(uniform());
+      t = device_copy(host);
+    }
+    __nv_bfloat16* out = nullptr;
+    float* lse = nullptr;
+    CHECK_CUDA(cudaMalloc(&out, elems * sizeof(__nv_bfloat16)));
+    CHECK_CUDA(cudaMalloc(&lse, size_t(batch) * nheads * seqlen * sizeof(float)));
+
+    fa2::AttentionParams p;
+    p.q = qkv[0], p.k = qkv[1], p.v = qkv[2], p.out = out, p.lse = lse;
+    const int64_t row = int64_t(nheads) * kHeadDim, bstride = row * seqlen;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.out_batch_stride = bstride;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.out_row_stride = row;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = kHeadDim;
+    p.batch = batch, p.seqlen_q = p.seqlen_k = seqlen, p.nheads = p.nheads_k = nheads;
+    p.headdim = p.headdim_rounded = kHeadDim;
+    p.scale = 1.f / std::sqrt(float(kHeadDim));
+    p.scale_log2 = float(double(p.scale) * 1.4426950408889634);
+    p.dtype = fa2::DType::kBFloat16;
+
+    char list[64];
+    std::snprintf(list, sizeof(list), "%s", masks.c_str());
+    for (char* mask = std::strtok(list, ","); mask; mask = std::strtok(nullptr, ",")) {
+      void* bias = nullptr;
+      p.bias_type = fa2::BiasType::kNone;
+      if (std::strcmp(mask, "bf16") == 0) {
+        bias = padding_bias(batch, seqlen, __float2bfloat16(0.f), __float2bfloat16(-INFINITY));
+        p.bias_type = fa2::BiasType::kSameAsInput;
+      } else if (std::strcmp(mask, "fp32") == 0) {
+        bias = padding_bias(batch, seqlen, 0.f, -INFINITY);
+        p.bias_type = fa2::BiasType::kFloat32;
+      } else if (std::strcmp(mask, "bool") == 0) {
+        bias = padding_bias<unsigned char>(batch, seqlen, 1, 0);
+        p.bias_type = fa2::BiasType::kBool;
+      }
+      p.bias = bias;
+      p.bias_batch_stride = seqlen, p.bias_head_stride = 0, p.bias_row_stride = 0, p.bias_col_stride = 1;
+
+      auto run = [&] {
+        if (const char* e = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr)) {
+          std::fprintf(stderr, "run_fwd_instance: %s\n", e);
+          std::exit(1);
+        }
+      };
+      for (int i = 0; i < 3; ++i) run();
+      cudaEvent_t start, stop;
+      CHECK_CUDA(cudaEventCreate(&start));
+      CHECK_CUDA(cudaEventCreate(&stop));
+      CHECK_CUDA(cudaEventRecord(start));
+      run();
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float once_ms = 0.f;
+      CHECK_CUDA(cudaEventElapsedTime(&once_ms, start, stop));
+      const int iters = std::max(10, int(200.f / std::max(once_ms, 1e-3f)));  // about 200 ms of launches
+      std::vector<float> times;
+      for (int rep = 0; rep < 5; ++rep) {  // median of 5 batches of iters launches
+        CHECK_CUDA(cudaEventRecord(start));
+        for (int i = 0; i < iters / 5 + 1; ++i) run();
+        CHECK_CUDA(cudaEventRecord(stop));
+        CHECK_CUDA(cudaEventSynchronize(stop));
+        float ms = 0.f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms / float(iters / 5 + 1));
+      }
+      std::sort(times.begin(), times.end());
+      const double flops = 4.0 * batch * nheads * double(seqlen) * seqlen * kHeadDim;
+      std::vector<__nv_bfloat16> result(elems);
+      CHECK_CUDA(cudaMemcpy(result.data(), out, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+      double checksum = 0;
+      for (size_t i = 0; i < elems; ++i) checksum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
+      std::printf("d %d S %5d mask %-4s  %6.1f TFLOP/s  checksum %.6e\n", kHeadDim, seqlen, mask,
+                  flops / (times[2] * 1e-3) / 1e12, checksum);
+      std::fflush(stdout);
+      CHECK_CUDA(cudaEventDestroy(start));
+      CHECK_CUDA(cudaEventDestroy(stop));
+      if (bias) CHECK_CUDA(cudaFree(bias));
+    }
+    for (auto& t : qkv) CHECK_CUDA(cudaFree(t));
+    CHECK_CUDA(cudaFree(out));
+    CHECK_CUDA(cudaFree(lse));
+  }
+  return 0;
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds scripts/fwd_variant_bench.cu once per variant of the kernel headers and times them side by side (GPU machine,
+# sm_90a; no torch, no CMake). A variant is a folder holding a full copy of cuda/include (its fa2/ headers, edited);
+# "base" is this tree's cuda/include. The builds run in parallel, the timings one after the other, twice in
+# alternating order (ABAB) so that clock drift shows.
+# Usage: bash scripts/fwd_variants.sh [seqlens] [masks] [variant folders...]   (env: FA2_HD, default 64; OUT)
+#   e.g. bash scripts/fwd_variants.sh 1024,4096,16384 none,bf16,bool scratch/v1 scratch/v2
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/fwd_variants}
+mkdir -p "$OUT"
+seqlens=${1:-1024,4096,16384}
+masks=${2:-none,bf16,fp32,bool}
+shift 2 2>/dev/null || shift $#
+variants=(base "$@")
+for v in "${variants[@]}"; do
+  inc=$([ "$v" = base ] && echo cuda/include || echo "$v")
+  name=$(basename "$v")
+  nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -DFA2_HD="${FA2_HD:-64}" -I "$inc" -I cuda/src \
+    --generate-code=arch=compute_90a,code=[sm_90a] -Xptxas=-v scripts/fwd_variant_bench.cu cuda/src/dispatch.cpp \
+    -o "$OUT/bench_$name" >"$OUT/build_$name.log" 2>&1 &
+done
+wait
+for v in "${variants[@]}"; do
+  name=$(basename "$v")
+  [ -x "$OUT/bench_$name" ] || { echo "== $name: build failed"; tail -5 "$OUT/build_$name.log"; }
+done
+for round in 1 2; do
+  for v in "${variants[@]}"; do
+    name=$(basename "$v")
+    [ -x "$OUT/bench_$name" ] || continue
+    echo "== $name (round $round)"
+    "$OUT/bench_$name" "$seqlens" "$masks"
+  done
+done
