@@ -253,3 +253,29 @@ def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind,
         out, lse = torch.ops.fa2.fwd(q1, k1, v1, row1.expand(1, h, sq, 1001), None, False, -1, -1, 0.0)
     out_m, lse_m = torch.ops.fa2.fwd(q1, k1, v1, row1.expand(1, h, sq, 1001).contiguous(), None, False, -1, -1, 0.0)
     assert torch.equal(out, out_m) and torch.equal(lse, lse_m), "1001 keys"
+
+
+@pytest.mark.parametrize("kind", ["same", "bool"])
+def test_padding_tiles_long_key_rows_take_the_wide_kernel_at_d64(kind):
+    """At d 64 a key-row bias over at least kWideKeyBiasMinKeys (8192) keys runs the wide warp-specialized kernel by
+    default (tile_config.h: it skips whole -inf tiles, the 128-register pipelined kernel cannot), fewer keys the
+    pipelined one, and a forced "pipelined" schedule keeps it: the kernel that ran, and out / lse bitwise those of the
+    same bias materialized, with padded tiles at the end and a batch whose keys are all padded."""
+    b, sq, h, d = 2, 130, 2, 64
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for sk, schedule, want in [(8192, "auto", "ws"), (8184, "auto", "pipelined"), (8192, "pipelined", "pipelined")]:
+        q, k, v = make_qkv(b, sq, sk, h, h, d, dtype=torch.bfloat16, device="cuda", generator=g)
+        keep = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
+        keep[0, ..., sk - 1000:] = False
+        keep[1] = False
+        row = keep if kind == "bool" else torch.zeros(b, 1, 1, sk, device="cuda", dtype=torch.bfloat16).masked_fill(
+            ~keep, float("-inf"))
+        args = lambda bias: (q, k, v, bias, None, False, -1, -1, 0.0)
+        with switch("sm90_schedule", schedule):
+            names = cuda_kernel_names(lambda: torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk))))
+            out, lse = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk)))
+        assert any("fwd_kernel<" in n and ", 901, (fa2::fwd::ScoreMode)3," in n and KERNEL_SUFFIX[want] in n
+                   for n in names), (sk, schedule, names)
+        out_m, lse_m = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk).contiguous()))
+        assert torch.equal(out, out_m) and torch.equal(lse, lse_m), (sk, schedule)
+        assert torch.equal(out[1], torch.zeros_like(out[1])) and bool(torch.isinf(lse[1]).all())

@@ -87,14 +87,16 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // sm_90a: the schedule of the key loop (tile_config.h, Sm90Schedule): each headdim's default unless
   // set_sm90_schedule / FA2_SM90_SCHEDULE forces one. Warp-specialized kernels serve the plain path (every schedule)
   // and a key-row bias (the headdim's default schedule only: fewer instantiations; at d <= 64, whose default is
-  // pipelined, also the wide warp-specialized kernel when "ws" is forced, to time it against the default with a
-  // padding mask); the rest runs pipelined.
+  // pipelined, also the wide warp-specialized kernel: by default from kWideKeyBiasMinKeys keys (tile_config.h), and
+  // whenever "ws" is forced); the rest runs pipelined.
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
   constexpr Sm90Schedule kDefault = kTma ? sm90_default_schedule(kHeadDim) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = kDefault;
+  bool schedule_forced = false;
   if constexpr (kTma) {
     if (const char* e = sm90_schedule(&schedule)) return e;
-    if (schedule == Sm90Schedule::kAuto) schedule = kDefault;
+    schedule_forced = schedule != Sm90Schedule::kAuto;
+    if (!schedule_forced) schedule = kDefault;
   }
   // a bias with one value per key (padding masks): its own variant; on sm_90a its key tiles are loaded by the TMA,
   // which needs 16-byte aligned rows (else the general bias-fold variant reads it)
@@ -110,11 +112,11 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       } else {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kWarpSpecialized>();
       }
-    } else if (key_row_bias && schedule != Sm90Schedule::kPipelined) {
+    } else if (key_row_bias && (schedule != Sm90Schedule::kPipelined || !schedule_forced)) {
       if constexpr (kDefault != Sm90Schedule::kPipelined) {
         use_key_bias_ws_launch<T, kHeadDim, kArch, kDefault>(p.bias_type, launch);
       } else if constexpr (fwd_wide_warp_specialized(kHeadDim)) {
-        if (schedule == Sm90Schedule::kWarpSpecialized) {
+        if (schedule == Sm90Schedule::kWarpSpecialized || (!schedule_forced && p.seqlen_k >= kWideKeyBiasMinKeys)) {
           use_key_bias_ws_launch<T, kHeadDim, kArch, Sm90Schedule::kWarpSpecialized>(p.bias_type, launch);
         }
       }
