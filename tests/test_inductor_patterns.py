@@ -382,6 +382,105 @@ def test_inference_graph(device, dtype):
     check_numerics(got, naive, hi)
 
 
+# ---- masks that are compile-time constants (masks.constant_band) ---------------------------------------------------
+
+def _packed_sequence_ids(n, device):
+    # Hugging Face's packed-sequence check on position ids: a new sequence wherever a position does not follow the
+    # previous one; positions 0..n-1 are one sequence (ids all 0), but reaching that takes diff / cumsum / index, which
+    # the symbolic interpreter does not model: the mask is only known as a constant of the graph
+    pos = torch.arange(n, device=device)[None]
+    diff = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1)
+    return (diff != 1).cumsum(-1)[0]
+
+
+def attn_hf_packed_causal(q, k, v):
+    sq, sk = q.shape[2], k.shape[2]
+    ids = _packed_sequence_ids(sk, q.device)
+    i = torch.arange(sq, device=q.device)
+    j = torch.arange(sk, device=q.device)
+    keep = (j[None, :] <= i[:, None]) & (ids[i][:, None] == ids[j][None, :])
+    mask = torch.where(keep, torch.zeros((), dtype=q.dtype, device=q.device), torch.finfo(q.dtype).min)
+    s = q @ k.transpose(-2, -1) * 0.25 + mask[None, None].expand(q.shape[0], 1, sq, sk)
+    return torch.softmax(s.float(), -1).to(q.dtype) @ v
+
+
+def attn_cumsum_window(q, k, v):
+    # a sliding window (3 keys back) whose bounds come through cumsum: masked_fill with a constant bool mask
+    sq, sk = q.shape[2], k.shape[2]
+    i = torch.ones(sq, dtype=torch.long, device=q.device).cumsum(0) - 1
+    j = torch.ones(sk, dtype=torch.long, device=q.device).cumsum(0) - 1
+    hidden = (j[None, :] > i[:, None]) | (j[None, :] < i[:, None] - 3)
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(hidden, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attn_constant_not_a_band(q, k, v):
+    # a constant pattern that is no band (every third key of each row hidden, through cumsum): stays a bias
+    sq, sk = q.shape[2], k.shape[2]
+    i = torch.ones(sq, dtype=torch.long, device=q.device).cumsum(0)
+    j = torch.ones(sk, dtype=torch.long, device=q.device).cumsum(0)
+    keep = (i[:, None] + j[None, :]) % 3 != 0
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(~keep, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attn_random_keep_all(q, k, v):
+    # drawn at run time: never evaluated at compile time, even though this one keeps every key
+    sq, sk = q.shape[2], k.shape[2]
+    keep = torch.rand(sq, sk, device=q.device) >= 0
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(~keep, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_constant_masks_become_flags(device, dtype, train):
+    """A mask that depends on no input and no random op is a constant of the graph: where the symbolic interpreter
+    cannot follow it (Hugging Face's inference graphs check packed sequences through diff / cumsum / index), its
+    values are evaluated at compile time and matched exactly against a band."""
+    for fn, flags in [(attn_hf_packed_causal, dict(causal=True)),
+                      (attn_cumsum_window, dict(causal=True, window_left=3))]:
+        records, got, naive, hi = run(fn, qkv(device, dtype), device=device, dtype=dtype, train=train)
+        assert_rewritten(records, bias=None, note="mask recognized from its compile-time value", **flags)
+        check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_constant_masks_that_are_no_band_or_random_stay_a_bias(device, dtype):
+    for fn, backend in [(attn_constant_not_a_band, "fa2_eager"), (attn_random_keep_all, "fa2_eager"),
+                        (attn_random_keep_all, "fa2")]:  # (Inductor replaces rand by its own random prims)
+        records, got, naive, hi = run(fn, qkv(device, dtype), device=device, dtype=dtype, train=False, backend=backend)
+        assert_rewritten(records, causal=None, bias="bool")
+        if fn is attn_constant_not_a_band:
+            check_numerics(got, naive, hi)
+
+
+def test_constant_band_checks_values_exactly():
+    """masks.constant_band's value check on its own: a 0 / hide mask is a band only when its kept entries are exactly
+    one diagonal band, the same in every batch / head slice; finite hiding values are reported."""
+    import sympy
+    from fa2.inductor.masks import _band_of_values
+    sq, sk = 5, 7
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    causal = j <= i + (sk - sq)
+    band = _band_of_values(causal, sq, sk, True)
+    assert band.lo is None and band.hi == sympy.Integer(sk - sq) and not band.finite_fill
+    fmin = torch.finfo(torch.float32).min
+    band = _band_of_values(torch.where(causal, 0.0, fmin), sq, sk, True)
+    assert band.hi == sk - sq and band.finite_fill
+    assert _band_of_values(torch.where(causal, 0.0, -1.0), sq, sk, True) is None  # -1 does not hide a key
+    half_min = torch.where(causal, 0.0, torch.finfo(torch.float16).min).half()  # fp16's own minimum hides
+    assert _band_of_values(half_min, sq, sk, True).finite_fill
+    assert _band_of_values(torch.where(causal, 0.5, float("-inf")), sq, sk, True) is None  # 0.5 is a bias
+    per_batch = torch.stack([causal, causal & (j >= 1)])
+    assert _band_of_values(per_batch, sq, sk, True) is None  # batch-dependent
+    holes = causal.clone()
+    holes[3, 1] = False
+    assert _band_of_values(holes, sq, sk, True) is None  # not contiguous
+    band = _band_of_values(~causal, sq, sk, False)  # the hidden entries given, keep_if_true=False
+    assert band.hi == sk - sq
+
+
 # ---- scaled_dot_product_attention ---------------------------------------------------------------------------------
 
 def sdpa_plain(q, k, v):

@@ -569,6 +569,14 @@ def band_of(pred: Pred, sq, sk, score_ndim: int):
     return Band(lo, hi)
 
 
+def _static_int(x):
+    """x as a Python int when it is one (an int, or a SymInt whose expression is an integer), else None."""
+    if isinstance(x, int):
+        return x
+    e = sym_expr(x)
+    return int(e) if e is not None and getattr(e, "is_Integer", False) else None
+
+
 def _tighter(x, y, pick):
     """max/min of two bounds that differ by an integer (None if they are not comparable)."""
     d = sympy.simplify(x - y)
@@ -620,11 +628,124 @@ class MaskPlan:
     notes: list = field(default_factory=list)
 
 
+# A mask that depends on no graph input is a constant of the compiled graph (Hugging Face's inference graphs build
+# their causal mask from iota with a packed-sequence check on positions that are themselves iota: no placeholder, but
+# through cumsum / index / cat, which the symbolic interpreter does not model). Such a mask is evaluated once at
+# compile time, on the CPU, and its exact values compared with the band they would have to be.
+MAX_CONSTANT_MASK_ELEMENTS = 1 << 25  # (32M: 128 MB of fp32 at most, evaluated once per compiled graph)
+MAX_CONSTANT_MASK_NODES = 400
+
+
+def _ancestors(node: torch.fx.Node):
+    """The nodes `node` is computed from (itself included), or None when there are too many."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > MAX_CONSTANT_MASK_NODES:
+            return None
+        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: stack.append(a))
+    return seen
+
+
+def _static_small(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return all(isinstance(x, int) for x in val.shape) and val.numel() <= MAX_CONSTANT_MASK_ELEMENTS
+    return not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def constant_value(node: torch.fx.Node, graph_module=None):
+    """The real (CPU) tensor `node` computes when it is a compile-time constant: built only from constants and
+    deterministic, non-mutating ops (no graph input, no random op), with static shapes of at most
+    MAX_CONSTANT_MASK_ELEMENTS elements; else None."""
+    nodes = _ancestors(node)
+    if nodes is None:
+        return None
+    for n in nodes:
+        if n.op == "get_attr":
+            continue
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            return None
+        # random ops (and Inductor's replacements of them, prims.inductor_*: not all tagged) draw at run time
+        if torch.Tag.nondeterministic_seeded in n.target.tags or n.target._schema.is_mutable or \
+                str(n.target).startswith("prims.inductor_"):
+            return None
+        if not _static_small(n):
+            return None
+    gm = graph_module if graph_module is not None else node.graph.owning_module
+    env: dict = {}
+    cpu = torch.device("cpu")
+    try:
+        with real_mode(), torch.no_grad():
+            for n in node.graph.nodes:  # topological order
+                if n not in nodes:
+                    continue
+                if n.op == "get_attr":
+                    value = gm
+                    for part in str(n.target).split("."):
+                        value = getattr(value, part)
+                    if not isinstance(value, torch.Tensor) or value.is_meta:
+                        return None
+                    env[n] = value.detach().to(cpu)
+                    continue
+                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+                if "device" in kwargs:
+                    kwargs = dict(kwargs, device=cpu)
+                env[n] = n.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an op that cannot run here: the mask stays a bias
+        return None
+    value = env.get(node)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def constant_band(node: torch.fx.Node, sq, sk, keep_if_true: bool = True):
+    """The Band a compile-time constant mask is, exactly, or None. A bool mask keeps its True entries (False ones
+    with keep_if_true=False); a float one adds 0 (kept) or hides (-inf, or a value at or below NEG_LARGE or its dtype's
+    min / 2: Band.finite_fill when any hidden value is finite). Every leading (batch, head) slice must be the same."""
+    if not (isinstance(sq, int) and isinstance(sk, int)):
+        return None
+    value = constant_value(node)
+    if value is None or value.dim() < 2 or value.shape[-2] not in (1, sq) or value.shape[-1] not in (1, sk):
+        return None
+    with real_mode(), torch.no_grad():  # (real tensors: inside Inductor's fake mode otherwise)
+        return _band_of_values(value, sq, sk, keep_if_true)
+
+
+def _band_of_values(value: torch.Tensor, sq: int, sk: int, keep_if_true: bool):
+    finite_fill = False
+    if value.dtype == torch.bool:
+        keep = value if keep_if_true else ~value
+    elif value.is_floating_point():
+        hide = value <= max(NEG_LARGE, torch.finfo(value.dtype).min / 2)  # is_hiding_value's rule (-inf included)
+        keep = value == 0
+        if not bool((keep | hide).all()):
+            return None
+        finite_fill = bool((hide & torch.isfinite(value)).any())
+    else:
+        return None
+    keep = keep.reshape(-1, keep.shape[-2], keep.shape[-1])
+    if not bool((keep == keep[:1]).all()):
+        return None  # depends on the batch or head
+    keep = keep[0].expand(sq, sk)
+    if not bool(keep.any()):
+        return None
+    d = torch.arange(sk)[None, :] - torch.arange(sq)[:, None]  # j - i
+    lo, hi = int(d[keep].min()), int(d[keep].max())
+    if not bool((keep == ((d >= lo) & (d <= hi))).all()):
+        return None
+    return Band(None if lo <= -(sq - 1) else sympy.Integer(lo), None if hi >= sk - 1 else sympy.Integer(hi),
+                finite_fill)
+
+
 def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> MaskPlan | str:
     """Turn the mask terms of a site into fa2 flags (bands) and an attn_bias (everything else), exactly."""
     interp = MaskInterpreter()
     bands: list[tuple[Band, tuple]] = []   # (band, the bias entry to fall back to)
     bias: list[tuple] = []
+    notes: list[str] = []
     for term in terms:
         if term.kind == "add":
             entry = ("add", term.node)
@@ -646,6 +767,13 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                     band.finite_fill = fill != -math.inf
                     bands.append((band, entry))
                     continue
+            band = constant_band(term.node, _static_int(sq), _static_int(sk))
+            if band is not None:
+                if band.lo is None and band.hi is None:
+                    continue
+                bands.append((band, entry))
+                notes.append("mask recognized from its compile-time value")
+                continue
             bias.append(entry)
             continue
         # where(cond, scores, fill) / where(cond, fill, scores)
@@ -660,6 +788,10 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
         if pred is not None and not term.keep_if_true:
             pred = _pred_not(pred)
         band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
+        if not isinstance(band, Band):
+            band = constant_band(term.node, _static_int(sq), _static_int(sk), term.keep_if_true)
+            if band is not None:
+                notes.append("mask recognized from its compile-time value")
         if isinstance(band, Band):
             if band.lo is None and band.hi is None:
                 continue
@@ -668,7 +800,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
             continue
         bias.append(entry)
 
-    plan = MaskPlan(bias=bias)
+    plan = MaskPlan(bias=bias, notes=notes)
     if not bands:
         return plan
 
