@@ -130,39 +130,51 @@ def plot_attention_memory(result: dict, out_dir: str, stem: str) -> list[str]:
     return [path]
 
 
+E2E_LABELS = {"train": ("training step", "Training tokens/s (label: MFU)"),
+              "prefill": ("prefill", "Prefill tokens/s (label: MFU)"),
+              "generate": ("generation (batch 1, decode)", "Generated tokens/s")}
+
+
 def plot_e2e(result: dict, out_dir: str, stem: str) -> list[str]:
-    rows = [r for r in result["runs"] if r["mode"] == "train"]
-    if not any(r["status"] == "ok" for r in rows):
-        return []
-    env, tag = result["env"], result["tag"]
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    ways = list(dict.fromkeys(r["way"] for r in rows))
-    fig, ax = plt.subplots(figsize=(2.0 + 2.2 * len(shapes), 4.0))
-    width = 0.8 / len(ways)
-    colors = {"eager+inductor": "#7f7f7f", "eager+fa2": "#d62728", "sdpa+inductor": "#1f77b4"}
-    top = 0
-    for wi, way in enumerate(ways):
-        for si, shape in enumerate(shapes):
-            r = next((x for x in rows if x["way"] == way and x["shape"] == shape), None)
-            x = si - 0.4 + width * (wi + 0.5)
-            if r and r["status"] == "ok":
-                top = max(top, r["tokens_per_s"])
-                ax.bar(x, r["tokens_per_s"], width, color=colors.get(way, "#2ca02c"), label=way if si == 0 else None)
-                ax.text(x, r["tokens_per_s"], f"{r['tokens_per_s'] / 1e3:.1f}k\n{100 * r['mfu']:.0f}%",
-                        ha="center", va="bottom", fontsize=7)
-            elif r:
-                ax.text(x, 0, r["status"].upper(), ha="center", va="bottom", fontsize=7, rotation=90)
-    ax.set_ylim(0, top * 1.25 if top else 1)
-    ax.set_xticks(range(len(shapes)), shapes)
-    ax.set_ylabel("Training tokens/s (label: MFU)")
-    ax.set_title(f"{result.get('model', {}).get('name', 'model')} training step, {_hw(env)}, "
-                 f"{env.get('date', '')[:10]}", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, f"{stem}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    """One PNG per mode that has a successful run: tokens/s bars per shape and way (<stem>.png for training, as
+    before; <stem>_prefill.png, <stem>_generate.png)."""
+    paths = []
+    for mode, (what, ylabel) in E2E_LABELS.items():
+        rows = [r for r in result["runs"] if r["mode"] == mode]
+        if not any(r["status"] == "ok" for r in rows):
+            continue
+        env = result["env"]
+        shapes = list(dict.fromkeys(r["shape"] for r in rows))
+        ways = list(dict.fromkeys(r["way"] for r in rows))
+        fig, ax = plt.subplots(figsize=(2.0 + 2.2 * len(shapes), 4.0))
+        width = 0.8 / len(ways)
+        colors = {"eager+inductor": "#7f7f7f", "eager+fa2": "#d62728", "sdpa+inductor": "#1f77b4"}
+        top = 0
+        for wi, way in enumerate(ways):
+            for si, shape in enumerate(shapes):
+                r = next((x for x in rows if x["way"] == way and x["shape"] == shape), None)
+                x = si - 0.4 + width * (wi + 0.5)
+                if r and r["status"] == "ok":
+                    top = max(top, r["tokens_per_s"])
+                    ax.bar(x, r["tokens_per_s"], width, color=colors.get(way, "#2ca02c"), label=way if si == 0 else None)
+                    label = f"{r['tokens_per_s'] / 1e3:.1f}k" if r["tokens_per_s"] >= 1e3 else f"{r['tokens_per_s']:.0f}"
+                    if isinstance(r.get("mfu"), (int, float)):
+                        label += f"\n{100 * r['mfu']:.0f}%"
+                    ax.text(x, r["tokens_per_s"], label, ha="center", va="bottom", fontsize=7)
+                elif r:
+                    ax.text(x, 0, r["status"].upper(), ha="center", va="bottom", fontsize=7, rotation=90)
+        ax.set_ylim(0, top * 1.25 if top else 1)
+        ax.set_xticks(range(len(shapes)), shapes)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{result.get('model', {}).get('name', 'model')} {what}, {_hw(env)}, "
+                     f"{env.get('date', '')[:10]}", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"{stem}.png" if mode == "train" else f"{stem}_{mode}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
 
 
 def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:

@@ -36,7 +36,10 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // the TMA with K/V and folded to fp32 once per CTA, 0.80-0.89x (d 128: 0.83-0.94x, d 256: 0.92-0.96x of the
 // warp-specialized defaults; 2026-11-30, S 1k-16k, benchmarks/results/attention_h200-20261130-ws.json). With tiles
 // of all-0 bias run unbiased and (above d 64) all -inf ones skipped: d 64 0.79-0.87x, d 128 0.99-1.08x, d 256
-// 1.02-1.10x (bf16, last 10% of keys padded; attention_h200-20261130-grid-wgmma-bwd.json).
+// 1.02-1.10x (bf16, last 10% of keys padded; attention_h200-20261130-grid-wgmma-bwd.json). At d 64, with the softmax's
+// heavy-row branch only on tiles that hold such a bias and zero-bias tiles multiplied as plain ones (fwd_kernel.cuh),
+// and the wide kernel from 8k keys (kWideKeyBiasMinKeys): 0.86-0.96x from S 1k, 0.95-1.00x from 8k
+// (attention_h200-20261130-final.json, -d64pad-default.json).
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
 }
