@@ -261,10 +261,12 @@ def test_padding_tiles_long_key_rows_take_the_wide_kernel_at_d64(kind):
     default (tile_config.h: it skips whole -inf tiles, the 128-register pipelined kernel cannot), fewer keys the
     pipelined one, and a forced "pipelined" schedule keeps it: the kernel that ran, and out / lse bitwise those of the
     same bias materialized, with padded tiles at the end and a batch whose keys are all padded. (8176 keys: rows still
-    16-byte aligned for a bool bias, which the TMA staging needs; at 8184 a bool bias takes the general bias path.)"""
-    b, sq, h, d = 2, 130, 2, 64
+    16-byte aligned for a bool bias, which the TMA staging needs; at 8184 a bool bias takes the general bias path.)
+    d 32 (not measured) keeps the pipelined kernel."""
+    b, sq, h = 2, 130, 2
     g = torch.Generator(device="cuda").manual_seed(5)
-    for sk, schedule, want in [(8192, "auto", "ws"), (8176, "auto", "pipelined"), (8192, "pipelined", "pipelined")]:
+    for d, sk, schedule, want in [(64, 8192, "auto", "ws"), (64, 8176, "auto", "pipelined"),
+                                  (64, 8192, "pipelined", "pipelined"), (32, 8192, "auto", "pipelined")]:
         q, k, v = make_qkv(b, sq, sk, h, h, d, dtype=torch.bfloat16, device="cuda", generator=g)
         keep = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
         keep[0, ..., sk - 1000:] = False
@@ -276,7 +278,32 @@ def test_padding_tiles_long_key_rows_take_the_wide_kernel_at_d64(kind):
             names = cuda_kernel_names(lambda: torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk))))
             out, lse = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk)))
         assert any("fwd_kernel<" in n and ", 901, (fa2::fwd::ScoreMode)3," in n and KERNEL_SUFFIX[want] in n
-                   for n in names), (sk, schedule, names)
+                   for n in names), (d, sk, schedule, names)
         out_m, lse_m = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk).contiguous()))
-        assert torch.equal(out, out_m) and torch.equal(lse, lse_m), (sk, schedule)
+        assert torch.equal(out, out_m) and torch.equal(lse, lse_m), (d, sk, schedule)
         assert torch.equal(out[1], torch.zeros_like(out[1])) and bool(torch.isinf(lse[1]).all())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_padding_tiles_heavy_rows_stay_heavy_on_later_tiles(d):
+    """A row made heavy by one key tile (its visible keys all at the bias dtype's minimum, as Hugging Face pads) must
+    stay on the heavy-row update for the tiles after it, even where those hold no such bias (the pipelined d 64 kernel
+    decides per tile which update a tile needs): with scale 1 (scale * log2(e) > 1) the ordinary update of a heavy max
+    gives NaN. Keys are visited from the last tile down: 256.. (finfo.min: rows heavy), 128.. (-inf, not skipped at
+    d 64), 0.. (bias 0: the rows' real keys). out and lse bitwise those of the same bias materialized, and within the
+    rule against the fp32 reference."""
+    b, sq, sk, h = 2, 100, 384, 2
+    g = torch.Generator(device="cuda").manual_seed(13)
+    q, k, v = make_qkv(b, sq, sk, h, h, d, dtype=torch.bfloat16, device="cuda", generator=g)
+    row = torch.zeros(b, 1, 1, sk, device="cuda", dtype=torch.bfloat16)
+    row[..., 128:256] = float("-inf")
+    row[..., 256:] = torch.finfo(torch.bfloat16).min
+    row[1, ..., :128] = torch.finfo(torch.bfloat16).min  # batch 1: every visible key at the minimum (uniform)
+    args = lambda bias: (q, k, v, bias, 1.0, False, -1, -1, 0.0)
+    out, lse = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk)))
+    out_m, lse_m = torch.ops.fa2.fwd(*args(row.expand(b, h, sq, sk).contiguous()))
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert torch.equal(out, out_m) and torch.equal(lse, lse_m)
+    ref_hi = attention_ref(q.float(), k.float(), v.float(), row.float(), scale=1.0)
+    ref_lo = attention_ref(q, k, v, row, scale=1.0, upcast=False)
+    assert_close_rule(f"out d {d}", out, ref_hi, ref_lo, 2)

@@ -708,6 +708,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // kOverlap: whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped
   // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the wgmma_wait(acc_o) below).
   bool pv_pending = false;
+  // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
+  // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
+  // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
+  // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
+  bool heavy_rows_possible = !kStagedBias || kWs;
   for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
     const int buf = kRing == 1 ? 0 : it % kRing;
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
@@ -715,9 +720,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // A staged key tile of zero bias: S = Q K^T as on the plain path, whose wgmma ptxas issues without reading the
     // accumulator, dropping the zeroing (kStagedBias; where the compiler sees the zeros, below). Clear: S += Q K^T.
     bool overwrite_s = false;
-    // Whether this tile may make a row heavy (softmax.cuh): only a bias below heavy_s (finite) can; the pipelined
-    // key-row kernel learns it for each tile from its fold (heavy_bias_tile), every other kernel assumes it may.
-    bool heavy_bias_tile = true;
     if constexpr (kStagedBias) {
       // S starts from the stage's bias once it has landed (below)
     } else if constexpr (kBiasFold) {
@@ -769,10 +771,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
             // the block barrier, that also tells every thread whether a key of the tile is that low. Then the
             // tiles of a padding mask (0 / -inf) run the softmax without the heavy-row branch: at d 64 (H200, bf16
             // or fp32 mask) 0.92-0.94x of the unmasked speed, from 0.87-0.89x (scripts/fwd_variants.sh)
-            heavy_bias_tile = __syncthreads_or(heavy_key);
+            const bool heavy_tile = __syncthreads_or(heavy_key) != 0;
+            heavy_rows_possible = heavy_rows_possible || heavy_tile;
           } else {
-            heavy_bias_tile = false;  // (all +0)
-            __syncthreads();
+            __syncthreads();  // (all +0)
           }
         } else {
           __syncthreads();
@@ -888,7 +890,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     } else {
       // (a row can still end up below heavy_s without a bias that low, through q.k alone: as on the plain path, it
       // then takes the ordinary update, whose error there is about |m * mult| 2^-24, small until |m| is huge)
-      if (kHeavyRows && heavy_bias_tile) {
+      if (kHeavyRows && heavy_rows_possible) {
         softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
       } else {
         softmax.template update<false>(acc_s, acc_o, mult, heavy_s);

@@ -87,8 +87,8 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // sm_90a: the schedule of the key loop (tile_config.h, Sm90Schedule): each headdim's default unless
   // set_sm90_schedule / FA2_SM90_SCHEDULE forces one. Warp-specialized kernels serve the plain path (every schedule)
   // and a key-row bias (the headdim's default schedule only: fewer instantiations; at d <= 64, whose default is
-  // pipelined, also the wide warp-specialized kernel: by default from kWideKeyBiasMinKeys keys (tile_config.h), and
-  // whenever "ws" is forced); the rest runs pipelined.
+  // pipelined, also the wide warp-specialized kernel: by default at d 64 from kWideKeyBiasMinKeys keys
+  // (tile_config.h), and whenever "ws" is forced); the rest runs pipelined.
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
   constexpr Sm90Schedule kDefault = kTma ? sm90_default_schedule(kHeadDim) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = kDefault;
@@ -116,7 +116,8 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       if constexpr (kDefault != Sm90Schedule::kPipelined) {
         use_key_bias_ws_launch<T, kHeadDim, kArch, kDefault>(p.bias_type, launch);
       } else if constexpr (fwd_wide_warp_specialized(kHeadDim)) {
-        if (schedule == Sm90Schedule::kWarpSpecialized || (!schedule_forced && p.seqlen_k >= kWideKeyBiasMinKeys)) {
+        if (schedule == Sm90Schedule::kWarpSpecialized ||
+            (!schedule_forced && fwd_wide_key_bias_by_default(kHeadDim, p.seqlen_k))) {
           use_key_bias_ws_launch<T, kHeadDim, kArch, Sm90Schedule::kWarpSpecialized>(p.bias_type, launch);
         }
       }

@@ -55,11 +55,15 @@ constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
 // does not move).
 constexpr FwdTileShape fwd_tile_shape_wgmma_wide(int /*headdim: d <= 64*/) { return FwdTileShape{192, 128, 12, 2}; }
 constexpr bool fwd_wide_warp_specialized(int headdim) { return headdim <= 64; }
-// With a key-row bias (padding masks) the wide kernel is the default from this many keys on (d <= 64; the launcher,
-// fwd_launch_template.cuh): it skips whole -inf key tiles, the pipelined kernel cannot (its 128 registers). Measured
+// With a key-row bias (padding masks) the wide kernel is the default at d 64 from this many keys on (the launcher,
+// fwd_launch_template.cuh; d 32 was not measured and keeps the pipelined kernel): it skips whole -inf key tiles, the
+// pipelined kernel cannot (its 128 registers). Measured
 // (H200, 16k tokens, last 10% of keys padded, attention_h200-20261130-d64pad.json), wide / pipelined with the mask:
 // bf16 0.78 at S 1k, 1.01 at 4k, 1.10 at 8k, 1.08 at 16k; fp16 0.76 / 1.04 / 1.09 / 1.07.
 constexpr int kWideKeyBiasMinKeys = 8192;
+constexpr bool fwd_wide_key_bias_by_default(int headdim, int seqlen_k) {
+  return headdim == 64 && seqlen_k >= kWideKeyBiasMinKeys;
+}
 
 // How the sm_90a forward schedules its key loop (fwd_kernel.cuh):
 //   kPipelined        two warpgroups, one thread issues the next K/V tile's TMA after a CTA barrier per tile;
