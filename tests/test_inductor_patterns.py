@@ -479,6 +479,14 @@ def test_constant_band_checks_values_exactly():
     assert _band_of_values(holes, sq, sk, True) is None  # not contiguous
     band = _band_of_values(~causal, sq, sk, False)  # the hidden entries given, keep_if_true=False
     assert band.hi == sk - sq
+    key_padding = torch.zeros(1, 1, 1, sk)
+    key_padding[..., -2:] = float("-inf")
+    assert _band_of_values(key_padding, sq, sk, True) is None  # the same keys hidden for every row: no band
+    everything = _band_of_values(torch.zeros(1, 1, 1, sk), sq, sk, True)  # broadcast rows, nothing hidden
+    assert everything.lo is None and everything.hi is None
+    window = (j <= i + (sk - sq)) & (j >= i + (sk - sq) - 2)
+    band = _band_of_values(window, sq, sk, True)
+    assert band.lo == sk - sq - 2 and band.hi == sk - sq
 
 
 # ---- scaled_dot_product_attention ---------------------------------------------------------------------------------

@@ -631,9 +631,14 @@ class MaskPlan:
 # A mask that depends on no graph input is a constant of the compiled graph (Hugging Face's inference graphs build
 # their causal mask from iota with a packed-sequence check on positions that are themselves iota: no placeholder, but
 # through cumsum / index / cat, which the symbolic interpreter does not model). Such a mask is evaluated once at
-# compile time, on the CPU, and its exact values compared with the band they would have to be.
-MAX_CONSTANT_MASK_ELEMENTS = 1 << 25  # (32M: 128 MB of fp32 at most, evaluated once per compiled graph)
+# compile time, on the CPU, and its exact values compared with the band they would have to be. Bounds: every
+# intermediate (and seqlen_q x seqlen_k) at most MAX_CONSTANT_MASK_ELEMENTS elements (intermediates are freed after
+# their last use), at most MAX_CONSTANT_MASK_NODES nodes; the result is cached on the node (one mask serves every
+# layer of a model).
+MAX_CONSTANT_MASK_ELEMENTS = 1 << 25
 MAX_CONSTANT_MASK_NODES = 400
+_BAND_CACHE = "fa2_constant_band"
+RECOGNIZED_CONSTANT = "mask recognized from its compile-time value"
 
 
 def _ancestors(node: torch.fx.Node):
@@ -650,39 +655,53 @@ def _ancestors(node: torch.fx.Node):
     return seen
 
 
-def _static_small(node: torch.fx.Node) -> bool:
-    val = node.meta.get("val")
+# Ops that only move or select floating-point values (no arithmetic): a float mask built with these from scalars has
+# the same 0 / hiding entries whatever precision Inductor's kernel computes in (a conversion keeps 0 at 0 and a
+# hiding value hiding).
+_FLOAT_SELECT_OPS = {"where", "expand", "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "permute",
+                     "transpose", "clone", "alias", "slice", "select", "index", "cat", "_to_copy",
+                     "convert_element_type", "lift_fresh_copy", "full", "full_like", "zeros", "zeros_like", "ones",
+                     "ones_like", "masked_fill", "scalar_tensor", "contiguous"}
+
+
+def _evaluable(n: torch.fx.Node) -> bool:
+    """Whether n may be evaluated at compile time as part of root's value: a constant or a deterministic, non-mutating
+    op with a static, bounded shape. A floating-point result must come from an op that only selects or moves values
+    (_FLOAT_SELECT_OPS), or be a scalar: the mask's values are then exact (integer / bool arithmetic, then selects
+    between scalars), whatever precision Inductor's kernel would compute in."""
+    if n.op == "get_attr":
+        return True
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    # random ops (and Inductor's replacements of them, prims.inductor_*: not all tagged) draw at run time
+    if torch.Tag.nondeterministic_seeded in n.target.tags or n.target._schema.is_mutable or \
+            str(n.target).startswith("prims.inductor_"):
+        return False
+    val = n.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return all(isinstance(x, int) for x in val.shape) and val.numel() <= MAX_CONSTANT_MASK_ELEMENTS
-    return not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool))
+        if not all(isinstance(x, int) for x in val.shape) or val.numel() > MAX_CONSTANT_MASK_ELEMENTS:
+            return False
+        return not val.is_floating_point() or val.numel() <= 1 or \
+            n.target.overloadpacket.__name__ in _FLOAT_SELECT_OPS
+    return isinstance(val, (int, float, bool))  # (no val: unknown, not evaluated)
 
 
 def constant_value(node: torch.fx.Node, graph_module=None):
-    """The real (CPU) tensor `node` computes when it is a compile-time constant: built only from constants and
-    deterministic, non-mutating ops (no graph input, no random op), with static shapes of at most
-    MAX_CONSTANT_MASK_ELEMENTS elements; else None."""
+    """The real (CPU) tensor `node` computes when it is a compile-time constant (_evaluable throughout: no graph
+    input, no random op), else None."""
     nodes = _ancestors(node)
-    if nodes is None:
+    if nodes is None or not all(_evaluable(n) for n in nodes):
         return None
-    for n in nodes:
-        if n.op == "get_attr":
-            continue
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            return None
-        # random ops (and Inductor's replacements of them, prims.inductor_*: not all tagged) draw at run time
-        if torch.Tag.nondeterministic_seeded in n.target.tags or n.target._schema.is_mutable or \
-                str(n.target).startswith("prims.inductor_"):
-            return None
-        if not _static_small(n):
-            return None
     gm = graph_module if graph_module is not None else node.graph.owning_module
+    order = [n for n in node.graph.nodes if n in nodes]  # topological
+    last_use = {}
+    for i, n in enumerate(order):
+        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: last_use.__setitem__(a, i))
     env: dict = {}
     cpu = torch.device("cpu")
     try:
         with real_mode(), torch.no_grad():
-            for n in node.graph.nodes:  # topological order
-                if n not in nodes:
-                    continue
+            for i, n in enumerate(order):
                 if n.op == "get_attr":
                     value = gm
                     for part in str(n.target).split("."):
@@ -690,12 +709,14 @@ def constant_value(node: torch.fx.Node, graph_module=None):
                     if not isinstance(value, torch.Tensor) or value.is_meta:
                         return None
                     env[n] = value.detach().to(cpu)
-                    continue
-                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
-                if "device" in kwargs:
-                    kwargs = dict(kwargs, device=cpu)
-                env[n] = n.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - an op that cannot run here: the mask stays a bias
+                else:
+                    args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+                    if "device" in kwargs:
+                        kwargs = dict(kwargs, device=cpu)
+                    env[n] = n.target(*args, **kwargs)
+                for a in [a for a, j in last_use.items() if j == i and a is not node]:
+                    env.pop(a, None)  # no later use: free it
+    except Exception:  # noqa: BLE001 - an op that cannot run here (or its value cannot be read): the mask stays a bias
         return None
     value = env.get(node)
     return value if isinstance(value, torch.Tensor) else None
@@ -705,13 +726,19 @@ def constant_band(node: torch.fx.Node, sq, sk, keep_if_true: bool = True):
     """The Band a compile-time constant mask is, exactly, or None. A bool mask keeps its True entries (False ones
     with keep_if_true=False); a float one adds 0 (kept) or hides (-inf, or a value at or below NEG_LARGE or its dtype's
     min / 2: Band.finite_fill when any hidden value is finite). Every leading (batch, head) slice must be the same."""
-    if not (isinstance(sq, int) and isinstance(sk, int)):
+    if not (isinstance(sq, int) and isinstance(sk, int)) or sq * sk > MAX_CONSTANT_MASK_ELEMENTS:
         return None
-    value = constant_value(node)
-    if value is None or value.dim() < 2 or value.shape[-2] not in (1, sq) or value.shape[-1] not in (1, sk):
-        return None
-    with real_mode(), torch.no_grad():  # (real tensors: inside Inductor's fake mode otherwise)
-        return _band_of_values(value, sq, sk, keep_if_true)
+    key = (sq, sk, keep_if_true)
+    cache = node.meta.setdefault(_BAND_CACHE, {})
+    if key not in cache:
+        band = None
+        value = constant_value(node)
+        if value is not None and value.dim() >= 2 and value.shape[-2] in (1, sq) and value.shape[-1] in (1, sk):
+            with real_mode(), torch.no_grad():  # (real tensors: inside Inductor's fake mode otherwise)
+                band = _band_of_values(value, sq, sk, keep_if_true)
+        cache[key] = band
+    band = cache[key]
+    return None if band is None else Band(band.lo, band.hi, band.finite_fill)  # (callers set finite_fill on theirs)
 
 
 def _band_of_values(value: torch.Tensor, sq: int, sk: int, keep_if_true: bool):
@@ -730,11 +757,23 @@ def _band_of_values(value: torch.Tensor, sq: int, sk: int, keep_if_true: bool):
     if not bool((keep == keep[:1]).all()):
         return None  # depends on the batch or head
     keep = keep[0].expand(sq, sk)
-    if not bool(keep.any()):
+    # each row's kept keys: one interval [first, last] (count == last - first + 1), or none
+    count = keep.sum(1)
+    if not bool(count.any()):
         return None
-    d = torch.arange(sk)[None, :] - torch.arange(sq)[:, None]  # j - i
-    lo, hi = int(d[keep].min()), int(d[keep].max())
-    if not bool((keep == ((d >= lo) & (d <= hi))).all()):
+    cols = torch.arange(sk)
+    first = torch.where(keep, cols, sk).amin(1)
+    last = torch.where(keep, cols, -1).amax(1)
+    rows = count > 0
+    if not bool((count[rows] == last[rows] - first[rows] + 1).all()):
+        return None
+    i = torch.arange(sq)
+    lo, hi = int((first - i)[rows].min()), int((last - i)[rows].max())  # the band: lo <= j - i <= hi
+    # exactly that band: every row keeps [max(0, i + lo), min(sk - 1, i + hi)] (empty where that is)
+    want_first, want_last = (i + lo).clamp(min=0), (i + hi).clamp(max=sk - 1)
+    want_rows = want_first <= want_last
+    if not bool((want_rows == rows).all()) or not bool((first[rows] == want_first[rows]).all()) or \
+            not bool((last[rows] == want_last[rows]).all()):
         return None
     return Band(None if lo <= -(sq - 1) else sympy.Integer(lo), None if hi >= sk - 1 else sympy.Integer(hi),
                 finite_fill)
@@ -772,7 +811,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                 if band.lo is None and band.hi is None:
                     continue
                 bands.append((band, entry))
-                notes.append("mask recognized from its compile-time value")
+                notes.append(RECOGNIZED_CONSTANT)
                 continue
             bias.append(entry)
             continue
@@ -791,7 +830,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
         if not isinstance(band, Band):
             band = constant_band(term.node, _static_int(sq), _static_int(sk), term.keep_if_true)
             if band is not None:
-                notes.append("mask recognized from its compile-time value")
+                notes.append(RECOGNIZED_CONSTANT)
         if isinstance(band, Band):
             if band.lo is None and band.hi is None:
                 continue
@@ -806,7 +845,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
 
     def as_bias(note):
         plan.bias = bias + [entry for _, entry in bands]
-        plan.notes.append(note)
+        plan.notes = [n for n in plan.notes if n != RECOGNIZED_CONSTANT] + [note]
         return plan
 
     if len(bands) + len(bias) > 1 and any(b.finite_fill for b, _ in bands):
