@@ -13,9 +13,12 @@ seqlens=${1:-1024,4096,16384}
 masks=${2:-none,bf16,fp32,bool}
 shift 2 2>/dev/null || shift $#
 variants=(base "$@")
+names=$(for v in "${variants[@]}"; do basename "$v"; done)
+if [ "$(echo "$names" | sort | uniq -d)" != "" ]; then echo "variant folders need distinct names (and not 'base')"; exit 2; fi
 for v in "${variants[@]}"; do
   inc=$([ "$v" = base ] && echo cuda/include || echo "$v")
   name=$(basename "$v")
+  rm -f "$OUT/bench_$name"  # (a failed build must not leave an older binary to time)
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -DFA2_HD="${FA2_HD:-64}" -I "$inc" -I cuda/src \
     --generate-code=arch=compute_90a,code=[sm_90a] -Xptxas=-v scripts/fwd_variant_bench.cu cuda/src/dispatch.cpp \
     -o "$OUT/bench_$name" >"$OUT/build_$name.log" 2>&1 &

@@ -34,6 +34,11 @@ source scripts/steps.sh
   sanitize-bwd80 tests-kbias-off bench
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
+known=" probes build tests pytest tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd80 sanitize-bwd80 \
+tests-kbias-off bench "
+for s in "$@"; do
+  [[ "$known" == *" $s "* ]] || { echo "gpu_validate: unknown step '$s' (steps:$known)"; exit 2; }
+done
 
 cc=$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 0)
 if [ "$cc" = "90" ] && want_step probes; then
