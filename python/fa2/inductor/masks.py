@@ -635,7 +635,7 @@ class MaskPlan:
 # intermediate (and seqlen_q x seqlen_k) at most MAX_CONSTANT_MASK_ELEMENTS elements (intermediates are freed after
 # their last use), at most MAX_CONSTANT_MASK_NODES nodes; the result is cached on the node (one mask serves every
 # layer of a model).
-MAX_CONSTANT_MASK_ELEMENTS = 1 << 25
+MAX_CONSTANT_MASK_ELEMENTS = 1 << 27  # (8k x 8k x 2: a few hundred MB of host memory at most, once per graph)
 MAX_CONSTANT_MASK_NODES = 400
 _BAND_CACHE = "fa2_constant_band"
 RECOGNIZED_CONSTANT = "mask recognized from its compile-time value"
@@ -757,13 +757,13 @@ def _band_of_values(value: torch.Tensor, sq: int, sk: int, keep_if_true: bool):
     if not bool((keep == keep[:1]).all()):
         return None  # depends on the batch or head
     keep = keep[0].expand(sq, sk)
-    # each row's kept keys: one interval [first, last] (count == last - first + 1), or none
+    # each row's kept keys: one interval [first, last] (count == last - first + 1), or none (argmax gives the first
+    # maximum: no sq x sk index grid, only byte-sized copies)
     count = keep.sum(1)
     if not bool(count.any()):
         return None
-    cols = torch.arange(sk)
-    first = torch.where(keep, cols, sk).amin(1)
-    last = torch.where(keep, cols, -1).amax(1)
+    first = keep.to(torch.uint8).argmax(1)
+    last = (sk - 1) - keep.flip(1).to(torch.uint8).argmax(1)
     rows = count > 0
     if not bool((count[rows] == last[rows] - first[rows] + 1).all()):
         return None
