@@ -45,8 +45,8 @@ done <"$work/gen/instances.txt"
 for probe in sm90_wgmma_probe sm90_tma_probe; do
   echo "$NVCC -std=c++17 -O2 -I cuda/include --generate-code=arch=compute_90a,code=[sm_90a] scripts/$probe.cu -o $work/$probe" >>"$jobs_file"
 done
-# the forward's variant harness (scripts/fwd_variants.sh), compile only, at its default headdim
-echo "$NVCC ${flags[*]} --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench.o" >>"$jobs_file"
+# the kernel variant harness (scripts/fwd_variants.sh), compile only, at its default headdim, with the backward
+echo "$NVCC ${flags[*]} -DFA2_BWD=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench.o" >>"$jobs_file"
 
 echo "== cuda/include/fa2/sm90/wgmma_ops.cuh is what gen_wgmma.py writes"
 python3 cuda/include/fa2/sm90/gen_wgmma.py --out "$work/wgmma_ops.cuh" >/dev/null

@@ -1,9 +1,10 @@
-// A/B timing of compile-time variants of the forward kernel, without torch: one instance (bf16, headdim FA2_HD,
-// sm_90a) built straight from a cuda/include tree, timed with CUDA events on random inputs, with and without a
-// (B, 1, 1, S) padding bias (last 10% of keys masked; bf16 / fp32 / bool). Each variant is its own nvcc build (about
-// 10 s), so a device call can build several side by side and time them in one run (scripts/fwd_variants.sh).
-// Prints one line per case: TFLOP/s (4 B H S^2 D / time, the padded keys counted) and a checksum of out (variants
-// that must be bitwise equal print the same one).
+// A/B timing of compile-time variants of the forward kernel (and, built with -DFA2_BWD=1, the backward), without
+// torch: one instance (bf16, headdim FA2_HD, sm_90a) built straight from a cuda/include tree, timed with CUDA events
+// on random inputs, with and without a (B, 1, 1, S) padding bias (last 10% of keys masked; bf16 / fp32 / bool). Each
+// variant is its own nvcc build (about 10 s for the forward), so a device call can build several side by side and
+// time them in one run (scripts/fwd_variants.sh). Prints one line per case and direction: TFLOP/s (forward
+// 4 B H S^2 D / time, backward 2.5x that; the padded keys counted) and a checksum of out (of dq for the backward:
+// variants that must be bitwise equal print the same one; the backward's dq is summed with atomics, so only close).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -16,6 +17,9 @@
 #include <vector>
 
 #include "fa2/fwd_launch_template.cuh"
+#if FA2_BWD
+#include "fa2/bwd_launch_template.cuh"
+#endif
 
 #ifndef FA2_HD
 #define FA2_HD 64
@@ -38,6 +42,36 @@ E* device_copy(const std::vector<E>& host) {
   CHECK_CUDA(cudaMalloc(&d, host.size() * sizeof(E)));
   CHECK_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(E), cudaMemcpyHostToDevice));
   return d;
+}
+
+// Median time of fn() in ms: 3 warm-up calls, then 5 batches of about 200 ms of launches in all.
+template <typename Fn>
+float median_ms(Fn fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaEventRecord(start));
+  fn();
+  CHECK_CUDA(cudaEventRecord(stop));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  float once_ms = 0.f;
+  CHECK_CUDA(cudaEventElapsedTime(&once_ms, start, stop));
+  const int per_batch = std::max(2, int(40.f / std::max(once_ms, 1e-3f)));
+  std::vector<float> times;
+  for (int rep = 0; rep < 5; ++rep) {
+    CHECK_CUDA(cudaEventRecord(start));
+    for (int i = 0; i < per_batch; ++i) fn();
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms / float(per_batch));
+  }
+  std::sort(times.begin(), times.end());
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return times[2];
 }
 
 // the padding bias of one case: key j of every batch is masked when j >= seqlen - seqlen / 10
@@ -110,44 +144,55 @@ int main(int argc, char** argv) {
       p.bias = bias;
       p.bias_batch_stride = seqlen, p.bias_head_stride = 0, p.bias_row_stride = 0, p.bias_col_stride = 1;
 
-      auto run = [&] {
-        if (const char* e = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr)) {
-          std::fprintf(stderr, "run_fwd_instance: %s\n", e);
+      const double fwd_flops = 4.0 * batch * nheads * double(seqlen) * seqlen * kHeadDim;
+      auto report = [&](const char* pass, const char* what, const char* e, double flops, const void* result_ptr) {
+        if (e != nullptr) {
+          std::fprintf(stderr, "%s: %s\n", what, e);
           std::exit(1);
         }
+        std::vector<__nv_bfloat16> result(elems);
+        CHECK_CUDA(cudaMemcpy(result.data(), result_ptr, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+        double checksum = 0;
+        for (size_t i = 0; i < elems; ++i) checksum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
+        std::printf("d %d S %5d mask %-4s %s %6.1f TFLOP/s  checksum %.6e\n", kHeadDim, seqlen, mask, pass,
+                    flops / 1e12, checksum);
+        std::fflush(stdout);
       };
-      for (int i = 0; i < 3; ++i) run();
-      cudaEvent_t start, stop;
-      CHECK_CUDA(cudaEventCreate(&start));
-      CHECK_CUDA(cudaEventCreate(&stop));
-      CHECK_CUDA(cudaEventRecord(start));
-      run();
-      CHECK_CUDA(cudaEventRecord(stop));
-      CHECK_CUDA(cudaEventSynchronize(stop));
-      float once_ms = 0.f;
-      CHECK_CUDA(cudaEventElapsedTime(&once_ms, start, stop));
-      const int iters = std::max(10, int(200.f / std::max(once_ms, 1e-3f)));  // about 200 ms of launches
-      std::vector<float> times;
-      for (int rep = 0; rep < 5; ++rep) {  // median of 5 batches of iters launches
-        CHECK_CUDA(cudaEventRecord(start));
-        for (int i = 0; i < iters / 5 + 1; ++i) run();
-        CHECK_CUDA(cudaEventRecord(stop));
-        CHECK_CUDA(cudaEventSynchronize(stop));
-        float ms = 0.f;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        times.push_back(ms / float(iters / 5 + 1));
+      const char* fwd_error = nullptr;
+      const float fwd_ms = median_ms([&] {
+        if (fwd_error == nullptr) fwd_error = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
+      });
+      report("fwd", "run_fwd_instance", fwd_error, fwd_flops / (fwd_ms * 1e-3), out);
+#if FA2_BWD
+      {  // the backward of this forward (out, lse as computed above), dout random
+        fa2::AttentionParams pb = p;
+        for (auto& x : host) x = __float2bfloat16(uniform());
+        __nv_bfloat16* dout = device_copy(host);
+        __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
+        float *softmax_d = nullptr, *dq_accum = nullptr, *row_lse = nullptr, *row_shift = nullptr;
+        CHECK_CUDA(cudaMalloc(&dq, elems * sizeof(__nv_bfloat16)));
+        CHECK_CUDA(cudaMalloc(&dk, elems * sizeof(__nv_bfloat16)));
+        CHECK_CUDA(cudaMalloc(&dv, elems * sizeof(__nv_bfloat16)));
+        const size_t rows = size_t(batch) * nheads * seqlen;
+        CHECK_CUDA(cudaMalloc(&softmax_d, rows * sizeof(float)));
+        CHECK_CUDA(cudaMalloc(&dq_accum, rows * kHeadDim * sizeof(float)));
+        CHECK_CUDA(cudaMalloc(&row_lse, rows * sizeof(float)));
+        CHECK_CUDA(cudaMalloc(&row_shift, rows * sizeof(float)));
+        pb.dout = dout, pb.dq = dq, pb.dk = dk, pb.dv = dv;
+        pb.dout_batch_stride = pb.dq_batch_stride = pb.dk_batch_stride = pb.dv_batch_stride = bstride;
+        pb.dout_row_stride = pb.dq_row_stride = pb.dk_row_stride = pb.dv_row_stride = row;
+        pb.dout_head_stride = pb.dq_head_stride = pb.dk_head_stride = pb.dv_head_stride = kHeadDim;
+        pb.softmax_d = softmax_d, pb.dq_accum = dq_accum, pb.row_lse = row_lse, pb.row_shift = row_shift;
+        const char* bwd_error = nullptr;
+        const float bwd_ms = median_ms([&] {
+          if (bwd_error == nullptr) bwd_error = fa2::run_bwd_instance<__nv_bfloat16, kHeadDim, 901>(pb, nullptr);
+        });
+        report("bwd", "run_bwd_instance", bwd_error, 2.5 * fwd_flops / (bwd_ms * 1e-3), dq);
+        for (void* t : {(void*)dout, (void*)dq, (void*)dk, (void*)dv, (void*)softmax_d, (void*)dq_accum,
+                        (void*)row_lse, (void*)row_shift})
+          CHECK_CUDA(cudaFree(t));
       }
-      std::sort(times.begin(), times.end());
-      const double flops = 4.0 * batch * nheads * double(seqlen) * seqlen * kHeadDim;
-      std::vector<__nv_bfloat16> result(elems);
-      CHECK_CUDA(cudaMemcpy(result.data(), out, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
-      double checksum = 0;
-      for (size_t i = 0; i < elems; ++i) checksum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
-      std::printf("d %d S %5d mask %-4s  %6.1f TFLOP/s  checksum %.6e\n", kHeadDim, seqlen, mask,
-                  flops / (times[2] * 1e-3) / 1e12, checksum);
-      std::fflush(stdout);
-      CHECK_CUDA(cudaEventDestroy(start));
-      CHECK_CUDA(cudaEventDestroy(stop));
+#endif
       if (bias) CHECK_CUDA(cudaFree(bias));
     }
     for (auto& t : qkv) CHECK_CUDA(cudaFree(t));

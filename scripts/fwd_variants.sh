@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds scripts/fwd_variant_bench.cu once per variant of the kernel headers and times them side by side (GPU machine,
-# sm_90a; no torch, no CMake). A variant is a folder holding a full copy of cuda/include (its fa2/ headers, edited);
+# Builds scripts/fwd_variant_bench.cu once per variant of the kernel headers and times them side by side (the forward;
+# the backward too with FA2_BWD=1), on the GPU machine (sm_90a; no torch, no CMake). A variant is a folder holding a
+# full copy of cuda/include (its fa2/ headers, edited);
 # "base" is this tree's cuda/include. The builds run in parallel, the timings one after the other, twice in
 # alternating order (ABAB) so that clock drift shows.
-# Usage: bash scripts/fwd_variants.sh [seqlens] [masks] [variant folders...]   (env: FA2_HD, default 64; OUT)
+# Usage: bash scripts/fwd_variants.sh [seqlens] [masks] [variant folders...]
+#   env: FA2_HD (default 64), FA2_BWD=1 (also time the backward: builds take about 20 s), OUT
 #   e.g. bash scripts/fwd_variants.sh 1024,4096,16384 none,bf16,bool scratch/v1 scratch/v2
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,8 @@ for v in "${variants[@]}"; do
   inc=$([ "$v" = base ] && echo cuda/include || echo "$v")
   name=$(basename "$v")
   rm -f "$OUT/bench_$name"  # (a failed build must not leave an older binary to time)
-  nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -DFA2_HD="${FA2_HD:-64}" -I "$inc" -I cuda/src \
+  nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -DFA2_HD="${FA2_HD:-64}" -DFA2_BWD="${FA2_BWD:-0}" \
+    -I "$inc" -I cuda/src \
     --generate-code=arch=compute_90a,code=[sm_90a] -Xptxas=-v scripts/fwd_variant_bench.cu cuda/src/dispatch.cpp \
     -o "$OUT/bench_$name" >"$OUT/build_$name.log" 2>&1 &
 done
