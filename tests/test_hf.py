@@ -134,3 +134,79 @@ def test_sliding_window_with_a_mask_uses_the_mask_only():
     out, _ = fa2.hf.fa2_attention_forward(module, q, k, v, mask, scaling=8 ** -0.5, sliding_window=2)
     ref = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
     assert torch.allclose(out, ref, atol=1e-5)
+
+
+class CaptureFa2Fwd(TorchDispatchMode):
+    """The (attn_bias shape, causal) of every fa2.fwd call."""
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.fa2.fwd.default:
+            bias = args[3] if len(args) > 3 else (kwargs or {}).get("attn_bias")
+            causal = args[5] if len(args) > 5 else (kwargs or {}).get("causal", False)
+            self.calls.append((None if bias is None else tuple(bias.shape), bool(causal)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_fa2_mask_gives_the_padding_alone_only_for_bottom_right_causal():
+    """fa2_mask returns the (B, kv) padding mask (fa2: causal=True + a key mask) exactly when the causal diagonal is
+    fa2's bottom-right one; transformers' 4-D boolean mask otherwise."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+    pad = torch.ones(2, 10, dtype=torch.long)
+    pad[0, :3] = 0
+    got = fa2.hf.fa2_mask(2, 10, 10, attention_mask=pad)                      # prefill, no cache
+    assert got.shape == (2, 10) and got.dtype == torch.bool and torch.equal(got, pad.bool())
+    assert fa2.hf.fa2_mask(2, 10, 10, attention_mask=torch.ones(2, 10, dtype=torch.long)) is None  # no padding
+    pad14 = torch.ones(2, 14, dtype=torch.long)
+    pad14[0, :3] = 0
+    got = fa2.hf.fa2_mask(2, 4, 14, q_offset=10, attention_mask=pad14)        # a chunk after 10 cached tokens
+    assert got.shape == (2, 14) and torch.equal(got, pad14.bool())
+    got = fa2.hf.fa2_mask(2, 1, 14, q_offset=13, attention_mask=pad14)        # decoding
+    assert got.shape == (2, 14)
+    # a static cache (16 slots, 10 queries from position 0: top-left), a sliding window, another pattern: 4-D
+    for kwargs in [dict(q_length=10, kv_length=16, attention_mask=torch.ones(2, 16, dtype=torch.long)),
+                   dict(q_length=10, kv_length=10, attention_mask=pad, local_size=4,
+                        mask_function=sliding_window_causal_mask_function(4)),
+                   dict(q_length=10, kv_length=10, attention_mask=pad,
+                        mask_function=lambda b, h, q, kv: kv <= q + 1)]:
+        got = fa2.hf.fa2_mask(2, **kwargs)
+        want = sdpa_mask(batch_size=2, **kwargs)
+        assert (got is None and want is None) or torch.equal(got, want), kwargs
+        assert got is None or got.dim() == 4
+    assert fa2.hf.fa2_mask(2, 10, 10, attention_mask=pad, mask_function=causal_mask_function).dim() == 2
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_padded_batch_runs_causal_with_a_key_mask(device, dtype):
+    """A left-padded batch on a model without sliding windows (llama): fa2 runs causal=True with a (B, 1, 1, S) key
+    mask (the padding masks' fast kernels) in the forward, the backward and while decoding with the cache, and gives
+    eager's outputs on the real tokens, its gradients, and its greedy tokens."""
+    model = zoo.build("llama", device, dtype, attn="fa2").train()
+    eager = zoo.build("llama", device, dtype, attn="eager").train()
+    ids = zoo._ids(device)[:, :10]
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    # the loss only from logits at real tokens (a padded query row sees no key: fa2 gives 0 there, eager an average)
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, 1:][mask[:, :-1] == 0] = -100
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    with CaptureFa2Fwd() as captured:
+        got = _run(model, inputs)
+    assert captured.calls and all(c == ((ids.shape[0], 1, 1, ids.shape[1]), True) for c in captured.calls), \
+        captured.calls
+    want = _run(eager, inputs)
+    valid = mask.bool()
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got[0][valid].float(), want[0][valid].float(), atol=tol, rtol=tol)
+    for name, g in got[1].items():
+        torch.testing.assert_close(g.float(), want[1][name].float(), atol=10 * tol, rtol=10 * tol, msg=name)
+    model.eval(), eager.eval()
+    kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with CaptureFa2Fwd() as captured:
+        out = model.generate(ids, attention_mask=mask, **kwargs)
+    decode = [c for c in captured.calls if c[0] is not None and c[0][-1] > ids.shape[1]]  # steps after the prompt
+    assert decode and all(c[0][1:3] == (1, 1) for c in decode), captured.calls
+    if dtype == torch.float32:
+        assert torch.equal(out, eager.generate(ids, attention_mask=mask, **kwargs))
