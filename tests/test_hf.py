@@ -210,3 +210,19 @@ def test_padded_batch_runs_causal_with_a_key_mask(device, dtype):
     assert decode and all(c[0][1:3] == (1, 1) for c in decode), captured.calls
     if dtype == torch.float32:
         assert torch.equal(out, eager.generate(ids, attention_mask=mask, **kwargs))
+
+
+def test_a_2d_padding_mask_keeps_the_modules_causality():
+    """A (B, S) padding mask reaching the attention function hides those keys; causal only for a causal module (an
+    encoder's 2-D mask stays bidirectional), as flash-attention reads it."""
+    from fa2.reference import attention_ref
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    pad = torch.ones(2, 6, dtype=torch.bool)
+    pad[0, :2] = False
+    for causal in (True, False):
+        module = torch.nn.Module()
+        module.is_causal = causal
+        out, _ = fa2.hf.fa2_attention_forward(module, q, k, v, pad, scaling=0.5)
+        want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), pad[:, None, None, :],
+                             scale=0.5, causal=causal)
+        torch.testing.assert_close(out, want)

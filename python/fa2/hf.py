@@ -72,13 +72,15 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         raise NotImplementedError("fa2 does not support attention sinks (s_aux)")
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # fa2_mask's (batch, kv_length) padding mask: a causal mask with bottom-right diagonal, plus these keys hidden
+    # A (batch, kv_length) padding mask (fa2_mask's, for a causal mask with bottom-right diagonal; or one a model
+    # passes as it would to flash-attention): these keys hidden, the module's causality on top, as flash-attention
+    # reads such a mask.
     key_padding = attention_mask is not None and attention_mask.dim() == 2
     if key_padding:
         attention_mask = attention_mask[:, None, None, :]
     # As transformers' SDPA path: the causal flag only when there is no mask (a mask already holds the causal part,
-    # and may hold more, e.g. a bidirectional prefix), or fa2_mask's padding mask; a single query sees every key.
-    causal = (key_padding or (bool(is_causal) and attention_mask is None)) and seqlen_q > 1
+    # and may hold more, e.g. a bidirectional prefix) or a padding mask; a single query sees every key.
+    causal = bool(is_causal) and (attention_mask is None or key_padding) and seqlen_q > 1
     bias = attention_mask
     if bias is not None and bias.shape[-1] > seqlen_k:
         bias = bias[..., :seqlen_k]
