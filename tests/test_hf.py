@@ -107,6 +107,14 @@ def test_compiles_without_graph_breaks():
         torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+def test_sparse_attention_indices_are_refused():
+    """DeepSeek-V3.2-style sparse attention passes the keys each query reads (indices=): dense attention would be a
+    silent wrong answer."""
+    q = k = v = torch.randn(1, 2, 4, 8)
+    with pytest.raises(NotImplementedError, match="sparse attention"):
+        fa2.hf.fa2_attention_forward(torch.nn.Module(), q, k, v, None, indices=torch.zeros(1, 4, 2, dtype=torch.long))
+
+
 def test_dropout_in_training_is_refused():
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=zoo.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -150,32 +158,67 @@ class CaptureFa2Fwd(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_fa2_mask_gives_the_padding_alone_only_for_bottom_right_causal():
-    """fa2_mask returns the (B, kv) padding mask (fa2: causal=True + a key mask) exactly when the causal diagonal is
-    fa2's bottom-right one; transformers' 4-D boolean mask otherwise."""
-    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
-    pad = torch.ones(2, 10, dtype=torch.long)
-    pad[0, :3] = 0
-    got = fa2.hf.fa2_mask(2, 10, 10, attention_mask=pad)                      # prefill, no cache
-    assert got.shape == (2, 10) and got.dtype == torch.bool and torch.equal(got, pad.bool())
-    assert fa2.hf.fa2_mask(2, 10, 10, attention_mask=torch.ones(2, 10, dtype=torch.long)) is None  # no padding
-    pad14 = torch.ones(2, 14, dtype=torch.long)
-    pad14[0, :3] = 0
-    got = fa2.hf.fa2_mask(2, 4, 14, q_offset=10, attention_mask=pad14)        # a chunk after 10 cached tokens
-    assert got.shape == (2, 14) and torch.equal(got, pad14.bool())
-    got = fa2.hf.fa2_mask(2, 1, 14, q_offset=13, attention_mask=pad14)        # decoding
-    assert got.shape == (2, 14)
-    # a static cache (16 slots, 10 queries from position 0: top-left), a sliding window, another pattern: 4-D
-    for kwargs in [dict(q_length=10, kv_length=16, attention_mask=torch.ones(2, 16, dtype=torch.long)),
-                   dict(q_length=10, kv_length=10, attention_mask=pad, local_size=4,
-                        mask_function=sliding_window_causal_mask_function(4)),
-                   dict(q_length=10, kv_length=10, attention_mask=pad,
-                        mask_function=lambda b, h, q, kv: kv <= q + 1)]:
+def test_fa2_mask_is_sdpas_and_notes_only_bottom_right_causal_over_padding():
+    """fa2_mask returns transformers' sdpa_mask unchanged; it notes the padding (fa2: causal=True + a key mask) exactly
+    when the mask is plain causal over padding with fa2's bottom-right diagonal, with host-side offsets."""
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+    # (transformers hands the builders bool padding masks)
+    pad = torch.ones(2, 10, dtype=torch.bool)
+    pad[0, :3] = False
+    pad14 = torch.ones(2, 14, dtype=torch.bool)
+    pad14[0, :3] = False
+    noted = [dict(q_length=10, kv_length=10, attention_mask=pad),                    # prefill, no cache
+             dict(q_length=4, kv_length=14, q_offset=10, attention_mask=pad14),      # a chunk after 10 cached tokens
+             dict(q_length=1, kv_length=14, q_offset=13, attention_mask=pad14,       # decoding (a mask even for 1 query)
+                  allow_is_causal_skip=False)]
+    not_noted = [dict(q_length=10, kv_length=10, attention_mask=torch.ones(2, 10, dtype=torch.bool)),  # no padding
+                 dict(q_length=10, kv_length=16, attention_mask=torch.ones(2, 16, dtype=torch.bool),  # static cache
+                      allow_is_causal_skip=False),
+                 dict(q_length=10, kv_length=10, attention_mask=pad, local_size=4,
+                      mask_function=sliding_window_causal_mask_function(4)),
+                 dict(q_length=10, kv_length=10, attention_mask=pad, mask_function=lambda b, h, q, kv: kv <= q + 1),
+                 dict(q_length=4, kv_length=14, q_offset=torch.tensor(10), attention_mask=pad14)]  # a tensor offset
+    for kwargs, want_noted in [(k, True) for k in noted] + [(k, False) for k in not_noted]:
         got = fa2.hf.fa2_mask(2, **kwargs)
         want = sdpa_mask(batch_size=2, **kwargs)
         assert (got is None and want is None) or torch.equal(got, want), kwargs
-        assert got is None or got.dim() == 4
-    assert fa2.hf.fa2_mask(2, 10, 10, attention_mask=pad, mask_function=causal_mask_function).dim() == 2
+        padding = fa2.hf._padding_of(got)
+        assert (padding is not None) == want_noted, kwargs
+        if want_noted:
+            assert torch.equal(padding, kwargs["attention_mask"][:, -kwargs["kv_length"]:].bool())
+            assert fa2.hf._padding_of(got.clone()) is None  # only that very object
+
+
+def test_a_noted_mask_is_causal_whatever_the_module_says():
+    """Some modules compute is_causal as "no mask given" (False with a mask): a noted causal-over-padding mask still
+    runs causal, as its 4-D form would."""
+    from fa2.reference import attention_ref
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    pad = torch.ones(2, 6, dtype=torch.bool)
+    pad[0, :2] = False
+    mask = fa2.hf.fa2_mask(2, 6, 6, attention_mask=pad)
+    assert fa2.hf._padding_of(mask) is not None
+    module = torch.nn.Module()
+    module.is_causal = False
+    with CaptureFa2Fwd() as captured:
+        out, _ = fa2.hf.fa2_attention_forward(module, q, k, v, mask, scaling=0.5, is_causal=False)
+    assert captured.calls == [((2, 1, 1, 6), True)], captured.calls
+    want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale=0.5)
+    torch.testing.assert_close(out, want)
+
+
+def test_padded_batch_compiles_without_graph_breaks():
+    """Under torch.compile the 4-D mask is used as it is (nothing noted while tracing): no graph break, eager's result."""
+    model = zoo.build("llama", "cpu", torch.float32, attn="fa2").eval()
+    ids = zoo._ids("cpu")[:, :10]
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        got, want = compiled(input_ids=ids, attention_mask=mask).logits, model(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool()
+    torch.testing.assert_close(got[valid], want[valid])
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
@@ -210,19 +253,3 @@ def test_padded_batch_runs_causal_with_a_key_mask(device, dtype):
     assert decode and all(c[0][1:3] == (1, 1) for c in decode), captured.calls
     if dtype == torch.float32:
         assert torch.equal(out, eager.generate(ids, attention_mask=mask, **kwargs))
-
-
-def test_a_2d_padding_mask_keeps_the_modules_causality():
-    """A (B, S) padding mask reaching the attention function hides those keys; causal only for a causal module (an
-    encoder's 2-D mask stays bidirectional), as flash-attention reads it."""
-    from fa2.reference import attention_ref
-    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
-    pad = torch.ones(2, 6, dtype=torch.bool)
-    pad[0, :2] = False
-    for causal in (True, False):
-        module = torch.nn.Module()
-        module.is_causal = causal
-        out, _ = fa2.hf.fa2_attention_forward(module, q, k, v, pad, scaling=0.5)
-        want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), pad[:, None, None, :],
-                             scale=0.5, causal=causal)
-        torch.testing.assert_close(out, want)

@@ -445,13 +445,31 @@ def test_constant_masks_become_flags(device, dtype, train):
         check_numerics(got, naive, hi)
 
 
+@torch.library.custom_op("fa2_test::state_mask", mutates_args=())
+def _state_mask(n: int) -> torch.Tensor:
+    # a custom op with no tensor input may read state that changes between calls: never a compile-time constant
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+@_state_mask.register_fake
+def _(n):
+    return torch.empty(n, n, dtype=torch.bool)
+
+
+def attn_custom_op_mask(q, k, v):
+    keep = torch.ops.fa2_test.state_mask(q.shape[2]).to(q.device)
+    s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(~keep, float("-inf"))
+    return s.softmax(-1) @ v
+
+
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 def test_constant_masks_that_are_no_band_or_random_stay_a_bias(device, dtype):
     for fn, backend in [(attn_constant_not_a_band, "fa2_eager"), (attn_random_keep_all, "fa2_eager"),
-                        (attn_random_keep_all, "fa2")]:  # (Inductor replaces rand by its own random prims)
+                        (attn_random_keep_all, "fa2"),  # (Inductor replaces rand by its own random prims)
+                        (attn_custom_op_mask, "fa2_eager")]:
         records, got, naive, hi = run(fn, qkv(device, dtype), device=device, dtype=dtype, train=False, backend=backend)
         assert_rewritten(records, causal=None, bias="bool")
-        if fn is attn_constant_not_a_band:
+        if fn is not attn_random_keep_all:
             check_numerics(got, naive, hi)
 
 

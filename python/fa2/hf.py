@@ -7,17 +7,21 @@
 transformers calls the attention function with (B, H, S, D) query/key/value (K/V with their own, fewer, heads for
 GQA), the mask it built, and the model's scaling / softcap / sliding window. fa2 reads the (B, H, S, D) tensors
 through transposed views (no copies), does GQA natively (no repeat_kv), and takes the mask as a bool ``attn_bias``.
-The masks come from fa2's mask builder (``fa2_mask``, registered for "fa2"): None when the mask is plain causal (fa2
-runs ``causal=True`` and skips the hidden blocks); for a causal mask with padding whose causal part is fa2's
-bottom-right one (no cache, or a cache that ends where the queries end), the (batch, kv_length) padding mask alone, as
-transformers' flash-attention builder returns it -- fa2 runs ``causal=True`` with a (B, 1, 1, kv_length) key mask,
-the padding masks' fast kernels; anything else transformers' SDPA builder's boolean (B, 1, q, kv) mask (True = attend).
+The masks are those of transformers' SDPA builder (``fa2_mask`` wraps it, registered for "fa2"): boolean (B, 1, q, kv),
+True = attend, or None when the mask is plain causal (fa2 runs ``causal=True`` and skips the hidden blocks). Models
+get exactly the masks they get with "sdpa". For a causal mask over padding whose diagonal is fa2's bottom-right one
+(no cache, or a dynamic cache that ends where the queries end), fa2_mask also remembers which keys are padded: when
+that very mask object reaches fa2_attention_forward (not sliced or copied on the way, not under torch.compile), fa2
+runs ``causal=True`` with a (B, 1, 1, kv) key mask, the padding masks' fast kernels, instead of the 4-D mask (the same
+keys visible).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-__all__ = ["register", "fa2_attention_forward"]
+__all__ = ["register", "fa2_attention_forward", "fa2_mask"]
 
 NAME = "fa2"
 
@@ -31,30 +35,49 @@ def register(name: str = NAME) -> None:
     AttentionMaskInterface.register(name, fa2_mask)
 
 
+# fa2_mask's note of the 4-D masks that are a causal mask (fa2's bottom-right diagonal) over padding: id(mask) ->
+# (a weak reference to the mask, its (B, kv) padding). An entry leaves with its mask (the weak reference's callback),
+# so an id is never matched against a later tensor.
+_CAUSAL_OVER_PADDING: dict = {}
+
+
+def _note_causal_over_padding(mask: torch.Tensor, padding: torch.Tensor) -> None:
+    key = id(mask)
+    _CAUSAL_OVER_PADDING[key] = (weakref.ref(mask, lambda _, key=key: _CAUSAL_OVER_PADDING.pop(key, None)), padding)
+
+
+def _padding_of(mask) -> torch.Tensor | None:
+    """The (B, kv) padding of a mask fa2_mask built as causal over padding (this very object), else None."""
+    if mask is None or torch.compiler.is_compiling():
+        return None
+    entry = _CAUSAL_OVER_PADDING.get(id(mask))
+    return entry[1] if entry is not None and entry[0]() is mask else None
+
+
 def fa2_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
              mask_function=None, attention_mask: torch.Tensor | None = None, local_size: int | None = None,
              allow_is_causal_skip: bool = True, **kwargs):
-    """transformers' mask builder for "fa2". A plain causal mask over a 2-D padding mask, whose query positions
-    (q_offset + i) and key positions (kv_offset + j) put the causal diagonal where fa2's bottom-right ``causal`` puts it
-    (q_offset - kv_offset == kv_length - q_length), comes back as the (batch_size, kv_length) bool padding mask alone
-    (None when nothing is padded); fa2_attention_forward runs it as ``causal=True`` plus a key mask. Any other mask
-    (sliding / chunked / packed / bidirectional patterns, a static cache's extra slots, no padding mask) is
-    transformers' sdpa_mask: a boolean (batch_size, 1, q_length, kv_length) mask or None."""
+    """transformers' mask builder for "fa2": transformers' sdpa_mask, unchanged. When that mask is a plain causal mask
+    over a 2-D padding mask whose query positions (q_offset + i) and key positions (kv_offset + j) put the causal
+    diagonal where fa2's bottom-right ``causal`` puts it (q_offset - kv_offset == kv_length - q_length, offsets known
+    on the host), the padding is noted for fa2_attention_forward (eager execution only)."""
     from transformers import masking_utils as mu
     if mask_function is None:
         mask_function = mu.causal_mask_function
-    prepare = getattr(mu, "prepare_padding_mask", None)
-    ignore = getattr(mu, "_ignore_causal_mask_sdpa", None)
-    if (mask_function is mu.causal_mask_function and local_size is None and prepare is not None and ignore is not None
-            and attention_mask is not None and attention_mask.dim() == 2
-            and q_offset - kv_offset == kv_length - q_length):
-        padding = prepare(attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length].bool()
-        if allow_is_causal_skip and ignore(padding, q_length, kv_length, q_offset, kv_offset, None):
-            return None
-        return padding
-    return mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+    mask = mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                         kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                         local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+    prepare = getattr(mu, "prepare_padding_mask", None)
+    if (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.dtype == torch.bool
+            and not torch.compiler.is_compiling()
+            and mask_function is mu.causal_mask_function and local_size is None and prepare is not None
+            and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
+            and all(isinstance(x, int) for x in (q_length, kv_length, q_offset, kv_offset))  # (a static cache: tensors)
+            and q_offset - kv_offset == kv_length - q_length):
+        padding = prepare(attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length].bool()
+        if padding.shape == (mask.shape[0], mask.shape[-1]):
+            _note_causal_over_padding(mask, padding)
+    return mask
 
 
 def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -70,24 +93,26 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
             "set the config's attention dropout to 0 or use model.eval()")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("fa2 does not support attention sinks (s_aux)")
+    if kwargs.get("indices") is not None:  # (DeepSeek-V3.2-style sparse attention: the keys each query reads)
+        raise NotImplementedError("fa2 does not support sparse attention (indices): it would compute dense attention")
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # A (batch, kv_length) padding mask (fa2_mask's, for a causal mask with bottom-right diagonal; or one a model
-    # passes as it would to flash-attention): these keys hidden, the module's causality on top, as flash-attention
-    # reads such a mask.
-    key_padding = attention_mask is not None and attention_mask.dim() == 2
+    # a mask fa2_mask noted as causal over padding: the padding as a key mask, and the causal flag (whatever the
+    # module says: some compute is_causal as "no mask given")
+    padding = _padding_of(attention_mask)
+    key_padding = padding is not None
     if key_padding:
-        attention_mask = attention_mask[:, None, None, :]
+        attention_mask = padding[:, None, None, :]
     # As transformers' SDPA path: the causal flag only when there is no mask (a mask already holds the causal part,
-    # and may hold more, e.g. a bidirectional prefix) or a padding mask; a single query sees every key.
-    causal = bool(is_causal) and (attention_mask is None or key_padding) and seqlen_q > 1
+    # and may hold more, e.g. a bidirectional prefix); a single query sees every key.
+    causal = (key_padding or (bool(is_causal) and attention_mask is None)) and seqlen_q > 1
     bias = attention_mask
     if bias is not None and bias.shape[-1] > seqlen_k:
         bias = bias[..., :seqlen_k]
     if causal and not key_padding and seqlen_k > seqlen_q:
         # No mask with more keys than queries only happens for the prefill into an empty static cache: the causal
         # mask is top-left aligned there (the extra keys are empty slots), so drop them, as transformers does.
-        # (fa2_mask's padding masks come with the bottom-right diagonal checked: a cache's past keys are real.)
+        # (a noted causal-over-padding mask comes with the bottom-right diagonal checked: a cache's past keys are real)
         key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
         if position_bias is not None:
             position_bias = position_bias[..., :seqlen_q]

@@ -662,6 +662,15 @@ _FLOAT_SELECT_OPS = {"where", "expand", "view", "_unsafe_view", "reshape", "unsq
                      "transpose", "clone", "alias", "slice", "select", "index", "cat", "_to_copy",
                      "convert_element_type", "lift_fresh_copy", "full", "full_like", "zeros", "zeros_like", "ones",
                      "ones_like", "masked_fill", "scalar_tensor", "contiguous"}
+# The aten / prims ops a compile-time mask may be computed with: deterministic functions of their inputs with the
+# same result on the CPU as on the GPU (no custom op, which may read state; no empty*, whose memory is
+# uninitialized; no scatter / index_put / sort / topk, whose duplicates or ties may resolve differently).
+_CONSTANT_MASK_OPS = _FLOAT_SELECT_OPS | {
+    "iota", "arange", "add", "sub", "mul", "neg", "abs", "remainder", "fmod", "floor_divide", "div", "clamp",
+    "clamp_min", "clamp_max", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_not", "logical_and", "logical_or", "logical_xor", "logical_not", "cumsum", "flip", "stack",
+    "tril", "triu", "sum", "any", "all", "amax", "amin", "max", "min", "squeeze_copy", "unsqueeze_copy",
+    "expand_copy", "view_copy", "permute_copy", "slice_copy", "select_copy", "_local_scalar_dense", "sign", "diff"}
 
 
 def _evaluable(n: torch.fx.Node) -> bool:
@@ -673,9 +682,10 @@ def _evaluable(n: torch.fx.Node) -> bool:
         return True
     if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
         return False
-    # random ops (and Inductor's replacements of them, prims.inductor_*: not all tagged) draw at run time
-    if torch.Tag.nondeterministic_seeded in n.target.tags or n.target._schema.is_mutable or \
-            str(n.target).startswith("prims.inductor_"):
+    if n.target.namespace not in ("aten", "prims") or n.target.overloadpacket.__name__ not in _CONSTANT_MASK_OPS:
+        return False
+    # (random ops are not in the list; the tag check guards an overload of a listed name that would draw)
+    if torch.Tag.nondeterministic_seeded in n.target.tags or n.target._schema.is_mutable:
         return False
     val = n.meta.get("val")
     if isinstance(val, torch.Tensor):
