@@ -187,6 +187,10 @@ def test_fa2_mask_is_sdpas_and_notes_only_bottom_right_causal_over_padding():
         if want_noted:
             assert torch.equal(padding, kwargs["attention_mask"][:, -kwargs["kv_length"]:].bool())
             assert fa2.hf._padding_of(got.clone()) is None  # only that very object
+            changed = got.contiguous()
+            fa2.hf._note_causal_over_padding(changed, padding)
+            changed[0, 0, -1, 0] = True  # changed in place after the note: not matched
+            assert fa2.hf._padding_of(changed) is None
 
 
 def test_a_noted_mask_is_causal_whatever_the_module_says():

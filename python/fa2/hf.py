@@ -36,14 +36,16 @@ def register(name: str = NAME) -> None:
 
 
 # fa2_mask's note of the 4-D masks that are a causal mask (fa2's bottom-right diagonal) over padding: id(mask) ->
-# (a weak reference to the mask, its (B, kv) padding). An entry leaves with its mask (the weak reference's callback),
-# so an id is never matched against a later tensor.
+# (a weak reference to the mask, its version counter then, its (B, kv) padding). An entry leaves with its mask (the
+# weak reference's callback), so an id is never matched against a later tensor; a mask changed in place since (its
+# version moved) is not matched either.
 _CAUSAL_OVER_PADDING: dict = {}
 
 
 def _note_causal_over_padding(mask: torch.Tensor, padding: torch.Tensor) -> None:
     key = id(mask)
-    _CAUSAL_OVER_PADDING[key] = (weakref.ref(mask, lambda _, key=key: _CAUSAL_OVER_PADDING.pop(key, None)), padding)
+    _CAUSAL_OVER_PADDING[key] = (weakref.ref(mask, lambda _, key=key: _CAUSAL_OVER_PADDING.pop(key, None)),
+                                 mask._version, padding)
 
 
 def _padding_of(mask) -> torch.Tensor | None:
@@ -51,7 +53,7 @@ def _padding_of(mask) -> torch.Tensor | None:
     if mask is None or torch.compiler.is_compiling():
         return None
     entry = _CAUSAL_OVER_PADDING.get(id(mask))
-    return entry[1] if entry is not None and entry[0]() is mask else None
+    return entry[2] if entry is not None and entry[0]() is mask and entry[1] == mask._version else None
 
 
 def fa2_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
