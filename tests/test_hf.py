@@ -257,3 +257,17 @@ def test_padded_batch_runs_causal_with_a_key_mask(device, dtype):
     assert decode and all(c[0][1:3] == (1, 1) for c in decode), captured.calls
     if dtype == torch.float32:
         assert torch.equal(out, eager.generate(ids, attention_mask=mask, **kwargs))
+
+
+def test_a_noted_mask_gets_no_window_from_the_layer():
+    """A noted causal-over-padding mask holds no window (it was built without one): a sliding_window the layer passes
+    alongside is ignored, as the SDPA path reads its 4-D form alone."""
+    from fa2.reference import attention_ref
+    q, k, v = (torch.randn(2, 2, 8, 8) for _ in range(3))
+    pad = torch.ones(2, 8, dtype=torch.bool)
+    pad[0, :2] = False
+    mask = fa2.hf.fa2_mask(2, 8, 8, attention_mask=pad)
+    assert fa2.hf._padding_of(mask) is not None
+    out, _ = fa2.hf.fa2_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=0.5, sliding_window=3)
+    want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale=0.5)
+    torch.testing.assert_close(out, want)

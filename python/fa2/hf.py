@@ -120,10 +120,10 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
             position_bias = position_bias[..., :seqlen_q]
         seqlen_k = seqlen_q
     window_left = -1
-    if sliding_window is not None and sliding_window > 0 and (attention_mask is None or key_padding):
+    if sliding_window is not None and sliding_window > 0 and attention_mask is None:
         # transformers: key j visible iff j > i - sliding_window. Only without a mask: a given mask already holds
         # the window, at the true cache positions, which fa2's bottom-right anchor would not match (static or
-        # padded caches).
+        # padded caches); a noted causal-over-padding mask holds none (as its 4-D form, which SDPA reads alone).
         window_left = sliding_window - 1
     window_right = -1
     if causal and not key_padding and seqlen_q > seqlen_k:  # top-left causal with more queries than keys
