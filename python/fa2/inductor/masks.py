@@ -592,16 +592,17 @@ def _tighter(x, y, pick):
 NEG_LARGE = -1e30  # a fill at or below this (or dtype.min) hides a key exactly as -inf does for rows with a key
 
 
+def hiding_bound(dtype) -> float:
+    """The largest value that hides a key (-inf included): NEG_LARGE, or a floating dtype's minimum / 2 above it."""
+    if dtype is not None and dtype.is_floating_point:
+        return max(NEG_LARGE, torch.finfo(dtype).min / 2)
+    return NEG_LARGE
+
+
 def is_hiding_value(value, dtype) -> bool:
     if value is None or not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
-    if value == -math.inf:
-        return True
-    if value <= NEG_LARGE:
-        return True
-    if dtype is not None and dtype.is_floating_point and value <= torch.finfo(dtype).min / 2:
-        return True
-    return False
+    return value <= hiding_bound(dtype)
 
 
 @dataclass
@@ -756,7 +757,7 @@ def _band_of_values(value: torch.Tensor, sq: int, sk: int, keep_if_true: bool):
     if value.dtype == torch.bool:
         keep = value if keep_if_true else ~value
     elif value.is_floating_point():
-        hide = value <= max(NEG_LARGE, torch.finfo(value.dtype).min / 2)  # is_hiding_value's rule (-inf included)
+        hide = value <= hiding_bound(value.dtype)
         keep = value == 0
         if not bool((keep | hide).all()):
             return None
@@ -800,6 +801,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
             entry = ("add", term.node)
             value = interp.value(term.node)
             dtype = _dtype(term.node)
+            band = None
             if isinstance(value, Sel) and {_kind(value.a, dtype), _kind(value.b, dtype)} == {"zero", "hide"}:
                 zero_first = _kind(value.a, dtype) == "zero"
                 pred = value.pred if zero_first else _pred_not(value.pred)
@@ -811,17 +813,15 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                     entry = ("keep" if keep_if_true else "drop", where.args[0])
                 band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
                 if isinstance(band, Band):
-                    if band.lo is None and band.hi is None:
-                        continue      # hides nothing: adds 0 everywhere
                     band.finite_fill = fill != -math.inf
-                    bands.append((band, entry))
-                    continue
-            band = constant_band(term.node, _static_int(sq), _static_int(sk))
-            if band is not None:
+            if not isinstance(band, Band):
+                band = constant_band(term.node, _static_int(sq), _static_int(sk))  # (its finite_fill from the values)
+                if band is not None:
+                    notes.append(RECOGNIZED_CONSTANT)
+            if isinstance(band, Band):
                 if band.lo is None and band.hi is None:
-                    continue
+                    continue      # hides nothing: adds 0 everywhere
                 bands.append((band, entry))
-                notes.append(RECOGNIZED_CONSTANT)
                 continue
             bias.append(entry)
             continue
