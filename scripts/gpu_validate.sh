@@ -30,12 +30,12 @@ STEP_LOGS=$OUT
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
 
-[ $# -eq 0 ] && set -- probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd80 \
-  sanitize-bwd80 tests-kbias-off bench
+all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd80 sanitize-bwd80
+  tests-kbias-off bench)
+[ $# -eq 0 ] && set -- "${all_steps[@]}"
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
-known=" probes build tests pytest tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd80 sanitize-bwd80 \
-tests-kbias-off bench "
+known=" build pytest ${all_steps[*]} "
 for s in "$@"; do
   [[ "$known" == *" $s "* ]] || { echo "gpu_validate: unknown step '$s' (steps:$known)"; exit 2; }
 done
