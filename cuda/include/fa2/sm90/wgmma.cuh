@@ -75,6 +75,10 @@ __device__ __forceinline__ void hold_registers(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int M, int N, int K>
+__device__ __forceinline__ void hold_registers(float (&d)[M][N][K]) {
+  hold_registers(reinterpret_cast<float(&)[M * N * K]>(d));
+}
 template <int N>
 __device__ __forceinline__ void hold_fragments(uint32_t (&a)[N][4]) {
 #pragma unroll
@@ -87,7 +91,11 @@ __device__ __forceinline__ void hold_fragments(uint32_t (&a)[N][4]) {
 //   B (K x kN): rows b_at .. of BTile as (N, K) (K-major: B^T stored), or (kBMnMajor) columns b_at .. of BTile as
 //     (K, N) (b_at a multiple of its column blocks).
 // d is the warp's share of the accumulator (the m16n8 C fragments of its 16 rows, kN / 8 n8 tiles).
-template <typename T, int kN, int kKSteps, bool kAMnMajor, bool kBMnMajor, class ATile, class BTile>
+// kWait = false: only issued and committed as one group; wait_hold (or wait_group + hold_registers) completes it,
+// and d must not be touched before. kOverwrite: d = A B (the first k step does not read d, which need not be
+// initialized: no zeroing instructions, which ptxas would otherwise have to order against wgmmas still in flight).
+template <typename T, int kN, int kKSteps, bool kAMnMajor, bool kBMnMajor, class ATile, class BTile, bool kWait = true,
+          bool kOverwrite = false>
 __device__ __forceinline__ void gemm_ss(float (&d)[kN / 2], uint32_t sA, int a_at, uint32_t sB, int b_at) {
   using ADesc = TileDescriptors<ATile>;
   using BDesc = TileDescriptors<BTile>;
@@ -97,11 +105,21 @@ __device__ __forceinline__ void gemm_ss(float (&d)[kN / 2], uint32_t sA, int a_a
   for (int k16 = 0; k16 < kKSteps; ++k16) {
     const uint64_t desc_a = kAMnMajor ? ADesc::mn_major(sA, k16, a_at) : ADesc::k_major(sA, a_at, k16);
     const uint64_t desc_b = kBMnMajor ? BDesc::mn_major(sB, k16, b_at) : BDesc::k_major(sB, b_at, k16);
-    Wgmma<T, kN>::template ss<kBMnMajor ? 1 : 0, kAMnMajor ? 1 : 0>(d, desc_a, desc_b, 1);
+    Wgmma<T, kN>::template ss<kBMnMajor ? 1 : 0, kAMnMajor ? 1 : 0>(d, desc_a, desc_b, kOverwrite && k16 == 0 ? 0 : 1);
   }
   commit_group();
-  wait_group<0>();
-  hold_registers(d);
+  if constexpr (kWait) {
+    wait_group<0>();
+    hold_registers(d);
+  }
+}
+
+// Completes all but the kPending most recently committed wgmma groups (they complete in order) and pins the
+// accumulators d... of the completed ones (see hold_registers).
+template <int kPending, typename... Acc>
+__device__ __forceinline__ void wait_hold(Acc&... d) {
+  wait_group<kPending>();
+  (hold_registers(d), ...);
 }
 
 // Warp specialization: a warpgroup gives registers back (a producer that only issues copies) or takes more (the
