@@ -6,10 +6,14 @@ Ways (``--ways``), each a Hugging Face model built from a LlamaConfig with rando
   eager+fa2        the same unmodified eager model, torch.compile(model, backend="fa2") (``import fa2`` registers
                    the backend, which rewrites the attention sites into fa2 ops in forward and backward)
   sdpa+inductor    attn_implementation="sdpa" (F.scaled_dot_product_attention), torch.compile(model)
+  hf-fa2+inductor  attn_implementation="fa2" (fa2.hf: the fa2 op called by transformers), torch.compile(model);
+                   only when named in --ways
 
 Modes (``--modes``):
   train     one training step = forward + loss + backward + fused AdamW step; bf16 weights; random token ids
   prefill   forward only, no grad, no KV cache, logits of the last position only
+            (``--pad F``: a left-padded batch, row b with round(F * S * b / (B - 1)) padding tokens, passed as the
+            attention_mask; tokens/s still counts every position, real_tokens_per_s only the unpadded ones)
   generate  greedy generation, batch 1: Hugging Face generate with a static KV cache, its decoding step compiled
             with the way's backend (the prompt's prefill inside generate runs uncompiled, as transformers does)
 
@@ -52,7 +56,9 @@ WAYS = {  # name: (attn_implementation, torch.compile backend)
     "eager+inductor": ("eager", "inductor"),
     "eager+fa2": ("eager", "fa2"),
     "sdpa+inductor": ("sdpa", "inductor"),
+    "hf-fa2+inductor": ("fa2", "inductor"),
 }
+DEFAULT_WAYS = ("eager+inductor", "eager+fa2", "sdpa+inductor")  # the comparison the README quotes
 MODES = ("train", "prefill", "generate")
 MODEL_FULL = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
                   intermediate_size=5632, vocab_size=32000)
@@ -155,6 +161,9 @@ def attention_ops(fn) -> dict:
 
 def build_model(attn: str, model_kwargs: dict, device, max_positions: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
+    if attn == "fa2":
+        import fa2.hf
+        fa2.hf.register()  # attn_implementation="fa2"
     config = LlamaConfig(**model_kwargs, max_position_embeddings=max_positions, tie_word_embeddings=False)
     torch.manual_seed(0)  # the same weights for every way
     with torch.device(device):  # initialize on the device: fast, and no host copy of 1.1B parameters
@@ -262,10 +271,12 @@ def run_prefill(way, seqlen, batch, args, device, model_kwargs) -> dict:
     cmodel = compile_model(model, backend)
     gen = torch.Generator(device=device).manual_seed(2)
     ids = torch.randint(0, model_kwargs["vocab_size"], (batch, seqlen), device=device, generator=gen)
+    mask = left_padding_mask(batch, seqlen, args.pad, device)
+    extra = {} if mask is None else {"attention_mask": mask}
 
     @torch.no_grad()
     def fwd():
-        return cmodel(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+        return cmodel(input_ids=ids, use_cache=False, logits_to_keep=1, **extra).logits
 
     t0 = time.perf_counter()
     logits = fwd()
@@ -285,9 +296,24 @@ def run_prefill(way, seqlen, batch, args, device, model_kwargs) -> dict:
     tokens_per_s = batch * seqlen / step_s
     flops_tok = prefill_flops_per_token(counts["layers"], L, d, seqlen)
     tflops = tokens_per_s * flops_tok / 1e12
-    return dict(status="ok", step_ms=1e3 * step_s, tokens_per_s=tokens_per_s, flops_per_token=flops_tok,
+    real = int(mask.sum()) if mask is not None else batch * seqlen
+    return dict(status="ok", step_ms=1e3 * step_s, tokens_per_s=tokens_per_s, real_tokens_per_s=real / step_s,
+                pad=args.pad, flops_per_token=flops_tok,
                 tflops=tflops, mfu=tflops / args.peak_tflops, peak_gib=peak, first_call_s=first_s, params=counts,
                 attention_ops=ops, step_times_ms=[1e3 * t for t in times], **stats)
+
+
+def left_padding_mask(batch: int, seqlen: int, pad: float, device):
+    """None without padding; else a (batch, seqlen) int64 attention_mask (1 = token), left-padded: row b starts with
+    round(pad * seqlen * b / (batch - 1)) padding positions (row 0 none, the last row pad * seqlen)."""
+    if not pad:
+        return None
+    if not 0 < pad < 1:
+        raise ValueError(f"--pad must be in [0, 1), got {pad}")
+    mask = torch.ones(batch, seqlen, dtype=torch.long, device=device)
+    for b in range(batch):
+        mask[b, :round(pad * seqlen * b / max(batch - 1, 1))] = 0
+    return mask
 
 
 def run_generate(way, prompt_len, new_tokens, args, device, model_kwargs) -> dict:
@@ -384,7 +410,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--quick", action="store_true", help="tiny model (2 layers, hidden 256): a smoke run")
-    p.add_argument("--ways", default=",".join(WAYS), help=",".join(WAYS))
+    p.add_argument("--ways", default=",".join(DEFAULT_WAYS), help=",".join(WAYS))
     p.add_argument("--modes", default=",".join(MODES), help=",".join(MODES))
     p.add_argument("--shapes", help="SEQLENxBATCH list for train and prefill (default 2048x4,8192x1)")
     p.add_argument("--steps", type=int, help="timed steps per case (median reported)")
@@ -395,11 +421,15 @@ def main(argv=None):
                    "reduce-overhead (CUDA graphs); default none")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="for MFU (H100/H200 dense bf16: 989)")
     p.add_argument("--explain", action="store_true", help="also record fa2.explain(model) for the fa2 way")
+    p.add_argument("--pad", type=float, default=0.0,
+                   help="prefill: left-pad the batch (fraction of the last row padded; others linearly less)")
     p.add_argument("--time-budget", type=float, default=0,
                    help="seconds; no new case starts after this (0 = no limit)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--check", action="store_true",
+                   help="exit with status 1 when a case did not run (a smoke test: CI)")
     args = p.parse_args(argv)
 
     def stop(signum, frame):  # a time limit's SIGTERM (timeout(1)): stop like Ctrl-C, writing what was measured
@@ -467,7 +497,8 @@ def main(argv=None):
               "flops": {"train_per_token": "6*N + 12*L*d*S, N = all parameters",
                         "train_per_token_nonembed": "6*N_nonembedding + 12*L*d*S (tflops_nonembed)",
                         "prefill_per_token": "2*N_layers + 4*L*d*S", "peak_tflops": args.peak_tflops},
-              "settings": dict(steps=args.steps, warmup=args.warmup, shapes=args.shapes, gen_prompt=args.gen_prompt,
+              "settings": dict(steps=args.steps, warmup=args.warmup, shapes=args.shapes, pad=args.pad,
+                               gen_prompt=args.gen_prompt,
                                gen_tokens=args.gen_tokens, compile="torch.compile(model, backend, dynamic=False)"),
               "runs": runs}
     os.makedirs(args.out, exist_ok=True)
@@ -484,6 +515,9 @@ def main(argv=None):
             print(f"plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
     print_table(runs, args.peak_tflops)
     print(f"\nwrote {path}" + "".join(f"\nwrote {x}" for x in pngs) + f"\n({env['elapsed_s']} s)")
+    failed = [f"{r['mode']} {r['shape']} {r['way']}: {r['status']}" for r in runs if r["status"] != "ok"]
+    if args.check and (failed or len(runs) < len(cases)):
+        sys.exit("bench_e2e --check: " + ("; ".join(failed) or "interrupted"))
     return result
 
 

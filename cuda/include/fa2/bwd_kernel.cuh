@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
         product_sdp(acc_s, sQ(buf), sK, kWaitSync{});
         if constexpr (kWgmma) {
           product_sdp(acc_dp, sdO(buf), sV, std::false_type{});
-          sm90::wait_hold<1>(acc_s);
+          sm90::wait_hold<1>(acc_s);  // one group per product, completing in issue order: <1> leaves dP running
         }
         uint32_t p_packed[kSdPM][kSdPN][2];
         auto to_p = [&](auto masked) {
@@ -695,7 +695,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
                                                                                                sK, dq_d0, lane);
       if constexpr (kWgmma) {
         dv_dk(std::false_type{});
-        sm90::wait_hold<2>(acc_dq);
+        sm90::wait_hold<2>(acc_dq);  // <2>: dV and dK, committed after dQ, keep running (the counts follow this order)
       }
       int turn = 0;
       if (p.deterministic) {
