@@ -118,9 +118,17 @@ AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
   p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.headdim));
   p.softcap = softcap;
   p.causal = causal;
-  p.window_left = window_left;
+  // A window side at least as wide as the sequence is the same as none (query i sees j >= i + sk - sq - left, all
+  // keys once left >= sk; j <= i + sk - sq + right, all once right >= sq): -1, which also keeps the kernels' index
+  // arithmetic (row + sk - sq +- window) far from overflow for any int64 given (INT64_MAX as "unbounded").
+  p.window_left = window_left >= p.seqlen_k ? -1 : window_left;
+  const int64_t right = window_right >= p.seqlen_q ? -1 : window_right;
   // Causal is the window [.., i + sk - sq]: intersect it with a given right window.
-  p.window_right = causal ? (window_right < 0 ? 0 : std::min<int64_t>(window_right, 0)) : window_right;
+  p.window_right = causal ? (right < 0 ? 0 : std::min<int64_t>(right, 0)) : right;
+  // the kernels compute in float32 below float64: a scale that is finite as a double but not as a float would
+  // turn every score into inf / NaN
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kDouble || std::isfinite(static_cast<float>(p.scale)),
+                    "fa2: scale must be finite in float32 for ", q.scalar_type(), " inputs, got ", p.scale);
   if (attn_bias.has_value() && attn_bias->defined()) {
     p.bias = broadcast_bias(*attn_bias, q, p.seqlen_k);
   }

@@ -155,6 +155,10 @@ def test_sdpa_rejects_what_it_cannot_do():
         fa2.sdpa(q, q, q, dropout_p=0.1)
     with pytest.raises(ValueError, match="attn_mask and is_causal"):
         fa2.sdpa(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)
+    # a 0/1 integer mask is neither a keep mask nor a bias (F.sdpa refuses it too): not silently added as +1
+    for dtype in (torch.uint8, torch.int64):
+        with pytest.raises(TypeError, match="attn_mask must be bool .* or floating point"):
+            fa2.sdpa(q, q, q, attn_mask=torch.ones(8, 8, dtype=dtype).tril())
 
 
 # ---- bad input: a clear exception naming the argument -----------------------------------------------------------
@@ -179,6 +183,10 @@ def _bad_cases(device):
         ("window", (q, k, k), {"window_left": -2}, "window_left must be >= -1 .*got -2"),
         ("softcap", (q, k, k), {"softcap": -1.0}, "softcap must be .*got -1"),
         ("scale", (q, k, k), {"scale": float("nan")}, "scale must be a finite"),
+        ("float32 scale", (q, k, k), {"scale": 1e39}, "scale must be finite in float32"),
+        ("meta k", (q, k.to("meta"), k), {}, "k must be on q's device"),
+        ("meta bias", (q, k, k), {"attn_bias": torch.zeros(8, 8, device="meta", dtype=dt)},
+         "attn_bias must be on q's"),
         ("kv seqlen", (q, k, k[:, :3]), {}, "same seqlen_k .*got 8 and 3"),
     ]
     if device == "cuda":
@@ -283,3 +291,43 @@ def test_sdpa_more_than_4_dims_broadcasts_mask():
         out = fa2.sdpa(q, k, v, attn_mask=mask)
         assert out.shape == ref.shape
         assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
+# ---- autodiff modes fa2 has no formula for: a clear error, never a silently zero result ------------------------
+
+def test_double_backward_is_refused():
+    q, k, v = (torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    (g,) = torch.autograd.grad(fa2.attention(q, k, v).pow(2).sum(), q, create_graph=True)
+    assert g.requires_grad  # create_graph alone is fine; differentiating again is not
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(g.sum(), (q, k, v))
+
+
+def test_forward_mode_and_func_grad_are_refused_vmap_works():
+    q, k, v = (torch.randn(1, 5, 2, 8, dtype=torch.float64) for _ in range(3))
+    t = torch.randn_like(q)
+    with pytest.raises(NotImplementedError, match="forward-mode AD"):
+        torch.func.jvp(lambda x: fa2.attention(x, k, v), (q,), (t,))
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="forward-mode AD"):
+        fa2.attention_with_lse(fwAD.make_dual(q, t), k, v)
+    with pytest.raises(NotImplementedError, match="torch.func.grad"):
+        torch.func.grad(lambda x: fa2.attention(x, k, v).sum())(q)
+    # vmap over an extra batch dim: the same as the loop
+    qs, ks, vs = (torch.randn(3, 1, 5, 2, 8, dtype=torch.float64) for _ in range(3))
+    out = torch.func.vmap(fa2.attention)(qs, ks, vs)
+    torch.testing.assert_close(out, torch.stack([fa2.attention(*x) for x in zip(qs, ks, vs)]))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_window_wider_than_the_sequence_is_unbounded(device):
+    """A window side of any size >= the sequence (INT64_MAX, sys.maxsize as "unbounded") is no window: exactly the
+    -1 result, with no index overflow (the window is folded to -1 by the shared checks)."""
+    dt = torch.float64 if device == "cpu" else torch.bfloat16
+    q, k, v = make_qkv(2, 37, 23, 2, 2, 16, dtype=dt, device=device)
+    big = 2**63 - 1
+    for causal in (False, True):
+        want = fa2.attention(q, k, v, causal=causal)
+        for left, right in ((big, -1), (-1, big), (big, big), (23, 37)):
+            got = fa2.attention(q, k, v, causal=causal, window_left=left, window_right=right)
+            assert torch.equal(got, want), (causal, left, right)

@@ -729,3 +729,55 @@ def test_install_rewrites_default_compile():
     finally:
         fa2.uninstall()
         config.joint_custom_pre_pass = before
+
+
+# ---- finite fills over rows that see no key: eager averages such a row uniformly and passes no gradient to its
+#      scores (where / masked_fill); the rewrite must do both, also when several masks hide the same key ----------
+
+def attn_two_finite_fills(q, k, v, keep):
+    s = q @ k.transpose(-2, -1) * D**-0.5
+    tril = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+    s = s.masked_fill(~tril, torch.finfo(s.dtype).min).masked_fill(~keep, torch.finfo(s.dtype).min)
+    return s.softmax(-1) @ v
+
+
+def attn_finite_fill_input(q, k, v, keep):
+    s = (q @ k.transpose(-2, -1) * D**-0.5).masked_fill(~keep, torch.finfo(q.dtype).min)
+    return s.softmax(-1) @ v
+
+
+def attn_gpt2_where_plus_padding(q, k, v, attention_mask):
+    # GPT-2 (eager): where(causal, scores, min) + (1 - attention_mask) * min; hidden by both -> -inf, as in eager
+    s = q @ k.transpose(-2, -1) * D**-0.5
+    causal = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+    mask_value = torch.finfo(s.dtype).min
+    s = torch.where(causal, s, torch.full([], mask_value, dtype=s.dtype, device=s.device))
+    s = s + (1.0 - attention_mask[:, None, None, :].to(s.dtype)) * mask_value
+    # (the padded query rows' outputs are not used, as in a model whose loss skips padding: eager differentiates
+    # such a row, which sees no key, through the scores where() kept (its padded keys) and not the ones it hid, an
+    # additive bias through all of them; only with a zero output gradient there are the two the same)
+    return (s.softmax(-1) @ v) * attention_mask[:, None, :, None].to(v.dtype)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES + [pytest.param("cpu", torch.float64, id="cpu-float64")])
+def test_finite_fills_over_rows_that_see_no_key(device, dtype):
+    q, k, v = qkv(device, dtype)
+    keep = torch.ones(B, 1, 1, S, dtype=torch.bool, device=device)
+    keep[0, ..., :6] = False  # left padding: causal rows 0-5 of batch 0 see no key
+    records, got, naive, hi = run(attn_two_finite_fills, (q, k, v, keep), device=device, dtype=dtype)
+    assert_rewritten(records)
+    check_numerics(got, naive, hi)
+
+    rows = torch.ones(B, 1, S, S, dtype=torch.bool, device=device)
+    rows[0, :, 2:7] = False  # whole rows hidden by a data-dependent mask
+    rows[1, :, :, -3:] = False
+    records, got, naive, hi = run(attn_finite_fill_input, (q, k, v, rows), device=device, dtype=dtype)
+    assert_rewritten(records)
+    check_numerics(got, naive, hi)
+
+    am = torch.ones(B, S, device=device)
+    am[0, :5] = 0
+    records, got, naive, hi = run(attn_gpt2_where_plus_padding, (q, k, v, am), device=device, dtype=dtype,
+                                  frozen=(3,))
+    assert_rewritten(records)
+    check_numerics(got, naive, hi)

@@ -79,11 +79,9 @@ inline void set_common_params(AttentionParams& p, const AttentionProblem& prob, 
   p.scale_log2 = static_cast<float>(prob.scale * 1.4426950408889634);  // log2(e)
   p.softcap = static_cast<float>(prob.softcap);
   p.is_causal = prob.causal;
-  // A window side at least as wide as the sequence is the same as none (-1); clamping keeps the kernels'
-  // int arithmetic (row + seqlen_k - seqlen_q +- window) far from overflow.
-  p.window_left = prob.window_left < 0 || prob.window_left >= prob.seqlen_k ? -1 : static_cast<int>(prob.window_left);
-  p.window_right =
-      prob.window_right < 0 || prob.window_right >= prob.seqlen_q ? -1 : static_cast<int>(prob.window_right);
+  // (check_fwd_inputs already made a window side at least as wide as the sequence -1: below seqlen, it fits an int)
+  p.window_left = static_cast<int>(prob.window_left);
+  p.window_right = static_cast<int>(prob.window_right);
 
   p.dtype = dtype_of(q);
   if (prob.bias.has_value()) {

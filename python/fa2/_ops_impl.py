@@ -9,6 +9,7 @@ import contextlib
 import threading
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 # fa2.deterministic()'s setting, per thread: read when a call's forward runs and kept with its autograd node, because
 # its backward may run on another thread (the autograd engine runs CUDA nodes on a per-device worker thread, where
@@ -44,9 +45,18 @@ def _check_ranks(q, k, v):
             raise ValueError(f"fa2: {name} must have 4 dims {dims}, got {t.dim()} dims with shape {list(t.shape)}")
 
 
+def _check_devices(q, prefix, **tensors):
+    # The fake kernels also run for real inputs mixed with meta tensors (the Meta key wins the dispatch), where the C++
+    # checks never see them: the same device rule and message here, or the "result" is an uninitialized CPU tensor.
+    for name, t in tensors.items():
+        if t is not None and t.device != q.device:
+            raise RuntimeError(f"{prefix}: {name} must be on q's device ({q.device}), got {t.device}")
+
+
 @torch.library.register_fake("fa2::fwd")
 def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
     _check_ranks(q, k, v)
+    _check_devices(q, "fa2", k=k, v=v, attn_bias=attn_bias)
     batch, seqlen_q, nheads, headdim = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, headdim))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -57,6 +67,7 @@ def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1,
 def _bwd_fake(dout, q, k, v, out, lse, attn_bias=None, scale=None, causal=False, window_left=-1,
               window_right=-1, softcap=0.0, bias_requires_grad=False, deterministic=False):
     _check_ranks(q, k, v)
+    _check_devices(q, "fa2.bwd", dout=dout, k=k, v=v, out=out, lse=lse, attn_bias=attn_bias)
     dq = q.new_empty(q.shape)
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)
@@ -97,8 +108,41 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("fa2::fwd", _backward, setup_context=_setup_context)
 
 
+# fa2::bwd has no derivative: differentiating fa2's gradients again (create_graph=True, then a second grad: gradient
+# penalties, Hessian-vector products) must fail loudly, not give zeros (without an autograd kernel it would be
+# treated as a constant).
+def _bwd_setup_context(ctx, inputs, output):
+    pass
+
+
+def _double_backward(ctx, *grads):
+    raise RuntimeError("fa2: double backward (a gradient of fa2's gradients: create_graph=True then another grad, "
+                       "gradient penalties, Hessians) is not supported; fa2's backward has no derivative")
+
+
+torch.library.register_autograd("fa2::bwd", _double_backward, setup_context=_bwd_setup_context)
+
+
+def refuse_unsupported_autodiff(*tensors) -> None:
+    """Raise for the autodiff modes fa2 has no formula for, instead of a silently zero or missing result: forward mode
+    (torch.autograd.forward_ad dual tensors, torch.func.jvp / jacfwd) and torch.func's gradient transforms (grad,
+    vjp, jacrev, hessian: they cannot run fa2's registered backward). Reverse mode (backward(), torch.autograd.grad)
+    and torch.func.vmap work."""
+    if forward_ad._current_level >= 0 and any(
+            t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError("fa2: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) is not "
+                                  "supported: fa2 has no forward derivative; use reverse mode (.backward(), "
+                                  "torch.autograd.grad)")
+    interpreter = torch._C._functorch.peek_interpreter_stack()
+    if interpreter is not None and interpreter.key() == torch._C._functorch.TransformType.Grad:
+        raise NotImplementedError("fa2: torch.func.grad / vjp / jacrev / hessian are not supported (fa2's backward "
+                                  "is a registered op, which these transforms cannot run); use .backward() or "
+                                  "torch.autograd.grad")
+
+
 # ---- attention = fwd(...)[0], differentiable through fwd's autograd ----------------------------------------
 
 @torch.library.impl("fa2::attention", "CompositeImplicitAutograd")
 def _attention(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    refuse_unsupported_autodiff(q, k, v, attn_bias)
     return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)[0]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ._ops_impl import refuse_unsupported_autodiff
+
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None,
               scale: float | None = None, causal: bool = False, window_left: int = -1, window_right: int = -1,
@@ -15,6 +17,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torc
 def attention_with_lse(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1,
                        softcap=0.0):
     """Like :func:`attention` but also returns lse (batch, nheads, seqlen_q), float32 (not differentiable)."""
+    refuse_unsupported_autodiff(q, k, v, attn_bias)
     return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)
 
 
@@ -41,6 +44,10 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
                          "for grouped-query attention")
     seqlen_q, seqlen_k = q.shape[2], k.shape[2]
     if attn_mask is not None:
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            # (as F.scaled_dot_product_attention: a 0/1 integer mask read as additive would silently add +1)
+            raise TypeError(f"fa2.sdpa: attn_mask must be bool (True = take part) or floating point (added to the "
+                            f"scores), got {attn_mask.dtype}")
         if attn_mask.dtype != torch.bool and attn_mask.dtype not in (q.dtype, torch.float32):
             attn_mask = attn_mask.to(q.dtype)
         if query.dim() > 4 or attn_mask.dim() > 4:

@@ -624,7 +624,8 @@ class MaskPlan:
     window_left: int = -1
     window_right: int = -1
     # what is passed as attn_bias: ("add", node) float additive, ("keep", node) bool True=keep,
-    # ("drop", node) bool True=hidden, ("fill", node, keep_if_true) bool turned into a float 0/min bias
+    # ("drop", node) bool True=hidden, ("fill", node, keep_if_true, fill, dtype) bool whose hidden keys got the
+    # finite value fill (the dtype's minimum) in the scores' dtype: turned into a float 0/fill bias (rewrite._bias)
     bias: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
@@ -832,7 +833,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
         if term.fill == -math.inf:
             entry = ("keep" if term.keep_if_true else "drop", term.node)
         else:
-            entry = ("fill", term.node, term.keep_if_true)
+            entry = ("fill", term.node, term.keep_if_true, term.fill, term.dtype or score_dtype)
         pred = _as_pred(interp.value(term.node))
         if pred is not None and not term.keep_if_true:
             pred = _pred_not(pred)

@@ -26,7 +26,6 @@ from . import _compat
 from ._compat import aten, statically_known_true
 from .sites import LAYOUT, Reject, Site, is_call, same_shape, shape, val
 
-FP32_MIN = torch.finfo(torch.float32).min
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack",
               "seq_nr", "partitioner_tag")
 
@@ -48,7 +47,10 @@ def _to_fa2(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def _bias(inputs, spec, q_dtype, three_d: bool, score_shape):
-    floats, keeps = [], []
+    """(attn_bias, rows): the mask terms as one fa2 bias, and for masks with finite fills the (..., seqlen_q, 1) bool
+    of the rows that keep some key through them (None without such terms; see replacement_fn)."""
+    floats, keeps, fill_keeps = [], [], []
+    fill = None
     for entry, x in zip(spec, inputs):
         kind = entry[0]
         if kind == "add":
@@ -57,13 +59,25 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape):
             keeps.append(x)
         elif kind == "drop":
             keeps.append(torch.logical_not(x))
-        else:  # "fill": a bool mask whose hidden keys got a finite dtype-min value: the fp32 minimum added to any
-            # score rounds to itself, so rows that see nothing still average uniformly, as in eager
-            keep = x if entry[2] else torch.logical_not(x)
-            floats.append(torch.where(keep, 0.0, FP32_MIN))
+        else:  # "fill": where(keep, scores, fill) with fill the dtype's minimum (finite)
+            fill_keeps.append(x if entry[2] else torch.logical_not(x))
+            fill = entry[3] if fill is None else max(fill, entry[3])
+    rows = None
+    if fill_keeps:
+        # Chained where / masked_fill overwrite: a key hidden by several of them holds the fill once (added up they
+        # would overflow to -inf and drop out of a row that sees nothing, which eager averages over). The fill's own
+        # value (its dtype's minimum, in float64 too): added to a score it rounds to itself, so a row that sees no
+        # key averages uniformly as in eager, and it adds up with additive terms as eager's scores do.
+        keep_fill = fill_keeps[0]
+        for k in fill_keeps[1:]:
+            keep_fill = torch.logical_and(keep_fill, k)
+        fill_dtype = torch.float64 if q_dtype == torch.float64 else torch.float32
+        floats.append(torch.where(keep_fill, torch.zeros((), dtype=fill_dtype, device=keep_fill.device),
+                                  torch.full((), fill, dtype=fill_dtype, device=keep_fill.device)))
+        rows = keep_fill.any(-1, keepdim=True)
     bias = None
     if floats:
-        target = q_dtype if all(f.dtype == q_dtype for f in floats) else torch.float32
+        target = q_dtype if all(f.dtype == q_dtype for f in floats) or q_dtype == torch.float64 else torch.float32
         for f in floats:
             f = f if f.dtype == target else f.to(target)
             bias = f if bias is None else bias + f
@@ -77,12 +91,17 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape):
             # 4D scores over 3D operands (heads folded into the batch): the mask has to follow the fold
             b, h, sq, sk = score_shape
             bias = bias.expand(b, h, sq, sk).reshape(b * h, sq, sk)
+            if rows is not None:
+                rows = rows.expand(b, h, sq, 1).reshape(b * h, sq, 1)
         rank = 3 if three_d else 4
         while bias.dim() < rank:
             bias = bias.unsqueeze(0)
+        while rows is not None and rows.dim() < rank:
+            rows = rows.unsqueeze(0)
         if three_d:
             bias = bias.unsqueeze(1)
-    return bias
+            rows = rows.unsqueeze(1) if rows is not None else None
+    return bias, rows
 
 
 def replacement_fn(site: Site, spec: list):
@@ -102,7 +121,13 @@ def replacement_fn(site: Site, spec: list):
         for t, (_, how) in zip(scale_inputs, site.scale_tensors):
             # a scale that is a runtime scalar: applied to q (fa2's scale argument is a Python float)
             qf = qf * t if how == "mul" else qf / t
-        bias = _bias(bias_inputs, spec, qf.dtype, site.out_layout == "nsd", site.score_shape)
+        bias, rows = _bias(bias_inputs, spec, qf.dtype, site.out_layout == "nsd", site.score_shape)
+        if rows is not None:
+            # A row whose every key a finite fill hides: eager's scores there are the fill whatever q.k (where and
+            # masked_fill pass no gradient to them), so its q gets none and its keys none from it, while fa2 would
+            # differentiate the uniform softmax through q.k. Its q read as zeros gives the same forward (scores
+            # exactly the fill: uniform) and those zero gradients; v's (the uniform average's) are unchanged.
+            qf = torch.where(rows.transpose(1, 2), qf, 0.0)
         out = torch.ops.fa2.attention(qf, kf, vf, bias, site.scale, mask.causal, mask.window_left,
                                       mask.window_right, site.softcap)
         return out.transpose(1, 2) if site.out_layout == "bhsd" else out.squeeze(2)
