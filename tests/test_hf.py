@@ -271,3 +271,52 @@ def test_a_noted_mask_gets_no_window_from_the_layer():
     out, _ = fa2.hf.fa2_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=0.5, sliding_window=3)
     want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale=0.5)
     torch.testing.assert_close(out, want)
+
+
+def _from_config(cfg_cls, model_cls, attn, **kw):
+    torch.manual_seed(0)
+    return model_cls._from_config(cfg_cls(**kw), attn_implementation=attn).eval()
+
+
+def test_mla_value_head_dim_differs_from_query_head_dim():
+    """DeepSeek-V3 (MLA): q/k head dim 24, v head dim 8; fa2 pads the smaller side and slices the output."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    cfg = dict(vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+               n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+               qk_nope_head_dim=16, v_head_dim=8, n_group=1, topk_group=1, max_position_embeddings=64)
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    got = _from_config(DeepseekV3Config, DeepseekV3ForCausalLM, "fa2", **cfg)
+    want = _from_config(DeepseekV3Config, DeepseekV3ForCausalLM, "eager", **cfg)
+    with torch.no_grad(), CountFa2() as counted:
+        out = got(input_ids=ids, attention_mask=mask).logits
+    assert counted.fwd == 2
+    with torch.no_grad():
+        ref = want(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[mask.bool()], ref[mask.bool()], atol=1e-5, rtol=1e-5)
+
+
+def test_t5_fully_padded_encoder_row_matches_eager():
+    """T5's position bias with a bool mask: a fully padded encoder row averages uniformly, as eager's additive mask
+    makes it (it was 0 with -inf)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = dict(vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, dropout_rate=0.0,
+               decoder_start_token_id=0, pad_token_id=0)
+    ids = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(1))
+    dec = torch.randint(3, 100, (2, 4), generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[1] * 6, [0] * 6])
+    with torch.no_grad():
+        got = _from_config(T5Config, T5ForConditionalGeneration, "fa2", **cfg)(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+        want = _from_config(T5Config, T5ForConditionalGeneration, "eager", **cfg)(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_output_attentions_warns_that_there_are_none():
+    model = zoo.build("mistral", "cpu", torch.float32, attn="fa2").eval()
+    with pytest.warns(UserWarning, match="fa2 does not return attention weights"), torch.no_grad():
+        out = model(input_ids=zoo._ids("cpu")[:, :6], output_attentions=True)
+    assert not any(a is not None for a in (out.attentions or ()))

@@ -781,3 +781,18 @@ def test_finite_fills_over_rows_that_see_no_key(device, dtype):
                                   frozen=(3,))
     assert_rewritten(records)
     check_numerics(got, naive, hi)
+
+
+def attn_chained(q, k, v):
+    # one attention's output is the next one's query (the pass rewrites site by site, searching the graph again)
+    a = (q @ k.transpose(-1, -2) * D**-0.5).softmax(-1) @ v
+    return (a @ k.transpose(-1, -2) * 0.1).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("train", [True, False])
+def test_attention_output_feeds_the_next_attention(device, dtype, train):
+    q, k, v = qkv(device, dtype)
+    records, got, naive, hi = run(attn_chained, (q, k, v), device=device, dtype=dtype, train=train)
+    assert_rewritten(records, n=2)
+    check_numerics(got, naive, hi)

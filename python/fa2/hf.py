@@ -17,6 +17,7 @@ keys visible).
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -97,6 +98,19 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         raise NotImplementedError("fa2 does not support attention sinks (s_aux)")
     if kwargs.get("indices") is not None:  # (DeepSeek-V3.2-style sparse attention: the keys each query reads)
         raise NotImplementedError("fa2 does not support sparse attention (indices): it would compute dense attention")
+    if kwargs.get("output_attentions"):
+        # (as transformers' sdpa and flash paths: the weights are never materialized; say so rather than return none)
+        warnings.warn("fa2 does not return attention weights (output_attentions=True): they are None; use "
+                      "attn_implementation=\"eager\" to get them", stacklevel=2)
+    head_dim_v = value.shape[-1]
+    if query.shape[-1] != head_dim_v:
+        # MLA (DeepSeek-V2/V3): the value head dim differs from the query/key one. fa2 takes one headdim: the smaller
+        # side is padded with zeros (no change to the scores when q/k are padded: the scale is fixed first, from
+        # the query's own headdim; zero columns of v give zero columns of out, sliced off).
+        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        width = max(query.shape[-1], head_dim_v)
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t  # noqa: E731
+        query, key, value = pad(query), pad(key), pad(value)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # a mask fa2_mask noted as causal over padding: the padding as a key mask, and the causal flag (whatever the
@@ -137,11 +151,16 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         if bias is None:
             bias = position_bias
         elif bias.dtype == torch.bool:
-            bias = torch.where(bias, position_bias, float("-inf"))
+            # added as transformers adds its float mask (the dtype's minimum): a row that sees no key (a fully padded
+            # encoder row) averages uniformly as in eager, and the bias gets eager's gradient there too
+            zero = position_bias.new_zeros(())
+            bias = position_bias + torch.where(bias, zero, zero + torch.finfo(position_bias.dtype).min)
         else:
             bias = position_bias + bias
     if bias is not None and bias.dtype != torch.bool and bias.dtype not in (query.dtype, torch.float32):
         bias = bias.to(query.dtype)
     out = torch.ops.fa2.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias, scaling,
                                   causal, window_left, window_right, float(softcap or 0.0))
+    if out.shape[-1] != head_dim_v:
+        out = out[..., :head_dim_v]
     return out, None

@@ -92,27 +92,46 @@ def rewrite_attention(graph: torch.fx.Graph) -> list[Site]:
     if not _has_candidates(graph):
         return []
     bwd = backward_nodes(graph)
-    sites = find_sites(graph, bwd)
+    training = bool(bwd)
     fake_mode = _compat.fake_mode_of(graph)
     changed = False
-    for site in sites:
-        if site.reason is not None:
-            continue
-        if fake_mode is None:
-            site.reason = "no fake tensor mode on the graph"
-            continue
+    # One site at a time, the graph searched again after each rewrite: a site may read another's output (one
+    # attention's result as the next one's q, k or v), and the nodes found for it before would be stale.
+    done: list[Site] = []
+    settled: set = set()  # anchors of the sites kept as they are (they stay in the graph, found again each time)
+    order: dict = {}  # anchor -> the site's place in the graph as first found (the order of the records)
+    while True:
+        pending = None
+        found = find_sites(graph, bwd)
+        if not order:
+            order = {site.anchor: i for i, site in enumerate(found)}
+        for site in found:
+            if site.anchor in settled:
+                continue
+            if site.reason is None and fake_mode is None:
+                site.reason = "no fake tensor mode on the graph"
+            if site.reason is not None:
+                settled.add(site.anchor)
+                done.append(site)
+            elif pending is None:
+                pending = site
+        if pending is None:
+            break
+        settled.add(pending.anchor)  # (a rewritten site's nodes are gone; never taken twice either way)
         try:
-            rewrite_site(graph, site, bwd, fake_mode)
-            site.rewritten = True
+            rewrite_site(graph, pending, bwd, fake_mode)
+            pending.rewritten = True
             changed = True
+            bwd = backward_nodes(graph) if training else bwd
         except Reject as e:
-            site.reason = str(e)
+            pending.reason = str(e)
             if str(e).startswith("internal error"):
-                log.warning("fa2: %s at %s", e, _origin(site.anchor)[1])
+                log.warning("fa2: %s at %s", e, _origin(pending.anchor)[1])
+        done.append(pending)
+    sites = sorted(done, key=lambda site: order.get(site.anchor, len(order)))
     if changed:
         _compat.stable_topological_sort(graph)
         graph.lint()
-    training = bool(bwd)
     records = []
     for site in sites:
         module, source = _origin(site.anchor)
