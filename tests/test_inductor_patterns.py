@@ -796,3 +796,20 @@ def test_attention_output_feeds_the_next_attention(device, dtype, train):
     records, got, naive, hi = run(attn_chained, (q, k, v), device=device, dtype=dtype, train=train)
     assert_rewritten(records, n=2)
     check_numerics(got, naive, hi)
+
+
+def attn_residual_loop(x, w):
+    # self-attention over a residual stream: each layer's k = v = x, and the next layer views the stream
+    for i in range(3):
+        q = torch.nn.functional.linear(x, w[i])
+        x = x + (q @ x.transpose(-1, -2) * D**-0.5).softmax(-1) @ x
+    return x
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_residual_self_attention_loop(device, dtype):
+    x = torch.randn(B, H, S, D, generator=torch.Generator().manual_seed(4)).to(device=device, dtype=dtype)
+    w = (torch.randn(3, D, D, generator=torch.Generator().manual_seed(5)) * D**-0.5).to(device=device, dtype=dtype)
+    records, got, naive, hi = run(attn_residual_loop, (x, w), device=device, dtype=dtype)
+    assert_rewritten(records, n=3)
+    check_numerics(got, naive, hi)

@@ -479,7 +479,7 @@ def _keep_views_valid(graph, old_out, new_out, fake_mode, new_nodes):
             try:
                 with fake_mode:
                     new_val.view(user.args[1])
-            except RuntimeError:
+            except (RuntimeError, ValueError):  # (fake tensors raise either, by torch version)
                 needs_copy = True
     if not needs_copy:
         return new_out
