@@ -813,3 +813,21 @@ def test_residual_self_attention_loop(device, dtype):
     records, got, naive, hi = run(attn_residual_loop, (x, w), device=device, dtype=dtype)
     assert_rewritten(records, n=3)
     check_numerics(got, naive, hi)
+
+
+def test_explain_reports_the_sites_every_time():
+    """fa2.explain compiles with backend="fa2" and reports each site; asked again (or after the model was compiled)
+    it still does: Dynamo would otherwise reuse the graph it compiled for the same code and backend."""
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v):
+            return (q @ k.transpose(-1, -2) * 0.25).softmax(-1) @ v
+
+    model, x = Attn(), torch.randn(1, 2, 8, 16)
+    torch._dynamo.reset()
+    first = fa2.explain(model, x, x, x)
+    again = fa2.explain(model, x, x, x)
+    torch.compile(model, backend="fa2")(x, x, x)
+    after_compile = fa2.explain(model, x, x, x)
+    for records in (first, again, after_compile):
+        assert len(records) == 1 and records[0].rewritten, [str(r) for r in records]
+        assert records[0].flags.get("scale") == 0.25

@@ -20,7 +20,12 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
     fa2.fwd / fa2.bwd ops in each rewritten graph) and prints a table."""
     from .. import backend  # noqa: F401  (registers "fa2")
     from ._compat import without_aot_cache
-    compiled = torch.compile(model, backend="fa2")
+
+    # a backend object of its own: Dynamo reuses a graph compiled before for the same code with the same backend,
+    # and the pass would not run (the model compiled or explained already: "no attention sites found")
+    def explain_backend(gm, example_inputs):
+        return backend.fa2_backend(gm, example_inputs)
+    compiled = torch.compile(model, backend=explain_backend)
     with recording() as records, without_aot_cache():
         compiled(*args, **kwargs)
     print(format_table(records), file=sys.stdout)
