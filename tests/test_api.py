@@ -331,3 +331,15 @@ def test_window_wider_than_the_sequence_is_unbounded(device):
         for left, right in ((big, -1), (-1, big), (big, big), (23, 37)):
             got = fa2.attention(q, k, v, causal=causal, window_left=left, window_right=right)
             assert torch.equal(got, want), (causal, left, right)
+
+
+def test_sdpa_broadcasts_batch_dims_like_torch():
+    """One key/value set for every batch entry (batch dim 1, or absent), as F.sdpa broadcasts them."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 4, 9, 16, generator=g, dtype=torch.float64)
+    for k_shape in ((1, 4, 11, 16), (4, 11, 16)):
+        k = torch.randn(k_shape, generator=g, dtype=torch.float64)
+        v = torch.randn(k_shape, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(fa2.sdpa(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        fa2.sdpa(q, torch.randn(2, 4, 11, 16, dtype=torch.float64), torch.randn(2, 4, 11, 16, dtype=torch.float64))

@@ -37,6 +37,15 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     if attn_mask is not None and is_causal:
         raise ValueError("fa2.sdpa: attn_mask and is_causal cannot both be set (as in "
                          "F.scaled_dot_product_attention)")
+    leads = [t.shape[:-3] for t in (query, key, value)]
+    if not leads[0] == leads[1] == leads[2]:
+        # batch dims broadcast as in F.sdpa (e.g. one key/value set for every batch entry): stride-0 views
+        try:
+            lead = torch.broadcast_shapes(*leads)
+        except RuntimeError:
+            raise ValueError(f"fa2.sdpa: the batch dims of query {tuple(query.shape)}, key {tuple(key.shape)} and "
+                             f"value {tuple(value.shape)} do not broadcast") from None
+        query, key, value = (t.expand(*lead, *t.shape[-3:]) for t in (query, key, value))
     out_shape = query.shape[:-1] + value.shape[-1:]
     q, k, v = (_to_bhsd(t) for t in (query, key, value))
     if q.shape[1] != k.shape[1] and not enable_gqa:
