@@ -10,6 +10,7 @@ PY=${1:-.venv/bin/python}
 CXX=${CXX:-g++}
 command -v nvcc >/dev/null || { echo "cuda_glue_check: no nvcc (CUDA headers): skipped"; exit 0; }
 cuda_inc=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")/include
+[ -f "$cuda_inc/cuda_runtime_api.h" ] || cuda_inc=/usr/local/cuda/include  # (nvcc as a wrapper script)
 stub=$(mktemp -d)
 trap 'rm -rf "$stub"' EXIT
 mkdir -p "$stub/c10/cuda/impl" && echo "#pragma once" >"$stub/c10/cuda/impl/cuda_cmake_macros.h"

@@ -298,3 +298,14 @@ def test_expanded_inputs_with_zero_strides(device):
     grads_ref = torch.autograd.grad(attention_ref(*leaves, causal=True), leaves, dout.double())
     for g, g_ref in zip(grads, grads_ref):
         assert torch.allclose(g.double(), g_ref, atol=5 * tol)
+
+
+@needs_cuda
+def test_cuda_batch_beyond_the_grid_limit_is_a_clear_error():
+    """65536 sequences (a CUDA grid's y/z limit is 65535): a message with the numbers, not "invalid argument"; the
+    process stays usable."""
+    q = torch.randn(65536, 2, 1, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="batch and nheads up to 65535 .*got batch 65536"):
+        fa2.attention(q, q, q)
+    torch.cuda.synchronize()
+    assert torch.isfinite(fa2.attention(q[:4], q[:4], q[:4])).all()

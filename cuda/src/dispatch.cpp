@@ -141,6 +141,31 @@ const char* sm90_schedule(Sm90Schedule* schedule) {
   return nullptr;
 }
 
+const char* check_dynamic_smem(const char* what, int headdim, int bytes) {
+  int device = 0, limit = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    return nullptr;  // (the launch itself reports what is wrong with the device)
+  }
+  if (bytes <= limit) return nullptr;
+  cudaDeviceProp prop{};
+  const bool named = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
+  return message(std::string("fa2: the CUDA ") + what + " at headdim " + std::to_string(headdim) + " needs " +
+                 std::to_string((bytes + 1023) / 1024) + " KB of shared memory per block; " +
+                 (named ? prop.name : "this GPU") + " (compute capability " +
+                 (named ? std::to_string(prop.major) + "." + std::to_string(prop.minor) : std::string("?")) +
+                 ") allows " + std::to_string(limit / 1024) +
+                 " KB. Its tiles are sized for A100 / H100-class GPUs (163 / 227 KB); smaller ones for sm86 / sm89 "
+                 "GPUs (99 KB) are not built yet");
+}
+
+const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads) {
+  if (batch <= 65535 && nheads <= 65535) return nullptr;
+  return message(std::string("fa2: the CUDA ") + what + " supports batch and nheads up to 65535 each (CUDA grid "
+                 "limits), got batch " + std::to_string(batch) + " and nheads " + std::to_string(nheads) +
+                 "; split the batch into chunks of at most 65535");
+}
+
 int rounded_headdim(const InstanceEntry* entries, int num_entries, int headdim) {
   int best = -1;
   for (int i = 0; i < num_entries; ++i) {

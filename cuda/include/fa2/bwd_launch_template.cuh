@@ -5,6 +5,7 @@
 
 #include "fa2/bwd_kernel.cuh"
 #include "fa2/bwd_launch.h"  // sm90_backward
+#include "fa2/launch.h"      // check_dynamic_smem, check_grid_batch_heads
 #include "fa2/bwd_tile_config.h"
 #include "fa2/params.h"
 
@@ -23,6 +24,7 @@ const char* launch_bwd_kernel(const AttentionParams& p, cudaStream_t stream) {
   const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const dim3 grid(num_n_blocks, p.nheads, p.batch);
   const int smem = kKeyBias ? bwd_key_bias_smem_bytes<Cfg>() : Cfg::kSmemBytes;
+  if (const char* e = check_dynamic_smem("backward", Cfg::kHeadDim, smem)) return e;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
@@ -35,7 +37,7 @@ template <typename T, typename Cfg, int kArch, typename CfgScoreMod = Cfg>
 const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   static_assert(Cfg::kBlockM == CfgScoreMod::kBlockM, "one deterministic-mode counter layout (bwd_workspace_ints)");
   constexpr int kHeadDim = Cfg::kHeadDim;
-  if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA backward supports at most 65535 heads and batch 65535";
+  if (const char* e = check_grid_batch_heads("backward", p.batch, p.nheads)) return e;
 
   // -- 1. D = rowsum(dO * O), dq_accum = 0
   constexpr int kRowThreads = 256;

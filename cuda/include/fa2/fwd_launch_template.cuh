@@ -136,10 +136,11 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   }
   if (launch.kernel == nullptr) return "fa2: unknown bias type";
   const int num_m_blocks = (p.seqlen_q + launch.block_m - 1) / launch.block_m;
-  if (p.nheads > 65535 || p.batch > 65535) return "fa2: the CUDA forward supports at most 65535 heads and batch 65535";
+  if (const char* e = check_grid_batch_heads("forward", p.batch, p.nheads)) return e;
   const dim3 grid(num_m_blocks, p.nheads, p.batch);
   cudaError_t err = cudaSuccess;
   if (launch.smem > 48 * 1024) {
+    if (const char* e = check_dynamic_smem("forward", kHeadDim, launch.smem)) return e;
     err = cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }

@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "fa2/params.h"
 #include "fa2/tile_config.h"  // Sm90Schedule
 
@@ -26,6 +28,14 @@ bool arch_specific_kernels();
 // sm90_schedule returns nullptr and sets *schedule, or a message when FA2_SM90_SCHEDULE names no schedule.
 const char* set_sm90_schedule(const char* name);
 const char* sm90_schedule(Sm90Schedule* schedule);
+
+// Launch limits, checked on the host before a launch so that the caller gets the numbers rather than CUDA's
+// "invalid argument" (messages as above):
+// nullptr when `what` (a kernel at `headdim`) may use `bytes` of dynamic shared memory per block on the current
+// device (its opt-in maximum: 227 KB on the H100/H200, 163 KB on the A100, 99 KB on sm86/sm89), else a message.
+const char* check_dynamic_smem(const char* what, int headdim, int bytes);
+// nullptr when batch and nheads fit the grid's y and z dimensions (at most 65535 each), else a message.
+const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads);
 
 // Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
 // headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8
