@@ -272,3 +272,22 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
             out = fa2.attention(q, k, v, leaf_bias.expand(b, h, sq, sk))
             names = bwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v, leaf_bias), dout))
             assert names and all(n.endswith(", true, false>(fa2::AttentionParams)") for n in names), names
+
+
+def test_float64_logits_beyond_float32_range_keep_their_gradients():
+    """float64 scores above float32's range: lse (float32 by contract) overflows to +inf, which must not read as
+    "this row sees no key" (zero gradients): the CPU backward recomputes float64 rows' statistics."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 2, 8, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
+    bias = torch.full((4, 4), 1e40, dtype=torch.float64)
+    bias[:, 0] = 2e40  # every row: one key dominates
+    bias[1] = float("-inf")  # and a row that sees no key: zero gradients
+    out = fa2.attention(q, k, v, bias)
+    grads = torch.autograd.grad((out * out).sum(), (q, k, v))
+    leaf = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = attention_ref(*leaf, bias)
+    want = torch.autograd.grad((ref * ref).sum(), leaf)
+    torch.testing.assert_close(out, ref)
+    for got, exp in zip(grads, want):
+        torch.testing.assert_close(got, exp)
+    assert grads[2].abs().sum() > 0

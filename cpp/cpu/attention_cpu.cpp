@@ -291,16 +291,16 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
   //    equally) has |m| so large that m + log l rounds to m, and P would come out 1 instead of 1/l (l times too
   //    large gradients); an fp64 row below float's range stores lse = -inf (NaN gradients). Such rows get their
   //    statistics recomputed here, exactly, in acc_t, and P = exp(S - m) / l. Rare: one pass over the keys each.
-  //    For fp64 every row that sees a key takes this path: a float32 lse would cap its gradients at float's
-  //    precision (~1e-7 relative) and fp64 is the precision users check against.
+  //    For fp64 every row takes this path: a float32 lse would cap its gradients at float's precision (~1e-7
+  //    relative) and fp64 is the precision users check against; and an fp64 row above float's range stores
+  //    lse = +inf, which reads as "sees no key" (the recomputation tells the two apart: no key gives l = 0).
   constexpr bool kExactEveryRow = std::is_same_v<acc_t, double>;
   const int64_t num_rows = batch * nheads * seqlen_q;
   std::vector<int64_t> inexact_rows;
   for (int64_t row = 0; row < num_rows; ++row) {
     const int64_t b = row / (nheads * seqlen_q), h = row / seqlen_q % nheads, i = row % seqlen_q;
     const float value = lse_data[b * lse_stride_b + h * lse_stride_h + i * lse_stride_q];
-    const bool sees_keys_finitely = !std::isnan(value) && value != std::numeric_limits<float>::infinity();
-    if (kExactEveryRow ? sees_keys_finitely : lse_is_inexact(value)) inexact_rows.push_back(row);
+    if (kExactEveryRow ? !std::isnan(value) : lse_is_inexact(value)) inexact_rows.push_back(row);
   }
   // (batch, nheads, seqlen_q) when inexact rows exist, else empty; exact_row[row] != 0 for those rows
   std::vector<acc_t> exact_max, exact_inv_sum;
@@ -333,7 +333,8 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
           }
           for (int64_t j = 0; j < cols; ++j) l += std::exp(s_row[j] - m);
         }
-        exact_max[row] = m;
+        // (a row that sees no key: P = exp(-inf - 0) * 0 = 0, never exp(-inf + inf))
+        exact_max[row] = l > 0 ? m : acc_t(0);
         exact_inv_sum[row] = l > 0 ? acc_t(1) / l : acc_t(0);
       }
     });
