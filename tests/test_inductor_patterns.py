@@ -831,3 +831,11 @@ def test_explain_reports_the_sites_every_time():
     for records in (first, again, after_compile):
         assert len(records) == 1 and records[0].rewritten, [str(r) for r in records]
         assert records[0].flags.get("scale") == 0.25
+
+
+def test_unknown_inductor_option_is_named():
+    torch._dynamo.reset()
+    q = torch.randn(1, 2, 8, 16)
+    compiled = torch.compile(attn_mul_scale, backend="fa2", options={"max_autotun": True})
+    with pytest.raises(Exception, match="unexpected optimization option 'max_autotun'"):
+        compiled(q, q, q)

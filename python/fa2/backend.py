@@ -17,8 +17,13 @@ __all__ = ["fa2_backend", "fa2_eager_backend"]
 def fa2_backend(gm, example_inputs, mode: str | None = None, options: dict[str, Any] | None = None, **kwargs):
     """Dynamo backend: compile ``gm`` with Inductor, with fa2's pass in ``joint_custom_pre_pass``."""
     from .inductor.graph_pass import with_pass
-    patches = {**_compat.inductor_mode_options(mode), **(options or {}), **kwargs}
     config = _compat.inductor_config()
+    known = config.get_config_copy()
+    for key in {**(options or {}), **kwargs}:
+        if key not in known:  # (Inductor's own check runs in torch.compile, which cannot see a custom backend's)
+            raise RuntimeError(f"fa2: unexpected optimization option {key!r}: options= takes Inductor's settings "
+                               "(torch._inductor.config, e.g. 'max_autotune', 'triton.cudagraphs')")
+    patches = {**_compat.inductor_mode_options(mode), **(options or {}), **kwargs}
     current = patches.get(_compat.JOINT_PRE_PASS, getattr(config, _compat.JOINT_PRE_PASS))
     patches[_compat.JOINT_PRE_PASS] = with_pass(current)
     return _compat.compile_fx(gm, example_inputs, config_patches=patches)
