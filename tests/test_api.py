@@ -341,5 +341,9 @@ def test_sdpa_broadcasts_batch_dims_like_torch():
         k = torch.randn(k_shape, generator=g, dtype=torch.float64)
         v = torch.randn(k_shape, generator=g, dtype=torch.float64)
         torch.testing.assert_close(fa2.sdpa(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    q2, k2 = torch.randn(9, 16, generator=g, dtype=torch.float64), torch.randn(11, 16, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(fa2.sdpa(q2, k2, k2), F.scaled_dot_product_attention(q2, k2, k2))  # 2-D: (L, E)
+    torch.testing.assert_close(fa2.sdpa(q2, k2, k2, is_causal=True),
+                               F.scaled_dot_product_attention(q2, k2, k2, is_causal=True))
     with pytest.raises(ValueError, match="do not broadcast"):
         fa2.sdpa(q, torch.randn(2, 4, 11, 16, dtype=torch.float64), torch.randn(2, 4, 11, 16, dtype=torch.float64))

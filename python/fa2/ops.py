@@ -31,8 +31,8 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     if dropout_p != 0.0:
         raise NotImplementedError(f"fa2.sdpa: dropout_p must be 0.0 (fa2 has no dropout), got {dropout_p}")
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if t.dim() < 3:
-            raise ValueError(f"fa2.sdpa: {name} must have at least 3 dims (..., seqlen, headdim), got shape "
+        if t.dim() < 2:
+            raise ValueError(f"fa2.sdpa: {name} must have at least 2 dims (..., seqlen, headdim), got shape "
                              f"{tuple(t.shape)}")
     if attn_mask is not None and is_causal:
         raise ValueError("fa2.sdpa: attn_mask and is_causal cannot both be set (as in "
@@ -80,6 +80,8 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
 
 
 def _to_bhsd(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() == 2:
+        return t[None, None]
     if t.dim() == 3:
         return t.unsqueeze(0)
     if t.dim() > 4:
