@@ -125,10 +125,11 @@ AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
   const int64_t right = window_right >= p.seqlen_q ? -1 : window_right;
   // Causal is the window [.., i + sk - sq]: intersect it with a given right window.
   p.window_right = causal ? (right < 0 ? 0 : std::min<int64_t>(right, 0)) : right;
-  // the kernels compute in float32 below float64: a scale that is finite as a double but not as a float would
-  // turn every score into inf / NaN
-  TORCH_CHECK_VALUE(q.scalar_type() == at::kDouble || std::isfinite(static_cast<float>(p.scale)),
-                    "fa2: scale must be finite in float32 for ", q.scalar_type(), " inputs, got ", p.scale);
+  // the kernels compute in float32 below float64 (with scale * log2(e) folded): a scale that is finite as a double
+  // but not so as a float would turn every score into inf / NaN
+  const bool scale_fits = std::isfinite(static_cast<float>(p.scale * 1.4426950408889634));
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kDouble || scale_fits, "fa2: scale must be finite in float32 for ",
+                    q.scalar_type(), " inputs, got ", p.scale);
   if (attn_bias.has_value() && attn_bias->defined()) {
     p.bias = broadcast_bias(*attn_bias, q, p.seqlen_k);
   }

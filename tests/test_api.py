@@ -347,3 +347,14 @@ def test_sdpa_broadcasts_batch_dims_like_torch():
                                F.scaled_dot_product_attention(q2, k2, k2, is_causal=True))
     with pytest.raises(ValueError, match="do not broadcast"):
         fa2.sdpa(q, torch.randn(2, 4, 11, 16, dtype=torch.float64), torch.randn(2, 4, 11, 16, dtype=torch.float64))
+
+
+def test_attention_with_lse_compiles_into_one_graph():
+    q = torch.randn(1, 6, 2, 16)
+    lin = torch.nn.Linear(16, 16)
+
+    def f(q):
+        out, lse = fa2.attention_with_lse(lin(q), q, q)
+        return lin(out).sum() + lse.sum()
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, backend="eager", fullgraph=True)(q), f(q))

@@ -839,3 +839,34 @@ def test_unknown_inductor_option_is_named():
     compiled = torch.compile(attn_mul_scale, backend="fa2", options={"max_autotun": True})
     with pytest.raises(Exception, match="unexpected optimization option 'max_autotun'"):
         compiled(q, q, q)
+
+
+def attn_fill_then_inf_causal(q, k, v, keep):
+    s = (q @ k.transpose(-2, -1) * D**-0.5).masked_fill(~keep, torch.finfo(q.dtype).min)  # padding: finite fill
+    tril = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+    return s.masked_fill(~tril, float("-inf")).softmax(-1) @ v  # causal: -inf (becomes the causal flag)
+
+
+def attn_fill_then_alibi(q, k, v, keep, alibi):
+    s = (q @ k.transpose(-2, -1) * D**-0.5).masked_fill(~keep, torch.finfo(q.dtype).min)
+    return (s + alibi).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES + [pytest.param("cpu", torch.float64, id="cpu-float64"),
+                                                          pytest.param("cpu", torch.float16, id="cpu-float16")])
+def test_finite_fill_with_other_masks_over_rows_that_see_no_key(device, dtype):
+    """A row that the fill and the causal flag (or an additive term) leave without a key: its q gets no gradient, as
+    in eager; a float16 fill stays float16 so that an added ALiBi term rounds into it as in eager (uniform row)."""
+    q, k, v = qkv(device, dtype)
+    keep = torch.ones(B, 1, 1, S, dtype=torch.bool, device=device)
+    keep[0, ..., :4] = False  # causal rows 0-3 of batch 0 see only padding
+    records, got, naive, hi = run(attn_fill_then_inf_causal, (q, k, v, keep), device=device, dtype=dtype)
+    assert_rewritten(records, causal=True)
+    check_numerics(got, naive, hi)
+    rows = torch.ones(B, 1, S, S, dtype=torch.bool, device=device)
+    rows[0, :, 2] = False
+    alibi = (-torch.arange(S, dtype=torch.float32)).expand(1, H, S, S).to(device=device, dtype=dtype)
+    records, got, naive, hi = run(attn_fill_then_alibi, (q, k, v, rows, alibi), device=device, dtype=dtype,
+                                  frozen=(4,))
+    assert_rewritten(records)
+    check_numerics(got, naive, hi)

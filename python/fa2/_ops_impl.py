@@ -127,7 +127,9 @@ def refuse_unsupported_autodiff(*tensors) -> None:
     """Raise for the autodiff modes fa2 has no formula for, instead of a silently zero or missing result: forward mode
     (torch.autograd.forward_ad dual tensors, torch.func.jvp / jacfwd) and torch.func's gradient transforms (grad,
     vjp, jacrev, hessian: they cannot run fa2's registered backward). Reverse mode (backward(), torch.autograd.grad)
-    and torch.func.vmap work."""
+    and torch.func.vmap work. (Skipped while Dynamo traces: it cannot follow the functorch queries.)"""
+    if torch.compiler.is_compiling():
+        return
     if forward_ad._current_level >= 0 and any(
             t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors):
         raise NotImplementedError("fa2: forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad) is not "

@@ -46,11 +46,24 @@ def _to_fa2(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t
 
 
-def _bias(inputs, spec, q_dtype, three_d: bool, score_shape):
+def _band_rows(sq, sk, causal, window_left, window_right, device):
+    """Per query row, the keys fa2's causal / window flags leave it, as [lo, hi) int64 (sq,) each; None without
+    flags."""
+    if not causal and window_left < 0 and window_right < 0:
+        return None
+    diag = torch.arange(sq, device=device) + (sk - sq)
+    lo = diag - window_left if window_left >= 0 else torch.zeros_like(diag)
+    hi = diag + (0 if causal else window_right) + 1 if causal or window_right >= 0 else torch.full_like(diag, sk)
+    lo, hi = lo.clamp(0, sk), hi.clamp(0, sk)
+    return lo, torch.maximum(hi, lo)
+
+
+def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
     """(attn_bias, rows): the mask terms as one fa2 bias, and for masks with finite fills the (..., seqlen_q, 1) bool
-    of the rows that keep some key through them (None without such terms; see replacement_fn)."""
+    of the rows that keep some key through every mask (band: the flags' (sq, sk) keep, or None) (None without
+    such terms; see replacement_fn)."""
     floats, keeps, fill_keeps = [], [], []
-    fill = None
+    fill = fill_dtype = None
     for entry, x in zip(spec, inputs):
         kind = entry[0]
         if kind == "add":
@@ -62,19 +75,34 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape):
         else:  # "fill": where(keep, scores, fill) with fill the dtype's minimum (finite)
             fill_keeps.append(x if entry[2] else torch.logical_not(x))
             fill = entry[3] if fill is None else max(fill, entry[3])
+            fill_dtype = fill_dtype or entry[4]
     rows = None
     if fill_keeps:
         # Chained where / masked_fill overwrite: a key hidden by several of them holds the fill once (added up they
         # would overflow to -inf and drop out of a row that sees nothing, which eager averages over). The fill's own
-        # value (its dtype's minimum, in float64 too): added to a score it rounds to itself, so a row that sees no
-        # key averages uniformly as in eager, and it adds up with additive terms as eager's scores do.
+        # value in its own dtype (the scores' at the fill, float64 too): added to a score it rounds to itself, so a
+        # row that sees no key averages uniformly as in eager, and it adds up with additive terms (in that dtype when
+        # they share it) as eager's scores do.
         keep_fill = fill_keeps[0]
         for k in fill_keeps[1:]:
             keep_fill = torch.logical_and(keep_fill, k)
-        fill_dtype = torch.float64 if q_dtype == torch.float64 else torch.float32
         floats.append(torch.where(keep_fill, torch.zeros((), dtype=fill_dtype, device=keep_fill.device),
                                   torch.full((), fill, dtype=fill_dtype, device=keep_fill.device)))
-        rows = keep_fill.any(-1, keepdim=True)
+        # the rows that see some key through every mask: the fills, the -inf ones and the causal / window flags
+        visible = keep_fill
+        for k in keeps:
+            visible = torch.logical_and(visible, k)
+        if band is not None:
+            lo, hi = band
+            if visible.shape[-2] == 1:  # a key-row mask (padding): count its kept keys inside each row's band
+                kept = torch.nn.functional.pad(torch.cumsum(visible.to(torch.int32), -1), (1, 0))  # before key j
+                rows = (kept.index_select(-1, hi) - kept.index_select(-1, lo)).transpose(-1, -2) > 0
+            else:
+                j = torch.arange(visible.shape[-1], device=visible.device)
+                in_band = (j >= lo[:, None]) & (j < hi[:, None])
+                rows = torch.logical_and(visible, in_band).any(-1, keepdim=True)
+        else:
+            rows = visible.any(-1, keepdim=True)
     bias = None
     if floats:
         target = q_dtype if all(f.dtype == q_dtype for f in floats) or q_dtype == torch.float64 else torch.float32
@@ -121,7 +149,10 @@ def replacement_fn(site: Site, spec: list):
         for t, (_, how) in zip(scale_inputs, site.scale_tensors):
             # a scale that is a runtime scalar: applied to q (fa2's scale argument is a Python float)
             qf = qf * t if how == "mul" else qf / t
-        bias, rows = _bias(bias_inputs, spec, qf.dtype, site.out_layout == "nsd", site.score_shape)
+        band = None
+        if any(entry[0] == "fill" for entry in spec):
+            band = _band_rows(qf.shape[1], kf.shape[1], mask.causal, mask.window_left, mask.window_right, qf.device)
+        bias, rows = _bias(bias_inputs, spec, qf.dtype, site.out_layout == "nsd", site.score_shape, band)
         if rows is not None:
             # A row whose every key a finite fill hides: eager's scores there are the fill whatever q.k (where and
             # masked_fill pass no gradient to them), so its q gets none and its keys none from it, while fa2 would
