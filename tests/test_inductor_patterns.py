@@ -870,3 +870,25 @@ def test_finite_fill_with_other_masks_over_rows_that_see_no_key(device, dtype):
                                   frozen=(4,))
     assert_rewritten(records)
     check_numerics(got, naive, hi)
+
+
+def test_fused_encoder_fast_path_is_reported_and_can_be_exposed():
+    """nn.TransformerEncoderLayer in eval mode runs PyTorch's fused fast path (one aten op for the layer): explain
+    lists it as kept, saying how to expose it; with the fast path off its attention is rewritten and matches."""
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(3, 6, 16)
+    before = torch.backends.mha.get_fastpath_enabled()
+    try:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            records = fa2.explain(layer, x)
+        assert len(records) == 1 and not records[0].rewritten and "set_fastpath_enabled(False)" in records[0].reason
+        torch.backends.mha.set_fastpath_enabled(False)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            records = fa2.explain(layer, x)
+            got = torch.compile(layer, backend="fa2")(x)
+        assert len(records) == 1 and records[0].rewritten, [str(r) for r in records]
+        torch.testing.assert_close(got, layer(x))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)

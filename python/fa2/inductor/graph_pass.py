@@ -87,8 +87,31 @@ def _has_candidates(graph) -> bool:
     return False
 
 
+# PyTorch's fused eval fast paths: one op for a whole layer, its attention out of the pass's reach. Reported (kept,
+# with the way to expose them) so that fa2.explain does not say "no attention sites found".
+_FUSED_LAYERS = {"_transformer_encoder_layer_fwd": "nn.TransformerEncoderLayer",
+                 "_native_multi_head_attention": "nn.MultiheadAttention"}
+
+
+def _record_fused_layers(graph: torch.fx.Graph) -> None:
+    if not _recorders:
+        return
+    records = []
+    for n in graph.nodes:
+        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", None) if n.op == "call_function" else None
+        if name in _FUSED_LAYERS:
+            module, source = _origin(n)
+            records.append(SiteRecord(module, source, "fused", "inference", False, {},
+                                      f"{_FUSED_LAYERS[name]}'s eval fast path (aten.{name}: one op for the layer); "
+                                      "torch.backends.mha.set_fastpath_enabled(False) before compiling exposes its "
+                                      "attention to fa2"))
+    for recorder in _recorders:
+        recorder.extend(records)
+
+
 def rewrite_attention(graph: torch.fx.Graph) -> list[Site]:
     """Rewrite every attention site of ``graph`` that fa2 computes exactly; returns all sites found."""
+    _record_fused_layers(graph)
     if not _has_candidates(graph):
         return []
     bwd = backward_nodes(graph)
