@@ -34,7 +34,8 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
 
 def format_table(records: list[SiteRecord]) -> str:
     if not records:
-        return "fa2.explain: no attention sites found"
+        return ("fa2.explain: no attention sites found (in the graphs Dynamo compiled: where a model has attention, "
+                "a graph break may have left it uncompiled; torch._dynamo.explain(model)(*inputs) lists them)")
     rows = [("#", "module", "source", "graph", "fa2", "flags / reason")]
     for i, r in enumerate(records):
         flags = ", ".join(f"{k}={v}" for k, v in r.flags.items())
