@@ -132,7 +132,7 @@ __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], con
 
 // acc_s (this warp's 16 rows, kNTiles n8 tiles) += Q (the warpgroup's 64 rows from wg_row0) K^T, both K-major in
 // shared memory (SwizzledTile layouts, see sm90/wgmma.cuh).
-// kWait = false: only issued (and committed); wgmma_wait() completes it.
+// kWait = false: only issued (and committed); sm90::wait_hold completes it.
 template <typename T, typename QTile, typename KTile, int kNTiles, int kHeadDim, bool kWait = true>
 __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uint32_t s_q, int wg_row0, uint32_t s_k) {
   using QDesc = sm90::TileDescriptors<QTile>;
@@ -149,14 +149,6 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
     sm90::wait_group<0>();
     sm90::hold_registers(d);
   }
-}
-
-// Completes the wgmma groups this warpgroup issued into acc (see gemm_qk_wgmma's kWait): all but the kPending most
-// recently committed ones (groups complete in order).
-template <int kPending = 0, int kMTiles, int kNTiles>
-__device__ __forceinline__ void wgmma_wait(float (&acc)[kMTiles][kNTiles][4]) {
-  sm90::wait_group<kPending>();
-  sm90::hold_registers(reinterpret_cast<float(&)[kMTiles * kNTiles * 4]>(acc));
 }
 
 // acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (pack_p_k16), V (keys x d) as
@@ -706,7 +698,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   uint32_t p_prev[kNTiles / 2][4];  // kOverlap: P of the previous tile, packed, and its stage
   int buf_prev = 0;
   // kOverlap: whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped
-  // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the wgmma_wait(acc_o) below).
+  // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the sm90::wait_hold<0>(acc_o) below).
   bool pv_pending = false;
   // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
   // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
@@ -834,9 +826,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
       if (kSkipMaskedTiles ? pv_pending : it > 0) {
         gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
-        wgmma_wait</*kPending=*/1>(acc_s);
+        sm90::wait_hold</*kPending=*/1>(acc_s);
       } else {
-        wgmma_wait(acc_s);
+        sm90::wait_hold<0>(acc_s);
       }
     } else if constexpr (kPingpong) {
       // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
@@ -844,7 +836,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if (it == 0) pingpong_wait(warp >> 2);
       gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
       pingpong_signal_other(warp >> 2);
-      wgmma_wait(acc_s);
+      sm90::wait_hold<0>(acc_s);
     } else if constexpr (kWgmma) {
       if (kStagedBias && overwrite_s) {
         // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at
@@ -878,7 +870,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. The wait is not
       // under `it > 0` (nothing is pending in the first iteration): split from the issue's condition, ptxas saw a
       // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
-      wgmma_wait(acc_o);
+      sm90::wait_hold<0>(acc_o);
       sm90::hold_fragments(p_prev);
       if (kSkipMaskedTiles ? pv_pending : it > 0) release_stage(buf_prev);
       softmax.rescale(acc_o, correction);

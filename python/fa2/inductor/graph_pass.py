@@ -121,7 +121,7 @@ def rewrite_attention(graph: torch.fx.Graph) -> list[Site]:
     # One site at a time, the graph searched again after each rewrite: a site may read another's output (one
     # attention's result as the next one's q, k or v), and the nodes found for it before would be stale.
     done: list[Site] = []
-    settled: set = set()  # anchors of the sites kept as they are (they stay in the graph, found again each time)
+    settled: set = set()  # anchors of the sites already decided (kept ones stay in the graph and are found again)
     order: dict = {}  # anchor -> the site's place in the graph as first found (the order of the records)
     while True:
         pending = None
@@ -140,7 +140,7 @@ def rewrite_attention(graph: torch.fx.Graph) -> list[Site]:
                 pending = site
         if pending is None:
             break
-        settled.add(pending.anchor)  # (a rewritten site's nodes are gone; never taken twice either way)
+        settled.add(pending.anchor)
         try:
             rewrite_site(graph, pending, bwd, fake_mode)
             pending.rewritten = True

@@ -60,8 +60,8 @@ def _band_rows(sq, sk, causal, window_left, window_right, device):
 
 def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
     """(attn_bias, rows): the mask terms as one fa2 bias, and for masks with finite fills the (..., seqlen_q, 1) bool
-    of the rows that keep some key through every mask (band: the flags' (sq, sk) keep, or None) (None without
-    such terms; see replacement_fn)."""
+    of the rows that keep some key through every mask, the flags' band included (band: _band_rows' (lo, hi), or
+    None); rows is None without finite fills (see replacement_fn)."""
     floats, keeps, fill_keeps = [], [], []
     fill = fill_dtype = None
     for entry, x in zip(spec, inputs):
