@@ -19,6 +19,8 @@ inline void set_sm90_backward(bool) {}
 inline bool sm90_backward() { return false; }
 inline void set_key_bias_backward(bool) {}
 inline bool key_bias_backward() { return false; }
+inline void set_bwd_small_tiles(bool) {}
+inline bool bwd_small_tiles() { return false; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
   *schedule = Sm90Schedule::kAuto;
   return nullptr;
@@ -54,6 +56,9 @@ PYBIND11_MODULE(_C, m) {
   // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)
   m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
   m.def("key_bias_backward", &fa2::key_bias_backward);
+  // the sm80-path backward's small-shared-memory tiles (sm86 / sm89 take them by themselves): forced, for testing
+  m.def("set_bwd_small_tiles", &fa2::set_bwd_small_tiles);
+  m.def("bwd_small_tiles", &fa2::bwd_small_tiles);
   m.def("set_sm90_schedule", [](const std::string& name) {
     if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
   }, py::arg("name"), "auto, pipelined, ws, pingpong or overlap (FA2_SM90_SCHEDULE)");

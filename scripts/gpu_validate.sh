@@ -9,6 +9,8 @@
 #      instances): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   4b. the backward's general bias path for padding masks, FA2_DISABLE_KEY_BIAS_BWD=1 (the default is its key-row
 #      variant): the CUDA tests of ops and API with it
+#   4c. the sm80-path backward's small-shared-memory tiles (sm86 / sm89), FA2_BWD_SMALL_TILES=1 with
+#      FA2_DISABLE_SM90_BACKWARD=1: the CUDA tests of ops and API, then memcheck + racecheck
 #   5. a quick side-by-side forward timing: fa2 (sm_90a, default schedules), fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov
 #      (each sm_90a schedule forced: pipelined, warp-specialized, with ping-pong, with P V overlapping the softmax),
 #      torch's FA-2, cuDNN; FA2_VALIDATE_{DIMS,SEQLENS,PASSES,IMPLS} change it (e.g. PASSES=bwd,fwdbwd with
@@ -16,7 +18,7 @@
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
 #   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov
-#   tests-bwd80 sanitize-bwd80 tests-kbias-off bench
+#   tests-bwd80 sanitize-bwd80 tests-kbias-off tests-bwd-small bench
 #   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
 #   in another invocation with its own OUT: both only read the built extension)
 set -uo pipefail
@@ -31,7 +33,7 @@ STEP_LOGS=$OUT
 source scripts/steps.sh
 
 all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd80 sanitize-bwd80
-  tests-kbias-off bench)
+  tests-kbias-off tests-bwd-small bench)
 [ $# -eq 0 ] && set -- "${all_steps[@]}"
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
@@ -78,6 +80,12 @@ want_step sanitize-bwd80 && step sanitize-bwd80 120 env PYTHONPATH=python FA2_DI
 # every CUDA test of the ops and the API with it (the sanitizer grid's general biases run that path by default)
 want_step tests-kbias-off && step tests-kbias-off 300 env PYTHONPATH=python FA2_DISABLE_KEY_BIAS_BWD=1 "$PY" \
   scripts/gpu_pytest.py tests/test_ops.py tests/test_api.py -k "cuda or key_bias"
+# the sm80-path backward's small-shared-memory tiles (what sm86 / sm89 GPUs run) forced on this GPU: the CUDA tests
+# of the ops and the API with them, then memcheck + racecheck of the sanitizer grid
+want_step tests-bwd-small && step tests-bwd-small 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 \
+  FA2_BWD_SMALL_TILES=1 "$PY" scripts/gpu_pytest.py tests/test_ops.py tests/test_api.py -k "cuda"
+want_step tests-bwd-small && step sanitize-bwd-small 120 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 \
+  FA2_BWD_SMALL_TILES=1 "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck
 want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 \
   --dims ${FA2_VALIDATE_DIMS:-64,96,128,192,256} --seqlens ${FA2_VALIDATE_SEQLENS:-2k,16k} --causal both \
   --masks none,padding --pass ${FA2_VALIDATE_PASSES:-fwd} \
@@ -86,7 +94,8 @@ want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_a
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
-test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-kbias-off.log")
+test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-kbias-off.log"
+  "$OUT/tests-bwd-small.log")
 grep -HE "passed|failed" "${test_logs[@]}" 2>/dev/null | tail -4
 grep -hE "^(FAILED|ERROR)" "${test_logs[@]}" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
 [ -f "$OUT/bench.log" ] && sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -40

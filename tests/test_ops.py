@@ -291,3 +291,43 @@ def test_float64_logits_beyond_float32_range_keep_their_gradients():
     for got, exp in zip(grads, want):
         torch.testing.assert_close(got, exp)
     assert grads[2].abs().sum() > 0
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 192, 256])
+def test_cuda_small_smem_backward_tiles_follow_the_rule(d):
+    """The sm80-path backward's small-shared-memory tiles (bwd_tile_config.h: what sm86 / sm89 GPUs, 99 KB a block,
+    run by themselves), forced on this GPU (set_bwd_small_tiles, the sm_90a backward off): gradients within the rule
+    causal or not with GQA and query/key tails, a padding mask (the key-row variant) and a bias that needs its
+    gradient (the score-mod path), deterministic mode bitwise repeatable; the small-tile kernel is what ran."""
+    from fa2._C import build_info
+    if not any(f"bwd_bf16_hdim{d}_" in name for name in build_info()["kernels"]):
+        pytest.skip(f"this build has no backward for headdim {d}")
+    dtype = torch.bfloat16
+    b, sq, sk, h, hk = 2, 157, 301, 4, 2
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", requires_grad=True, generator=g)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
+    keep = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
+    keep[0, ..., 260:] = False
+    learned = torch.randn(1, h, sq, sk, device="cuda", generator=g).requires_grad_()
+    small = {32: "128, 64", 64: "128, 64", 96: "64, 64", 128: "64, 64", 192: "64, 32", 256: "32, 32"}[d]  # (m, n)
+    with switch("sm90_backward", False), switch("bwd_small_tiles", True):
+        for causal, bias in ((False, None), (True, None), (False, keep), (True, learned)):
+            out = fa2.attention(q, k, v, bias, causal=causal)
+            inputs = (q, k, v) + ((learned,) if bias is learned else ())
+            names = [n for n in cuda_kernel_names(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True))
+                     if "bwd_kernel<" in n]
+            assert names and all(f"BwdTileConfig<{d}, {small}, " in n for n in names), names
+            grads = torch.autograd.grad(out, inputs, dout)
+            leaf_hi = [t.detach().float().requires_grad_() for t in inputs]
+            bias_hi = leaf_hi[3] if bias is learned else bias
+            grads_hi = torch.autograd.grad(attention_ref(*leaf_hi[:3], bias_hi, causal=causal), leaf_hi, dout.float())
+            leaf_lo = [t.detach().clone().requires_grad_() for t in inputs]
+            bias_lo = leaf_lo[3] if bias is learned else bias
+            grads_lo = torch.autograd.grad(attention_ref(*leaf_lo[:3], bias_lo, causal=causal, upcast=False), leaf_lo,
+                                           dout)
+            for name, gr, g_hi, g_lo in zip(("dq", "dk", "dv", "dbias"), grads, grads_hi, grads_lo):
+                assert_close_rule(f"{name} d {d} causal {causal} bias {bias is not None}", gr, g_hi, g_lo, factor=3)
+        with fa2.deterministic():
+            runs = [torch.autograd.grad(fa2.attention(q, k, v, causal=True), (q, k, v), dout) for _ in range(3)]
+        assert all(torch.equal(x, y) for r in runs[1:] for x, y in zip(r, runs[0]))

@@ -53,6 +53,7 @@ Switch g_sm90_backward{"FA2_DISABLE_SM90_BACKWARD", /*when_set=*/false};
 // Whether the backward runs a key-row bias on its plain path (bwd_launch.h; FA2_DISABLE_KEY_BIAS_BWD=1 turns it off,
 // e.g. to time the general bias path on the same build).
 Switch g_key_bias_backward{"FA2_DISABLE_KEY_BIAS_BWD", /*when_set=*/false};
+Switch g_bwd_small_tiles{"FA2_BWD_SMALL_TILES", /*when_set=*/true};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
@@ -114,6 +115,8 @@ void set_sm90_backward(bool enabled) { g_sm90_backward.set(enabled); }
 bool sm90_backward() { return g_sm90_backward.on(); }
 void set_key_bias_backward(bool enabled) { g_key_bias_backward.set(enabled); }
 bool key_bias_backward() { return g_key_bias_backward.on(); }
+void set_bwd_small_tiles(bool enabled) { g_bwd_small_tiles.set(enabled); }
+bool bwd_small_tiles() { return g_bwd_small_tiles.on(); }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 const char* set_sm90_schedule(const char* name) {
   const int index = schedule_index(name);

@@ -12,7 +12,8 @@ namespace fa2 {
 int bwd_headdim_rounded(int headdim);
 
 // int32s of zeroed scratch the backward needs in params.workspace: 0 unless params.deterministic, then
-// 1 (ticket counter) + batch * nheads * ceil(seqlen_q / block_m) (one turn counter per query block).
+// 1 (ticket counter) + batch * nheads * ceil(seqlen_q / block_m) (one turn counter per query block; block_m the
+// smaller of the sm80 shapes', bwd_min_block_m).
 int64_t bwd_workspace_ints(const AttentionParams& params);
 
 // Whether the backward prefers its sm_90a instances on a compute capability 9.0 GPU (wgmma products where the
@@ -28,6 +29,12 @@ bool sm90_backward();
 // backward at d 64, 2.0-2.4x at d 128, 1.4-1.5x at d 256), unless the environment has FA2_DISABLE_KEY_BIAS_BWD=1.
 void set_key_bias_backward(bool enabled);
 bool key_bias_backward();
+
+// Whether the sm80-path backward always runs its small-shared-memory tiles (bwd_tile_config.h,
+// bwd_tile_shape_small), which it otherwise takes only on GPUs whose per-block limit the regular ones exceed (sm86 /
+// sm89). For testing them on any GPU; the environment's FA2_BWD_SMALL_TILES=1 until set.
+void set_bwd_small_tiles(bool enabled);
+bool bwd_small_tiles();
 
 // Backward: fills dq, dk, dv (and dbias when params.dbias != nullptr). Needs, besides the forward's conditions
 // (launch.h: headdim a multiple of 8, 16-byte aligned tensors, strides multiples of 8 elements, non-empty sizes):

@@ -86,6 +86,9 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
 // (bwd_tile_config.h) for the plain path; the score-mod path keeps the sm80 one (with wgmma, ptxas spilled 0.2-5 KB a
 // thread there: the recomputed score's loads and S, dP, dK, dV all live at once). Switched off, they run the sm80
 // configs: what a build with 90a but without 90 ran before.
+// The sm80-path instances (kArch < 90) take the small-shared-memory tiles where the regular ones (with the key-row
+// bias variant's extra key block of bias) exceed the device's per-block limit (sm86 / sm89: 99 KB), or when forced
+// (set_bwd_small_tiles). (sm90 GPUs allow 227 KB: their instances never need them.)
 template <typename T, int kHeadDim, int kArch>
 const char* run_bwd_instance(const AttentionParams& p, cudaStream_t stream) {
   if constexpr (kArch == 901) {
@@ -95,6 +98,15 @@ const char* run_bwd_instance(const AttentionParams& p, cudaStream_t stream) {
     }
     return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(p, stream);
   } else {
+    bool small = bwd_small_tiles();
+    if (!small) {
+      int device = 0, limit = 0;
+      if (cudaGetDevice(&device) == cudaSuccess &&
+          cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess) {
+        small = bwd_key_bias_smem_bytes<BwdTileConfig<kHeadDim>>() > limit;
+      }
+    }
+    if (small) return run_bwd_with_config<T, BwdTileConfigSmall<kHeadDim>, kArch>(p, stream);
     return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(p, stream);
   }
 }

@@ -38,6 +38,27 @@ constexpr BwdTileShape bwd_tile_shape(int headdim) {
                           : BwdTileShape{64, 64, 8, 2, 2, 2, 1, true};
 }
 
+// Small-shared-memory variant (sm80 path) for GPUs whose opt-in limit per block is below the shapes above: sm86 /
+// sm87 / sm89 (RTX 30xx / 40xx, A10, A40, L4, L40S: 99 KB). Chosen at run time from the device's limit
+// (bwd_launch_template.cuh), or forced with set_bwd_small_tiles / FA2_BWD_SMALL_TILES=1. Shared memory (bytes, b16,
+// + 3 * block_m * 4 of row statistics per stage, + block_n * 4 of key-row bias):
+//   d 32: 128x64 -> 72 KB;  d 64: 128x64 single-buffered -> 80 KB;  d 96: 64x64 -> 88 KB;  d 128: 64x64
+//   single-buffered -> 80 KB;  d 192: 64x32 single-buffered -> 80 KB;  d 256: 32x32, 4 warps, single-buffered -> 68 KB.
+// NOT YET RUN ON A GPU (branch wip/bwd-small-smem): validate by forcing it on the H200 (sm80-path instances) first.
+constexpr BwdTileShape bwd_tile_shape_small(int headdim) {
+  return headdim <= 32    ? BwdTileShape{128, 64, 8, 8, 4, 8, 2, true}
+         : headdim <= 64  ? BwdTileShape{128, 64, 8, 8, 4, 8, 1, true}
+         : headdim <= 96  ? BwdTileShape{64, 64, 8, 4, 4, 4, 2, true}
+         : headdim <= 128 ? BwdTileShape{64, 64, 8, 4, 4, 4, 1, true}
+         : headdim <= 192 ? BwdTileShape{64, 32, 8, 4, 2, 4, 1, true}
+                          : BwdTileShape{32, 32, 4, 2, 2, 2, 1, true};
+}
+// The deterministic mode's counters are per query block: sized for the smaller block_m of the two sm80 shapes.
+constexpr int bwd_min_block_m(int headdim) {
+  const int regular = bwd_tile_shape(headdim).block_m, small = bwd_tile_shape_small(headdim).block_m;
+  return regular < small ? regular : small;
+}
+
 // sm_90a (wgmma) variant, same tile sizes (block_m must match: bwd_workspace_ints sizes the deterministic mode's
 // counters by bwd_tile_shape): each of the five products is a warpgroup's m64 wgmma, so every product's warp grid
 // stacks the four warps of a warpgroup along M, 16 rows each (warps_m_sdp / warps_n_dkv / warps_m_dq multiples of 4),
@@ -128,6 +149,15 @@ struct BwdTileConfig {
   static_assert(2 * kdKVMTiles * kdKVNTiles * 4 + 2 * kSdPMTiles * kSdPNTiles * 4 <= 192,
                 "accumulators must stay in registers");
 };
+
+template <int kHeadDim>
+struct BwdTileConfigSmallOf {
+  static constexpr BwdTileShape kShape = bwd_tile_shape_small(kHeadDim);
+  using type = BwdTileConfig<kHeadDim, kShape.block_m, kShape.block_n, kShape.warps, kShape.warps_m_sdp,
+                             kShape.warps_n_dkv, kShape.warps_m_dq, kShape.stages, kShape.whole_block_mask>;
+};
+template <int kHeadDim>
+using BwdTileConfigSmall = typename BwdTileConfigSmallOf<kHeadDim>::type;
 
 // The sm_90a instances' configuration (wgmma where bwd_wgmma_headdim, else the sm80 warp tiles).
 template <int kHeadDim, bool kWgmma = bwd_wgmma_headdim(kHeadDim)>
