@@ -144,12 +144,32 @@ const char* sm90_schedule(Sm90Schedule* schedule) {
   return nullptr;
 }
 
-const char* check_dynamic_smem(const char* what, int headdim, int bytes) {
-  int device = 0, limit = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    return nullptr;  // (the launch itself reports what is wrong with the device)
+int device_smem_optin_limit(int* device) {
+  // One slot per device ordinal, filled on first use (the attribute query is off the launch path after that);
+  // 0 = not read yet. Racing first calls store the same value.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];
+  if (cudaGetDevice(device) != cudaSuccess) return -1;
+  if (*device < 0 || *device >= kMaxDevices) {
+    int limit = 0;
+    return cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, *device) == cudaSuccess ? limit : -1;
   }
+  int limit = cached[*device].load(std::memory_order_relaxed);
+  if (limit > 0) return limit;
+  if (cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, *device) != cudaSuccess) return -1;
+  cached[*device].store(limit, std::memory_order_relaxed);
+  return limit;
+}
+
+int device_smem_optin_limit() {
+  int device = 0;
+  return device_smem_optin_limit(&device);
+}
+
+const char* check_dynamic_smem(const char* what, int headdim, int bytes) {
+  int device = 0;
+  const int limit = device_smem_optin_limit(&device);
+  if (limit < 0) return nullptr;  // (the launch itself reports what is wrong with the device)
   if (bytes <= limit) return nullptr;
   cudaDeviceProp prop{};
   const bool named = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
@@ -158,8 +178,7 @@ const char* check_dynamic_smem(const char* what, int headdim, int bytes) {
                  (named ? prop.name : "this GPU") + " (compute capability " +
                  (named ? std::to_string(prop.major) + "." + std::to_string(prop.minor) : std::string("?")) +
                  ") allows " + std::to_string(limit / 1024) +
-                 " KB. Its tiles are sized for A100 / H100-class GPUs (163 / 227 KB); smaller ones for sm86 / sm89 "
-                 "GPUs (99 KB) are not built yet");
+                 " KB (its tiles are sized for GPUs with at least 99 KB: sm80 and later)");
 }
 
 const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads) {

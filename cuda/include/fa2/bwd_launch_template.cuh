@@ -100,11 +100,8 @@ const char* run_bwd_instance(const AttentionParams& p, cudaStream_t stream) {
   } else {
     bool small = bwd_small_tiles();
     if (!small) {
-      int device = 0, limit = 0;
-      if (cudaGetDevice(&device) == cudaSuccess &&
-          cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess) {
-        small = bwd_key_bias_smem_bytes<BwdTileConfig<kHeadDim>>() > limit;
-      }
+      const int limit = device_smem_optin_limit();
+      small = limit > 0 && bwd_key_bias_smem_bytes<BwdTileConfig<kHeadDim>>() > limit;
     }
     if (small) return run_bwd_with_config<T, BwdTileConfigSmall<kHeadDim>, kArch>(p, stream);
     return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(p, stream);

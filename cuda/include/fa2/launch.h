@@ -34,6 +34,9 @@ const char* sm90_schedule(Sm90Schedule* schedule);
 // nullptr when `what` (a kernel at `headdim`) may use `bytes` of dynamic shared memory per block on the current
 // device (its opt-in maximum: 227 KB on the H100/H200, 163 KB on the A100, 99 KB on sm86/sm89), else a message.
 const char* check_dynamic_smem(const char* what, int headdim, int bytes);
+// The current device's opt-in shared memory limit per block in bytes (cached per device), or -1 when CUDA cannot
+// say (no device: the launch then reports it).
+int device_smem_optin_limit();
 // nullptr when batch and nheads fit the grid's y and z dimensions (at most 65535 each), else a message.
 const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads);
 
