@@ -300,7 +300,7 @@ def test_cuda_small_smem_backward_tiles_follow_the_rule(d):
     causal or not with GQA and query/key tails, a padding mask (the key-row variant) and a bias that needs its
     gradient (the score-mod path), deterministic mode bitwise repeatable; the small-tile kernel is what ran."""
     from fa2._C import build_info
-    if not any(f"bwd_bf16_hdim{d}_" in name for name in build_info()["kernels"]):
+    if f"bwd_bf16_hdim{d}_" not in build_info()["kernels"]:  # (one string of instance names)
         pytest.skip(f"this build has no backward for headdim {d}")
     dtype = torch.bfloat16
     b, sq, sk, h, hk = 2, 157, 301, 4, 2
