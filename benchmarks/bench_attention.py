@@ -54,9 +54,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
-# fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov: fa2 with the sm_90a forward's schedule forced (fa2._C.set_sm90_schedule;
+# fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov / fa2-wsppov: fa2 with the sm_90a forward's schedule forced (fa2._C.set_sm90_schedule;
 # fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp specialization), warp-specialized,
-# with ping-pong between its consumer warpgroups, with P V overlapping the next softmax. Forced warp-specialized
+# with ping-pong between its consumer warpgroups, with P V overlapping the next softmax, with both. Forced warp-specialized
 # schedules apply to the plain path (and fa2-ws at d <= 64 to a padding mask too: the wide kernel); the rest runs
 # as fa2 (or pipelined under fa2-pipe).
 # fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
@@ -69,9 +69,10 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-pipe": {"sm90_schedule": "pipelined"},
                 "fa2-ws": {"sm90_schedule": "ws"},
                 "fa2-wspp": {"sm90_schedule": "pingpong"},
-                "fa2-wsov": {"sm90_schedule": "overlap"}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "torch-fa2",
-         "cudnn", "efficient", "math", "flex", "sdpa")
+                "fa2-wsov": {"sm90_schedule": "overlap"},
+                "fa2-wsppov": {"sm90_schedule": "pingpong-overlap"}}
+IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov",
+         "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}

@@ -61,7 +61,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("bwd_small_tiles", &fa2::bwd_small_tiles);
   m.def("set_sm90_schedule", [](const std::string& name) {
     if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
-  }, py::arg("name"), "auto, pipelined, ws, pingpong or overlap (FA2_SM90_SCHEDULE)");
+  }, py::arg("name"), "auto, pipelined, ws, pingpong, overlap or pingpong-overlap (FA2_SM90_SCHEDULE)");
   m.def("sm90_schedule", []() {
     fa2::Sm90Schedule schedule;
     if (const char* error = fa2::sm90_schedule(&schedule)) throw py::value_error(error);
@@ -69,5 +69,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("sm90_default_schedule", [](int headdim) {  // what "auto" runs at an instantiated headdim
     return std::string(fa2::sm90_schedule_name(fa2::sm90_default_schedule(headdim)));
+  }, py::arg("headdim"));
+  m.def("sm90_key_bias_schedule", [](int headdim) {  // what a key-row bias (padding mask) runs under "auto"
+    return std::string(fa2::sm90_schedule_name(fa2::sm90_key_bias_schedule(headdim)));
   }, py::arg("headdim"));
 }

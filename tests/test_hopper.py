@@ -72,7 +72,8 @@ def test_wgmma_training_step_matches_sm80_path():
 
 # fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>: how each sm_90a schedule's kernel name ends
 KERNEL_SUFFIX = {"pipelined": ", false, false, false>(", "ws": ", true, false, false>(",
-                 "pingpong": ", true, true, false>(", "overlap": ", true, false, true>("}
+                 "pingpong": ", true, true, false>(", "overlap": ", true, false, true>(",
+                 "pingpong-overlap": ", true, true, true>("}
 
 
 def _key_row_bias(b, sk, dtype, kind, gen, misaligned=False):
@@ -116,15 +117,15 @@ def _schedule_calls(dtype):
     return calls
 
 
-@pytest.mark.parametrize("schedule", ["ws", "pingpong", "overlap", "auto"])
+@pytest.mark.parametrize("schedule", ["ws", "pingpong", "overlap", "pingpong-overlap", "auto"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
     """The sm_90a forward's schedules (fa2._C.set_sm90_schedule; tile_config.h) run the same products and softmax as
     the pipelined kernel, only scheduled differently: bitwise the same out and lse on every call, plain or with a
     bias (forced warp-specialized schedules serve the plain path; a key-row bias with aligned rows runs each
-    headdim's default schedule, its bias staged in shared memory, except that a forced "ws" at d <= 64 runs the wide
+    headdim's key-bias schedule (its default without ping-pong), its bias staged in shared memory, except that a forced "ws" at d <= 64 runs the wide
     warp-specialized kernel), including query blocks that see no key. And they really are other kernels: a forced
-    schedule at every instantiated headdim of the plain path, the headdim's default (fa2._C.sm90_default_schedule)
+    schedule at every instantiated headdim of the plain path, fa2._C.sm90_key_bias_schedule
     for aligned key-row biases (wide "ws" at d <= 64 when forced), and the pipelined kernel for a misaligned one."""
     calls = _schedule_calls(dtype)
     assert len(calls) > 30
@@ -146,7 +147,7 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
     for d, kernels in names.items():
         want = KERNEL_SUFFIX[fa2._C.sm90_default_schedule(d) if schedule == "auto" else schedule]
         assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, kernels)
-    # key-row biases: each headdim's default schedule, except that a forced "ws" at d <= 64 (default pipelined) runs
+    # key-row biases: each headdim's key-bias schedule, except that a forced "ws" at d <= 64 (default pipelined) runs
     # the wide warp-specialized kernel; misaligned rows the pipelined kernel
     for d, misaligned, kernels in bias_names:
         if misaligned:
@@ -154,7 +155,7 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
         elif schedule == "ws" and d <= 64:
             want = "ws"
         else:
-            want = fa2._C.sm90_default_schedule(d)
+            want = fa2._C.sm90_key_bias_schedule(d)
         assert any("fwd_kernel<" in n and KERNEL_SUFFIX[want] in n for n in kernels), (schedule, d, misaligned, kernels)
     for (_, what, _), (out_s, lse_s), (out, lse) in zip(calls, scheduled, pipelined):
         assert torch.equal(out_s, out), f"out differs by {(out_s.float() - out.float()).abs().max().item()}: {what}"
@@ -162,10 +163,10 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
 
 
 def test_sm90_schedule_setting():
-    """set_sm90_schedule takes the five names and rejects others with a clear error (the setting unchanged)."""
+    """set_sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
     before = fa2._C.sm90_schedule()
     try:
-        for name in ("pipelined", "ws", "pingpong", "overlap", "auto"):
+        for name in ("pipelined", "ws", "pingpong", "overlap", "pingpong-overlap", "auto"):
             fa2._C.set_sm90_schedule(name)
             assert fa2._C.sm90_schedule() == name
         with pytest.raises(ValueError, match="unknown sm_90a schedule 'fast'"):
@@ -175,6 +176,7 @@ def test_sm90_schedule_setting():
         fa2._C.set_sm90_schedule(before)
     assert fa2._C.sm90_default_schedule(64) == "pipelined"
     assert fa2._C.sm90_default_schedule(128) in KERNEL_SUFFIX
+    assert fa2._C.sm90_key_bias_schedule(128) == "overlap"  # (the tiles a padding mask hides are skipped)
 
 
 @pytest.mark.parametrize("d", [32, 64, 128, 256])
@@ -233,7 +235,7 @@ def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind,
         row = torch.zeros(b, 1, 1, sk, device="cuda", dtype=bias_dtype).masked_fill(~keep, float("-inf"))
         row[0, ..., 256:384] = torch.randn(1, 1, 128, device="cuda", generator=g).to(bias_dtype)  # a mixed tile
     q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=g)
-    want = KERNEL_SUFFIX["ws" if schedule == "ws" and d <= 64 else fa2._C.sm90_default_schedule(d)]
+    want = KERNEL_SUFFIX["ws" if schedule == "ws" and d <= 64 else fa2._C.sm90_key_bias_schedule(d)]
     for causal in (False, True):
         args = lambda bias: (q, k, v, bias, None, causal, -1, -1, 0.0)
         with switch("sm90_schedule", schedule):

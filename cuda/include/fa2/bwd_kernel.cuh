@@ -690,9 +690,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     };
     if constexpr (!kWgmma) dv_dk(std::true_type{});
     {
-      float acc_dq[kQM][kQN][4];
-      product<T, kWgmma, kQM, kQN, kBlockN / 16, false, true, PTile, KTile, true, kWaitSync::value>(acc_dq, sdS, dq_m0,
-                                                                                               sK, dq_d0, lane);
+      // dQ in column parts: two with wgmma at d 256 (64 floats a thread in one go, beside dK's and dV's 128, spilled),
+      // else one. The second part is issued once the first has been reduced.
+      constexpr int kDqParts = kWgmma && kQN >= 16 ? 2 : 1;
+      constexpr int kQNPart = kQN / kDqParts;
+      float acc_dq[kQM][kQNPart][4];
+      product<T, kWgmma, kQM, kQNPart, kBlockN / 16, false, true, PTile, KTile, true, kWaitSync::value>(
+          acc_dq, sdS, dq_m0, sK, dq_d0, lane);
       if constexpr (kWgmma) {
         dv_dk(std::false_type{});
         sm90::wait_hold<2>(acc_dq);  // <2>: dV and dK, committed after dQ, keep running (the counts follow this order)
@@ -702,31 +706,42 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
         turn = wait_dq_turn(m);
         __syncthreads();
       }
-      float* dq_row0 = dq_accum + int64_t(m0 + dq_m0 + group) * kHeadDim + dq_d0 + tig * 2;
-      if (m0 + kBlockM <= p.seqlen_q && headdim == kHeadDim) {  // the common case: no predicates
+      // acc_dq (columns dq_d0 + part * kQNPart * 8 ..) into dq_accum
+      auto reduce_dq = [&](auto part) {
+        const int d0 = dq_d0 + decltype(part)::value * kQNPart * 8;
+        float* dq_row0 = dq_accum + int64_t(m0 + dq_m0 + group) * kHeadDim + d0 + tig * 2;
+        if (m0 + kBlockM <= p.seqlen_q && headdim == kHeadDim) {  // the common case: no predicates
 #pragma unroll
-        for (int mt = 0; mt < kQM; ++mt)
+          for (int mt = 0; mt < kQM; ++mt)
 #pragma unroll
-          for (int half = 0; half < 2; ++half)
+            for (int half = 0; half < 2; ++half)
 #pragma unroll
-            for (int nt = 0; nt < kQN; ++nt)
-              ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
-                                 acc_dq[mt][nt][half * 2 + 1]);
-      } else {
+              for (int nt = 0; nt < kQNPart; ++nt)
+                ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
+                                   acc_dq[mt][nt][half * 2 + 1]);
+        } else {
 #pragma unroll
-        for (int mt = 0; mt < kQM; ++mt)
+          for (int mt = 0; mt < kQM; ++mt)
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            if (m0 + dq_m0 + mt * 16 + half * 8 + group < p.seqlen_q) {
+            for (int half = 0; half < 2; ++half) {
+              if (m0 + dq_m0 + mt * 16 + half * 8 + group < p.seqlen_q) {
 #pragma unroll
-              for (int nt = 0; nt < kQN; ++nt) {
-                if (dq_d0 + nt * 8 + tig * 2 < headdim) {
-                  ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
-                                     acc_dq[mt][nt][half * 2 + 1]);
+                for (int nt = 0; nt < kQNPart; ++nt) {
+                  if (d0 + nt * 8 + tig * 2 < headdim) {
+                    ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
+                                       acc_dq[mt][nt][half * 2 + 1]);
+                  }
                 }
               }
             }
-          }
+        }
+      };
+      reduce_dq(std::integral_constant<int, 0>{});
+      if constexpr (kDqParts == 2) {
+        product<T, kWgmma, kQM, kQNPart, kBlockN / 16, false, true, PTile, KTile, true, false>(
+            acc_dq, sdS, dq_m0, sK, dq_d0 + kQNPart * 8, lane);
+        sm90::wait_hold<0>(acc_dq);  // (dV and dK, issued before it, complete too)
+        reduce_dq(std::integral_constant<int, 1>{});
       }
       if (p.deterministic) {
         __threadfence();

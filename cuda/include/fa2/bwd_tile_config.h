@@ -44,7 +44,8 @@ constexpr BwdTileShape bwd_tile_shape(int headdim) {
 // + 3 * block_m * 4 of row statistics per stage, + block_n * 4 of key-row bias):
 //   d 32: 128x64 -> 72 KB;  d 64: 128x64 single-buffered -> 80 KB;  d 96: 64x64 -> 88 KB;  d 128: 64x64
 //   single-buffered -> 80 KB;  d 192: 64x32 single-buffered -> 80 KB;  d 256: 32x32, 4 warps, single-buffered -> 68 KB.
-// NOT YET RUN ON A GPU (branch wip/bwd-small-smem): validate by forcing it on the H200 (sm80-path instances) first.
+// Validated by forcing them on the H200 (sm80-path instances, FA2_DISABLE_SM90_BACKWARD=1 FA2_BWD_SMALL_TILES=1:
+// the CUDA tests of the ops and the API, memcheck, racecheck; 2026-11-30); not yet run on an sm86 / sm89 GPU.
 constexpr BwdTileShape bwd_tile_shape_small(int headdim) {
   return headdim <= 32    ? BwdTileShape{128, 64, 8, 8, 4, 8, 2, true}
          : headdim <= 64  ? BwdTileShape{128, 64, 8, 8, 4, 8, 1, true}

@@ -503,7 +503,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   static_assert(!kPingpong || (kWs && Cfg::kNThreads == 256), "ping-pong: two consumer warpgroups, warp-specialized");
   // kOverlap (warp-specialized, without ping-pong): P V of tile n-1 stays in flight while S of tile n becomes P; O
   // is rescaled once it completed. The same operations on O in the same order (x c(n-1), + P V(n-1), x c(n), ...).
-  static_assert(!kOverlap || (kWs && !kPingpong), "intra-warpgroup overlap: warp-specialized, without ping-pong");
+  // With kPingpong too, each warpgroup's turn issues both (Q K^T of tile n, P V of tile n-1).
+  static_assert(!kOverlap || kWs, "intra-warpgroup overlap: warp-specialized");
   // one stage would deadlock a warp-specialized kernel: a consumer waits for tile it before releasing tile it - 1
   static_assert(!kWs || kRing >= 2, "warp specialization needs at least two K/V stages");
   // the consumers' registers after setmaxnreg (see ws_consumer_regs)
@@ -822,12 +823,19 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
 
     // -- S (+)= Q K^T
     if constexpr (kOverlap) {
-      // Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in order)
+      // Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in order).
+      // With ping-pong, both go out in this warpgroup's turn: one turn per iteration, the other warpgroup's next one
+      // opening once both are issued (warpgroup 1's last turn opens none: the after-loop P V takes no turn, and
+      // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
+      if constexpr (kPingpong) pingpong_wait(warp >> 2);
       gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
+      const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
       if (kSkipMaskedTiles ? pv_pending : it > 0) {
         gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
+        if (end_turn) pingpong_signal_other(warp >> 2);
         sm90::wait_hold</*kPending=*/1>(acc_s);
       } else {
+        if (end_turn) pingpong_signal_other(warp >> 2);
         sm90::wait_hold<0>(acc_s);
       }
     } else if constexpr (kPingpong) {
@@ -899,7 +907,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if constexpr (kWs) release_stage(buf);
   }
 
-  if constexpr (kPingpong) {
+  if constexpr (kPingpong && !kOverlap) {
     if (warp >> 2 == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
   }
   if constexpr (kOverlap) {  // the last tile's P V (the key range is not empty, but its tiles may all be skipped)

@@ -46,11 +46,11 @@ struct FwdLaunch {
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule>
 FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
-  constexpr bool kPingpong = kSchedule == Sm90Schedule::kPingpong;
+  constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
   using Cfg = fwd::FwdKernelConfig<kHeadDim, kArch, /*kWarpSpecialized=*/true, kPingpong>;
   static_assert(Cfg::kBlockN == FwdTileConfig<kHeadDim, true>::kBlockN, "K/V tensor maps of the instance's key tile");
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong,
-                           /*kOverlap=*/kSchedule == Sm90Schedule::kOverlap>,
+                           /*kOverlap=*/sm90_schedule_overlap(kSchedule)>,
           fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM};
 }
 
@@ -86,7 +86,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   const bool plain = !general && p.bias_type == BiasType::kNone;
   // sm_90a: the schedule of the key loop (tile_config.h, Sm90Schedule): each headdim's default unless
   // set_sm90_schedule / FA2_SM90_SCHEDULE forces one. Warp-specialized kernels serve the plain path (every schedule)
-  // and a key-row bias (the headdim's default schedule only: fewer instantiations; at d <= 64, whose default is
+  // and a key-row bias (the headdim's sm90_key_bias_schedule only: fewer instantiations; at d <= 64, whose default is
   // pipelined, also the wide warp-specialized kernel: by default at d 64 from kWideKeyBiasMinKeys keys
   // (tile_config.h), and whenever "ws" is forced); the rest runs pipelined.
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
@@ -109,12 +109,14 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpong>();
       } else if (schedule == Sm90Schedule::kOverlap) {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kOverlap>();
+      } else if (schedule == Sm90Schedule::kPingpongOverlap) {
+        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpongOverlap>();
       } else {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kWarpSpecialized>();
       }
     } else if (key_row_bias && (schedule != Sm90Schedule::kPipelined || !schedule_forced)) {
       if constexpr (kDefault != Sm90Schedule::kPipelined) {
-        use_key_bias_ws_launch<T, kHeadDim, kArch, kDefault>(p.bias_type, launch);
+        use_key_bias_ws_launch<T, kHeadDim, kArch, sm90_key_bias_schedule(kHeadDim)>(p.bias_type, launch);
       } else if constexpr (fwd_wide_warp_specialized(kHeadDim)) {
         if (schedule == Sm90Schedule::kWarpSpecialized ||
             (!schedule_forced && fwd_wide_key_bias_by_default(kHeadDim, p.seqlen_k))) {

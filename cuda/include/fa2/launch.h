@@ -21,9 +21,10 @@ void set_arch_specific_kernels(bool enabled);
 bool arch_specific_kernels();
 
 // Which schedule the sm_90a forward's key loop runs (tile_config.h, Sm90Schedule; names in kSm90ScheduleNames):
-// "auto" (default: each headdim's measured best, sm90_default_schedule), "pipelined", "ws", "pingpong", "overlap".
-// Process-wide, for A/B timing; until set, the environment's FA2_SM90_SCHEDULE decides. A forced warp-specialized
-// schedule applies to the plain path; a key-row bias runs the headdim's default one unless "pipelined" is forced.
+// "auto" (default: each headdim's measured best, sm90_default_schedule), "pipelined", "ws", "pingpong", "overlap",
+// "pingpong-overlap". Process-wide, for A/B timing; until set, the environment's FA2_SM90_SCHEDULE decides. A forced
+// warp-specialized schedule applies to the plain path; a key-row bias runs sm90_key_bias_schedule unless "pipelined"
+// is forced.
 // set_sm90_schedule returns nullptr, or a message for an unknown name (the setting is then unchanged);
 // sm90_schedule returns nullptr and sets *schedule, or a message when FA2_SM90_SCHEDULE names no schedule.
 const char* set_sm90_schedule(const char* name);

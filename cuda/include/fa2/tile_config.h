@@ -69,9 +69,20 @@ constexpr bool fwd_wide_key_bias_by_default(int headdim, int seqlen_k) {
 //   kPipelined        two warpgroups, one thread issues the next K/V tile's TMA after a CTA barrier per tile;
 //   kWarpSpecialized  a producer warpgroup streams K/V into a ring of mbarrier-guarded stages, no CTA barrier;
 //   kPingpong         that, with the two consumer warpgroups taking turns issuing their products;
-//   kOverlap          that, with P V of tile n-1 in flight during the softmax of tile n (intra-warpgroup overlap).
+//   kOverlap          that, with P V of tile n-1 in flight during the softmax of tile n (intra-warpgroup overlap);
+//   kPingpongOverlap  both (FA-3's d 128 schedule): each consumer warpgroup issues Q K^T of tile n and P V of tile
+//                     n-1 in its turn, so the tensor cores alternate between the warpgroups' pairs of products while
+//                     the other one runs its softmax.
 // kAuto (a runtime setting only: set_sm90_schedule) means sm90_default_schedule(headdim).
-enum class Sm90Schedule : int { kAuto = 0, kPipelined = 1, kWarpSpecialized = 2, kPingpong = 3, kOverlap = 4 };
+enum class Sm90Schedule : int {
+  kAuto = 0, kPipelined = 1, kWarpSpecialized = 2, kPingpong = 3, kOverlap = 4, kPingpongOverlap = 5
+};
+constexpr bool sm90_schedule_pingpong(Sm90Schedule s) {
+  return s == Sm90Schedule::kPingpong || s == Sm90Schedule::kPingpongOverlap;
+}
+constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
+  return s == Sm90Schedule::kOverlap || s == Sm90Schedule::kPingpongOverlap;
+}
 
 // The schedule each headdim runs by default. Measured on the H200 (2026-11-30, bf16, 16k tokens, hidden 2048,
 // S 2k/8k/16k, causal and not; benchmarks/results/attention_h200-20261130-schedules.json), forward TFLOP/s relative to
@@ -81,13 +92,24 @@ enum class Sm90Schedule : int { kAuto = 0, kPipelined = 1, kWarpSpecialized = 2,
 // A second run (attention_h200-20261130-schedules2.json, S 2k/16k): d 96 warp-specialized 1.01-1.03, overlap
 // 1.00-1.03 (within the run-to-run noise: d 96 stays pipelined, like d 32); d 192 warp-specialized 1.02-1.13,
 // overlap 1.02-1.11.
+// d 128, both (kPingpongOverlap) against overlap alone (2026-11-30, bf16, non-causal, scripts/fwd_variant_bench.cu,
+// ABAB, two rounds agree within 1.5%): 1.03 / 1.02 / 1.02 / 1.01 at S 1k / 2k / 4k / 16k; with torch's benchmark
+// (attention_h200-20261130-ppov.json, causal and not, 1k-16k) 0.97-1.05, mostly ahead. At d 256 it is 0.67x the
+// warp-specialized kernel (O, S and P_prev of 64 x 256 rows do not fit beside each other).
 constexpr Sm90Schedule sm90_default_schedule(int headdim) {
-  return headdim <= 96 ? Sm90Schedule::kPipelined : headdim <= 128 ? Sm90Schedule::kOverlap
+  return headdim <= 96 ? Sm90Schedule::kPipelined : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
                                                                    : Sm90Schedule::kWarpSpecialized;
+}
+// The schedule of the warp-specialized key-row bias kernel (padding masks; fwd_launch_template.cuh) where the
+// default one is warp-specialized: the default without ping-pong, whose warpgroups' turns count key tiles, so that
+// all -inf key tiles can be skipped (fwd_kernel.cuh, kSkipMaskedTiles).
+constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
+  return sm90_default_schedule(headdim) == Sm90Schedule::kPingpongOverlap ? Sm90Schedule::kOverlap
+                                                                         : sm90_default_schedule(headdim);
 }
 
 // The names set_sm90_schedule / FA2_SM90_SCHEDULE take (index = the enum's value).
-constexpr const char* kSm90ScheduleNames[] = {"auto", "pipelined", "ws", "pingpong", "overlap"};
+constexpr const char* kSm90ScheduleNames[] = {"auto", "pipelined", "ws", "pingpong", "overlap", "pingpong-overlap"};
 constexpr const char* sm90_schedule_name(Sm90Schedule s) { return kSm90ScheduleNames[static_cast<int>(s)]; }
 
 template <int kHeadDim_, bool kWgmma_ = false, bool kWide_ = false>
