@@ -4,7 +4,8 @@
 #   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones; not the zoo)
 #   3. compute-sanitizer memcheck on the small grid with the default sm_90a schedules (and with each warp-specialized
-#      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", racecheck "overlap")
+#      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", racecheck "overlap",
+#      racecheck + synccheck "pingpong-overlap")
 #   4. the sm80-path backward on the same build, FA2_DISABLE_SM90_BACKWARD=1 (the default is its sm_90a wgmma
 #      instances): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   4b. the backward's general bias path for padding masks, FA2_DISABLE_KEY_BIAS_BWD=1 (the default is its key-row
@@ -17,7 +18,7 @@
 #      IMPLS=fa2,fa2-bwd80,torch-fa2,cudnn to time the backward against its sm80-path kernels)
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
-#   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov
+#   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov
 #   tests-bwd80 sanitize-bwd80 tests-kbias-off tests-bwd-small bench
 #   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
 #   in another invocation with its own OUT: both only read the built extension)
@@ -32,7 +33,7 @@ STEP_LOGS=$OUT
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
 
-all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov tests-bwd80 sanitize-bwd80
+all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov tests-bwd80 sanitize-bwd80
   tests-kbias-off tests-bwd-small bench)
 [ $# -eq 0 ] && set -- "${all_steps[@]}"
 selected=" $* "
@@ -70,6 +71,8 @@ want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90
   scripts/sanitizer_check.py --tools racecheck,synccheck
 want_step sanitize-wsov && step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap "$PY" \
   scripts/sanitizer_check.py --tools racecheck
+want_step sanitize-wsppov && step sanitize-wsppov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap "$PY" \
+  scripts/sanitizer_check.py --tools racecheck,synccheck
 # the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
 # tests of the ops and the API with it, then memcheck + racecheck
 want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
