@@ -21,6 +21,8 @@ inline void set_key_bias_backward(bool) {}
 inline bool key_bias_backward() { return false; }
 inline void set_bwd_small_tiles(bool) {}
 inline bool bwd_small_tiles() { return false; }
+inline void set_persistent_forward_ctas(int) {}
+inline int persistent_forward_ctas() { return 0; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
   *schedule = Sm90Schedule::kAuto;
   return nullptr;
@@ -59,6 +61,10 @@ PYBIND11_MODULE(_C, m) {
   // the sm80-path backward's small-shared-memory tiles (sm86 / sm89 take them by themselves): forced, for testing
   m.def("set_bwd_small_tiles", &fa2::set_bwd_small_tiles);
   m.def("bwd_small_tiles", &fa2::bwd_small_tiles);
+  // the warp-specialized sm_90a forward's persistent grid: -1 one CTA per SM (default), 0 off ("fa2-nopers"),
+  // n > 0 at most n CTAs (tests)
+  m.def("set_persistent_forward_ctas", &fa2::set_persistent_forward_ctas, py::arg("ctas"));
+  m.def("persistent_forward_ctas", &fa2::persistent_forward_ctas);
   m.def("set_sm90_schedule", [](const std::string& name) {
     if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
   }, py::arg("name"), "auto, pipelined, ws, pingpong, overlap or pingpong-overlap (FA2_SM90_SCHEDULE)");

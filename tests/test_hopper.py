@@ -162,6 +162,39 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
         assert torch.equal(lse_s, lse), f"lse differs: {what}"
 
 
+@pytest.mark.parametrize("schedule", ["ws", "pingpong", "overlap", "pingpong-overlap", "auto"])
+def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
+    """The warp-specialized forward is persistent (fwd_kernel.cuh: a grid of at most one CTA per SM, each taking every
+    grid-th query block, its producer loading the next block's K/V and Q while the consumers finish the current one).
+    With the grid cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas), so that one CTA runs many query blocks
+    back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded key tiles and blocks
+    that see no key carried from one block to the next), and with the default grid, out and lse are bitwise those of
+    one CTA per query block: on the schedule tests' calls (plain and key-row biases at every headdim) and on shapes with
+    more query blocks than SMs."""
+    dtype = torch.bfloat16
+    calls = [args for args, _, _ in _schedule_calls(dtype)]
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for shape, causal, with_bias in [((2, 2000, 2000, 8, 2, 128), False, False), ((2, 2000, 2000, 8, 2, 128), True, False),
+                                     ((1, 3000, 1000, 4, 4, 256), True, False),  # bottom-right: blocks see no key
+                                     ((2, 1500, 1500, 8, 4, 64), False, True), ((2, 1100, 1300, 8, 8, 128), True, True)]:
+        q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", generator=gen)
+        bias = None
+        if with_bias:
+            keep = torch.ones(shape[0], 1, 1, shape[2], dtype=torch.bool, device="cuda")
+            keep[0, ..., 700:] = False  # whole key tiles padded (skipped where the schedule skips them)
+            bias = keep.expand(shape[0], shape[3], shape[1], shape[2])
+        calls.append((q, k, v, bias, None, causal, -1, -1, 0.0))
+    with switch("sm90_schedule", schedule):
+        with switch("persistent_forward_ctas", 0):
+            want = [torch.ops.fa2.fwd(*args) for args in calls]
+        for ctas in (1, 3, -1):
+            with switch("persistent_forward_ctas", ctas):
+                got = [torch.ops.fa2.fwd(*args) for args in calls]
+            for i, ((out, lse), (out_w, lse_w)) in enumerate(zip(got, want)):
+                assert torch.equal(out, out_w), (ctas, i, (out.float() - out_w.float()).abs().max().item())
+                assert torch.equal(lse, lse_w), (ctas, i)
+
+
 def test_sm90_schedule_setting():
     """set_sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
     before = fa2._C.sm90_schedule()

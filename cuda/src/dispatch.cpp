@@ -54,6 +54,10 @@ Switch g_sm90_backward{"FA2_DISABLE_SM90_BACKWARD", /*when_set=*/false};
 // e.g. to time the general bias path on the same build).
 Switch g_key_bias_backward{"FA2_DISABLE_KEY_BIAS_BWD", /*when_set=*/false};
 Switch g_bwd_small_tiles{"FA2_BWD_SMALL_TILES", /*when_set=*/true};
+// The warp-specialized forward's persistent grid (launch.h): at most this many CTAs, -1 one per SM, 0 not
+// persistent; kUnread until FA2_PERSISTENT_FWD_CTAS is read.
+constexpr int kPersistentUnread = -2;
+std::atomic<int> g_persistent_ctas{kPersistentUnread};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
@@ -117,6 +121,21 @@ void set_key_bias_backward(bool enabled) { g_key_bias_backward.set(enabled); }
 bool key_bias_backward() { return g_key_bias_backward.on(); }
 void set_bwd_small_tiles(bool enabled) { g_bwd_small_tiles.set(enabled); }
 bool bwd_small_tiles() { return g_bwd_small_tiles.on(); }
+void set_persistent_forward_ctas(int ctas) { g_persistent_ctas.store(ctas < 0 ? -1 : ctas, std::memory_order_relaxed); }
+int persistent_forward_ctas() {
+  int state = g_persistent_ctas.load(std::memory_order_relaxed);
+  if (state == kPersistentUnread) {  // the environment is read once
+    const char* env = std::getenv("FA2_PERSISTENT_FWD_CTAS");
+    char* end = nullptr;
+    const long value = env == nullptr || *env == '\0' ? -1 : std::strtol(env, &end, 10);
+    const int from_env = env != nullptr && *env != '\0' && (*end != '\0' || value < 0 || value > 1 << 30)
+                             ? -1  // (not a count: the default)
+                             : int(value);
+    // a concurrent set_persistent_forward_ctas wins over the environment
+    state = g_persistent_ctas.compare_exchange_strong(state, from_env, std::memory_order_relaxed) ? from_env : state;
+  }
+  return state;
+}
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 const char* set_sm90_schedule(const char* name) {
   const int index = schedule_index(name);
@@ -144,26 +163,35 @@ const char* sm90_schedule(Sm90Schedule* schedule) {
   return nullptr;
 }
 
-int device_smem_optin_limit(int* device) {
-  // One slot per device ordinal, filled on first use (the attribute query is off the launch path after that);
-  // 0 = not read yet. Racing first calls store the same value.
+namespace {
+// A device attribute of the current device, cached per device ordinal (off the launch path after the first query;
+// 0 = not read yet, racing first calls store the same value), or -1 when CUDA cannot say. *device: the ordinal.
+template <cudaDeviceAttr kAttr>
+int cached_device_attribute(int* device) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices];
   if (cudaGetDevice(device) != cudaSuccess) return -1;
-  if (*device < 0 || *device >= kMaxDevices) {
-    int limit = 0;
-    return cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, *device) == cudaSuccess ? limit : -1;
-  }
-  int limit = cached[*device].load(std::memory_order_relaxed);
-  if (limit > 0) return limit;
-  if (cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, *device) != cudaSuccess) return -1;
-  cached[*device].store(limit, std::memory_order_relaxed);
-  return limit;
+  const bool cacheable = *device >= 0 && *device < kMaxDevices;
+  int value = cacheable ? cached[*device].load(std::memory_order_relaxed) : 0;
+  if (value > 0) return value;
+  if (cudaDeviceGetAttribute(&value, kAttr, *device) != cudaSuccess) return -1;
+  if (cacheable) cached[*device].store(value, std::memory_order_relaxed);
+  return value;
+}
+}  // namespace
+
+int device_smem_optin_limit(int* device) {
+  return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
 }
 
 int device_smem_optin_limit() {
   int device = 0;
   return device_smem_optin_limit(&device);
+}
+
+int device_sm_count() {
+  int device = 0;
+  return cached_device_attribute<cudaDevAttrMultiProcessorCount>(&device);
 }
 
 const char* check_dynamic_smem(const char* what, int headdim, int bytes) {

@@ -531,41 +531,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto sBiasFolded = [&](int buf) { return sBias(kRing) + buf * Cfg::kSmemBiasFoldedBytes; };
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sQ); };  // a shared-memory address as a pointer
 
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // the longest (causal) rows first: shorter tail of the wave
-  const int head = blockIdx.y, batch = blockIdx.z;
   // tid / warp: the thread's place among the consumer (computing) threads; the producer warpgroup of a
   // warp-specialized kernel comes first and has tid < 0
   const int tid = int(threadIdx.x) - (kWs ? kWsProducerThreads : 0), warp = tid >> 5, lane = threadIdx.x & 31;
-  const int m0 = m_block * kBlockM;
-  const int rows_q = min(kBlockM, p.seqlen_q - m0);
   const int headdim = p.headdim;
-
-  T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
-  float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
-
-  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
-  if (range.empty()) {
-    // -- no query of this block sees any key: out = 0, lse = +inf
-    if (tid < 0) return;  // the producer warpgroup has nothing to load
-    for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
-      const int row = idx / kDTiles, chunk = idx % kDTiles;
-      if (row < rows_q && chunk * 8 < headdim) {
-        *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
-    return;
-  }
-
-  const int head_k = head / p.h_h_k_ratio;
-  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
   constexpr bool kBiasFold = kMode == ScoreMode::kBiasFold || kMode == ScoreMode::kKeyBiasFold;
   static_assert((kMode == ScoreMode::kPlain) == (kBias == BiasType::kNone) || kMode == ScoreMode::kGeneral,
                 "plain means no bias; bias-fold needs one");
-  const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
   using BiasElem = typename BiasElement<T, kBias>::type;
   // sm_90a (TMA loads) with a key-row bias: the thread that issues a K/V tile's copies also loads that tile's bias
   // (kBlockN keys, by the TMA: maps.bias, zeros past seqlen_k) into the stage, on the same barrier, so that S starts
@@ -580,23 +552,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // there with the skip's path (52-56 B with only the all-zero one), so it reads them as mixed tiles.
   constexpr bool kSkipMaskedTiles =
       kStagedBias && !kPingpong && (kWs || FwdTileConfig<kHeadDim, kWgmma>::min_blocks_per_sm(true) == 0);
-  const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-  // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
-  auto load_k = [&](int n, int buf, auto check_rows) {
-    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-        sK(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
-  };
-  auto load_v = [&](int n, int buf, auto check_rows) {
-    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-        sV(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
-  };
   using CheckRows = std::true_type;
   using NoCheckRows = std::false_type;
 
   // TMA path: mbarriers after the tiles, one for Q and one per K/V stage ("full"; warp-specialized: also one
-  // "empty" per stage); one thread issues every copy, one per column block of a tile (the TMA writes the
-  // SwizzledTile layout itself and zero-fills rows past seqlen and columns past headdim), everyone waits on the
-  // barrier. A stage's barrier completes once per use: the use in iteration it has parity (it / kRing) % 2.
+  // "empty" per stage, and one for Q); one thread issues every copy, one per column block of a tile (the TMA writes
+  // the SwizzledTile layout itself and zero-fills rows past seqlen and columns past headdim), everyone waits on the
+  // barrier. A stage's barrier completes once per use: use number u (counted across the CTA's query blocks) has
+  // parity (u / kRing) % 2; Q's completes once per query block.
   constexpr int kBlockCols = Cfg::kSmemBlockCols, kColBlocks = kHeadDim / kBlockCols;
   // the bytes each barrier expects are the bytes its boxes write (a mismatch would hang the wait)
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
@@ -604,7 +567,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   const uint32_t bar_q = sQ + kSmemTotal - Cfg::kSmemBarrierBytes;
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
   auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
-  static_assert(!kTma || 8 * (1 + 2 * kRing) <= Cfg::kSmemBarrierBytes, "Q, full and empty mbarriers");
+  const uint32_t bar_q_empty = bar_q + 8 + 16 * kRing;  // warp-specialized: Q read by every consumer warp
+  static_assert(!kTma || 8 * (2 + 2 * kRing) <= Cfg::kSmemBarrierBytes, "Q, full and empty mbarriers");
   // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp)
   auto release_stage = [&](int buf) {
     __syncwarp();
@@ -619,14 +583,15 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       sm90::mbarrier_wait(bar, phase);
     }
   };
-  auto tma_q = [&]() {  // this block's Q (one thread)
+  auto tma_q = [&](int m0, int head, int batch) {  // a query block's Q (one thread)
     sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
 #pragma unroll
     for (int blk = 0; blk < kColBlocks; ++blk) {
       sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
     }
   };
-  auto tma_kv = [&](int n, int buf) {  // K and V (and the staged bias) of key tile n into stage buf (one thread)
+  // K and V (and the staged bias) of key tile n into stage buf (one thread)
+  auto tma_kv = [&](int n, int buf, int head_k, int batch, int bias_head, int bias_batch) {
     sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes + (kStagedBias ? kBiasTileBytes : 0));
 #pragma unroll
     for (int blk = 0; blk < kColBlocks; ++blk) {
@@ -637,10 +602,34 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if constexpr (kStagedBias) sm90::tma_load_3d(sBias(buf), &maps.bias, bar_kv(buf), n * kBlockN, bias_head, bias_batch);
   };
 
-  // -- prologue: Q and the first (highest) key tile in flight
+  // Query blocks ("tiles": kBlockM queries of one (batch, head)). A warp-specialized kernel is persistent: it is
+  // launched with a 1-D grid of at most one CTA per SM (fwd_launch_template.cuh), and CTA b takes tiles b, b + grid,
+  // b + 2 grid, ..., so that its producer loads the next tile's K/V and Q while the consumers finish the current one
+  // (no CTA launch, prologue and epilogue between tiles). Tile t is query block num_m_blocks - 1 - t % num_m_blocks
+  // of head (t / num_m_blocks) % nheads, batch t / (num_m_blocks nheads): the blocks of one head together (their
+  // K/V shared in L2), the longest (causal) rows first. The other kernels: one tile per CTA, the same order from a
+  // (query blocks, heads, batch) grid.
+  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int num_tiles = kWs ? num_m_blocks * p.nheads * p.batch : 1;  // (the launcher checks that it fits an int)
+  const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kWs ? int(gridDim.x) : 1;
+  auto tile_at = [&](int t, int& m_block, int& head, int& batch) {
+    if constexpr (kWs) {
+      const int bh = t / num_m_blocks;
+      m_block = num_m_blocks - 1 - (t - bh * num_m_blocks);
+      head = bh % p.nheads;
+      batch = bh / p.nheads;
+    } else {
+      m_block = gridDim.x - 1 - blockIdx.x;
+      head = blockIdx.y;
+      batch = blockIdx.z;
+    }
+  };
+
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       sm90::mbarrier_init(bar_q, 1);
+      if constexpr (kWs) sm90::mbarrier_init(bar_q_empty, Cfg::kNWarps);  // one arrival per consumer warp
 #pragma unroll
       for (int b = 0; b < kRing; ++b) {
         sm90::mbarrier_init(bar_kv(b), 1);
@@ -650,28 +639,87 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
     __syncthreads();  // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below
     if constexpr (kWs) {
-      if (tid < 0) {  // -- the producer warpgroup: one thread streams Q, then every K/V tile into the ring
+      if (tid < 0) {  // -- the producer warpgroup: one thread streams every tile's K/V tiles and Q into the ring
         sm90::setmaxnreg_dec<kWsProducerRegs>();
         if (threadIdx.x == 0) {
-          tma_q();
-          for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
-            // the stage's previous tile (iteration it - kRing) must have been read by every consumer warp
-            if (it >= kRing) sm90::mbarrier_wait(bar_empty(it % kRing), ((it / kRing) - 1) & 1);
-            tma_kv(n, it % kRing);
+          int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
+          for (int t = first_tile; t < num_tiles; t += tile_stride) {
+            int m_block, head, batch;
+            tile_at(t, m_block, head, batch);
+            const KeyBlockRange range = info.key_blocks(m_block * kBlockM, kBlockM, kBlockN);
+            if (range.empty()) continue;  // (the consumers write its zeros)
+            const int head_k = head / p.h_h_k_ratio;
+            const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
+            for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
+              // the stage's previous tile (use - kRing) must have been read by every consumer warp
+              if (use >= kRing) sm90::mbarrier_wait(bar_empty(use % kRing), ((use / kRing) - 1) & 1);
+              tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
+              if (n == range.hi - 1) {
+                // Q once every consumer warp is done with the previous tile's (its last Q K^T), after this tile's
+                // first K/V, which need not wait for that
+                if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
+                tma_q(m_block * kBlockM, head, batch);
+                ++q_loads;
+              }
+            }
           }
         }
         return;
       }
       sm90::setmaxnreg_inc<kWsConsumerRegs>();
-      // ping-pong: warpgroup 0 takes the first slot. Each warpgroup waits for its own barrier once per tile plus
-      // once, and gets as many arrivals: this one from warpgroup 1, one per tile from each other slot's end, and
-      // warpgroup 0's last one after the loop (warpgroup 1's last slot ends with nobody waiting).
+    }
+  }
+
+  int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
+  for (int t = first_tile; t < num_tiles; t += tile_stride) {
+  int m_block, head, batch;
+  tile_at(t, m_block, head, batch);
+  const int m0 = m_block * kBlockM;
+  const int rows_q = min(kBlockM, p.seqlen_q - m0);
+  T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
+  float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+  const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
+  if (range.empty()) {
+    // -- no query of this block sees any key: out = 0, lse = +inf
+    for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
+      const int row = idx / kDTiles, chunk = idx % kDTiles;
+      if (row < rows_q && chunk * 8 < headdim) {
+        *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
+    continue;
+  }
+
+  const int head_k = head / p.h_h_k_ratio;
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+  const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
+  const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
+  // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
+  auto load_k = [&](int n, int buf, auto check_rows) {
+    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
+        sK(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+  };
+  auto load_v = [&](int n, int buf, auto check_rows) {
+    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
+        sV(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+  };
+
+  // -- prologue: Q and the first (highest) key tile in flight
+  if constexpr (kTma) {
+    if constexpr (kWs) {
+      // ping-pong: warpgroup 0 takes the tile's first slot. Each warpgroup waits for its own barrier once per key
+      // tile plus once, and gets as many arrivals: this one from warpgroup 1, one per key tile from each other
+      // slot's end, and warpgroup 0's last one after the loop (warpgroup 1's last slot ends with nobody waiting).
+      // (pingpong-overlap: one turn per key tile, see the loop.) The count is per tile, so tiles do not mix.
       if constexpr (kPingpong) {
         if (warp >> 2 == 1) pingpong_signal_other(1);
       }
     } else if (tid == 0) {
-      tma_q();
-      tma_kv(range.hi - 1, 0);
+      tma_q(m0, head, batch);
+      tma_kv(range.hi - 1, 0, head_k, batch, bias_head, bias_batch);
     }
   } else {
     load_tile_async<QTile, kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(sQ, q, p.q_row_stride, rows_q, headdim,
@@ -706,8 +754,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
   // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
   bool heavy_rows_possible = !kStagedBias || kWs;
+  // Q stays held until every consumer warp's last Q K^T of the tile has completed (warp-specialized: then the
+  // producer may load the next tile's)
+  bool q_held = true;
   for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
-    const int buf = kRing == 1 ? 0 : it % kRing;
+    const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
+    const int buf = kRing == 1 ? 0 : use % kRing;
     const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
     float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
     // A staged key tile of zero bias: S = Q K^T as on the plain path, whose wgmma ptxas issues without reading the
@@ -734,8 +786,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
     //    warp is done with the buffers about to be refilled
     if constexpr (kTma) {
-      if (it == 0) wait_loaded(bar_q, 0);
-      wait_loaded(bar_kv(buf), (it / kRing) & 1);
+      if (it == 0) wait_loaded(bar_q, q_loads & 1);
+      wait_loaded(bar_kv(buf), (use / kRing) & 1);
       // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
       // read (KeyTileKind). Padding masks are mostly such tiles.
       KeyTileKind bias_kind = KeyTileKind::kMixed;
@@ -772,7 +824,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         } else {
           __syncthreads();
         }
-        if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1);  // overlaps this whole iteration
+        // overlaps this whole iteration
+        if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1, head_k, batch, bias_head, bias_batch);
       }
       if constexpr (kStagedBias) {
         if (kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
@@ -857,6 +910,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     } else {
       gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
     }
+    if constexpr (kWs) {
+      if (n == range.lo) {  // the tile's last Q K^T has completed in this warp
+        __syncwarp();
+        if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+        q_held = false;
+      }
+    }
     if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
     // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
     if (info.needs_mask(n, kBlockN, m0, kBlockM)) info.apply_mask(acc_s, row0, col0);
@@ -927,6 +987,33 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if (row < rows_q) lse[row] = row_lse[r];
     }
   }
+  if constexpr (kWs) {
+    // Warp-specialized (persistent): Q's shared memory may already hold the next tile's Q (or be on its way there),
+    // so O goes from the registers straight to global memory: per row, a quad's four lanes store 16 contiguous bytes
+    // of each n8 tile (the L2 merges them before they reach memory).
+    if (q_held) {  // (the tile's last key tiles were all skipped: Q is released here)
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
+        const float inv = inv_sum[mt * 2 + half];
+        if (row < rows_q) {
+          T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            if (dt * 8 < headdim) {
+              *reinterpret_cast<uint32_t*>(out_row + dt * 8) =
+                  ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
+            }
+          }
+        }
+      }
+    }
+  } else {
   // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
   // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
   // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
@@ -945,11 +1032,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       }
     }
   }
-  if constexpr (kWs) {
-    ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
   static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
 #pragma unroll
@@ -961,6 +1044,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
     }
   }
+  }
+  use0 += range.hi - range.lo;
+  ++q_loads;
+  }  // tiles
 }
 
 }  // namespace fwd

@@ -40,6 +40,7 @@ FwdKernel fwd_kernel_for_bias(BiasType bias_type) {
 struct FwdLaunch {
   FwdKernel kernel;
   int threads, smem, block_m;
+  bool persistent;  // warp-specialized: a 1-D grid of tiles, at most one CTA per SM (fwd_kernel.cuh)
 };
 
 // The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type.
@@ -49,9 +50,12 @@ FwdLaunch ws_launch() {
   constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
   using Cfg = fwd::FwdKernelConfig<kHeadDim, kArch, /*kWarpSpecialized=*/true, kPingpong>;
   static_assert(Cfg::kBlockN == FwdTileConfig<kHeadDim, true>::kBlockN, "K/V tensor maps of the instance's key tile");
+  // (one CTA per SM: its setmaxnreg split takes the whole register file, ws_consumer_regs)
+  static_assert(fwd::kWsProducerThreads * fwd::kWsProducerRegs + Cfg::kNThreads * fwd::ws_consumer_regs(Cfg::kNThreads) >
+                    32 * 1024, "a persistent grid of one CTA per SM");
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong,
                            /*kOverlap=*/sm90_schedule_overlap(kSchedule)>,
-          fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM};
+          fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true};
 }
 
 // The same for a key-row bias (padding masks) of the given element type; `launch` is left as it is without a bias.
@@ -81,7 +85,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // instance; sm_90a adds the warp-specialized ones (plain: three schedules; key-row bias: the default schedule, or
   // at d <= 64 the wide warp-specialized one).
   using fwd::ScoreMode;
-  FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM};
+  FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
   const bool general = p.softcap > 0.f || !(p.scale > 0.f);  // ScoreMode::kGeneral
   const bool plain = !general && p.bias_type == BiasType::kNone;
   // sm_90a: the schedule of the key loop (tile_config.h, Sm90Schedule): each headdim's default unless
@@ -139,7 +143,19 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   if (launch.kernel == nullptr) return "fa2: unknown bias type";
   const int num_m_blocks = (p.seqlen_q + launch.block_m - 1) / launch.block_m;
   if (const char* e = check_grid_batch_heads("forward", p.batch, p.nheads)) return e;
-  const dim3 grid(num_m_blocks, p.nheads, p.batch);
+  dim3 grid(num_m_blocks, p.nheads, p.batch);
+  if (launch.persistent) {  // tile t of the 1-D order in fwd_kernel.cuh; CTAs take every grid-th tile
+    const int64_t tiles = int64_t(num_m_blocks) * p.nheads * p.batch;
+    if (tiles > 0x7fffffff) return "fa2: batch * nheads * query blocks is too large for the CUDA forward";
+    const int setting = persistent_forward_ctas();
+    int64_t ctas = tiles;
+    if (setting != 0) {
+      const int sms = device_sm_count();
+      if (sms > 0) ctas = ctas < sms ? ctas : sms;
+      if (setting > 0) ctas = ctas < setting ? ctas : setting;
+    }
+    grid = dim3(unsigned(ctas));
+  }
   cudaError_t err = cudaSuccess;
   if (launch.smem > 48 * 1024) {
     if (const char* e = check_dynamic_smem("forward", kHeadDim, launch.smem)) return e;

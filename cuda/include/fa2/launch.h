@@ -38,6 +38,14 @@ const char* check_dynamic_smem(const char* what, int headdim, int bytes);
 // The current device's opt-in shared memory limit per block in bytes (cached per device), or -1 when CUDA cannot
 // say (no device: the launch then reports it).
 int device_smem_optin_limit();
+// The current device's SM count (cached per device), or -1 when CUDA cannot say.
+int device_sm_count();
+
+// The warp-specialized sm_90a forward's persistent grid (fwd_kernel.cuh: each CTA takes every grid-th query
+// block): -1 (the default) one CTA per SM; 0 not persistent (one CTA per query block); n > 0 at most n CTAs (tests:
+// many query blocks through one CTA). For A/B timing and tests; the environment's FA2_PERSISTENT_FWD_CTAS until set.
+void set_persistent_forward_ctas(int ctas);
+int persistent_forward_ctas();
 // nullptr when batch and nheads fit the grid's y and z dimensions (at most 65535 each), else a message.
 const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads);
 
