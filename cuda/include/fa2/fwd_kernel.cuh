@@ -655,7 +655,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
               if (use >= kRing) sm90::mbarrier_wait(bar_empty(use % kRing), ((use / kRing) - 1) & 1);
               tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
               if (n == range.hi - 1) {
-                // Q once every consumer warp is done with the previous tile's (its last Q K^T), after this tile's
+                // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's
                 // first K/V, which need not wait for that
                 if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
                 tma_q(m_block * kBlockM, head, batch);
@@ -754,9 +754,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
   // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
   bool heavy_rows_possible = !kStagedBias || kWs;
-  // Q stays held until every consumer warp's last Q K^T of the tile has completed (warp-specialized: then the
-  // producer may load the next tile's)
-  bool q_held = true;
   for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
     const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
     const int buf = kRing == 1 ? 0 : use % kRing;
@@ -910,13 +907,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     } else {
       gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
     }
-    if constexpr (kWs) {
-      if (n == range.lo) {  // the tile's last Q K^T has completed in this warp
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
-        q_held = false;
-      }
-    }
     if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
     // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
     if (info.needs_mask(n, kBlockN, m0, kBlockM)) info.apply_mask(acc_s, row0, col0);
@@ -991,10 +981,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // Warp-specialized (persistent): Q's shared memory may already hold the next tile's Q (or be on its way there),
     // so O goes from the registers straight to global memory: per row, a quad's four lanes store 16 contiguous bytes
     // of each n8 tile (the L2 merges them before they reach memory).
-    if (q_held) {  // (the tile's last key tiles were all skipped: Q is released here)
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
-    }
+    // Q is released once the key loop is done: the next tile's Q loads behind the last P V and these stores.
+    // (Released in the loop, right after the tile's last Q K^T, ptxas peeled that iteration, duplicating the
+    // softmax, and moved the stage addresses off the uniform datapath: d 128 pingpong-overlap ran 5% slower.)
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll

@@ -130,8 +130,9 @@ struct OnlineSoftmax {
       const float l = ptx::quad_sum(row_sum[r]);
       const bool seen = l > 0.f;
       inv_sum[r] = seen ? 1.f / l : 0.f;
-      // (mult * ln 2) first: row_max * mult alone overflows for a heavy row whose lse itself fits in float
-      lse[r] = seen ? row_max[r] * (mult * 0.69314718055994531f) + logf(l) : INFINITY;
+      // (mult * ln 2) first: row_max * mult alone overflows for a heavy row whose lse itself fits in float. One
+      // explicit fma: left to contraction, kernels that differ only in their schedule rounded it differently
+      lse[r] = seen ? __fmaf_rn(row_max[r], mult * 0.69314718055994531f, logf(l)) : INFINITY;
     }
   }
 };
