@@ -977,10 +977,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if (row < rows_q) lse[row] = row_lse[r];
     }
   }
-  if constexpr (kWs) {
-    // Warp-specialized (persistent): Q's shared memory may already hold the next tile's Q (or be on its way there),
-    // so O goes from the registers straight to global memory: per row, a quad's four lanes store 16 contiguous bytes
-    // of each n8 tile (the L2 merges them before they reach memory).
+  if (kWs && tile_stride < num_tiles) {
+    // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next tile's
+    // Q (or be on its way there), so O goes from the registers straight to global memory: per row, a quad's four
+    // lanes store 16 contiguous bytes of each n8 tile (the L2 merges them before they reach memory). Slower than
+    // the staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k), which one-tile CTAs keep.
     // Q is released once the key loop is done: the next tile's Q loads behind the last P V and these stores.
     // (Released in the loop, right after the tile's last Q K^T, ptxas peeled that iteration, duplicating the
     // softmax, and moved the stage addresses off the uniform datapath: d 128 pingpong-overlap ran 5% slower.)
@@ -1023,7 +1024,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       }
     }
   }
-  __syncthreads();
+  if constexpr (kWs) {
+    ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
+  } else {
+    __syncthreads();
+  }
   constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
   static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
 #pragma unroll

@@ -108,6 +108,14 @@ constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
                                                                          : sm90_default_schedule(headdim);
 }
 
+// Whether the warp-specialized forward runs persistent by default (fwd_kernel.cuh; without a causal mask or window:
+// fwd_launch_template.cuh). Measured on the H200 (2026-11-30, bf16, non-causal, scripts/fwd_variant_bench.cu, ABAB x2,
+// against the kernels of 136cf1f, one CTA per tile): d 128 1.02-1.03 / 1.01-1.02 / 1.01 / 1.00 at S 1k / 2k / 4k / 16k
+// (padding mask 1.02 / 1.01-1.02 / 1.00 / 1.00-1.01); d 256 0.94 / 0.98 / 0.99 (padding 0.93-0.95 / 0.96-0.97 /
+// 0.96): its O (64 x 256 a warpgroup) stored straight from the registers costs more than the tile switch saves.
+// d 64 (wide), 96 and 192 were not measured.
+constexpr bool fwd_persistent_headdim(int headdim) { return headdim > 96 && headdim <= 128; }
+
 // The names set_sm90_schedule / FA2_SM90_SCHEDULE take (index = the enum's value).
 constexpr const char* kSm90ScheduleNames[] = {"auto", "pipelined", "ws", "pingpong", "overlap", "pingpong-overlap"};
 constexpr const char* sm90_schedule_name(Sm90Schedule s) { return kSm90ScheduleNames[static_cast<int>(s)]; }
