@@ -109,11 +109,13 @@ constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
 }
 
 // Whether the warp-specialized forward runs persistent by default (fwd_kernel.cuh; without a causal mask or window:
-// fwd_launch_template.cuh). Measured on the H200 (2026-11-30, bf16, non-causal, scripts/fwd_variant_bench.cu, ABAB x2,
-// against the kernels of 136cf1f, one CTA per tile): d 128 1.02-1.03 / 1.01-1.02 / 1.01 / 1.00 at S 1k / 2k / 4k / 16k
-// (padding mask 1.02 / 1.01-1.02 / 1.00 / 1.00-1.01); d 256 0.94 / 0.98 / 0.99 (padding 0.93-0.95 / 0.96-0.97 /
-// 0.96): its O (64 x 256 a warpgroup) stored straight from the registers costs more than the tile switch saves.
-// d 64 (wide), 96 and 192 were not measured.
+// fwd_launch_template.cuh). Measured on the H200 (2026-11-30, bf16, non-causal, scripts/fwd_variant_bench.cu, two
+// rounds, benchmarks/results/variants_h200-20261130-persistent*.json): d 128 against one CTA per tile of the same
+// build 1.02 / 1.00-1.03 at S 1k / 2k; against the kernels of 136cf1f (before the tile loop) 0.99-1.01 / 0.98-1.00 /
+// 0.97-1.01 / 0.98-1.00 at S 1k / 2k / 4k / 16k, with a padding mask 1.02-1.03 / 1.01-1.04 / 1.01-1.02 / 1.00-1.01.
+// d 256 (at d6a0da6) 0.94 / 0.98 / 0.99 at S 1k / 4k / 16k (padding 0.93-0.95 / 0.96-0.97 / 0.96): its O (64 x 256
+// a warpgroup) stored straight from the registers costs more than the tile switch saves. d 64 (wide), 96 and 192
+// were not measured.
 constexpr bool fwd_persistent_headdim(int headdim) { return headdim > 96 && headdim <= 128; }
 
 // The names set_sm90_schedule / FA2_SM90_SCHEDULE take (index = the enum's value).
