@@ -65,13 +65,17 @@ want_step tests-ws && step tests-ws 150 env PYTHONPATH=python "$PY" scripts/gpu_
 want_step memcheck && step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools memcheck
 # each warp-specialized sm_90a schedule forced (FA2_SM90_SCHEDULE) under racecheck: its producer/consumer barriers
 # are what a race would come from
-want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=ws "$PY" scripts/sanitizer_check.py \
+# (FA2_PERSISTENT_FWD_CTAS=3: at most three CTAs, so that the small grid's query blocks run several to a CTA: the
+# persistent kernel's Q-empty barrier, ring phases across blocks and O stored from registers)
+want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=ws FA2_PERSISTENT_FWD_CTAS=3 \
+  "$PY" scripts/sanitizer_check.py \
   --tools memcheck,racecheck
 want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong "$PY" \
   scripts/sanitizer_check.py --tools racecheck,synccheck
 want_step sanitize-wsov && step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap "$PY" \
   scripts/sanitizer_check.py --tools racecheck
-want_step sanitize-wsppov && step sanitize-wsppov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap "$PY" \
+want_step sanitize-wsppov && step sanitize-wsppov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
+  FA2_PERSISTENT_FWD_CTAS=3 "$PY" \
   scripts/sanitizer_check.py --tools racecheck,synccheck
 # the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
 # tests of the ops and the API with it, then memcheck + racecheck

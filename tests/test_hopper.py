@@ -166,22 +166,29 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
 def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
     """The warp-specialized forward is persistent (fwd_kernel.cuh: a grid of at most one CTA per SM, each taking every
     grid-th query block, its producer loading the next block's K/V and Q while the consumers finish the current one).
-    With the grid cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas), so that one CTA runs many query blocks
-    back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded key tiles and blocks
-    that see no key carried from one block to the next), and with the default grid, out and lse are bitwise those of
-    one CTA per query block: on the schedule tests' calls (plain and key-row biases at every headdim) and on shapes with
-    more query blocks than SMs."""
-    dtype = torch.bfloat16
-    calls = [args for args, _, _ in _schedule_calls(dtype)]
+    With the grid cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas, on every call, causal too), so that one CTA
+    runs many query blocks back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded
+    key tiles and blocks that see no key carried from one block to the next), and with the default grid, out and lse
+    are bitwise those of one CTA per query block: on the schedule tests' calls (plain and key-row biases at every
+    headdim) and on shapes with more query blocks than SMs, bf16 and fp16. The padding masks' rows are 16-byte
+    aligned (the TMA stages them: the warp-specialized kernels) and pad whole key tiles (which they skip)."""
+    calls = [args for args, _, _ in _schedule_calls(torch.bfloat16)]
     gen = torch.Generator(device="cuda").manual_seed(9)
-    for shape, causal, with_bias in [((2, 2000, 2000, 8, 2, 128), False, False), ((2, 2000, 2000, 8, 2, 128), True, False),
-                                     ((1, 3000, 1000, 4, 4, 256), True, False),  # bottom-right: blocks see no key
-                                     ((2, 1500, 1500, 8, 4, 64), False, True), ((2, 1100, 1300, 8, 8, 128), True, True)]:
+    for shape, causal, with_bias, dtype in [
+            ((2, 2000, 2000, 8, 2, 128), False, False, torch.bfloat16),
+            ((2, 2000, 2000, 8, 2, 128), True, False, torch.float16),
+            ((1, 2500, 900, 8, 8, 128), True, False, torch.bfloat16),  # bottom-right causal: blocks see no key
+            ((1, 3000, 1000, 4, 4, 256), True, False, torch.bfloat16),
+            ((2, 1500, 1536, 8, 4, 64), False, True, torch.bfloat16),
+            ((2, 1100, 1280, 8, 8, 128), False, True, torch.float16),
+            ((2, 1100, 1280, 8, 8, 128), True, True, torch.bfloat16),
+            ((2, 700, 1536, 8, 4, 256), False, True, torch.bfloat16)]:
         q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", generator=gen)
         bias = None
         if with_bias:
             keep = torch.ones(shape[0], 1, 1, shape[2], dtype=torch.bool, device="cuda")
-            keep[0, ..., 700:] = False  # whole key tiles padded (skipped where the schedule skips them)
+            keep[0, ..., 700:] = False  # key tiles from 768 on all padded (skipped where the schedule skips them)
+            keep[1, ..., 100:300] = False  # and keys inside a row
             bias = keep.expand(shape[0], shape[3], shape[1], shape[2])
         calls.append((q, k, v, bias, None, causal, -1, -1, 0.0))
     with switch("sm90_schedule", schedule):

@@ -599,7 +599,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       sm90::tma_load_4d(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
       sm90::tma_load_4d(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
     }
-    if constexpr (kStagedBias) sm90::tma_load_3d(sBias(buf), &maps.bias, bar_kv(buf), n * kBlockN, bias_head, bias_batch);
+    if constexpr (kStagedBias) {
+      sm90::tma_load_3d(sBias(buf), &maps.bias, bar_kv(buf), n * kBlockN, bias_head, bias_batch);
+    }
   };
 
   // Query blocks ("tiles": kBlockM queries of one (batch, head)). A warp-specialized kernel is persistent: it is
@@ -626,19 +628,27 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
   };
 
-  if constexpr (kTma) {
-    if (threadIdx.x == 0) {
-      sm90::mbarrier_init(bar_q, 1);
-      if constexpr (kWs) sm90::mbarrier_init(bar_q_empty, Cfg::kNWarps);  // one arrival per consumer warp
+  // TMA path: the mbarriers' initialization, then a CTA barrier. A warp-specialized kernel runs it once, before its
+  // tiles; the pipelined one after its (one) tile's empty-range check, as before the tile loop existed: run first,
+  // ptxas spilled 20 -> 44-68 B more in the 128-register d 64 key-row kernel.
+  auto init_barriers = [&]() {
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) {
+        sm90::mbarrier_init(bar_q, 1);
+        if constexpr (kWs) sm90::mbarrier_init(bar_q_empty, Cfg::kNWarps);  // one arrival per consumer warp
 #pragma unroll
-      for (int b = 0; b < kRing; ++b) {
-        sm90::mbarrier_init(bar_kv(b), 1);
-        if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps);  // one arrival per consumer warp
+        for (int b = 0; b < kRing; ++b) {
+          sm90::mbarrier_init(bar_kv(b), 1);
+          if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps);  // one arrival per consumer warp
+        }
+        sm90::fence_barrier_init();
       }
-      sm90::fence_barrier_init();
+      __syncthreads();  // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below
     }
-    __syncthreads();  // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below
-    if constexpr (kWs) {
+  };
+  if constexpr (kWs) {
+    init_barriers();
+    {  // (kWs implies kTma)
       if (tid < 0) {  // -- the producer warpgroup: one thread streams every tile's K/V tiles and Q into the ring
         sm90::setmaxnreg_dec<kWsProducerRegs>();
         if (threadIdx.x == 0) {
@@ -672,377 +682,381 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
 
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
   for (int t = first_tile; t < num_tiles; t += tile_stride) {
-  int m_block, head, batch;
-  tile_at(t, m_block, head, batch);
-  const int m0 = m_block * kBlockM;
-  const int rows_q = min(kBlockM, p.seqlen_q - m0);
-  T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
-  float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
-  const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
-  if (range.empty()) {
-    // -- no query of this block sees any key: out = 0, lse = +inf
-    for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
-      const int row = idx / kDTiles, chunk = idx % kDTiles;
-      if (row < rows_q && chunk * 8 < headdim) {
-        *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) = make_uint4(0, 0, 0, 0);
+    int m_block, head, batch;
+    tile_at(t, m_block, head, batch);
+    const int m0 = m_block * kBlockM;
+    const int rows_q = min(kBlockM, p.seqlen_q - m0);
+    T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
+    float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+    const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
+    if (range.empty()) {
+      // -- no query of this block sees any key: out = 0, lse = +inf
+      for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
+        const int row = idx / kDTiles, chunk = idx % kDTiles;
+        if (row < rows_q && chunk * 8 < headdim) {
+          *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) = make_uint4(0, 0, 0, 0);
+        }
       }
+      for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
+      continue;
     }
-    for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
-    continue;
-  }
 
-  const int head_k = head / p.h_h_k_ratio;
-  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
-  const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
-  const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-  // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
-  auto load_k = [&](int n, int buf, auto check_rows) {
-    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-        sK(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
-  };
-  auto load_v = [&](int n, int buf, auto check_rows) {
-    load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-        sV(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
-  };
+    const int head_k = head / p.h_h_k_ratio;
+    const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
+    const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+    const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+    const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
+    const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
+    // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
+    auto load_k = [&](int n, int buf, auto check_rows) {
+      load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
+          sK(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+    };
+    auto load_v = [&](int n, int buf, auto check_rows) {
+      load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
+          sV(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+    };
 
-  // -- prologue: Q and the first (highest) key tile in flight
-  if constexpr (kTma) {
-    if constexpr (kWs) {
-      // ping-pong: warpgroup 0 takes the tile's first slot. Each warpgroup waits for its own barrier once per key
-      // tile plus once, and gets as many arrivals: this one from warpgroup 1, one per key tile from each other
-      // slot's end, and warpgroup 0's last one after the loop (warpgroup 1's last slot ends with nobody waiting).
-      // (pingpong-overlap: one turn per key tile, see the loop.) The count is per tile, so tiles do not mix.
-      if constexpr (kPingpong) {
-        if (warp >> 2 == 1) pingpong_signal_other(1);
-      }
-    } else if (tid == 0) {
-      tma_q(m0, head, batch);
-      tma_kv(range.hi - 1, 0, head_k, batch, bias_head, bias_batch);
-    }
-  } else {
-    load_tile_async<QTile, kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(sQ, q, p.q_row_stride, rows_q, headdim,
-                                                                              tid);
-    load_k(range.hi - 1, 0, CheckRows{});
-    if constexpr (Cfg::kStages == 2) load_v(range.hi - 1, 0, CheckRows{});
-    ptx::cp_async_commit();
-  }
-
-  float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
-  ptx::zero(acc_o);
-  OnlineSoftmax<kMTiles> softmax;
-  const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
-  const float heavy_s = kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : p.heavy_score;  // softmax.cuh
-  const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
-  const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
-  // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
-  //   Q (A operand):       rows 0..15 by lane % 16, chunk + lane / 16
-  //   K (B of Q K^T):      rows lane % 8 + 8 (lane / 16), chunk + (lane / 8) % 2
-  //   V (B of P V, .trans): rows lane % 8 + 8 ((lane / 8) % 2), chunk + lane / 16
-  const uint32_t q_lane = sQ + QTile::const_bytes(q_row0, 0) + QTile::lane_bytes(lane & 15, lane >> 4);
-  const uint32_t k_lane = KVTile::lane_bytes((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-  const uint32_t v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
-
-  uint32_t p_prev[kNTiles / 2][4];  // kOverlap: P of the previous tile, packed, and its stage
-  int buf_prev = 0;
-  // kOverlap: whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped
-  // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the sm90::wait_hold<0>(acc_o) below).
-  bool pv_pending = false;
-  // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
-  // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
-  // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
-  // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
-  bool heavy_rows_possible = !kStagedBias || kWs;
-  for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
-    const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
-    const int buf = kRing == 1 ? 0 : use % kRing;
-    const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
-    float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
-    // A staged key tile of zero bias: S = Q K^T as on the plain path, whose wgmma ptxas issues without reading the
-    // accumulator, dropping the zeroing (kStagedBias; where the compiler sees the zeros, below). Clear: S += Q K^T.
-    bool overwrite_s = false;
-    if constexpr (kStagedBias) {
-      // S starts from the stage's bias once it has landed (below)
-    } else if constexpr (kBiasFold) {
-      // issued before the barrier so that the loads' latency overlaps the wait
-      using B = BiasElem;
-      constexpr bool kKeyRow = kMode == ScoreMode::kKeyBiasFold;
-      // (divided here rather than read from p.inv_scale, the same value: ptxas spilled 0 -> 88 B in sm80 d 128)
-      const float inv_scale = 1.f / p.scale;
-      if (n * kBlockN + kBlockN > p.seqlen_k) {
-        init_from_bias<kKeyRow, /*kCheckCols=*/true>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
-                                                     p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
-      } else {
-        init_from_bias<kKeyRow, /*kCheckCols=*/false>(acc_s, static_cast<const B*>(bias_bh), p.bias_row_stride,
-                                                      p.bias_col_stride, row0, col0, p.seqlen_q, p.seqlen_k, inv_scale);
-      }
-    } else {
-      ptx::zero(acc_s);
-    }
-    // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
-    //    warp is done with the buffers about to be refilled
+    // -- prologue: Q and the first (highest) key tile in flight
     if constexpr (kTma) {
-      if (it == 0) wait_loaded(bar_q, q_loads & 1);
-      wait_loaded(bar_kv(buf), (use / kRing) & 1);
-      // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
-      // read (KeyTileKind). Padding masks are mostly such tiles.
-      KeyTileKind bias_kind = KeyTileKind::kMixed;
-      if constexpr (kStagedBias) {
-        bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(smem_at(sBias(buf)), lane,
-                                                                                     p.seqlen_k - n * kBlockN);
-      }
-      if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
-        if constexpr (kStagedBias) {
-          // the tile's bias folded (bias / scale, finite when the bias is) to fp32 once for the CTA, one key per
-          // thread, before the barrier; every warp then reads its columns' values as they are. At d 64 (H200, bf16
-          // padding mask, S 1k-16k) the forward went from 0.71-0.79x of its unmasked speed with every thread
-          // converting the columns it holds to 0.80-0.89x.
-          // (a -inf tile is read as a mixed one where it is not skipped)
-          if (bias_kind == KeyTileKind::kMixed || (!kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
-            const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem_at(sBias(buf)));
-            float* folded = reinterpret_cast<float*>(smem_at(sBiasFolded(buf)));
-            // one key per thread: a loop here cost the 128-register d 64 kernel spills in its key loop (ptxas)
-            static_assert(kBlockN <= kNThreads, "a key tile's bias is folded one key per thread");
-            bool heavy_key = false;
-            if (tid < kBlockN) {
-              const float folded_key = fold_bias(staged_bias_value(raw, tid), p.inv_scale);
-              folded[tid] = folded_key;
-              heavy_key = folded_key < heavy_s && folded_key != -INFINITY;
-            }
-            // the block barrier, that also tells every thread whether a key of the tile is that low. Then the
-            // tiles of a padding mask (0 / -inf) run the softmax without the heavy-row branch: at d 64 (H200, bf16
-            // or fp32 mask) 0.92-0.94x of the unmasked speed, from 0.87-0.89x (scripts/fwd_variants.sh)
-            const bool heavy_tile = __syncthreads_or(heavy_key) != 0;
-            heavy_rows_possible = heavy_rows_possible || heavy_tile;
-          } else {
-            __syncthreads();  // (all +0)
-          }
-        } else {
-          __syncthreads();
+      if constexpr (kWs) {
+        // ping-pong: warpgroup 0 takes the tile's first slot. Each warpgroup waits for its own barrier once per key
+        // tile plus once, and gets as many arrivals: this one from warpgroup 1, one per key tile from each other
+        // slot's end, and warpgroup 0's last one after the loop (warpgroup 1's last slot ends with nobody waiting).
+        // (pingpong-overlap: one turn per key tile, see the loop.) The count is per tile, so tiles do not mix.
+        if constexpr (kPingpong) {
+          if (warp >> 2 == 1) pingpong_signal_other(1);
         }
-        // overlaps this whole iteration
-        if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1, head_k, batch, bias_head, bias_batch);
-      }
-      if constexpr (kStagedBias) {
-        if (kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
-          if constexpr (kOverlap) {
-            // the previous tile's P V goes out now: its stage must not stay held while the ring moves on (the
-            // producer would wait for it to be released, this warp for the producer). O gets the same operations
-            // in the same order as if this tile were computed (x 1 exactly, + P V of zeros).
-            if (pv_pending) {
-              gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
-              release_stage(buf_prev);
-              pv_pending = false;
-            }
-          }
-          if constexpr (kWs) release_stage(buf);
-          continue;
-        }
-        if (bias_kind == KeyTileKind::kZero) {
-          if constexpr (kOverlap || kPingpong) {
-            ptx::zero(acc_s);
-          } else {
-            overwrite_s = true;
-          }
-        } else if constexpr (kWs) {
-          init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem_at(sBias(buf))) + (lane & 3) * 2,
-                                    p.inv_scale);
-        } else {
-          init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem_at(sBiasFolded(buf))) + (lane & 3));
+      } else {
+        init_barriers();
+        if (tid == 0) {
+          tma_q(m0, head, batch);
+          tma_kv(range.hi - 1, 0, head_k, batch, bias_head, bias_batch);
         }
       }
     } else {
-      ptx::cp_async_wait<0>();
-      if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
-      __syncthreads();
-      if constexpr (Cfg::kStages == 2) {
-        if (n > range.lo) {  // prefetch tile n-1 into the other buffer: overlaps this whole iteration
-          load_k(n - 1, buf ^ 1, NoCheckRows{});
-          load_v(n - 1, buf ^ 1, NoCheckRows{});
-        }
-      } else {
-        if (n == range.hi - 1) {
-          load_v(n, 0, CheckRows{});  // overlaps S = Q K^T
-        } else {
-          load_v(n, 0, NoCheckRows{});
-        }
-      }
+      load_tile_async<QTile, kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(sQ, q, p.q_row_stride, rows_q, headdim,
+                                                                                tid);
+      load_k(range.hi - 1, 0, CheckRows{});
+      if constexpr (Cfg::kStages == 2) load_v(range.hi - 1, 0, CheckRows{});
       ptx::cp_async_commit();
     }
 
-    // -- S (+)= Q K^T
-    if constexpr (kOverlap) {
-      // Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in order).
-      // With ping-pong, both go out in this warpgroup's turn: one turn per iteration, the other warpgroup's next one
-      // opening once both are issued (warpgroup 1's last turn opens none: the after-loop P V takes no turn, and
-      // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
-      if constexpr (kPingpong) pingpong_wait(warp >> 2);
-      gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
-      const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
-      if (kSkipMaskedTiles ? pv_pending : it > 0) {
-        gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
-        if (end_turn) pingpong_signal_other(warp >> 2);
-        sm90::wait_hold</*kPending=*/1>(acc_s);
+    float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
+    ptx::zero(acc_o);
+    OnlineSoftmax<kMTiles> softmax;
+    const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
+    const float heavy_s = kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : p.heavy_score;  // softmax.cuh
+    const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
+    const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
+    // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
+    //   Q (A operand):       rows 0..15 by lane % 16, chunk + lane / 16
+    //   K (B of Q K^T):      rows lane % 8 + 8 (lane / 16), chunk + (lane / 8) % 2
+    //   V (B of P V, .trans): rows lane % 8 + 8 ((lane / 8) % 2), chunk + lane / 16
+    const uint32_t q_lane = sQ + QTile::const_bytes(q_row0, 0) + QTile::lane_bytes(lane & 15, lane >> 4);
+    const uint32_t k_lane = KVTile::lane_bytes((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    const uint32_t v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+
+    uint32_t p_prev[kNTiles / 2][4];  // kOverlap: P of the previous tile, packed, and its stage
+    int buf_prev = 0;
+    // kOverlap: whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped
+    // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the sm90::wait_hold<0>(acc_o) below).
+    bool pv_pending = false;
+    // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
+    // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
+    // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
+    // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
+    bool heavy_rows_possible = !kStagedBias || kWs;
+    for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
+      const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
+      const int buf = kRing == 1 ? 0 : use % kRing;
+      const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
+      float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
+      // A staged key tile of zero bias: S = Q K^T as on the plain path, whose wgmma ptxas issues without reading the
+      // accumulator, dropping the zeroing (kStagedBias; where the compiler sees the zeros, below). Clear: S += Q K^T.
+      bool overwrite_s = false;
+      if constexpr (kStagedBias) {
+        // S starts from the stage's bias once it has landed (below)
+      } else if constexpr (kBiasFold) {
+        // issued before the barrier so that the loads' latency overlaps the wait
+        using B = BiasElem;
+        constexpr bool kKeyRow = kMode == ScoreMode::kKeyBiasFold;
+        // (divided here rather than read from p.inv_scale, the same value: ptxas spilled 0 -> 88 B in sm80 d 128)
+        const float inv_scale = 1.f / p.scale;
+        const B* bias_b = static_cast<const B*>(bias_bh);
+        if (n * kBlockN + kBlockN > p.seqlen_k) {
+          init_from_bias<kKeyRow, /*kCheckCols=*/true>(acc_s, bias_b, p.bias_row_stride, p.bias_col_stride, row0,
+                                                       col0, p.seqlen_q, p.seqlen_k, inv_scale);
+        } else {
+          init_from_bias<kKeyRow, /*kCheckCols=*/false>(acc_s, bias_b, p.bias_row_stride, p.bias_col_stride, row0,
+                                                        col0, p.seqlen_q, p.seqlen_k, inv_scale);
+        }
       } else {
-        if (end_turn) pingpong_signal_other(warp >> 2);
-        sm90::wait_hold<0>(acc_s);
-      }
-    } else if constexpr (kPingpong) {
-      // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
-      // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
-      if (it == 0) pingpong_wait(warp >> 2);
-      gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
-      pingpong_signal_other(warp >> 2);
-      sm90::wait_hold<0>(acc_s);
-    } else if constexpr (kWgmma) {
-      if (kStagedBias && overwrite_s) {
-        // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at
-        // d 64 with a bool padding mask 0.96-0.99x of the unmasked speed, from 0.91-0.94x)
         ptx::zero(acc_s);
-        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+      }
+      // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
+      //    warp is done with the buffers about to be refilled
+      if constexpr (kTma) {
+        if (it == 0) wait_loaded(bar_q, q_loads & 1);
+        wait_loaded(bar_kv(buf), (use / kRing) & 1);
+        // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
+        // read (KeyTileKind). Padding masks are mostly such tiles.
+        KeyTileKind bias_kind = KeyTileKind::kMixed;
+        if constexpr (kStagedBias) {
+          bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(smem_at(sBias(buf)), lane,
+                                                                                       p.seqlen_k - n * kBlockN);
+        }
+        if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
+          if constexpr (kStagedBias) {
+            // the tile's bias folded (bias / scale, finite when the bias is) to fp32 once for the CTA, one key per
+            // thread, before the barrier; every warp then reads its columns' values as they are. At d 64 (H200, bf16
+            // padding mask, S 1k-16k) the forward went from 0.71-0.79x of its unmasked speed with every thread
+            // converting the columns it holds to 0.80-0.89x.
+            // (a -inf tile is read as a mixed one where it is not skipped)
+            if (bias_kind == KeyTileKind::kMixed || (!kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
+              const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem_at(sBias(buf)));
+              float* folded = reinterpret_cast<float*>(smem_at(sBiasFolded(buf)));
+              // one key per thread: a loop here cost the 128-register d 64 kernel spills in its key loop (ptxas)
+              static_assert(kBlockN <= kNThreads, "a key tile's bias is folded one key per thread");
+              bool heavy_key = false;
+              if (tid < kBlockN) {
+                const float folded_key = fold_bias(staged_bias_value(raw, tid), p.inv_scale);
+                folded[tid] = folded_key;
+                heavy_key = folded_key < heavy_s && folded_key != -INFINITY;
+              }
+              // the block barrier, that also tells every thread whether a key of the tile is that low. Then the
+              // tiles of a padding mask (0 / -inf) run the softmax without the heavy-row branch: at d 64 (H200, bf16
+              // or fp32 mask) 0.92-0.94x of the unmasked speed, from 0.87-0.89x (scripts/fwd_variants.sh)
+              const bool heavy_tile = __syncthreads_or(heavy_key) != 0;
+              heavy_rows_possible = heavy_rows_possible || heavy_tile;
+            } else {
+              __syncthreads();  // (all +0)
+            }
+          } else {
+            __syncthreads();
+          }
+          // overlaps this whole iteration
+          if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1, head_k, batch, bias_head, bias_batch);
+        }
+        if constexpr (kStagedBias) {
+          if (kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
+            if constexpr (kOverlap) {
+              // the previous tile's P V goes out now: its stage must not stay held while the ring moves on (the
+              // producer would wait for it to be released, this warp for the producer). O gets the same operations
+              // in the same order as if this tile were computed (x 1 exactly, + P V of zeros).
+              if (pv_pending) {
+                gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
+                release_stage(buf_prev);
+                pv_pending = false;
+              }
+            }
+            if constexpr (kWs) release_stage(buf);
+            continue;
+          }
+          if (bias_kind == KeyTileKind::kZero) {
+            if constexpr (kOverlap || kPingpong) {
+              ptx::zero(acc_s);
+            } else {
+              overwrite_s = true;
+            }
+          } else if constexpr (kWs) {
+            init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem_at(sBias(buf))) + (lane & 3) * 2,
+                                      p.inv_scale);
+          } else {
+            init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem_at(sBiasFolded(buf))) + (lane & 3));
+          }
+        }
       } else {
-        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+        ptx::cp_async_wait<0>();
+        if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
+        __syncthreads();
+        if constexpr (Cfg::kStages == 2) {
+          if (n > range.lo) {  // prefetch tile n-1 into the other buffer: overlaps this whole iteration
+            load_k(n - 1, buf ^ 1, NoCheckRows{});
+            load_v(n - 1, buf ^ 1, NoCheckRows{});
+          }
+        } else {
+          if (n == range.hi - 1) {
+            load_v(n, 0, CheckRows{});  // overlaps S = Q K^T
+          } else {
+            load_v(n, 0, NoCheckRows{});
+          }
+        }
+        ptx::cp_async_commit();
+      }
+
+      // -- S (+)= Q K^T
+      if constexpr (kOverlap) {
+        // Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in order).
+        // With ping-pong, both go out in this warpgroup's turn: one turn per iteration, the other warpgroup's next one
+        // opening once both are issued (warpgroup 1's last turn opens none: the after-loop P V takes no turn, and
+        // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
+        if constexpr (kPingpong) pingpong_wait(warp >> 2);
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
+        const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
+        if (kSkipMaskedTiles ? pv_pending : it > 0) {
+          gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
+          if (end_turn) pingpong_signal_other(warp >> 2);
+          sm90::wait_hold</*kPending=*/1>(acc_s);
+        } else {
+          if (end_turn) pingpong_signal_other(warp >> 2);
+          sm90::wait_hold<0>(acc_s);
+        }
+      } else if constexpr (kPingpong) {
+        // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
+        // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
+        if (it == 0) pingpong_wait(warp >> 2);
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
+        pingpong_signal_other(warp >> 2);
+        sm90::wait_hold<0>(acc_s);
+      } else if constexpr (kWgmma) {
+        if (kStagedBias && overwrite_s) {
+          // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at
+          // d 64 with a bool padding mask 0.96-0.99x of the unmasked speed, from 0.91-0.94x)
+          ptx::zero(acc_s);
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+        } else {
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+        }
+      } else {
+        gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
+      }
+      if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
+      // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
+      if (info.needs_mask(n, kBlockN, m0, kBlockM)) info.apply_mask(acc_s, row0, col0);
+
+      if constexpr (Cfg::kStages == 1) {
+        ptx::cp_async_wait<0>();  // V[n] landed; every warp is done reading K[n]
+        if constexpr (kWgmma) sm90::fence_proxy_async();
+        __syncthreads();
+        if (n > range.lo) load_k(n - 1, 0, NoCheckRows{});  // overlaps the softmax and P V
+        ptx::cp_async_commit();
+      }
+
+      // -- online softmax: m, l updated, O rescaled, S -> P
+      // heavy rows (softmax.cuh) only where a float bias can push every score of a row that low
+      constexpr bool kHeavyRows = kBias == BiasType::kSameAsInput || kBias == BiasType::kFloat32;
+      if constexpr (kOverlap) {
+        float correction[2 * kMTiles];
+        softmax.template update_scores<kHeavyRows>(acc_s, mult, heavy_s, correction);
+        // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. The wait is not
+        // under `it > 0` (nothing is pending in the first iteration): split from the issue's condition, ptxas saw a
+        // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
+        sm90::wait_hold<0>(acc_o);
+        sm90::hold_fragments(p_prev);
+        if (kSkipMaskedTiles ? pv_pending : it > 0) release_stage(buf_prev);
+        softmax.rescale(acc_o, correction);
+#pragma unroll
+        for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(acc_s[0], kt, p_prev[kt]);
+        buf_prev = buf;
+        pv_pending = true;
+        continue;  // this tile's P V goes out with the next tile's Q K^T (or after the loop)
+      } else {
+        // (a row can still end up below heavy_s without a bias that low, through q.k alone: as on the plain path, it
+        // then takes the ordinary update, whose error there is about |m * mult| 2^-24, small until |m| is huge)
+        if (kHeavyRows && heavy_rows_possible) {
+          softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
+        } else {
+          softmax.template update<false>(acc_s, acc_o, mult, heavy_s);
+        }
+      }
+      // -- O += P V
+      if constexpr (kPingpong) pingpong_wait(warp >> 2);  // this warpgroup's next slot: P V, then the next Q K^T
+      if constexpr (kWgmma) {
+        gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, sV(buf));
+      } else {
+        gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
+      }
+      // both products of this warp have completed (each waits for its wgmma group): its reads of stage buf are done
+      if constexpr (kWs) release_stage(buf);
+    }
+
+    if constexpr (kPingpong && !kOverlap) {
+      if (warp >> 2 == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
+    }
+    if constexpr (kOverlap) {  // the last tile's P V (the key range is not empty, but its tiles may all be skipped)
+      if (!kSkipMaskedTiles || pv_pending) {
+        gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
+        release_stage(buf_prev);
+      }
+    }
+
+    // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
+    float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
+    softmax.finalize(mult, inv_sum, row_lse);
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int r = 0; r < 2 * kMTiles; ++r) {
+        const int row = q_row0 + (r >> 1) * 16 + (r & 1) * 8 + (lane >> 2);
+        if (row < rows_q) lse[row] = row_lse[r];
+      }
+    }
+    if (kWs && tile_stride < num_tiles) {
+      // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next tile's
+      // Q (or be on its way there), so O goes from the registers straight to global memory: per row, a quad's four
+      // lanes store 16 contiguous bytes of each n8 tile (the L2 merges them before they reach memory). Slower than
+      // the staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k), which one-tile CTAs keep.
+      // Q is released once the key loop is done: the next tile's Q loads behind the last P V and these stores.
+      // (Released in the loop, right after the tile's last Q K^T, ptxas peeled that iteration, duplicating the
+      // softmax, and moved the stage addresses off the uniform datapath: d 128 pingpong-overlap ran 5% slower.)
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
+          const float inv = inv_sum[mt * 2 + half];
+          if (row < rows_q) {
+            T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+              if (dt * 8 < headdim) {
+                *reinterpret_cast<uint32_t*>(out_row + dt * 8) =
+                    ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
+              }
+            }
+          }
+        }
       }
     } else {
-      gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
-    }
-    if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
-    // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
-    if (info.needs_mask(n, kBlockN, m0, kBlockM)) info.apply_mask(acc_s, row0, col0);
-
-    if constexpr (Cfg::kStages == 1) {
-      ptx::cp_async_wait<0>();  // V[n] landed; every warp is done reading K[n]
-      if constexpr (kWgmma) sm90::fence_proxy_async();
-      __syncthreads();
-      if (n > range.lo) load_k(n - 1, 0, NoCheckRows{});  // overlaps the softmax and P V
-      ptx::cp_async_commit();
-    }
-
-    // -- online softmax: m, l updated, O rescaled, S -> P
-    // heavy rows (softmax.cuh) only where a float bias can push every score of a row that low
-    constexpr bool kHeavyRows = kBias == BiasType::kSameAsInput || kBias == BiasType::kFloat32;
-    if constexpr (kOverlap) {
-      float correction[2 * kMTiles];
-      softmax.template update_scores<kHeavyRows>(acc_s, mult, heavy_s, correction);
-      // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. The wait is not
-      // under `it > 0` (nothing is pending in the first iteration): split from the issue's condition, ptxas saw a
-      // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
-      sm90::wait_hold<0>(acc_o);
-      sm90::hold_fragments(p_prev);
-      if (kSkipMaskedTiles ? pv_pending : it > 0) release_stage(buf_prev);
-      softmax.rescale(acc_o, correction);
-#pragma unroll
-      for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(acc_s[0], kt, p_prev[kt]);
-      buf_prev = buf;
-      pv_pending = true;
-      continue;  // this tile's P V goes out with the next tile's Q K^T (or after the loop)
-    } else {
-      // (a row can still end up below heavy_s without a bias that low, through q.k alone: as on the plain path, it
-      // then takes the ordinary update, whose error there is about |m * mult| 2^-24, small until |m| is huge)
-      if (kHeavyRows && heavy_rows_possible) {
-        softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
-      } else {
-        softmax.template update<false>(acc_s, acc_o, mult, heavy_s);
-      }
-    }
-    // -- O += P V
-    if constexpr (kPingpong) pingpong_wait(warp >> 2);  // this warpgroup's next slot: P V, then the next Q K^T
-    if constexpr (kWgmma) {
-      gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, sV(buf));
-    } else {
-      gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
-    }
-    // both products of this warp have completed (each waits for its wgmma group): its reads of stage buf are done
-    if constexpr (kWs) release_stage(buf);
-  }
-
-  if constexpr (kPingpong && !kOverlap) {
-    if (warp >> 2 == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
-  }
-  if constexpr (kOverlap) {  // the last tile's P V (the key range is not empty, but its tiles may all be skipped)
-    if (!kSkipMaskedTiles || pv_pending) {
-      gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
-      release_stage(buf_prev);
-    }
-  }
-
-  // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
-  float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
-  softmax.finalize(mult, inv_sum, row_lse);
-  if ((lane & 3) == 0) {
-#pragma unroll
-    for (int r = 0; r < 2 * kMTiles; ++r) {
-      const int row = q_row0 + (r >> 1) * 16 + (r & 1) * 8 + (lane >> 2);
-      if (row < rows_q) lse[row] = row_lse[r];
-    }
-  }
-  if (kWs && tile_stride < num_tiles) {
-    // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next tile's
-    // Q (or be on its way there), so O goes from the registers straight to global memory: per row, a quad's four
-    // lanes store 16 contiguous bytes of each n8 tile (the L2 merges them before they reach memory). Slower than
-    // the staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k), which one-tile CTAs keep.
-    // Q is released once the key loop is done: the next tile's Q loads behind the last P V and these stores.
-    // (Released in the loop, right after the tile's last Q K^T, ptxas peeled that iteration, duplicating the
-    // softmax, and moved the stage addresses off the uniform datapath: d 128 pingpong-overlap ran 5% slower.)
+    // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
+    // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
+    // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
     __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+    unsigned char* sO = smem;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
         const float inv = inv_sum[mt * 2 + half];
-        if (row < rows_q) {
-          T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
 #pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            if (dt * 8 < headdim) {
-              *reinterpret_cast<uint32_t*>(out_row + dt * 8) =
-                  ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
-            }
-          }
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const uint32_t packed = ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
+          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
         }
       }
     }
-  } else {
-  // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
-  // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
-  // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
-  __syncwarp();
-  unsigned char* sO = smem;
+    if constexpr (kWs) {
+      ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
+    } else {
+      __syncthreads();
+    }
+    constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
+    static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
-      const float inv = inv_sum[mt * 2 + half];
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const uint32_t packed = ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
-        *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
+    for (int i = 0; i < kOutIters; ++i) {
+      const int idx = tid + i * kNThreads;
+      const int row = idx / kDTiles, chunk = idx % kDTiles;
+      if (row < rows_q && chunk * 8 < headdim) {
+        *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
       }
     }
-  }
-  if constexpr (kWs) {
-    ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
-  } else {
-    __syncthreads();
-  }
-  constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
-  static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
-#pragma unroll
-  for (int i = 0; i < kOutIters; ++i) {
-    const int idx = tid + i * kNThreads;
-    const int row = idx / kDTiles, chunk = idx % kDTiles;
-    if (row < rows_q && chunk * 8 < headdim) {
-      *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
     }
-  }
-  }
-  use0 += range.hi - range.lo;
-  ++q_loads;
+    use0 += range.hi - range.lo;
+    ++q_loads;
   }  // tiles
 }
 

@@ -146,7 +146,8 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   dim3 grid(num_m_blocks, p.nheads, p.batch);
   if (launch.persistent) {  // a 1-D grid over the tiles of fwd_kernel.cuh's order; CTA b takes tiles b, b + grid, ...
     const int64_t tiles = int64_t(num_m_blocks) * p.nheads * p.batch;
-    if (tiles > 0x7fffffff) return "fa2: batch * nheads * query blocks is too large for the CUDA forward";
+    // (<= 2^30 - 1: the kernel's tile index plus the grid stride stays an int; unreachable in memory at d >= 64)
+    if (tiles > 0x3fffffff) return "fa2: batch * nheads * query blocks is too large for the CUDA forward";
     const int setting = persistent_forward_ctas();
     int64_t ctas = tiles;
     // Persistent (fewer CTAs than tiles) by default only where every query block has the same key range (no causal
