@@ -991,69 +991,63 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         if (row < rows_q) lse[row] = row_lse[r];
       }
     }
-    if (kWs && tile_stride < num_tiles) {
-      // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next tile's
-      // Q (or be on its way there), so O goes from the registers straight to global memory: per row, a quad's four
-      // lanes store 16 contiguous bytes of each n8 tile (the L2 merges them before they reach memory). Slower than
-      // the staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k), which one-tile CTAs keep.
-      // Q is released once the key loop is done: the next tile's Q loads behind the last P V and these stores.
-      // (Released in the loop, right after the tile's last Q K^T, ptxas peeled that iteration, duplicating the
-      // softmax, and moved the stage addresses off the uniform datapath: d 128 pingpong-overlap ran 5% slower.)
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+    // O / l as T pairs, one per fragment element pair of this thread in the rows where stored_row(row in the
+    // block): store(row, n8 tile, the pair)
+    auto store_o = [&](auto&& stored_row, auto&& store) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
           const float inv = inv_sum[mt * 2 + half];
-          if (row < rows_q) {
-            T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
+          if (stored_row(row)) {
 #pragma unroll
             for (int dt = 0; dt < kDTiles; ++dt) {
-              if (dt * 8 < headdim) {
-                *reinterpret_cast<uint32_t*>(out_row + dt * 8) =
-                    ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
-              }
+              store(row, dt, ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv));
             }
           }
         }
       }
+    };
+    if (kWs && tile_stride < num_tiles) {
+      // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
+      // tile's Q (or be on its way there), so O goes from the registers straight to global memory: per row, a quad's
+      // four lanes store 16 contiguous bytes of each n8 tile (the L2 merges them before they reach memory). Slower
+      // than the staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k), which one-tile CTAs keep.
+      // Q is released once the key loop is done: the next tile's Q loads behind the last P V and these stores.
+      // (Released in the loop, right after the tile's last Q K^T, ptxas peeled that iteration, duplicating the
+      // softmax, and moved the stage addresses off the uniform datapath: d 128 pingpong-overlap ran 5% slower.)
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+      store_o([&](int row) { return row < rows_q; }, [&](int row, int dt, uint32_t packed) {
+        T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
+        if (dt * 8 < headdim) *reinterpret_cast<uint32_t*>(out_row + dt * 8) = packed;
+      });
     } else {
-    // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
-    // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
-    // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
-    __syncwarp();
-    unsigned char* sO = smem;
+      // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
+      // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
+      // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
+      __syncwarp();
+      unsigned char* sO = smem;
+      store_o([](int) { return true; }, [&](int row, int dt, uint32_t packed) {
+        *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
+      });
+      if constexpr (kWs) {
+        ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
+      } else {
+        __syncthreads();
+      }
+      constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
+      static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
-        const float inv = inv_sum[mt * 2 + half];
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          const uint32_t packed = ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
-          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
+      for (int i = 0; i < kOutIters; ++i) {
+        const int idx = tid + i * kNThreads;
+        const int row = idx / kDTiles, chunk = idx % kDTiles;
+        if (row < rows_q && chunk * 8 < headdim) {
+          *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
+              *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
         }
       }
-    }
-    if constexpr (kWs) {
-      ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
-    } else {
-      __syncthreads();
-    }
-    constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
-    static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
-#pragma unroll
-    for (int i = 0; i < kOutIters; ++i) {
-      const int idx = tid + i * kNThreads;
-      const int row = idx / kDTiles, chunk = idx % kDTiles;
-      if (row < rows_q && chunk * 8 < headdim) {
-        *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
-      }
-    }
     }
     use0 += range.hi - range.lo;
     ++q_loads;
