@@ -833,6 +833,38 @@ def test_explain_reports_the_sites_every_time():
         assert records[0].flags.get("scale") == 0.25
 
 
+def test_explain_many_times_keeps_reporting_and_leaves_no_cache_entries():
+    """fa2.explain compiles through a caller of its own (a fresh code object each call): explaining one model more
+    often than Dynamo's recompile limit (8) still reports its sites every time, under the module's own path, and adds
+    no compiled entries to the model's forward (which made the 9th explain run eagerly and find nothing)."""
+    import contextlib
+    import io
+
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    class Inner(torch.nn.Module):
+        def forward(self, q, k, v):
+            return (q @ k.transpose(-1, -2) * 0.25).softmax(-1) @ v
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Inner()
+
+        def forward(self, x):
+            return self.attn(x, x, x)
+
+    model, x = Outer(), torch.randn(1, 2, 8, 16)
+    torch._dynamo.reset()
+    for _ in range(torch._dynamo.config.recompile_limit + 3):
+        with contextlib.redirect_stdout(io.StringIO()):
+            records = fa2.explain(model, x)
+        assert len(records) == 1 and records[0].rewritten, [str(r) for r in records]
+        assert records[0].module == "attn", records[0].module
+    assert not _debug_get_cache_entry_list(Outer.forward.__code__)
+    assert not _debug_get_cache_entry_list(Inner.forward.__code__)
+
+
 def test_unknown_inductor_option_is_named():
     torch._dynamo.reset()
     q = torch.randn(1, 2, 8, 16)

@@ -1,6 +1,7 @@
 """``fa2.explain(model, *args, **kwargs)``: which attention sites a model has and what fa2's pass did with each."""
 from __future__ import annotations
 
+import itertools
 import sys
 
 import torch
@@ -25,11 +26,26 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
     # and the pass would not run (the model compiled or explained already: "no attention sites found")
     def explain_backend(gm, example_inputs):
         return backend.fa2_backend(gm, example_inputs)
-    compiled = torch.compile(model, backend=explain_backend)
+    # ... and a caller whose code object is new on every call: Dynamo keeps its compiled entries on the code object
+    # it intercepts, so compiling the model itself left one entry per explain on model.forward's code (its own
+    # backend each time) until the recompile limit (8) made the next explain run eagerly and find nothing. The
+    # model is traced inline from the caller; the entries go with the caller's code when explain returns.
+    compiled = torch.compile(_fresh_caller(), backend=explain_backend)
     with recording() as records, without_aot_cache():
-        compiled(*args, **kwargs)
+        compiled(model, args, kwargs)
     print(format_table(records), file=sys.stdout)
     return records
+
+
+_CALLERS = itertools.count()
+
+
+def _fresh_caller():
+    """``lambda model, args, kwargs: model(*args, **kwargs)`` with a code object of its own (compiled anew)."""
+    namespace: dict = {}
+    source = "def explain_call(model, args, kwargs):\n    return model(*args, **kwargs)\n"
+    exec(compile(source, f"<fa2.explain call {next(_CALLERS)}>", "exec"), namespace)
+    return namespace["explain_call"]
 
 
 def format_table(records: list[SiteRecord]) -> str:
