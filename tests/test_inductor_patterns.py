@@ -130,6 +130,12 @@ def attn_einsum(q, k, v):
     return torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v)
 
 
+def attn_einsum_bshd(q, k, v):
+    # inputs (B, S, H, D), einsum in that layout: einsum permutes P to its bmm and back (two permutes that cancel)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.25
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+
+
 def attn_bmm_3d(q, k, v):
     b, h, s, d = q.shape
     q3, k3, v3 = (t.reshape(b * h, t.shape[2], d) for t in (q, k, v))
@@ -151,6 +157,7 @@ FORMS = {
     "no_scale": (attn_no_scale, {"scale": 1.0}),
     "scale_on_q": (attn_scale_on_q, {"scale": 1.0}),
     "einsum": (attn_einsum, {"scale": 0.25}),
+    "einsum_bshd": (attn_einsum_bshd, {"scale": 0.25}),
     "bmm_3d": (attn_bmm_3d, {"scale": 0.25}),
     "bshd_permute": (attn_bshd_permute, {"scale": 0.25}),
 }
@@ -160,7 +167,7 @@ FORMS = {
 @pytest.mark.parametrize("form", list(FORMS))
 def test_matmul_forms(form, device, dtype):
     fn, flags = FORMS[form]
-    layout = "bshd" if form == "bshd_permute" else "bhsd"
+    layout = "bshd" if form in ("bshd_permute", "einsum_bshd") else "bhsd"
     records, got, naive, hi = run(fn, qkv(device, dtype, layout=layout), device=device, dtype=dtype)
     assert_rewritten(records, causal=None, **flags)
     check_numerics(got, naive, hi)

@@ -263,6 +263,31 @@ def _order_preserving(node) -> bool:
     return False
 
 
+PERMUTES = {aten.permute.default, aten.transpose.int, aten.t.default}
+
+
+def _permute_run(node, bwd):
+    """The run of permutes/transposes that starts at ``node`` and continues through sole users, as long as their
+    composition keeps the order of the dims of size != 1 (einsum permutes P one way and back: each permute alone
+    moves dims, the pair does not); [] if no prefix of the run composes to such an order."""
+    src = shape(node.args[0])
+    if src is None:
+        return []
+    acc = list(range(len(src)))  # acc[j]: the source dim at position j
+    run, cur = [], node
+    while is_call(cur, PERMUTES):
+        acc = [acc[d] for d in _perm(cur)]
+        run.append(cur)
+        keep = [d for d in acc if not same(src[d], 1)]
+        if keep == sorted(keep):
+            return run
+        users = _fwd_users(cur, bwd)
+        if len(users) != 1:
+            break
+        cur = users[0]
+    return []
+
+
 def _swaps_last_two(node) -> bool:
     """A permute/transpose that (ignoring size-1 dims) swaps the last two dims: a matrix transpose."""
     if node.target not in (aten.permute.default, aten.transpose.int, aten.t.default):
@@ -593,6 +618,11 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
         if _is_safe_softmax_fixup(u, cur, x):
             internal.add(u)
             cur = u
+            continue
+        run = _permute_run(u, bwd) if is_call(u, PERMUTES) else []
+        if run:  # permutes that cancel out (einsum's layout moves)
+            internal.update(run)
+            cur = run[-1]
             continue
         if _is_random(u):
             raise Reject("dropout is active (training with dropout_p > 0): fa2 has no dropout")
