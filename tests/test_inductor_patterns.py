@@ -164,6 +164,23 @@ FORMS = {
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_three_d_inputs(causal, device, dtype):
+    """(H, S, D) inputs (no batch dim) through @: the matmul's views lead the scores back to the bmm's own 3-D shape
+    (before, 'the scores are reshaped in a way fa2 cannot follow'); with a causal tril mask too."""
+    def attn_3d(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        if causal:
+            s = s.masked_fill(~causal_bool(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+        return s.softmax(-1) @ v
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(H, S, D, generator=g).to(device=device, dtype=dtype) for _ in range(3))
+    records, got, naive, hi = run(attn_3d, (q, k, v), device=device, dtype=dtype)
+    assert_rewritten(records, scale=0.25)
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("form", list(FORMS))
 def test_matmul_forms(form, device, dtype):
     fn, flags = FORMS[form]

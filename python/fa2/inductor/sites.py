@@ -451,6 +451,10 @@ def score_chain(x):
                 node = node.args[0]
             if chain and is_call(node, {aten.bmm.default}):
                 s3, s4 = shape(node), shape(cur)
+                if s4 is not None and len(s4) == 3 and same_shape(s4, s3):
+                    # 3-D attention ((H, S, D) inputs: the matmul's views come back to the bmm's own shape)
+                    nodes += chain
+                    return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
                 if s4 is None or len(s4) != 4 or not (same(s4[0] * s4[1], s3[0]) and same(s4[2], s3[1])
                                                       and same(s4[3], s3[2])):
                     raise Reject("the scores are reshaped in a way fa2 cannot follow")
