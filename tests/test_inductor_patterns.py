@@ -181,6 +181,31 @@ def test_three_d_inputs(causal, device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_gqa_through_a_grouped_view_of_q(masked, device, dtype):
+    """GQA written as q viewed (B, Hk, G, S, D) against k / v unsqueezed to (B, Hk, 1, S, D): 5-D scores, before
+    'reshaped in a way fa2 cannot follow'. Without a mask it is rewritten (heads folded into the batch), forward and
+    backward as eager; with one it is kept, with the reason (fa2 reads 4-D masks), and still exact."""
+    def attn_grouped(q, k, v):
+        b, h, s, d = q.shape
+        hk = k.shape[1]
+        scores = q.view(b, hk, h // hk, s, d) @ k.unsqueeze(2).transpose(-1, -2) * 0.25
+        if masked:
+            scores = scores.masked_fill(~causal_bool(s, k.shape[2], q.device), float("-inf"))
+        return (scores.softmax(-1) @ v.unsqueeze(2)).reshape(b, h, s, d)
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(B, H, S, D, generator=g).to(device=device, dtype=dtype)
+    k, v = (torch.randn(B, H // 2, S, D, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+    records, got, naive, hi = run(attn_grouped, (q, k, v), device=device, dtype=dtype)
+    if masked:
+        assert records and not any(r.rewritten for r in records), [str(r) for r in records]
+        assert any("grouped-query (5-D) scores" in (r.reason or "") for r in records), [str(r) for r in records]
+    else:
+        assert_rewritten(records, scale=0.25)
+    check_numerics(got, naive, hi)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("form", list(FORMS))
 def test_matmul_forms(form, device, dtype):
     fn, flags = FORMS[form]

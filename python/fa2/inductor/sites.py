@@ -455,6 +455,14 @@ def score_chain(x):
                     # 3-D attention ((H, S, D) inputs: the matmul's views come back to the bmm's own shape)
                     nodes += chain
                     return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
+                if s4 is not None and len(s4) > 4 and same(s4[-2], s3[1]) and same(s4[-1], s3[2]) and \
+                        same(math.prod(s4[:-2]), s3[0]):
+                    # GQA written with a grouped view of q, (B, Hk, G, S, D) against (B, Hk, 1, S, D) K/V: the site
+                    # runs with the heads folded into the batch (K/V as the matmul expanded them)
+                    if terms:
+                        raise Reject("a mask on grouped-query (5-D) scores: not supported (fa2 reads 4-D masks)")
+                    nodes += chain
+                    return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
                 if s4 is None or len(s4) != 4 or not (same(s4[0] * s4[1], s3[0]) and same(s4[2], s3[1])
                                                       and same(s4[3], s3[2])):
                     raise Reject("the scores are reshaped in a way fa2 cannot follow")
