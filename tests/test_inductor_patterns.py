@@ -205,6 +205,34 @@ def test_gqa_through_a_grouped_view_of_q(masked, device, dtype):
     check_numerics(got, naive, hi)
 
 
+def _attn_3d_plain(q, k, v):
+    return (q @ k.transpose(-1, -2) * 0.25).softmax(-1) @ v
+
+
+def _attn_grouped_plain(q, k, v):
+    b, h, s, d = q.shape
+    scores = q.view(b, k.shape[1], h // k.shape[1], s, d) @ k.unsqueeze(2).transpose(-1, -2) * 0.25
+    return (scores.softmax(-1) @ v.unsqueeze(2)).reshape(b, h, s, d)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("form", ["einsum_bshd", "bmm_3d", "three_d", "grouped"])
+def test_folded_and_permuted_forms_under_dynamic_shapes(form, device, dtype):
+    """The forms whose output reaches its consumers through a view with symbolic sizes under dynamic=True (einsum in
+    (B, S, H, D), 3-D, grouped-view GQA, explicit bmm): rewritten, forward and backward as eager (the view check of
+    the rewritten output once called view() with graph nodes for sizes: 'internal error while rewriting')."""
+    g = torch.Generator().manual_seed(10)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    fn, args = {"einsum_bshd": (attn_einsum_bshd, [rand(B, S, H, D) for _ in range(3)]),
+                "bmm_3d": (attn_bmm_3d, [rand(B, H, S, D) for _ in range(3)]),
+                "three_d": (_attn_3d_plain, [rand(H, S, D) for _ in range(3)]),
+                "grouped": (_attn_grouped_plain, [rand(B, H, S, D), rand(B, H // 2, S, D), rand(B, H // 2, S, D)])}[form]
+    records, got, naive, hi = run(fn, args, device=device, dtype=dtype, dynamic=True)
+    # (bmm_3d's scale, d ** -0.5 of a symbolic d, is computed in the graph: a tensor)
+    assert_rewritten(records, **({} if form == "bmm_3d" else {"scale": 0.25}))
+    check_numerics(got, naive, hi)
+
+
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("form", list(FORMS))
 def test_matmul_forms(form, device, dtype):

@@ -508,8 +508,10 @@ def _keep_views_valid(graph, old_out, new_out, fake_mode, new_nodes):
     for user in old_out.users:
         if is_call(user, {aten.view.default, aten._unsafe_view.default}):
             try:
+                # (under dynamic shapes the sizes are graph nodes: their symbolic values)
+                size = torch.fx.map_arg(user.args[1], lambda n: n.meta["val"])
                 with fake_mode:
-                    new_val.view(user.args[1])
+                    new_val.view(size)
             except (RuntimeError, ValueError):  # (fake tensors raise either, by torch version)
                 needs_copy = True
     if not needs_copy:
