@@ -911,9 +911,11 @@ def test_explain_reports_the_sites_every_time():
 
 
 def test_explain_many_times_keeps_reporting_and_leaves_no_cache_entries():
-    """fa2.explain compiles through a caller of its own (a fresh code object each call): explaining one model more
-    often than Dynamo's recompile limit (8) still reports its sites every time, under the module's own path, and adds
-    no compiled entries to the model's forward (which made the 9th explain run eagerly and find nothing)."""
+    """fa2.explain compiles through a caller of its own (a fresh code object each call) and drops the entries it made
+    on the model's own frames (a graph break): explaining one model more often than Dynamo's recompile limit (8)
+    still reports its sites every time, under the module's own path, and leaves no compiled entries on the model's
+    code (before, the 9th explain ran eagerly and found nothing). Module paths are those of compiling the model itself,
+    for a module, a bound method, a compiled module or a function taking the module."""
     import contextlib
     import io
 
@@ -931,15 +933,37 @@ def test_explain_many_times_keeps_reporting_and_leaves_no_cache_entries():
         def forward(self, x):
             return self.attn(x, x, x)
 
+    class WithBreak(torch.nn.Module):  # Dynamo compiles this forward's own frames around the break
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Inner(), Inner()
+
+        def forward(self, x):
+            y = self.a(x, x, x)
+            torch._dynamo.graph_break()
+            return self.b(y, y, y)
+
+    def quiet(*args, **kwargs):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return fa2.explain(*args, **kwargs)
+
     model, x = Outer(), torch.randn(1, 2, 8, 16)
     torch._dynamo.reset()
     for _ in range(torch._dynamo.config.recompile_limit + 3):
-        with contextlib.redirect_stdout(io.StringIO()):
-            records = fa2.explain(model, x)
+        records = quiet(model, x)
         assert len(records) == 1 and records[0].rewritten, [str(r) for r in records]
         assert records[0].module == "attn", records[0].module
-    assert not _debug_get_cache_entry_list(Outer.forward.__code__)
-    assert not _debug_get_cache_entry_list(Inner.forward.__code__)
+        records = quiet(WithBreak(), x)
+        assert [(r.module, r.rewritten) for r in records] == [("a", True), ("b", True)], [str(r) for r in records]
+    for code in (Outer.forward.__code__, Inner.forward.__code__, WithBreak.forward.__code__):
+        assert not _debug_get_cache_entry_list(code)
+    # the module paths Dynamo gives when the model itself is compiled, whatever form it is passed in
+    def call_module(mod, t):
+        return mod(t)
+    assert [r.module for r in quiet(model.forward, x)] == ["attn"]
+    assert [r.module for r in quiet(torch.compile(model), x)] == ["attn"]
+    assert [r.module for r in quiet(call_module, model, x)] == ["L['mod'].attn"]
+    assert [r.module for r in quiet(call_module, mod=model, t=x)] == ["L['mod'].attn"]
 
 
 def test_unknown_inductor_option_is_named():

@@ -215,3 +215,33 @@ def without_aot_cache():
 def guard_bool(x) -> bool:
     """The value of a SymBool, recording a guard on it (plain bools pass through)."""
     return bool(x)
+
+
+# ---- Dynamo's compiled-code cache (fa2.explain cleans up after itself) ------------------------------------------
+
+def dynamo_code_snapshot() -> dict:
+    """{code: number of compiled entries} for every code object Dynamo has intercepted so far ({} where this torch
+    does not expose them: explain then leaves its entries, as torch.compile would)."""
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+        from torch._dynamo.convert_frame import input_codes
+        codes = [ref() for ref in list(input_codes.seen)]
+    except (ImportError, AttributeError, TypeError):
+        return {}
+    return {c: len(_debug_get_cache_entry_list(c)) for c in codes if c is not None}
+
+
+def drop_compiled_entries(code) -> None:
+    """Forget what Dynamo compiled for ``code`` (every entry; the next call recompiles)."""
+    try:
+        from torch._C._dynamo.eval_frame import reset_code
+    except ImportError:  # pragma: no cover - other torch versions
+        return
+    reset_code(code)
+
+
+def recompile_limit_patch(limit: int):
+    """A config patch raising Dynamo's per-code recompile limit (recompile_limit; cache_size_limit before 2.6)."""
+    import torch._dynamo.config as dynamo_config
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    return dynamo_config.patch(**{name: max(limit, getattr(dynamo_config, name))})

@@ -1,6 +1,7 @@
 """``fa2.explain(model, *args, **kwargs)``: which attention sites a model has and what fa2's pass did with each."""
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 
@@ -20,7 +21,7 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
     forward+backward graph is what gets rewritten. Returns the list of :class:`SiteRecord` (with ``.graphs``: the
     fa2.fwd / fa2.bwd ops in each rewritten graph) and prints a table."""
     from .. import backend  # noqa: F401  (registers "fa2")
-    from ._compat import without_aot_cache
+    from ._compat import drop_compiled_entries, dynamo_code_snapshot, recompile_limit_patch, without_aot_cache
 
     # a backend object of its own: Dynamo reuses a graph compiled before for the same code with the same backend,
     # and the pass would not run (the model compiled or explained already: "no attention sites found")
@@ -29,10 +30,19 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
     # ... and a caller whose code object is new on every call: Dynamo keeps its compiled entries on the code object
     # it intercepts, so compiling the model itself left one entry per explain on model.forward's code (its own
     # backend each time) until the recompile limit (8) made the next explain run eagerly and find nothing. The
-    # model is traced inline from the caller; the entries go with the caller's code when explain returns.
-    compiled = torch.compile(_fresh_caller(), backend=explain_backend)
-    with recording() as records, without_aot_cache():
-        compiled(model, args, kwargs)
+    # model is traced inline from the caller, whose entries go with its code when explain returns. After a graph
+    # break Dynamo still compiles the model's own frames: their entries are dropped afterwards where explain made the
+    # only ones (a model the user compiled keeps its own), and the limit is raised while explain runs.
+    caller, call_args = _fresh_caller(model, args)
+    compiled = torch.compile(caller, backend=explain_backend)
+    before = dynamo_code_snapshot()
+    try:
+        with recording() as records, without_aot_cache(), recompile_limit_patch(1 << 20):
+            compiled(*call_args, **kwargs)
+    finally:
+        for code, entries in dynamo_code_snapshot().items():
+            if entries and not before.get(code):
+                drop_compiled_entries(code)
     print(format_table(records), file=sys.stdout)
     return records
 
@@ -40,12 +50,61 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
 _CALLERS = itertools.count()
 
 
-def _fresh_caller():
-    """``lambda model, args, kwargs: model(*args, **kwargs)`` with a code object of its own (compiled anew)."""
+def _fresh_caller(model, args):
+    """(a function with a code object of its own that calls ``model``, the arguments to call it with), written so
+    that the model's modules keep the names Dynamo gives them when the model itself is compiled: a module (or a
+    method of one) as ``self``, a function's arguments under its own parameter names."""
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):  # torch.compile(module): explain the module
+        model = model._orig_mod
     namespace: dict = {}
-    source = "def explain_call(model, args, kwargs):\n    return model(*args, **kwargs)\n"
+    if isinstance(model, torch.nn.Module):
+        source, call_args = "def explain_call(self, *args, **kwargs):\n    return self(*args, **kwargs)\n", (model,)
+    elif inspect.ismethod(model) and isinstance(model.__self__, torch.nn.Module) and model.__name__.isidentifier():
+        source = (f"def explain_call(self, *args, **kwargs):\n    return self.{model.__name__}(*args, **kwargs)\n")
+        call_args = (model.__self__,)
+    else:
+        source, call_args = _mirrored_caller_source(model, namespace), (model,)
     exec(compile(source, f"<fa2.explain call {next(_CALLERS)}>", "exec"), namespace)
-    return namespace["explain_call"]
+    return namespace["explain_call"], call_args + tuple(args)
+
+
+def _mirrored_caller_source(fn, namespace: dict) -> str:
+    """``def explain_call(fn, <fn's parameters>): return fn(<them>)`` (defaults from ``namespace``), or a plain
+    ``(*args, **kwargs)`` forwarder where fn has no usable signature."""
+    generic = "def explain_call(__fa2_fn, *args, **kwargs):\n    return __fa2_fn(*args, **kwargs)\n"
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return generic
+    names = [p.name for p in params]
+    if any(not n.isidentifier() or n.startswith("__fa2_") for n in names):
+        return generic
+    decl, call = [], []
+    kinds = inspect.Parameter
+    for p in params:
+        default = ""
+        if p.default is not p.empty:
+            namespace.setdefault("__fa2_defaults", {})[p.name] = p.default
+            default = f"=__fa2_defaults[{p.name!r}]"
+        if p.kind == kinds.VAR_POSITIONAL:
+            decl.append(f"*{p.name}")
+            call.append(f"*{p.name}")
+        elif p.kind == kinds.VAR_KEYWORD:
+            decl.append(f"**{p.name}")
+            call.append(f"**{p.name}")
+        elif p.kind == kinds.KEYWORD_ONLY:
+            if not any(q.kind == kinds.VAR_POSITIONAL for q in params) and "*" not in decl:
+                decl.append("*")
+            decl.append(p.name + default)
+            call.append(f"{p.name}={p.name}")
+        else:
+            decl.append(p.name + default)
+            call.append(p.name)
+        if p.kind == kinds.POSITIONAL_ONLY and (params.index(p) + 1 == len(params) or
+                                                params[params.index(p) + 1].kind != kinds.POSITIONAL_ONLY):
+            decl.append("/")
+    return (f"def explain_call(__fa2_fn, {', '.join(decl)}):\n"
+            f"    return __fa2_fn({', '.join(call)})\n")
 
 
 def format_table(records: list[SiteRecord]) -> str:

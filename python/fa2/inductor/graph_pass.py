@@ -265,7 +265,8 @@ def _origin(node) -> tuple[str, str]:
 
 
 def _clean_path(path: str) -> str:
-    path = re.sub(r"^L\['(self|model)'\]\.?", "", path)  # (model: fa2.explain's caller passes the module as it)
+    path = re.sub(r"^L\['self'\]\.?", "", path)
+    path = re.sub(r"^G\['__import_[^']*'\]\.(\w+)", r"G['\1']", path)  # a module global seen through an import
     path = re.sub(r"\._modules\['([^']+)'\]", r".\1", path)
     path = re.sub(r"getattr\((.*?), '(\w+)'\)", r"\1.\2", path)
     path = re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", path)
