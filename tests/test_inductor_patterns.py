@@ -964,6 +964,34 @@ def test_explain_many_times_keeps_reporting_and_leaves_no_cache_entries():
     assert [r.module for r in quiet(torch.compile(model), x)] == ["attn"]
     assert [r.module for r in quiet(call_module, model, x)] == ["L['mod'].attn"]
     assert [r.module for r in quiet(call_module, mod=model, t=x)] == ["L['mod'].attn"]
+    # callers the signature mirroring must not break: a functools.wraps wrapper with its own signature, a keyword
+    # argument named self, a bound method reached under another name
+    import functools
+
+    def wrapper(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            return fn(*args, **kwargs)
+        return inner
+
+    def takes_self(t, **kw):
+        return model(t) * kw["self"]
+
+    class Mangled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Inner()
+
+        def __run(self, t):
+            return self.attn(t, t, t)
+
+        def entry(self):
+            return self.__run
+
+    for args, kwargs in [((wrapper(call_module), model, x), {}), ((takes_self, x), {"self": 2.0}),
+                         ((Mangled().entry(), x), {})]:
+        records = quiet(*args, **kwargs)
+        assert len(records) == 1 and records[0].rewritten, [str(r) for r in records]
 
 
 def test_unknown_inductor_option_is_named():

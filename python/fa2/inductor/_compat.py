@@ -220,15 +220,34 @@ def guard_bool(x) -> bool:
 # ---- Dynamo's compiled-code cache (fa2.explain cleans up after itself) ------------------------------------------
 
 def dynamo_code_snapshot() -> dict:
-    """{code: number of compiled entries} for every code object Dynamo has intercepted so far ({} where this torch
-    does not expose them: explain then leaves its entries, as torch.compile would)."""
+    """{id(code): (code, number of compiled entries)} for every code object Dynamo has intercepted so far, by
+    identity (code objects compare equal by content: two explain callers, or a class redefined in a notebook, would
+    collapse into one key); {} where this torch does not expose them (explain then leaves its entries, as
+    torch.compile would)."""
     try:
         from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
         from torch._dynamo.convert_frame import input_codes
         codes = [ref() for ref in list(input_codes.seen)]
     except (ImportError, AttributeError, TypeError):
         return {}
-    return {c: len(_debug_get_cache_entry_list(c)) for c in codes if c is not None}
+    return {id(c): (c, len(_debug_get_cache_entry_list(c))) for c in codes if c is not None}
+
+
+def compile_isolated(fn, backend):
+    """torch.compile(fn, backend=backend) whose recompiles are counted apart from other compilations of the same code
+    (isolate_recompiles, torch >= 2.12; plain torch.compile before): fa2.explain's entries must not push a model the
+    user compiled toward its recompile limit."""
+    try:
+        return torch.compile(fn, backend=backend, isolate_recompiles=True)
+    except TypeError:  # pragma: no cover - older torch
+        return torch.compile(fn, backend=backend)
+
+
+def is_compiled_module(obj) -> bool:
+    """Whether obj is what torch.compile(module) returns (its module is ``obj._orig_mod``)."""
+    optimized = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    optimized = getattr(optimized, "OptimizedModule", None)
+    return optimized is not None and isinstance(obj, optimized)
 
 
 def drop_compiled_entries(code) -> None:

@@ -21,7 +21,8 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
     forward+backward graph is what gets rewritten. Returns the list of :class:`SiteRecord` (with ``.graphs``: the
     fa2.fwd / fa2.bwd ops in each rewritten graph) and prints a table."""
     from .. import backend  # noqa: F401  (registers "fa2")
-    from ._compat import drop_compiled_entries, dynamo_code_snapshot, recompile_limit_patch, without_aot_cache
+    from ._compat import (compile_isolated, drop_compiled_entries, dynamo_code_snapshot, recompile_limit_patch,
+                          without_aot_cache)
 
     # a backend object of its own: Dynamo reuses a graph compiled before for the same code with the same backend,
     # and the pass would not run (the model compiled or explained already: "no attention sites found")
@@ -33,15 +34,16 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
     # model is traced inline from the caller, whose entries go with its code when explain returns. After a graph
     # break Dynamo still compiles the model's own frames: their entries are dropped afterwards where explain made the
     # only ones (a model the user compiled keeps its own), and the limit is raised while explain runs.
+    # (isolate_recompiles where torch has it: explain's entries do not count toward a compiled model's limit)
     caller, call_args = _fresh_caller(model, args)
-    compiled = torch.compile(caller, backend=explain_backend)
+    compiled = compile_isolated(caller, explain_backend)
     before = dynamo_code_snapshot()
     try:
         with recording() as records, without_aot_cache(), recompile_limit_patch(1 << 20):
             compiled(*call_args, **kwargs)
     finally:
-        for code, entries in dynamo_code_snapshot().items():
-            if entries and not before.get(code):
+        for key, (code, entries) in dynamo_code_snapshot().items():
+            if entries and not (key in before and before[key][0] is code and before[key][1]):
                 drop_compiled_entries(code)
     print(format_table(records), file=sys.stdout)
     return records
@@ -54,13 +56,16 @@ def _fresh_caller(model, args):
     """(a function with a code object of its own that calls ``model``, the arguments to call it with), written so
     that the model's modules keep the names Dynamo gives them when the model itself is compiled: a module (or a
     method of one) as ``self``, a function's arguments under its own parameter names."""
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):  # torch.compile(module): explain the module
+    from ._compat import is_compiled_module
+    if is_compiled_module(model):  # torch.compile(module): explain the module
         model = model._orig_mod
     namespace: dict = {}
+    # (self positional-only: a keyword argument named self goes to the model)
     if isinstance(model, torch.nn.Module):
-        source, call_args = "def explain_call(self, *args, **kwargs):\n    return self(*args, **kwargs)\n", (model,)
-    elif inspect.ismethod(model) and isinstance(model.__self__, torch.nn.Module) and model.__name__.isidentifier():
-        source = (f"def explain_call(self, *args, **kwargs):\n    return self.{model.__name__}(*args, **kwargs)\n")
+        source, call_args = "def explain_call(self, /, *args, **kwargs):\n    return self(*args, **kwargs)\n", (model,)
+    elif (inspect.ismethod(model) and isinstance(model.__self__, torch.nn.Module) and model.__name__.isidentifier()
+          and getattr(model.__self__, model.__name__, None) == model):  # (not a mangled / rebound name)
+        source = f"def explain_call(self, /, *args, **kwargs):\n    return self.{model.__name__}(*args, **kwargs)\n"
         call_args = (model.__self__,)
     else:
         source, call_args = _mirrored_caller_source(model, namespace), (model,)
@@ -71,9 +76,9 @@ def _fresh_caller(model, args):
 def _mirrored_caller_source(fn, namespace: dict) -> str:
     """``def explain_call(fn, <fn's parameters>): return fn(<them>)`` (defaults from ``namespace``), or a plain
     ``(*args, **kwargs)`` forwarder where fn has no usable signature."""
-    generic = "def explain_call(__fa2_fn, *args, **kwargs):\n    return __fa2_fn(*args, **kwargs)\n"
-    try:
-        params = list(inspect.signature(fn).parameters.values())
+    generic = "def explain_call(__fa2_fn, /, *args, **kwargs):\n    return __fa2_fn(*args, **kwargs)\n"
+    try:  # (the callable's own signature, not a functools.wraps target's: the call goes to the callable)
+        params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):
         return generic
     names = [p.name for p in params]
@@ -103,8 +108,9 @@ def _mirrored_caller_source(fn, namespace: dict) -> str:
         if p.kind == kinds.POSITIONAL_ONLY and (params.index(p) + 1 == len(params) or
                                                 params[params.index(p) + 1].kind != kinds.POSITIONAL_ONLY):
             decl.append("/")
-    return (f"def explain_call(__fa2_fn, {', '.join(decl)}):\n"
-            f"    return __fa2_fn({', '.join(call)})\n")
+    # __fa2_fn positional-only (a keyword argument of that name goes to fn): joins fn's own positional-only group
+    head = "__fa2_fn, " if "/" in decl else "__fa2_fn, /, "
+    return f"def explain_call({head}{', '.join(decl)}):\n    return __fa2_fn({', '.join(call)})\n"
 
 
 def format_table(records: list[SiteRecord]) -> str:
