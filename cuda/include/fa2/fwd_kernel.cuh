@@ -2,9 +2,11 @@
 //   sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async): runs on sm80..sm90;
 //   sm_90a (kArchTag 901): the same per-warp work with wgmma products (a warpgroup per 64 query rows) and TMA loads;
 //   sm_90a warp-specialized (the default at d >= 128: tile_config.h): a producer warpgroup streams K/V into a ring of
-//   mbarrier-guarded stages, the consumer warpgroups compute, optionally taking turns issuing products (ping-pong).
+//   mbarrier-guarded stages, the consumer warpgroups compute, optionally taking turns issuing products (ping-pong),
+//   and where it runs persistent (d 128 without a causal mask or window) one CTA per SM streams query blocks.
 //
-// One CTA = one block of kBlockM queries of one (batch, head). Q stays in shared memory; K/V tiles of kBlockN keys
+// One CTA = one block of kBlockM queries of one (batch, head) at a time (a persistent CTA: one after another, below).
+// Q stays in shared memory; K/V tiles of kBlockN keys
 // stream through swizzled shared memory; each warp owns kRowsPerWarp query rows (m16 tiles), so row statistics never
 // leave a quad of lanes. Per key tile:
 //   S = Q K^T (fp32, registers)  ->  [score mod: scale, softcap, bias]  ->  [mask, boundary tiles only]
