@@ -648,38 +648,36 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       __syncthreads();  // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below
     }
   };
-  if constexpr (kWs) {
+  if constexpr (kWs) {  // (kWs implies kTma)
     init_barriers();
-    {  // (kWs implies kTma)
-      if (tid < 0) {  // -- the producer warpgroup: one thread streams every tile's K/V tiles and Q into the ring
-        sm90::setmaxnreg_dec<kWsProducerRegs>();
-        if (threadIdx.x == 0) {
-          int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
-          for (int t = first_tile; t < num_tiles; t += tile_stride) {
-            int m_block, head, batch;
-            tile_at(t, m_block, head, batch);
-            const KeyBlockRange range = info.key_blocks(m_block * kBlockM, kBlockM, kBlockN);
-            if (range.empty()) continue;  // (the consumers write its zeros)
-            const int head_k = head / p.h_h_k_ratio;
-            const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-            for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
-              // the stage's previous tile (use - kRing) must have been read by every consumer warp
-              if (use >= kRing) sm90::mbarrier_wait(bar_empty(use % kRing), ((use / kRing) - 1) & 1);
-              tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
-              if (n == range.hi - 1) {
-                // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's
-                // first K/V, which need not wait for that
-                if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
-                tma_q(m_block * kBlockM, head, batch);
-                ++q_loads;
-              }
+    if (tid < 0) {  // -- the producer warpgroup: one thread streams every tile's K/V tiles and Q into the ring
+      sm90::setmaxnreg_dec<kWsProducerRegs>();
+      if (threadIdx.x == 0) {
+        int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
+        for (int t = first_tile; t < num_tiles; t += tile_stride) {
+          int m_block, head, batch;
+          tile_at(t, m_block, head, batch);
+          const KeyBlockRange range = info.key_blocks(m_block * kBlockM, kBlockM, kBlockN);
+          if (range.empty()) continue;  // (the consumers write its zeros)
+          const int head_k = head / p.h_h_k_ratio;
+          const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
+          for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
+            // the stage's previous tile (use - kRing) must have been read by every consumer warp
+            if (use >= kRing) sm90::mbarrier_wait(bar_empty(use % kRing), ((use / kRing) - 1) & 1);
+            tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
+            if (n == range.hi - 1) {
+              // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's
+              // first K/V, which need not wait for that
+              if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
+              tma_q(m_block * kBlockM, head, batch);
+              ++q_loads;
             }
           }
         }
-        return;
       }
-      sm90::setmaxnreg_inc<kWsConsumerRegs>();
+      return;
     }
+    sm90::setmaxnreg_inc<kWsConsumerRegs>();
   }
 
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
