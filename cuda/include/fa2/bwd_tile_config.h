@@ -151,14 +151,16 @@ struct BwdTileConfig {
                 "accumulators must stay in registers");
 };
 
-template <int kHeadDim>
-struct BwdTileConfigSmallOf {
-  static constexpr BwdTileShape kShape = bwd_tile_shape_small(kHeadDim);
+// The BwdTileConfig of the shape kShapeOf(kHeadDim) (a BwdTileShape cannot itself be a template argument in C++17).
+template <int kHeadDim, BwdTileShape (*kShapeOf)(int), bool kWgmma = false>
+struct BwdTileConfigOf {
+  static constexpr BwdTileShape kShape = kShapeOf(kHeadDim);
   using type = BwdTileConfig<kHeadDim, kShape.block_m, kShape.block_n, kShape.warps, kShape.warps_m_sdp,
-                             kShape.warps_n_dkv, kShape.warps_m_dq, kShape.stages, kShape.whole_block_mask>;
+                             kShape.warps_n_dkv, kShape.warps_m_dq, kShape.stages, kShape.whole_block_mask, kWgmma>;
 };
+
 template <int kHeadDim>
-using BwdTileConfigSmall = typename BwdTileConfigSmallOf<kHeadDim>::type;
+using BwdTileConfigSmall = typename BwdTileConfigOf<kHeadDim, bwd_tile_shape_small>::type;
 
 // The sm_90a instances' configuration (wgmma where bwd_wgmma_headdim, else the sm80 warp tiles).
 template <int kHeadDim, bool kWgmma = bwd_wgmma_headdim(kHeadDim)>
@@ -167,10 +169,9 @@ struct BwdTileConfigSm90a {
 };
 template <int kHeadDim>
 struct BwdTileConfigSm90a<kHeadDim, true> {
-  static constexpr BwdTileShape kShape = bwd_tile_shape_wgmma(kHeadDim);
-  static_assert(kShape.block_m == bwd_tile_shape(kHeadDim).block_m, "bwd_workspace_ints counts bwd_tile_shape's blocks");
-  using type = BwdTileConfig<kHeadDim, kShape.block_m, kShape.block_n, kShape.warps, kShape.warps_m_sdp,
-                             kShape.warps_n_dkv, kShape.warps_m_dq, kShape.stages, kShape.whole_block_mask, true>;
+  static_assert(bwd_tile_shape_wgmma(kHeadDim).block_m == bwd_tile_shape(kHeadDim).block_m,
+                "bwd_workspace_ints counts bwd_tile_shape's blocks");
+  using type = typename BwdTileConfigOf<kHeadDim, bwd_tile_shape_wgmma, true>::type;
 };
 
 }  // namespace fa2
