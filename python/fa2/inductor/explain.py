@@ -7,6 +7,8 @@ import sys
 
 import torch
 
+from ._compat import (compile_isolated, drop_compiled_entries, dynamo_code_snapshot, is_compiled_module,
+                      recompile_limit_patch, without_aot_cache)
 from .graph_pass import SiteRecord, recording
 
 __all__ = ["explain", "format_table"]
@@ -21,8 +23,6 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
     forward+backward graph is what gets rewritten. Returns the list of :class:`SiteRecord` (with ``.graphs``: the
     fa2.fwd / fa2.bwd ops in each rewritten graph) and prints a table."""
     from .. import backend  # noqa: F401  (registers "fa2")
-    from ._compat import (compile_isolated, drop_compiled_entries, dynamo_code_snapshot, recompile_limit_patch,
-                          without_aot_cache)
 
     # a backend object of its own: Dynamo reuses a graph compiled before for the same code with the same backend,
     # and the pass would not run (the model compiled or explained already: "no attention sites found")
@@ -43,7 +43,8 @@ def explain(model, *args, **kwargs) -> list[SiteRecord]:
             compiled(*call_args, **kwargs)
     finally:
         for key, (code, entries) in dynamo_code_snapshot().items():
-            if entries and not (key in before and before[key][0] is code and before[key][1]):
+            # (keyed by id: `before` holds its codes, so an id seen there is the same code)
+            if entries and not before.get(key, (None, 0))[1]:
                 drop_compiled_entries(code)
     print(format_table(records), file=sys.stdout)
     return records
@@ -56,7 +57,6 @@ def _fresh_caller(model, args):
     """(a function with a code object of its own that calls ``model``, the arguments to call it with), written so
     that the model's modules keep the names Dynamo gives them when the model itself is compiled: a module (or a
     method of one) as ``self``, a function's arguments under its own parameter names."""
-    from ._compat import is_compiled_module
     if is_compiled_module(model):  # torch.compile(module): explain the module
         model = model._orig_mod
     namespace: dict = {}

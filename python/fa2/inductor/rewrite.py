@@ -24,7 +24,7 @@ import torch
 
 from . import _compat
 from ._compat import aten, statically_known_true
-from .sites import LAYOUT, Reject, Site, is_call, same_shape, shape, val
+from .sites import LAYOUT, PERMUTES, Reject, Site, is_call, same_shape, shape, val
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack",
               "seq_nr", "partitioner_tag")
@@ -232,7 +232,7 @@ def _walk_grad(start, operand_chain, bound, limit=4):
     cur, walked = start, []
     for node in reversed(operand_chain):
         target = shape(node.args[0])
-        need_permute = node.target in (aten.permute.default, aten.transpose.int, aten.t.default) and \
+        need_permute = node.target in PERMUTES and \
             _perm_of(node) != sorted(_perm_of(node))
         passed_permute, steps = False, 0
         while not same_shape(shape(cur), target) or (need_permute and not passed_permute):
@@ -242,7 +242,7 @@ def _walk_grad(start, operand_chain, bound, limit=4):
             cur = users[0]
             walked.append(cur)
             steps += 1
-            passed_permute |= cur.target in (aten.permute.default, aten.transpose.int, aten.t.default)
+            passed_permute |= cur.target in PERMUTES
     if not same_shape(shape(cur), shape(bound)):
         raise Reject("the backward of the operand views is not recognized")
     return cur, walked

@@ -31,6 +31,7 @@ LAYOUT = VIEWS | {aten.clone.default, aten.alias.default, aten.expand.default, a
                   aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
                   aten.squeeze.default, aten.sum.dim_IntList, aten.t.default}
 CASTS = {prims.convert_element_type.default, aten._to_copy.default}
+PERMUTES = {aten.permute.default, aten.transpose.int, aten.t.default}
 _RANDOM = ("rand", "bernoulli", "native_dropout", "inductor_random")   # dropout's mask, in any decomposition
 
 MAX_HEADDIM = 256
@@ -257,13 +258,10 @@ def _order_preserving(node) -> bool:
         return True
     if t == aten.expand.default:
         return same_shape(shape(node.args[0]), shape(node))
-    if t in (aten.permute.default, aten.transpose.int, aten.t.default):
+    if t in PERMUTES:
         moved = _moved_dims(node)
         return moved == sorted(moved)
     return False
-
-
-PERMUTES = {aten.permute.default, aten.transpose.int, aten.t.default}
 
 
 def _permute_run(node, bwd):
@@ -290,7 +288,7 @@ def _permute_run(node, bwd):
 
 def _swaps_last_two(node) -> bool:
     """A permute/transpose that (ignoring size-1 dims) swaps the last two dims: a matrix transpose."""
-    if node.target not in (aten.permute.default, aten.transpose.int, aten.t.default):
+    if node.target not in PERMUTES:
         return False
     moved = _moved_dims(node)
     n = len(moved)
@@ -450,22 +448,16 @@ def score_chain(x):
                 chain.append(node)
                 node = node.args[0]
             if chain and is_call(node, {aten.bmm.default}):
+                # the bmm's (batch, Sq, Sk) with its batch split into the leading dims: (B, H) for 4-D scores; none
+                # for 3-D ones ((H, S, D) inputs); (B, Hk, G) for GQA written with a grouped view of q against
+                # (B, Hk, 1, S, D) K/V, whose site runs with the heads folded into the batch (K/V as the matmul
+                # expanded them)
                 s3, s4 = shape(node), shape(cur)
-                if s4 is not None and len(s4) == 3 and same_shape(s4, s3):
-                    # 3-D attention ((H, S, D) inputs: the matmul's views come back to the bmm's own shape)
-                    nodes += chain
-                    return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
-                if s4 is not None and len(s4) > 4 and same(s4[-2], s3[1]) and same(s4[-1], s3[2]) and \
-                        same(math.prod(s4[:-2]), s3[0]):
-                    # GQA written with a grouped view of q, (B, Hk, G, S, D) against (B, Hk, 1, S, D) K/V: the site
-                    # runs with the heads folded into the batch (K/V as the matmul expanded them)
-                    if terms:
-                        raise Reject("a mask on grouped-query (5-D) scores: not supported (fa2 reads 4-D masks)")
-                    nodes += chain
-                    return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
-                if s4 is None or len(s4) != 4 or not (same(s4[0] * s4[1], s3[0]) and same(s4[2], s3[1])
-                                                      and same(s4[3], s3[2])):
+                if s4 is None or len(s4) < 3 or not (same(math.prod(s4[:-2]), s3[0]) and same(s4[-2], s3[1])
+                                                     and same(s4[-1], s3[2])):
                     raise Reject("the scores are reshaped in a way fa2 cannot follow")
+                if len(s4) > 4 and terms:
+                    raise Reject("a mask on grouped-query (5-D) scores: not supported (fa2 reads 4-D masks)")
                 nodes += chain
                 return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
             raise Reject(f"the scores go through {_name(t)} before the softmax")
