@@ -24,7 +24,7 @@ import torch
 
 from . import _compat
 from ._compat import aten, statically_known_true
-from .sites import LAYOUT, PERMUTES, Reject, Site, is_call, same_shape, shape, val
+from .sites import LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape, val
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack",
               "seq_nr", "partitioner_tag")
@@ -232,8 +232,7 @@ def _walk_grad(start, operand_chain, bound, limit=4):
     cur, walked = start, []
     for node in reversed(operand_chain):
         target = shape(node.args[0])
-        need_permute = node.target in PERMUTES and \
-            _perm_of(node) != sorted(_perm_of(node))
+        need_permute = node.target in PERMUTES and _perm(node) != sorted(_perm(node))
         passed_permute, steps = False, 0
         while not same_shape(shape(cur), target) or (need_permute and not passed_permute):
             users = list(cur.users)
@@ -246,11 +245,6 @@ def _walk_grad(start, operand_chain, bound, limit=4):
     if not same_shape(shape(cur), shape(bound)):
         raise Reject("the backward of the operand views is not recognized")
     return cur, walked
-
-
-def _perm_of(node):
-    from .sites import _perm
-    return _perm(node)
 
 
 def _ancestors(nodes, stop=None):
