@@ -54,11 +54,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
-# fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov / fa2-wsppov: fa2 with the sm_90a forward's schedule forced (fa2._C.set_sm90_schedule;
-# fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp specialization), warp-specialized,
-# with ping-pong between its consumer warpgroups, with P V overlapping the next softmax, with both. Forced warp-specialized
-# schedules apply to the plain path (and fa2-ws at d <= 64 to a padding mask too: the wide kernel); the rest runs
-# as fa2 (or pipelined under fa2-pipe).
+# fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov / fa2-wsppov: fa2 with the sm_90a forward's schedule forced
+# (fa2._C.set_sm90_schedule; fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp
+# specialization), warp-specialized, with ping-pong between its consumer warpgroups, with P V overlapping the next
+# softmax, with both. Forced warp-specialized schedules apply to the plain path (and fa2-ws at d <= 64 to a padding
+# mask too: the wide kernel); the rest runs as fa2 (or pipelined under fa2-pipe).
 # fa2-nopers: fa2 with the warp-specialized forward's persistent grid off (fa2._C.set_persistent_forward_ctas(0)):
 # one CTA per query block.
 # fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
