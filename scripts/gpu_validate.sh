@@ -18,8 +18,8 @@
 #      IMPLS=fa2,fa2-bwd80,torch-fa2,cudnn to time the backward against its sm80-path kernels)
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
-#   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov
-#   tests-bwd80 sanitize-bwd80 tests-kbias-off tests-bwd-small bench
+#   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov
+#   sanitize-wsppov tests-bwd80 sanitize-bwd80 tests-kbias-off tests-bwd-small bench
 #   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
 #   in another invocation with its own OUT: both only read the built extension)
 set -uo pipefail
@@ -33,8 +33,8 @@ STEP_LOGS=$OUT
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
 
-all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov tests-bwd80 sanitize-bwd80
-  tests-kbias-off tests-bwd-small bench)
+all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov tests-bwd80
+  sanitize-bwd80 tests-kbias-off tests-bwd-small bench)
 [ $# -eq 0 ] && set -- "${all_steps[@]}"
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
@@ -68,15 +68,13 @@ want_step memcheck && step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanit
 # (FA2_PERSISTENT_FWD_CTAS=3: at most three CTAs, so that the small grid's query blocks run several to a CTA: the
 # persistent kernel's Q-empty barrier, ring phases across blocks and O stored from registers)
 want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=ws FA2_PERSISTENT_FWD_CTAS=3 \
-  "$PY" scripts/sanitizer_check.py \
-  --tools memcheck,racecheck
+  "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck
 want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong "$PY" \
   scripts/sanitizer_check.py --tools racecheck,synccheck
 want_step sanitize-wsov && step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap "$PY" \
   scripts/sanitizer_check.py --tools racecheck
 want_step sanitize-wsppov && step sanitize-wsppov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
-  FA2_PERSISTENT_FWD_CTAS=3 "$PY" \
-  scripts/sanitizer_check.py --tools racecheck,synccheck
+  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools racecheck,synccheck
 # the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
 # tests of the ops and the API with it, then memcheck + racecheck
 want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \

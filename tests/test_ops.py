@@ -292,6 +292,7 @@ def test_float64_logits_beyond_float32_range_keep_their_gradients():
         torch.testing.assert_close(got, exp)
     assert grads[2].abs().sum() > 0
 
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 192, 256])
 def test_cuda_small_smem_backward_tiles_follow_the_rule(d):
