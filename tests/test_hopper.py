@@ -166,6 +166,7 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
 def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
     """The warp-specialized forward is persistent (fwd_kernel.cuh: a grid of at most one CTA per SM, each taking every
     grid-th query block, its producer loading the next block's K/V and Q while the consumers finish the current one).
+    (Persistent at the headdims tile_config.h's fwd_persistent_headdim names: d 128; elsewhere the cap is ignored.)
     With the grid cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas, on every call, causal too), so that one CTA
     runs many query blocks back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded
     key tiles and blocks that see no key carried from one block to the next), and with the default grid, out and lse

@@ -153,10 +153,10 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     // Persistent (fewer CTAs than tiles) by default only where every query block has the same key range (no causal
     // mask or window; causal is folded into window_right): blocks of unequal length would leave some CTAs with far
     // more work (causal, H200 d 128 S 16k: 0.70x of one CTA per block, which the hardware's block scheduling
-    // balances); and at the headdims where it was measured faster (tile_config.h, fwd_persistent_headdim). A cap set
-    // for tests applies to every call.
+    // balances); and only at the headdims where it was measured faster (tile_config.h, fwd_persistent_headdim: the
+    // others' kernels take one tile per CTA). A cap set for tests applies to every call at those headdims.
     const bool equal_blocks = p.window_left < 0 && p.window_right < 0;
-    if (setting > 0 || (setting < 0 && equal_blocks && fwd_persistent_headdim(kHeadDim))) {
+    if (fwd_persistent_headdim(kHeadDim) && (setting > 0 || (setting < 0 && equal_blocks))) {
       const int sms = device_sm_count();
       if (sms > 0) ctas = ctas < sms ? ctas : sms;
       if (setting > 0) ctas = ctas < setting ? ctas : setting;
