@@ -17,6 +17,8 @@ inline bool arch_specific_kernels() { return false; }
 inline const char* set_sm90_schedule(const char*) { return "fa2: this build has no CUDA kernels (no sm_90a schedule)"; }
 inline void set_sm90_backward(bool) {}
 inline bool sm90_backward() { return false; }
+inline void set_sm90_ws_backward(bool) {}
+inline bool sm90_ws_backward() { return false; }
 inline void set_key_bias_backward(bool) {}
 inline bool key_bias_backward() { return false; }
 inline void set_bwd_small_tiles(bool) {}
@@ -55,6 +57,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
   m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd80": off)
   m.def("sm90_backward", &fa2::sm90_backward);
+  // its warp-specialized main kernel where it applies (bwd_launch.h; "fa2-bwdnows": off)
+  m.def("set_sm90_ws_backward", &fa2::set_sm90_ws_backward);
+  m.def("sm90_ws_backward", &fa2::sm90_ws_backward);
   // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)
   m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
   m.def("key_bias_backward", &fa2::key_bias_backward);

@@ -272,11 +272,12 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     assert "cuda:0 forward sm_90a kernels (wgmma, TMA; schedule auto), backward sm80-instruction kernels" in out, out
     assert "d64 pipelined, d128 pingpong-overlap, d256 ws" in out, out
     assert "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)" in out, out
-    for name, value in [("sm90_backward", True), ("key_bias_backward", True)]:
+    for name, value in [("sm90_backward", True), ("key_bias_backward", True), ("sm90_ws_backward", True)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
-    assert "backward sm_90a wgmma (fp16/bf16)" in out and "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
+    assert "backward sm_90a wgmma (warp-specialized at d64, d128) (fp16/bf16)" in out, out
+    assert "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
 
 
 def test_sdpa_more_than_4_dims_broadcasts_mask():

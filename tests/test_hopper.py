@@ -239,8 +239,12 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
         with switch("sm90_backward", True):
             names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
             grads = torch.autograd.grad(out, (q, k, v), dout)
-        # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false>
-        assert any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names), names
+        # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false>,
+        # or at the warp-specialized kernel's headdims (unless switched off) bwd_ws_kernel<T, BwdWsTileConfig<d>>
+        if d in WS_BACKWARD_HEADDIMS and fa2._C.sm90_ws_backward() and q.shape[1] % 4 == 0:
+            assert any("bwd_ws_kernel<" in n for n in names), names
+        else:
+            assert any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names), names
         assert not any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names_off), names_off
         assert any("bwd_kernel<" in n for n in names_off), names_off
         leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
@@ -249,6 +253,78 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
         grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, causal=causal, upcast=False), leaf_lo, dout)
         for name, g, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
             assert_close_rule(f"{name} d {d} causal {causal}", g, g_hi, g_lo, factor=3)
+
+
+WS_BACKWARD_HEADDIMS = (64, 128)  # bwd_tile_config.h, bwd_ws_headdim
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
+def test_sm90_ws_backward_follows_the_rule_and_agrees_with_the_wgmma_kernel(d, dtype):
+    """The warp-specialized backward (bwd_ws_kernel.cuh: producer warp + TMA, transposed scores, dQ from both
+    warpgroups' dS^T) runs by default at its headdims on the plain path, and its gradients follow the rule against
+    the fp32 reference and agree with bwd_kernel.cuh's wgmma instance (set_sm90_ws_backward(False)) on: query / key
+    tails (332 / 461: seqlen_q a multiple of 4, the kernel's condition), GQA, a headdim below the instance's (d - 8),
+    causal with more queries than keys (rows that see nothing), sliding windows (key blocks no query sees), one query
+    block, many stages of the ring (1000)."""
+    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
+    if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0"):
+        pytest.skip("FA2_DISABLE_SM90_WS_BACKWARD is set")
+    assert fa2._C.sm90_ws_backward()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    cases = [  # (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, causal, window_left, window_right)
+        (2, 332, 461, 4, 2, d, False, -1, -1),
+        (2, 332, 461, 4, 2, d, True, -1, -1),
+        (1, 460, 333, 2, 2, d - 8, True, -1, -1),
+        (2, 1000, 1000, 2, 1, d, False, -1, -1),
+        (1, 700, 900, 3, 3, d, False, 100, 0),
+        (1, 44, 300, 2, 2, d, False, 30, 17),
+        (3, 64, 128, 2, 2, d, True, -1, -1),
+    ]
+    for b, sq, sk, h, hk, hd, causal, wl, wr in cases:
+        q, k, v = make_qkv(b, sq, sk, h, hk, hd, dtype=dtype, device="cuda", requires_grad=True, generator=g)
+        dout = torch.randn(b, sq, h, hd, device="cuda", dtype=dtype, generator=g)
+        kw = dict(causal=causal, window_left=wl, window_right=wr)
+        out = fa2.attention(q, k, v, **kw)
+        names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+        assert any("bwd_ws_kernel<" in n for n in names), names
+        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        with switch("sm90_ws_backward", False):
+            names_off = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            grads_off = torch.autograd.grad(out, (q, k, v), dout)
+        assert not any("bwd_ws_kernel<" in n for n in names_off), names_off
+        leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, **kw), leaf_hi, dout.float())
+        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, **kw, upcast=False), leaf_lo, dout)
+        case = f"{(b, sq, sk, h, hk, hd, causal, wl, wr)}"
+        for name, g_ws, g_off, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_off, grads_hi, grads_lo):
+            assert torch.isfinite(g_ws).all(), f"{name} {case}"
+            assert_close_rule(f"ws {name} {case}", g_ws, g_hi, g_lo, factor=3)
+            assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
+
+
+def test_sm90_ws_backward_is_not_used_where_it_does_not_apply():
+    """Deterministic mode, softcap, a bias and seqlen_q not a multiple of 4 keep bwd_kernel.cuh's kernels (and stay
+    correct: the other tests run them); the warp-specialized one only takes the plain, non-deterministic path."""
+    if "bwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip("this build has no sm_90a backward for headdim 128 (FA2_HEADDIMS)")
+    q, k, v = make_qkv(1, 256, 256, 2, 2, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    dout = torch.randn_like(q)
+    bias = torch.zeros(1, 1, 1, 256, device="cuda", dtype=torch.bfloat16)
+    q_odd = q[:, :255].detach().requires_grad_()
+    calls = [("softcap", (q, k, v), lambda: fa2.attention(q, k, v, softcap=5.0)),
+             ("bias", (q, k, v), lambda: fa2.attention(q, k, v, attn_bias=bias)),
+             ("seqlen_q 255", (q_odd, k, v), lambda: fa2.attention(q_odd, k, v))]
+    for what, inputs, fn in calls:
+        out = fn()
+        names = cuda_kernel_names(lambda: torch.autograd.grad(out, inputs, torch.randn_like(out)))
+        assert any("bwd_kernel<" in n for n in names) and not any("bwd_ws_kernel<" in n for n in names), (what, names)
+    with fa2.deterministic():
+        out = fa2.attention(q, k, v)
+        names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout))
+    assert any("bwd_kernel<" in n for n in names) and not any("bwd_ws_kernel<" in n for n in names), names
 
 
 @pytest.mark.parametrize("schedule", ["auto", "ws"])

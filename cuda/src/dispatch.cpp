@@ -50,6 +50,9 @@ Switch g_arch_specific{"FA2_DISABLE_ARCH_SPECIFIC", /*when_set=*/false};
 // Whether the backward prefers its sm_90a (wgmma) instances (FA2_DISABLE_SM90_BACKWARD=1 turns them off, e.g. to
 // time the sm80-path backward on the same build).
 Switch g_sm90_backward{"FA2_DISABLE_SM90_BACKWARD", /*when_set=*/false};
+// Whether the sm_90a backward runs its warp-specialized kernel where it applies (bwd_launch.h;
+// FA2_DISABLE_SM90_WS_BACKWARD=1 turns it off, e.g. to time bwd_kernel.cuh's wgmma instances on the same build).
+Switch g_sm90_ws_backward{"FA2_DISABLE_SM90_WS_BACKWARD", /*when_set=*/false};
 // Whether the backward runs a key-row bias on its plain path (bwd_launch.h; FA2_DISABLE_KEY_BIAS_BWD=1 turns it off,
 // e.g. to time the general bias path on the same build).
 Switch g_key_bias_backward{"FA2_DISABLE_KEY_BIAS_BWD", /*when_set=*/false};
@@ -117,6 +120,8 @@ const char* dispatch_instance(const char* direction, const InstanceEntry* entrie
 void set_arch_specific_kernels(bool enabled) { g_arch_specific.set(enabled); }
 void set_sm90_backward(bool enabled) { g_sm90_backward.set(enabled); }
 bool sm90_backward() { return g_sm90_backward.on(); }
+void set_sm90_ws_backward(bool enabled) { g_sm90_ws_backward.set(enabled); }
+bool sm90_ws_backward() { return g_sm90_ws_backward.on(); }
 void set_key_bias_backward(bool enabled) { g_key_bias_backward.set(enabled); }
 bool key_bias_backward() { return g_key_bias_backward.on(); }
 void set_bwd_small_tiles(bool enabled) { g_bwd_small_tiles.set(enabled); }

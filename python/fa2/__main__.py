@@ -37,6 +37,8 @@ def main() -> int:
                     paths.append(f"cuda:{i} unsupported (sm_{cap[0]}{cap[1]} < sm_80)")
                 elif cap == (9, 0) and hopper:
                     backward = "sm_90a wgmma" if _C.sm90_backward() else "sm80-instruction kernels"
+                    if _C.sm90_backward() and _C.sm90_ws_backward():
+                        backward += " (warp-specialized at d64, d128)"
                     paths.append(f"cuda:{i} forward sm_90a kernels (wgmma, TMA; schedule {schedule}), "
                                  f"backward {backward} (fp16/bf16)")
                 else:

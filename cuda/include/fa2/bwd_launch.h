@@ -23,6 +23,14 @@ int64_t bwd_workspace_ints(const AttentionParams& params);
 void set_sm90_backward(bool enabled);
 bool sm90_backward();
 
+// Whether the sm_90a backward runs its warp-specialized main kernel (bwd_ws_kernel.cuh: producer warp + TMA, the
+// transposed scores in registers) where it applies: headdims with BwdWsTileConfig (bwd_ws_headdim), the plain path
+// (no softcap, no bias), not deterministic, seqlen_q a multiple of 4 (its TMA reads lse / D rows in 16-byte aligned
+// boxes). Default: yes, unless the environment has FA2_DISABLE_SM90_WS_BACKWARD=1 (then bwd_kernel.cuh's wgmma
+// instances run those too).
+void set_sm90_ws_backward(bool enabled);
+bool sm90_ws_backward();
+
 // Whether a key-row bias (padding masks: one value per key; no softcap, no dbias) runs the backward's plain path
 // with the bias read once per key block (bwd_kernel.cuh, kKeyBias) instead of the score-mod path (which reads it per
 // score, on the sm80 tiles). Default: yes (on the H200, bf16, 10% of keys padded: 2.6-3.2x the general bias path's

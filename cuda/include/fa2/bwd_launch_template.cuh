@@ -3,7 +3,10 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "fa2/bwd_kernel.cuh"
+#include "fa2/bwd_ws_kernel.cuh"
 #include "fa2/bwd_launch.h"  // sm90_backward
 #include "fa2/launch.h"      // check_dynamic_smem, check_grid_batch_heads
 #include "fa2/bwd_tile_config.h"
@@ -28,6 +31,47 @@ const char* launch_bwd_kernel(const AttentionParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+// The sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh): its TMA maps (q, dout in query blocks, k, v in key
+// blocks), then one CTA per (key block, head, batch) as launch_bwd_kernel's.
+template <typename T, int kHeadDim>
+const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream) {
+  using Cfg = BwdWsTileConfig<kHeadDim>;
+  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps) = &bwd::bwd_ws_kernel<T, Cfg>;
+  const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  sm90::BwdTensorMaps maps{};
+  constexpr int kCols = Cfg::kBlockCols;
+  const char* e = sm90::make_bshd_tensor_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
+                                             p.q_batch_stride, p.q_row_stride, p.q_head_stride, Cfg::kBlockM, kCols);
+  if (e == nullptr) {
+    e = sm90::make_bshd_tensor_map(&maps.dout, p.dout, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
+                                   p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride, Cfg::kBlockM, kCols);
+  }
+  if (e == nullptr) {
+    e = sm90::make_bshd_tensor_map(&maps.k, p.k, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.k_batch_stride,
+                                   p.k_row_stride, p.k_head_stride, Cfg::kBlockN, kCols);
+  }
+  if (e == nullptr) {
+    e = sm90::make_bshd_tensor_map(&maps.v, p.v, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.v_batch_stride,
+                                   p.v_row_stride, p.v_head_stride, Cfg::kBlockN, kCols);
+  }
+  const int64_t rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // of lse, D and dq_accum (TMA coordinates: int)
+  if (e == nullptr && rows + Cfg::kBlockM > 0x7fffffff) {
+    e = "fa2: batch * nheads * seqlen_q is too large for the CUDA backward";
+  }
+  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, p.lse, rows, Cfg::kBlockM);
+  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, Cfg::kBlockM);
+  if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kBlockM);
+  if (e != nullptr) return e;
+  const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const dim3 grid(num_n_blocks, p.nheads, p.batch);
+  if (const char* e2 = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes)) return e2;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -67,10 +111,20 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   const char* e = nullptr;
+  // sm_90a, plain path, not deterministic: the warp-specialized kernel where its tiles are defined (sm90_ws_backward),
+  // and where its TMA can read each query block's lse and D: a box's start in a flat (batch, heads, seqlen_q) fp32
+  // buffer must be 16-byte aligned (the H200 raised an illegal instruction at seqlen_q 333), so seqlen_q % 4 == 0
+  bool ws = false;
+  if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
+    auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    ws = sm90_ws_backward() && !score_mod && !key_bias && !p.deterministic && p.seqlen_q % 4 == 0 &&
+         aligned16(p.lse) && aligned16(p.softmax_d) && aligned16(p.dq_accum);
+    if (ws) e = launch_bwd_ws_kernel<T, kHeadDim>(p, stream);
+  }
   if constexpr (kKeyBiasFits) {
     if (key_bias) e = launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false, /*kKeyBias=*/true>(p, stream);
   }
-  if (!key_bias) {
+  if (!key_bias && !ws) {
     e = score_mod ? launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(p, stream)
                   : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(p, stream);
   }

@@ -16,6 +16,11 @@ namespace fa2::sm90 {
 struct FwdTensorMaps {
   CUtensorMap q, k, v, bias;
 };
+// The warp-specialized backward's (bwd_ws_kernel.cuh): q and dout in query blocks, k and v in key blocks, lse and
+// D (softmax_d) flat (make_flat_f32_tensor_map), dq_accum as (rows, headdim) fp32 for the TMA's reduce-add.
+struct BwdTensorMaps {
+  CUtensorMap q, k, v, dout, lse, dsum, dq_accum;
+};
 
 // ---- host: a 4-D tensor map over (batch, seqlen, heads, headdim) b16 elements with any strides (in elements; the
 // row/head/batch strides must be multiples of 8 and the base 16-byte aligned), box = (box_cols headdim elements,
@@ -93,6 +98,37 @@ inline const char* make_key_bias_tensor_map(CUtensorMap* map, const void* base, 
   return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected the key-row bias (alignment or strides)";
 }
 
+// ---- host: a 1-D tensor map over `elems` fp32 values (16-byte aligned base), box = box_elems values (a multiple of
+// 4, at most 256): any start index, values past the end read as zeros. Returns nullptr or a message.
+inline const char* make_flat_f32_tensor_map(CUtensorMap* map, const void* base, int64_t elems, int box_elems) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
+  const cuuint64_t dims[1] = {cuuint64_t(elems)};
+  const cuuint64_t strides[1] = {0};  // (rank 1: none are read)
+  const cuuint32_t box[1] = {cuuint32_t(box_elems)};
+  const cuuint32_t element_strides[1] = {1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, const_cast<void*>(base), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected a row statistics buffer (alignment)";
+}
+
+// ---- host: a 2-D tensor map over a (rows, cols) fp32 matrix with contiguous rows (cols * 4 bytes a multiple of
+// 16, 16-byte aligned base), box = (32 columns, box_rows rows) in the 128-byte swizzle: a box's row r holds its 16-byte
+// chunk c at chunk c ^ (r % 8) of a 128-byte line (bwd_ws_kernel.cuh stages dQ so for the TMA's reduce-add).
+inline const char* make_rows_f32_tensor_map(CUtensorMap* map, void* base, int64_t rows, int64_t cols, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 4};
+  const cuuint32_t box[2] = {32, cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected the dq accumulator (alignment)";
+}
+
 // ---- device ---------------------------------------------------------------------------------------------------
 #if defined(__CUDACC__)
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, int arrivals) {
@@ -159,6 +195,34 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "[%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(batch), "r"(bar)
       : "memory");
+}
+// `box` values at index `at` of a 1-D tensor map into shared memory `dst` (16-byte aligned), on `bar`. The box's start
+// in global memory must be 16-byte aligned too (at * 4 % 16 == 0 for fp32: the H200 raises an illegal instruction).
+__device__ __forceinline__ void tma_load_1d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int at) {
+  asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2}], "
+               "[%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(at), "r"(bar)
+               : "memory");
+}
+// Adds the box in shared memory `src` (1024-byte aligned for the 128-byte swizzle) to the tensor at (col, row),
+// elementwise (fp32 add in the L2), as one bulk operation of the issuing thread's current bulk group. The smem must
+// have been written before a fence_proxy_async (and, by other threads, a barrier).
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, uint32_t src, int col, int row) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(col), "r"(row), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most kPending of this thread's bulk groups are still reading their shared memory (kRead), or are
+// still in flight at all.
+template <int kPending, bool kRead>
+__device__ __forceinline__ void bulk_wait_group() {
+  if constexpr (kRead) {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+  }
 }
 #endif
 

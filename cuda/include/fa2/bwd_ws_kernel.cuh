@@ -1,0 +1,328 @@
+// FlashAttention-2 backward, sm_90a warp-specialized main kernel (FA-3's structure; the step 2 of bwd_kernel.cuh's
+// three for the plain path: no softcap, no bias, not deterministic). One CTA = kBlockN keys of one (batch, query
+// head), as there; what differs is how a query block is processed (BwdWsTileConfig, bwd_tile_config.h):
+//   - a producer thread loads K, V once and streams each query block's Q, dO, lse and D (all by the TMA) into a
+//     kStages ring of shared memory, on full / empty mbarriers: the consumers never wait for a CTA barrier;
+//   - consumer warpgroup w owns keys 64 w .. 64 w + 63 and computes the transposed scores, keys as the wgmma M:
+//       S^T = K_w Q^T, dP^T = V_w dO^T                    (both from shared memory, in flight together)
+//       P^T = exp2(S^T scale log2e - lse log2e)           (lse, D per query: per accumulator column)
+//       dV_w += P^T dO                                    (P^T from registers: the accumulator layout of two n8
+//                                                          tiles is the register-A layout of a k16 step)
+//       dS^T = P^T (dP^T - D);  dK_w += dS^T Q            (dS^T from registers)
+//       dS^T -> shared memory (two buffers), the consumers' named barrier, then
+//       dQ[:, d/2 w .. d/2 w + d/2 - 1] = dS K            (both operands MN-major from shared memory; every key
+//                                                          of the block), staged in shared memory and added to
+//                                                          dq_accum by one TMA reduce-add per 32 columns
+//     and releases the stage once its products have completed.
+// Query rows past seqlen_q: Q and dO read as zeros, but their lse and D (a flat view) are the next head's, so P is
+// masked to 0 there (then dS = 0 and their dQ rows, added to the next head's rows by the reduce-add, are exact zeros).
+// The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "fa2/block_info.cuh"
+#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e
+#include "fa2/bwd_tile_config.h"
+#include "fa2/params.h"
+#include "fa2/ptx.cuh"
+#include "fa2/sm90/tma.cuh"
+#include "fa2/sm90/wgmma.cuh"
+#include "fa2/softmax.cuh"  // exp2_ftz
+
+namespace fa2 {
+namespace bwd {
+
+// d (+)= A B for one warpgroup, A (64 x kKSteps 16) from registers (a[k16]: the register-A fragments of k16 step),
+// B (kKSteps 16 x kN) MN-major from BTile (its rows are K, its columns N from 0). Only issued and committed:
+// wait_hold completes it; until then neither d nor a may be touched (hold_fragments(a) after the wait).
+template <typename T, int kN, int kKSteps, class BTile>
+__device__ __forceinline__ void gemm_rs(float (&d)[kN / 2], uint32_t (&a)[kKSteps][4], uint32_t sB) {
+  using BDesc = sm90::TileDescriptors<BTile>;
+  sm90::hold_registers(d);
+  sm90::hold_fragments(a);
+  sm90::fence();
+#pragma unroll
+  for (int k16 = 0; k16 < kKSteps; ++k16) {
+    sm90::Wgmma<T, kN>::template rs<1>(d, a[k16], BDesc::mn_major(sB, k16), 1);
+  }
+  sm90::commit_group();
+}
+
+// The accumulator columns of n8 tiles 2 kt, 2 kt + 1 (fp32, acc[j][4] C fragments) packed to T as the register-A
+// fragment of k16 step kt (the forward's pack_p_k16 on its P).
+template <typename T, int kNTiles>
+__device__ __forceinline__ void pack_k16_fragments(const float (&acc)[kNTiles][4], uint32_t (&a)[kNTiles / 2][4]) {
+#pragma unroll
+  for (int kt = 0; kt < kNTiles / 2; ++kt) {
+    a[kt][0] = ptx::pack2<T>(acc[2 * kt][0], acc[2 * kt][1]);
+    a[kt][1] = ptx::pack2<T>(acc[2 * kt][2], acc[2 * kt][3]);
+    a[kt][2] = ptx::pack2<T>(acc[2 * kt + 1][0], acc[2 * kt + 1][1]);
+    a[kt][3] = ptx::pack2<T>(acc[2 * kt + 1][2], acc[2 * kt + 1][3]);
+  }
+}
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kNThreads, 1)
+    bwd_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
+  constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kBlockCols = Cfg::kBlockCols, kColBlocks = kHeadDim / kBlockCols;
+  using QTile = SwizzledTile<kBlockM, kHeadDim, kBlockCols>;   // Q, dO: (queries, d)
+  using KTile = SwizzledTile<kBlockN, kHeadDim, kBlockCols>;   // K, V: (keys, d)
+  using DsTile = SwizzledTile<kBlockN, kBlockM, 64>;           // dS^T: (keys, queries)
+  constexpr int kSNTiles = kBlockM / 8;        // n8 tiles of S^T / dP^T per warp (its 16 keys x kBlockM queries)
+  constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of dK / dV (16 keys x d)
+  constexpr int kDqNTiles = kHeadDim / 2 / 8;  // n8 tiles of this warpgroup's dQ half (16 queries x d / 2)
+  static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
+  static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q/dO boxes cover the tile exactly");
+
+  // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] [Q1] [dO1].. [dS^T 0 (kBlockN, kBlockM)] [dS^T 1]
+  //       [dQ half of warpgroup 0 (kBlockM, d / 2) fp32] [of warpgroup 1] [lse, D]0 [lse, D]1..
+  //       [mbarriers: K/V, full per stage, empty per stage]
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t sK = ptx::smem_u32(smem);
+  if (sK % 1024 != 0) __trap();  // the descriptors and the TMA's swizzle assume 1024-byte aligned tiles
+  const uint32_t sV = sK + Cfg::kSmemKVBytes;
+  auto sQ = [&](int s) { return sV + Cfg::kSmemKVBytes + s * 2 * Cfg::kSmemQBytes; };
+  auto sdO = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
+  auto sDs = [&](int b) { return sQ(kStages) + b * Cfg::kSmemDsBytes; };
+  auto sDq = [&](int w) { return sDs(2) + w * Cfg::kSmemDqBytes; };
+  auto sStats = [&](int s) { return sDq(Cfg::kConsumerWarpgroups) + s * Cfg::kSmemStatsBytes; };
+  const uint32_t bar_kv = sStats(kStages);
+  auto bar_full = [&](int s) { return bar_kv + 8 + 8 * s; };
+  auto bar_empty = [&](int s) { return bar_kv + 8 + 8 * kStages + 8 * s; };
+  auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
+
+  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int head_k = head / p.h_h_k_ratio;
+  const int n0 = n_block * kBlockN;
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
+  const int m_lo = range.lo(n_block), m_hi = range.hi(n_block);
+  const int64_t bh = int64_t(batch) * p.nheads + head;
+  const int lane = threadIdx.x & 31;
+
+  // full: the producer's expect_tx arrival (Q, dO, lse, D by the TMA); empty: one arrival per consumer warp
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(bar_kv, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbarrier_init(bar_full(s), 1);
+      sm90::mbarrier_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();  // the CTA's only barrier: the producer warpgroup leaves below
+
+  if (threadIdx.x < 128) {
+    // -- the producer warpgroup: one thread streams the query blocks; the others have nothing to do
+    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0 || m_lo > m_hi) return;
+    sm90::mbarrier_arrive_expect_tx(bar_kv, 2 * Cfg::kSmemKVBytes);
+#pragma unroll
+    for (int blk = 0; blk < kColBlocks; ++blk) {
+      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+      sm90::tma_load_4d(sK + offset, &maps.k, bar_kv, blk * kBlockCols, n0, head_k, batch);
+      sm90::tma_load_4d(sV + offset, &maps.v, bar_kv, blk * kBlockCols, n0, head_k, batch);
+    }
+    static_assert(kBlockM * 4 % 16 == 0 && kBlockM <= 256, "a block's lse / D is one 1-D TMA box");
+    for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
+      const int s = it % kStages, m0 = m * kBlockM;
+      // the stage's previous query block (it - kStages) must have been released by every consumer warp
+      if (it >= kStages) sm90::mbarrier_wait(bar_empty(s), ((it / kStages) - 1) & 1);
+      sm90::mbarrier_arrive_expect_tx(bar_full(s), 2 * Cfg::kSmemQBytes + Cfg::kSmemStatsBytes);
+#pragma unroll
+      for (int blk = 0; blk < kColBlocks; ++blk) {
+        const uint32_t offset = blk * kBlockM * kBlockCols * 2;
+        sm90::tma_load_4d(sQ(s) + offset, &maps.q, bar_full(s), blk * kBlockCols, m0, head, batch);
+        sm90::tma_load_4d(sdO(s) + offset, &maps.dout, bar_full(s), blk * kBlockCols, m0, head, batch);
+      }
+      // lse and D of the block's rows, from the flat (batch, heads, seqlen_q) views (see the masking of rows past
+      // seqlen_q above; past the buffers' end they read zeros)
+      const int row = int(bh * p.seqlen_q + m0);  // (the launcher checks that batch * nheads * seqlen_q fits an int)
+      sm90::tma_load_1d(sStats(s), &maps.lse, bar_full(s), row);
+      sm90::tma_load_1d(sStats(s) + kBlockM * 4, &maps.dsum, bar_full(s), row);
+    }
+    return;
+  }
+
+  // -- the consumer warpgroups
+  sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int ctid = int(threadIdx.x) - 128;
+  const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
+  const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
+  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  // this warpgroup's dQ reduce-adds: issued (and their shared memory's reads waited for) by its first thread
+  const bool dq_issuer = (ctid & 127) == 0;
+
+  float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // (this warp's 16 keys, d)
+  ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
+  ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
+
+  if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(bar_kv, 0);
+  for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
+    const int s = it % kStages, m0 = m * kBlockM;
+    sm90::mbarrier_wait_untimed(bar_full(s), (it / kStages) & 1);
+    const float* stats = reinterpret_cast<const float*>(smem_at(sStats(s)));  // [lse (kBlockM)] [D (kBlockM)]
+
+    // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each), both in flight
+    float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
+    sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
+        acc_s, sK, wg * 64, sQ(s), 0);
+    sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
+        acc_dp, sV, wg * 64, sdO(s), 0);
+    sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
+
+    // -- P^T = exp2(q.k scale log2e - lse log2e), rounded to T; masked (P = 0) on boundary blocks. Element (j, 2 half
+    //    + e) of the fragments is key key0 + 8 half, query m0 + 8 j + 2 tig + e.
+    auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);
+    auto to_p = [&](auto masked) {
+#pragma unroll
+      for (int j = 0; j < kSNTiles; ++j) {
+        const float2 l = *reinterpret_cast<const float2*>(stats + 8 * j + 2 * tig);
+        const float lse2[2] = {l.x * kLog2e, l.y * kLog2e};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          int key_lo = 0, key_hi = 0;
+          if constexpr (decltype(masked)::value) {
+            const int query = m0 + 8 * j + 2 * tig + e;
+            info.key_range(query, key_lo, key_hi);
+            if (query >= p.seqlen_q) key_hi = -1;  // (its lse and D are another row's: P = 0)
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float prob = exp2_ftz(fmaf(s_frag[j][half * 2 + e], p.scale_log2, -lse2[e]));
+            if constexpr (decltype(masked)::value) {
+              const int key = n0 + key0 + 8 * half;
+              if (key < key_lo || key > key_hi) prob = 0.f;
+            }
+            s_frag[j][half * 2 + e] = prob;
+          }
+        }
+      }
+    };
+    if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
+      to_p(std::true_type{});
+    } else {
+      to_p(std::false_type{});
+    }
+    uint32_t p_frag[kBlockM / 16][4];
+    pack_k16_fragments<T>(s_frag, p_frag);
+
+    // -- dV_w += P^T dO
+    gemm_rs<T, kHeadDim, kBlockM / 16, QTile>(acc_dv, p_frag, sdO(s));
+
+    // -- dS^T = P^T (dP^T - D), P as rounded for dV
+    sm90::wait_hold<1>(acc_dp);  // (dV keeps running)
+    auto& dp_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_dp);
+#pragma unroll
+    for (int j = 0; j < kSNTiles; ++j) {
+      const float2 dsum = *reinterpret_cast<const float2*>(stats + kBlockM + 8 * j + 2 * tig);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float2 prob = unpack2<T>(p_frag[j / 2][(j % 2) * 2 + half]);
+        dp_frag[j][half * 2] = prob.x * (dp_frag[j][half * 2] - dsum.x);
+        dp_frag[j][half * 2 + 1] = prob.y * (dp_frag[j][half * 2 + 1] - dsum.y);
+      }
+    }
+    uint32_t ds_frag[kBlockM / 16][4];
+    pack_k16_fragments<T>(dp_frag, ds_frag);
+
+    // -- dK_w += dS^T Q
+    gemm_rs<T, kHeadDim, kBlockM / 16, QTile>(acc_dk, ds_frag, sQ(s));
+
+    // -- dS^T to shared memory (buffer it % 2: the other warpgroup may still be reading the previous one in its dQ;
+    //    the one before that every consumer finished before the barrier of the last iteration), then dQ = dS K.
+    //    The barrier also tells every thread that the dQ staging is free again: its issuer waited, before it, for the
+    //    reads of the last iteration's reduce-adds.
+    const uint32_t s_ds = sDs(it & 1);
+#pragma unroll
+    for (int j = 0; j < kSNTiles; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        st_shared_pair<DsTile>(s_ds, key0 + 8 * half, 8 * j + 2 * tig, ds_frag[j / 2][(j % 2) * 2 + half]);
+      }
+    }
+    sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
+    if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
+    ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
+    float acc_dq[kHeadDim / 4];  // (this warp's 16 queries, this warpgroup's d / 2 columns)
+    sm90::gemm_ss<T, kHeadDim / 2, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, DsTile, KTile,
+                  /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, s_ds, 0, sK, wg * (kHeadDim / 2));
+    sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
+    sm90::hold_fragments(p_frag);
+    sm90::hold_fragments(ds_frag);
+
+    // -- every product that read the stage (S^T, dP^T, dV, dK) has completed: release it to the producer
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(bar_empty(s));
+
+    // -- dQ (partial over this key block) into dq_accum: the warpgroup's (kBlockM, d / 2) staged in shared memory as
+    //    the reduce-add's boxes of 32 columns (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8), then added by
+    //    the TMA. Fragment element (nt, 2 half + e): row 16 warp + group + 8 half, column 8 nt + 2 tig + e of the half.
+    //    (The accumulator has kHeadDim columns; those past headdim receive zeros: Q, K are zero there.)
+    auto& dq_frag = reinterpret_cast<float(&)[kDqNTiles][4]>(acc_dq);
+    const uint32_t s_dq = sDq(wg);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_in_wg * 16 + group + 8 * half;
+#pragma unroll
+      for (int nt = 0; nt < kDqNTiles; ++nt) {
+        const int box = nt / 4, chunk = 2 * (nt % 4) + tig / 2;
+        const uint32_t addr = s_dq + box * (kBlockM * 128) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_frag[nt][half * 2]),
+                     "f"(dq_frag[nt][half * 2 + 1]) : "memory");
+      }
+    }
+    sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
+    if (wg == 0) {
+      ptx::named_barrier_sync<2, 128>();
+    } else {
+      ptx::named_barrier_sync<3, 128>();
+    }
+    if (dq_issuer) {
+      const int row = int(bh * p.seqlen_q + m0);
+#pragma unroll
+      for (int box = 0; box < kHeadDim / 2 / 32; ++box) {
+        sm90::tma_reduce_add_2d(&maps.dq_accum, s_dq + box * (kBlockM * 128), wg * (kHeadDim / 2) + 32 * box, row);
+      }
+      sm90::bulk_commit_group();
+    }
+  }
+  if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
+
+  // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
+  //    sees stores zeros.
+  auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
+  auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = n0 + key0 + 8 * half;
+    if (key >= p.seqlen_k) continue;
+#pragma unroll
+    for (int nt = 0; nt < kDTiles; ++nt) {
+      const int col = 8 * nt + 2 * tig;
+      if (col >= p.headdim) continue;
+      const float dk0 = dk_frag[nt][half * 2] * p.scale, dk1 = dk_frag[nt][half * 2 + 1] * p.scale;
+      const float dv0 = dv_frag[nt][half * 2], dv1 = dv_frag[nt][half * 2 + 1];
+      if (p.h_h_k_ratio > 1) {  // fp32 partials per query head, summed over the group by the caller
+        float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
+                    int64_t(key) * p.dk_row_stride + col;
+        float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
+                    int64_t(key) * p.dv_row_stride + col;
+        *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
+        *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
+      } else {
+        T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
+                int64_t(key) * p.dk_row_stride + col;
+        T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
+                int64_t(key) * p.dv_row_stride + col;
+        *reinterpret_cast<uint32_t*>(dk) = ptx::pack2<T>(dk0, dk1);
+        *reinterpret_cast<uint32_t*>(dv) = ptx::pack2<T>(dv0, dv1);
+      }
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace fa2
