@@ -8,6 +8,7 @@
 #      racecheck + synccheck "pingpong-overlap")
 #   4. the sm80-path backward on the same build, FA2_DISABLE_SM90_BACKWARD=1 (the default is its sm_90a wgmma
 #      instances): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
+#   4a. bwd_kernel.cuh's wgmma backward where the warp-specialized one is the default, FA2_DISABLE_SM90_WS_BACKWARD=1
 #   4b. the backward's general bias path for padding masks, FA2_DISABLE_KEY_BIAS_BWD=1 (the default is its key-row
 #      variant): the CUDA tests of ops and API with it
 #   4c. the sm80-path backward's small-shared-memory tiles (sm86 / sm89), FA2_BWD_SMALL_TILES=1 with
@@ -19,7 +20,7 @@
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
 #   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov
-#   sanitize-wsppov tests-bwd80 sanitize-bwd80 tests-kbias-off tests-bwd-small bench
+#   sanitize-wsppov tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench
 #   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
 #   in another invocation with its own OUT: both only read the built extension)
 set -uo pipefail
@@ -34,7 +35,7 @@ STEP_LOGS=$OUT
 source scripts/steps.sh
 
 all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov tests-bwd80
-  sanitize-bwd80 tests-kbias-off tests-bwd-small bench)
+  sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench)
 [ $# -eq 0 ] && set -- "${all_steps[@]}"
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
@@ -81,6 +82,10 @@ want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_
   scripts/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
 want_step sanitize-bwd80 && step sanitize-bwd80 120 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
   scripts/sanitizer_check.py --tools memcheck,racecheck
+# bwd_kernel.cuh's wgmma backward where the warp-specialized one runs by default (FA2_DISABLE_SM90_WS_BACKWARD=1:
+# d 64 / 128, plain path, seqlen_q % 4 == 0): the CUDA tests of the ops, the API and Hopper with it
+want_step tests-bwd-nows && step tests-bwd-nows 300 env PYTHONPATH=python FA2_DISABLE_SM90_WS_BACKWARD=1 "$PY" \
+  scripts/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
 # padding masks' backward on the general bias path (FA2_DISABLE_KEY_BIAS_BWD=1; the default is the key-row variant):
 # every CUDA test of the ops and the API with it (the sanitizer grid's general biases run that path by default)
 want_step tests-kbias-off && step tests-kbias-off 300 env PYTHONPATH=python FA2_DISABLE_KEY_BIAS_BWD=1 "$PY" \
@@ -99,8 +104,8 @@ want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_a
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
-test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-kbias-off.log"
-  "$OUT/tests-bwd-small.log")
+test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-bwd-nows.log"
+  "$OUT/tests-kbias-off.log" "$OUT/tests-bwd-small.log")
 grep -HE "passed|failed" "${test_logs[@]}" 2>/dev/null | tail -4
 grep -hE "^(FAILED|ERROR)" "${test_logs[@]}" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
 [ -f "$OUT/bench.log" ] && sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -40

@@ -64,7 +64,7 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream) 
   }
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, p.lse, rows, Cfg::kBlockM);
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, Cfg::kBlockM);
-  if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kBlockM);
+  if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
   if (e != nullptr) return e;
   const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const dim3 grid(num_n_blocks, p.nheads, p.batch);

@@ -178,38 +178,43 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 // rows' lse, D by TMA through a kStages ring; two consumer warpgroups each own 64 of the CTA's kBlockN keys and compute
 // S^T = K Q^T and dP^T = V dO^T (keys as the wgmma M), so that P^T and dS^T come out of the accumulators already in
 // the register-A layout of dV += P^T dO and dK += dS^T Q (no P round trip through shared memory). dS^T goes to
-// shared memory once for dQ = dS K, each warpgroup taking half of dQ's headdim columns over all kBlockN keys.
-// Registers per consumer thread (fp32): dK, dV 2 x 64 + S^T, dP^T 2 x 32 + dQ 32 (after S^T, dP^T are packed).
-// dQ's column halves must each start at a swizzle column block: 64 columns (128-byte swizzle) at d 128, 32 (64-byte
-// swizzle) for Q, dO, K, V at d 64.
+// shared memory once for dQ = dS K over all kBlockN keys, each warpgroup taking 64 of its query rows (kBlockM 128) or
+// half of its headdim columns (kBlockM 64; each half starts at a swizzle column block).
+// Registers per consumer thread (fp32): d 128 (64 x 128): dK, dV 2 x 64 + S^T, dP^T 2 x 32, then dQ 32 (after S^T and
+// dP^T are packed); d 64 (128 x 128): dK, dV 2 x 32 + S^T, dP^T 2 x 64, then dQ 32.
 // Shared memory (bytes): K, V 2 x kBlockN d 2 + kStages (Q, dO: 2 x kBlockM d 2 + lse, D: 2 x kBlockM 4)
 //   + dS^T 2 buffers x kBlockN kBlockM 2 (a warpgroup may still read one while the other writes the next)
-//   + dQ staging kBlockM d 4 (each warpgroup's half, added to dq_accum by the TMA's reduce-add)
-//   d 128, 64 x 128, 2 stages: 64 + 64 + 1 + 32 + 32 KB = 193 KB;  d 64: 32 + 32 + 1 + 32 + 16 KB = 113 KB.
+//   + dQ staging 2 x 64 x kDqCols 4 (each warpgroup's part, added to dq_accum by the TMA's reduce-add)
+//   d 128, 64 x 128, 2 stages: 64 + 64 + 1 + 32 + 32 KB = 193 KB;  d 64, 128 x 128: 32 + 64 + 2 + 64 + 32 = 194 KB.
 constexpr bool bwd_ws_headdim(int headdim) { return headdim == 64 || headdim == 128; }
 
 template <int kHeadDim_>
 struct BwdWsTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;    // queries per step (N of S^T, dP^T; K of dV, dK; M of dQ)
+  static constexpr int kBlockM = kHeadDim <= 64 ? 128 : 64;  // queries per step (N of S^T, dP^T; K of dV, dK)
   static constexpr int kBlockN = 128;   // keys per CTA: 64 per consumer warpgroup
   static constexpr int kStages = 2;     // Q / dO / lse / D ring
   static constexpr int kConsumerWarpgroups = 2;
-  // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width): dQ's halves of d start at one
-  static constexpr int kBlockCols = kHeadDim / 2 >= 64 ? 64 : 32;
+  // dQ (kBlockM, d) split between the warpgroups: by rows (64 each) when kBlockM is 128, else by columns
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
+  // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width): a warpgroup's dQ columns start at one
+  static constexpr int kBlockCols = kDqCols >= 64 ? 64 : 32;
   static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);  // the producer warpgroup first
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;       // 128 x 24 + 256 x 240 <= 384 x 168
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kSmemStatsBytes = 2 * kBlockM * 4;  // lse, D of one stage's rows
-  static constexpr int kSmemDqBytes = kBlockM * kHeadDim / kConsumerWarpgroups * 4;  // one warpgroup's dQ half
+  static constexpr int kSmemDqBytes = kDqRows * kDqCols * 4;  // one warpgroup's part of dQ
   static constexpr int kSmemBarrierBytes = 8 * (1 + 2 * kStages);  // K/V, then full and empty per stage
   static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 2 * kSmemDsBytes +
                                     kConsumerWarpgroups * kSmemDqBytes + kStages * kSmemStatsBytes +
                                     kSmemBarrierBytes;
-  static_assert(kHeadDim % 64 == 0 && kHeadDim / 2 % kBlockCols == 0, "dQ's column halves start at a column block");
-  static_assert(kBlockN == 64 * kConsumerWarpgroups && kBlockM == 64, "64 keys per warpgroup, one m64 of dQ");
+  static_assert(kHeadDim % 64 == 0 && kDqCols % kBlockCols == 0 && kDqCols % 32 == 0,
+                "a warpgroup's dQ columns start at a column block and are whole 32-column reduce-add boxes");
+  static_assert(kBlockN == 64 * kConsumerWarpgroups && kBlockM == kDqRows * (kDqSplitRows ? 2 : 1),
+                "64 keys per warpgroup; dQ's rows one m64 per warpgroup (split) or shared");
   static_assert(kSmemBytes <= 227 * 1024, "the H100 / H200's opt-in shared memory per block");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <=
                     kNThreads * ((64 * 1024 / kNThreads) & ~7), "setmaxnreg within the CTA's register pool");

@@ -10,8 +10,8 @@
 //                                                          tiles is the register-A layout of a k16 step)
 //       dS^T = P^T (dP^T - D);  dK_w += dS^T Q            (dS^T from registers)
 //       dS^T -> shared memory (two buffers), the consumers' named barrier, then
-//       dQ[:, d/2 w .. d/2 w + d/2 - 1] = dS K            (both operands MN-major from shared memory; every key
-//                                                          of the block), staged in shared memory and added to
+//       dQ_w = dS K: 64 of the block's queries (kBlockM 128)  (both operands MN-major from shared memory; every key
+//       or half of d (kBlockM 64)                          of the block), staged in shared memory and added to
 //                                                          dq_accum by one TMA reduce-add per 32 columns
 //     and releases the stage once its products have completed.
 // Query rows past seqlen_q: Q and dO read as zeros, but their lse and D (a flat view) are the next head's, so P is
@@ -72,12 +72,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   using DsTile = SwizzledTile<kBlockN, kBlockM, 64>;           // dS^T: (keys, queries)
   constexpr int kSNTiles = kBlockM / 8;        // n8 tiles of S^T / dP^T per warp (its 16 keys x kBlockM queries)
   constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of dK / dV (16 keys x d)
-  constexpr int kDqNTiles = kHeadDim / 2 / 8;  // n8 tiles of this warpgroup's dQ half (16 queries x d / 2)
+  constexpr int kDqRows = Cfg::kDqRows, kDqCols = Cfg::kDqCols;
+  constexpr int kDqNTiles = kDqCols / 8;     // n8 tiles of this warpgroup's dQ part (16 queries x kDqCols)
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q/dO boxes cover the tile exactly");
 
   // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] [Q1] [dO1].. [dS^T 0 (kBlockN, kBlockM)] [dS^T 1]
-  //       [dQ half of warpgroup 0 (kBlockM, d / 2) fp32] [of warpgroup 1] [lse, D]0 [lse, D]1..
+  //       [dQ part of warpgroup 0 (64, kDqCols) fp32] [of warpgroup 1] [lse, D]0 [lse, D]1..
   //       [mbarriers: K/V, full per stage, empty per stage]
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sK = ptx::smem_u32(smem);
@@ -152,8 +153,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  // this warpgroup's dQ reduce-adds: issued (and their shared memory's reads waited for) by its first thread
+  // this warpgroup's dQ reduce-adds: issued (and their shared memory's reads waited for) by its first thread; its part
+  // of a query block's dQ: rows dq_row0 .. + 63, columns dq_col0 .. + kDqCols - 1
   const bool dq_issuer = (ctid & 127) == 0;
+  const int dq_row0 = Cfg::kDqSplitRows ? wg * kDqRows : 0, dq_col0 = Cfg::kDqSplitRows ? 0 : wg * kDqCols;
 
   float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // (this warp's 16 keys, d)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
@@ -246,9 +249,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
     if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
     ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
-    float acc_dq[kHeadDim / 4];  // (this warp's 16 queries, this warpgroup's d / 2 columns)
-    sm90::gemm_ss<T, kHeadDim / 2, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, DsTile, KTile,
-                  /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, s_ds, 0, sK, wg * (kHeadDim / 2));
+    float acc_dq[kDqCols / 2];  // (this warp's 16 queries, this warpgroup's kDqCols columns)
+    sm90::gemm_ss<T, kDqCols, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, DsTile, KTile,
+                  /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, s_ds, dq_row0, sK, dq_col0);
     sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
     sm90::hold_fragments(p_frag);
     sm90::hold_fragments(ds_frag);
@@ -257,9 +260,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(bar_empty(s));
 
-    // -- dQ (partial over this key block) into dq_accum: the warpgroup's (kBlockM, d / 2) staged in shared memory as
-    //    the reduce-add's boxes of 32 columns (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8), then added by
-    //    the TMA. Fragment element (nt, 2 half + e): row 16 warp + group + 8 half, column 8 nt + 2 tig + e of the half.
+    // -- dQ (partial over this key block) into dq_accum: the warpgroup's (64, kDqCols) staged in shared memory as the
+    //    reduce-add's boxes of 32 columns (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8), then added by the
+    //    TMA. Fragment element (nt, 2 half + e): row 16 warp + group + 8 half, column 8 nt + 2 tig + e of the part.
     //    (The accumulator has kHeadDim columns; those past headdim receive zeros: Q, K are zero there.)
     auto& dq_frag = reinterpret_cast<float(&)[kDqNTiles][4]>(acc_dq);
     const uint32_t s_dq = sDq(wg);
@@ -269,7 +272,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < kDqNTiles; ++nt) {
         const int box = nt / 4, chunk = 2 * (nt % 4) + tig / 2;
-        const uint32_t addr = s_dq + box * (kBlockM * 128) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
+        const uint32_t addr = s_dq + box * (kDqRows * 128) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_frag[nt][half * 2]),
                      "f"(dq_frag[nt][half * 2 + 1]) : "memory");
       }
@@ -281,10 +284,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       ptx::named_barrier_sync<3, 128>();
     }
     if (dq_issuer) {
-      const int row = int(bh * p.seqlen_q + m0);
+      const int row = int(bh * p.seqlen_q + m0 + dq_row0);
 #pragma unroll
-      for (int box = 0; box < kHeadDim / 2 / 32; ++box) {
-        sm90::tma_reduce_add_2d(&maps.dq_accum, s_dq + box * (kBlockM * 128), wg * (kHeadDim / 2) + 32 * box, row);
+      for (int box = 0; box < kDqCols / 32; ++box) {
+        sm90::tma_reduce_add_2d(&maps.dq_accum, s_dq + box * (kDqRows * 128), dq_col0 + 32 * box, row);
       }
       sm90::bulk_commit_group();
     }
