@@ -306,8 +306,9 @@ def test_sm90_ws_backward_follows_the_rule_and_agrees_with_the_wgmma_kernel(d, d
 
 
 def test_sm90_ws_backward_is_not_used_where_it_does_not_apply():
-    """Deterministic mode, softcap, a bias and seqlen_q not a multiple of 4 keep bwd_kernel.cuh's kernels (and stay
-    correct: the other tests run them); the warp-specialized one only takes the plain, non-deterministic path."""
+    """Deterministic mode, softcap, a bias, seqlen_q not a multiple of 4 and a broadcast (stride-0) dout keep
+    bwd_kernel.cuh's kernels (and stay correct: the other tests run them); the warp-specialized one only takes the
+    plain, non-deterministic path with TMA-addressable tensors."""
     if "bwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip("this build has no sm_90a backward for headdim 128 (FA2_HEADDIMS)")
     q, k, v = make_qkv(1, 256, 256, 2, 2, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
@@ -325,6 +326,16 @@ def test_sm90_ws_backward_is_not_used_where_it_does_not_apply():
         out = fa2.attention(q, k, v)
         names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout))
     assert any("bwd_kernel<" in n for n in names) and not any("bwd_ws_kernel<" in n for n in names), names
+    # a broadcast dout (head stride 0: the gradient of out.sum(dim=2)), which the TMA cannot address: the wgmma
+    # kernel, with the gradients of the same values made contiguous (which the warp-specialized one takes)
+    out = fa2.attention(q, k, v)
+    dout_b = torch.randn(1, 256, 1, 128, device="cuda", dtype=torch.bfloat16).expand(1, 256, 2, 128)
+    names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout_b, retain_graph=True))
+    assert any("bwd_kernel<" in n for n in names) and not any("bwd_ws_kernel<" in n for n in names), names
+    grads_b = torch.autograd.grad(out, (q, k, v), dout_b, retain_graph=True)
+    grads_c = torch.autograd.grad(out, (q, k, v), dout_b.contiguous())
+    for g_b, g_c in zip(grads_b, grads_c):
+        torch.testing.assert_close(g_b, g_c, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("schedule", ["auto", "ws"])

@@ -35,10 +35,23 @@ const char* launch_bwd_kernel(const AttentionParams& p, cudaStream_t stream) {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+// Whether the TMA can address a (batch, seqlen, heads, headdim) tensor (b16 elements): a 16-byte aligned base and, for
+// every dimension longer than 1, a non-zero stride (the glue keeps broadcast inputs' zero strides for the backward,
+// e.g. a dout expanded over heads from out.sum(dim=2), which the tensor-map encoder rejects or, if not, was never
+// tested) that is a multiple of 8 elements.
+inline bool bshd_tma_addressable(const void* base, int64_t batch, int64_t seqlen, int64_t heads, int64_t batch_stride,
+                                 int64_t row_stride, int64_t head_stride) {
+  auto ok = [](int64_t size, int64_t stride) { return size == 1 || (stride != 0 && stride % 8 == 0); };
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(batch, batch_stride) && ok(seqlen, row_stride) &&
+         ok(heads, head_stride);
+}
+
 // The sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh): its TMA maps (q, dout in query blocks, k, v in key
-// blocks), then one CTA per (key block, head, batch) as launch_bwd_kernel's.
+// blocks), then one CTA per (key block, head, batch) as launch_bwd_kernel's. *launched = false (and nothing done)
+// when a tensor map cannot be built: the caller runs bwd_kernel.cuh's kernel instead.
 template <typename T, int kHeadDim>
-const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream) {
+const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, bool* launched) {
+  *launched = false;
   using Cfg = BwdWsTileConfig<kHeadDim>;
   void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps) = &bwd::bwd_ws_kernel<T, Cfg>;
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -65,7 +78,8 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream) 
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, p.lse, rows, Cfg::kBlockM);
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, Cfg::kBlockM);
   if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
-  if (e != nullptr) return e;
+  if (e != nullptr) return nullptr;  // (not launched: the caller falls back)
+  *launched = true;
   const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const dim3 grid(num_n_blocks, p.nheads, p.batch);
   if (const char* e2 = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes)) return e2;
@@ -112,14 +126,22 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   }
   const char* e = nullptr;
   // sm_90a, plain path, not deterministic: the warp-specialized kernel where its tiles are defined (sm90_ws_backward),
-  // and where its TMA can read each query block's lse and D: a box's start in a flat (batch, heads, seqlen_q) fp32
-  // buffer must be 16-byte aligned (the H200 raised an illegal instruction at seqlen_q 333), so seqlen_q % 4 == 0
+  // and where its TMA can read each query block's lse and D (a box's start in a flat (batch, heads, seqlen_q) fp32
+  // buffer must be 16-byte aligned: the H200 raised an illegal instruction at seqlen_q 333, so seqlen_q % 4 == 0)
+  // and q, dout, k, v (bshd_tma_addressable; a tensor map the encoder still rejects falls back too)
   bool ws = false;
   if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
     auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     ws = sm90_ws_backward() && !score_mod && !key_bias && !p.deterministic && p.seqlen_q % 4 == 0 &&
-         aligned16(p.lse) && aligned16(p.softmax_d) && aligned16(p.dq_accum);
-    if (ws) e = launch_bwd_ws_kernel<T, kHeadDim>(p, stream);
+         aligned16(p.lse) && aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
+         bshd_tma_addressable(p.q, p.batch, p.seqlen_q, p.nheads, p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
+         bshd_tma_addressable(p.dout, p.batch, p.seqlen_q, p.nheads, p.dout_batch_stride, p.dout_row_stride,
+                              p.dout_head_stride) &&
+         bshd_tma_addressable(p.k, p.batch, p.seqlen_k, p.nheads_k, p.k_batch_stride, p.k_row_stride,
+                              p.k_head_stride) &&
+         bshd_tma_addressable(p.v, p.batch, p.seqlen_k, p.nheads_k, p.v_batch_stride, p.v_row_stride,
+                              p.v_head_stride);
+    if (ws) e = launch_bwd_ws_kernel<T, kHeadDim>(p, stream, &ws);
   }
   if constexpr (kKeyBiasFits) {
     if (key_bias) e = launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false, /*kKeyBias=*/true>(p, stream);
