@@ -3,8 +3,9 @@
 // on random inputs, with and without a (B, 1, 1, S) padding bias (last 10% of keys masked; bf16 / fp32 / bool). Each
 // variant is its own nvcc build (about 10 s for the forward), so a device call can build several side by side and
 // time them in one run (scripts/fwd_variants.sh). Prints one line per case and direction: TFLOP/s (forward
-// 4 B H S^2 D / time, backward 2.5x that; the padded keys counted) and a checksum of out (of dq for the backward:
-// variants that must be bitwise equal print the same one; the backward's dq is summed with atomics, so only close).
+// 4 B H S^2 D / time, backward 2.5x that; the padded keys counted) and a checksum of out (of dq, dk, dv for the
+// backward: variants that must be bitwise equal print the same ones; the backward's dq is summed with atomics, so only
+// close).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -145,24 +147,31 @@ int main(int argc, char** argv) {
       p.bias_batch_stride = seqlen, p.bias_head_stride = 0, p.bias_row_stride = 0, p.bias_col_stride = 1;
 
       const double fwd_flops = 4.0 * batch * nheads * double(seqlen) * seqlen * kHeadDim;
-      auto report = [&](const char* pass, const char* what, const char* e, double flops, const void* result_ptr) {
+      // one weighted sum per result (the forward's out; the backward's dq, dk, dv): variants that compute the same
+      // thing agree to rounding (bitwise-equal ones exactly)
+      auto checksum = [&](const void* result_ptr) {
+        std::vector<__nv_bfloat16> result(elems);
+        CHECK_CUDA(cudaMemcpy(result.data(), result_ptr, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+        double sum = 0;
+        for (size_t i = 0; i < elems; ++i) sum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
+        return sum;
+      };
+      auto report = [&](const char* pass, const char* what, const char* e, double flops,
+                        std::initializer_list<const void*> results) {
         if (e != nullptr) {
           std::fprintf(stderr, "%s: %s\n", what, e);
           std::exit(1);
         }
-        std::vector<__nv_bfloat16> result(elems);
-        CHECK_CUDA(cudaMemcpy(result.data(), result_ptr, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
-        double checksum = 0;
-        for (size_t i = 0; i < elems; ++i) checksum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
-        std::printf("d %d S %5d mask %-4s %s %6.1f TFLOP/s  checksum %.6e\n", kHeadDim, seqlen, mask, pass,
-                    flops / 1e12, checksum);
+        std::printf("d %d S %5d mask %-4s %s %6.1f TFLOP/s  checksum", kHeadDim, seqlen, mask, pass, flops / 1e12);
+        for (const void* r : results) std::printf(" %.6e", checksum(r));
+        std::printf("\n");
         std::fflush(stdout);
       };
       const char* fwd_error = nullptr;
       const float fwd_ms = median_ms([&] {
         if (fwd_error == nullptr) fwd_error = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
       });
-      report("fwd", "run_fwd_instance", fwd_error, fwd_flops / (fwd_ms * 1e-3), out);
+      report("fwd", "run_fwd_instance", fwd_error, fwd_flops / (fwd_ms * 1e-3), {out});
 #if FA2_BWD
       {  // the backward of this forward (out, lse as computed above), dout random
         fa2::AttentionParams pb = p;
@@ -187,7 +196,7 @@ int main(int argc, char** argv) {
         const float bwd_ms = median_ms([&] {
           if (bwd_error == nullptr) bwd_error = fa2::run_bwd_instance<__nv_bfloat16, kHeadDim, 901>(pb, nullptr);
         });
-        report("bwd", "run_bwd_instance", bwd_error, 2.5 * fwd_flops / (bwd_ms * 1e-3), dq);
+        report("bwd", "run_bwd_instance", bwd_error, 2.5 * fwd_flops / (bwd_ms * 1e-3), {dq, dk, dv});
         for (void* t : {(void*)dout, (void*)dq, (void*)dk, (void*)dv, (void*)softmax_d, (void*)dq_accum,
                         (void*)row_lse, (void*)row_shift})
           CHECK_CUDA(cudaFree(t));
