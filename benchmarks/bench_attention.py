@@ -63,10 +63,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # one CTA per query block.
 # fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
 # sm80-path backward of the same build (the forward stays on sm_90a).
+# fa2-bwdnows: fa2 with the sm_90a backward's warp-specialized kernel switched off (fa2._C.set_sm90_ws_backward): its
+# d 64 / 128 plain calls on bwd_kernel.cuh's wgmma instances.
 # fa2-kbias-off: fa2 with the backward's key-row bias variant switched off (fa2._C.set_key_bias_backward): padding
 # masks on the general bias path, as before it became the default (--masks padding --pass bwd,fwdbwd).
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-bwd80": {"sm90_backward": False},
+                "fa2-bwdnows": {"sm90_ws_backward": False},
                 "fa2-kbias-off": {"key_bias_backward": False},
                 "fa2-pipe": {"sm90_schedule": "pipelined"},
                 "fa2-ws": {"sm90_schedule": "ws"},
@@ -74,8 +77,8 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-wsov": {"sm90_schedule": "overlap"},
                 "fa2-wsppov": {"sm90_schedule": "pingpong-overlap"},
                 "fa2-nopers": {"persistent_forward_ctas": 0}}
-IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov",
-         "fa2-nopers", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
+IMPLS = ("fa2", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov",
+         "fa2-wsppov", "fa2-nopers", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "checks.h"
+#include "fa2/bwd_tile_config.h"  // bwd_ws_headdim (plain constexpr C++)
 #include "fa2_build_info.h"
 #if FA2_WITH_CUDA
 #include "fa2/bwd_launch.h"
@@ -57,9 +58,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
   m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd80": off)
   m.def("sm90_backward", &fa2::sm90_backward);
-  // its warp-specialized main kernel where it applies (bwd_launch.h; "fa2-bwdnows": off)
+  // its warp-specialized main kernel where it applies (bwd_launch.h; bench_attention.py's "fa2-bwdnows": off)
   m.def("set_sm90_ws_backward", &fa2::set_sm90_ws_backward);
   m.def("sm90_ws_backward", &fa2::sm90_ws_backward);
+  m.def("sm90_ws_backward_headdims", []() {  // the instantiated headdims the warp-specialized backward serves
+    py::list dims;
+    for (int d : {32, 64, 96, 128, 192, 256}) {
+      if (fa2::bwd_ws_headdim(d)) dims.append(d);
+    }
+    return dims;
+  });
   // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)
   m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
   m.def("key_bias_backward", &fa2::key_bias_backward);

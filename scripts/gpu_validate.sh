@@ -106,7 +106,7 @@ echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
 test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-bwd-nows.log"
   "$OUT/tests-kbias-off.log" "$OUT/tests-bwd-small.log")
-grep -HE "passed|failed" "${test_logs[@]}" 2>/dev/null | tail -4
+grep -HE "passed|failed" "${test_logs[@]}" 2>/dev/null | tail -n "${#test_logs[@]}"
 grep -hE "^(FAILED|ERROR)" "${test_logs[@]}" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20
 [ -f "$OUT/bench.log" ] && sed -n '/TFLOP\/s (median/,$p' "$OUT/bench.log" | head -40
 # a device call brings back at most 8 files: the logs travel packed, the benchmark JSON as files of their own

@@ -262,7 +262,7 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
     info = dict(fa2.build_info(), with_cuda=True, torch_cuda="13.0", cuda_archs="90,90a",
-                kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a")
+                kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a,bwd_bf16_hdim64_sm90a,bwd_bf16_hdim128_sm90a")
     monkeypatch.setattr(fa2, "build_info", lambda: info)
     for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto"),
                         ("key_bias_backward", False)]:
@@ -276,8 +276,13 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
+    assert fa2._C.sm90_ws_backward_headdims() == [64, 128]  # (bwd_tile_config.h, bwd_ws_headdim)
     assert "backward sm_90a wgmma (warp-specialized at d64, d128) (fp16/bf16)" in out, out
     assert "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
+    monkeypatch.setattr(fa2._C, "sm90_ws_backward", lambda: False)  # (FA2_DISABLE_SM90_WS_BACKWARD=1)
+    assert report.main() == 0
+    out = capsys.readouterr().out
+    assert "backward sm_90a wgmma (fp16/bf16)" in out and "warp-specialized at" not in out, out
 
 
 def test_sdpa_more_than_4_dims_broadcasts_mask():

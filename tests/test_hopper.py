@@ -166,24 +166,25 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
 def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
     """The warp-specialized forward is persistent (fwd_kernel.cuh: a grid of at most one CTA per SM, each taking every
     grid-th query block, its producer loading the next block's K/V and Q while the consumers finish the current one).
-    (Persistent at the headdims tile_config.h's fwd_persistent_headdim names: d 128; elsewhere the cap is ignored.)
-    With the grid cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas, on every call, causal too), so that one CTA
+    It is persistent at the headdims tile_config.h's fwd_persistent_headdim names (d 97-128; elsewhere the cap is
+    ignored and every kernel takes one query block per CTA, so only those headdims' calls are compared). With the grid
+    cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas, on every call, causal too), so that one CTA
     runs many query blocks back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded
     key tiles and blocks that see no key carried from one block to the next), and with the default grid, out and lse
     are bitwise those of one CTA per query block: on the schedule tests' calls (plain and key-row biases at every
     headdim) and on shapes with more query blocks than SMs, bf16 and fp16. The padding masks' rows are 16-byte
     aligned (the TMA stages them: the warp-specialized kernels) and pad whole key tiles (which they skip)."""
-    calls = [args for args, _, _ in _schedule_calls(torch.bfloat16)]
+    persistent_headdim = lambda d: 96 < d <= 128  # noqa: E731  (tile_config.h, fwd_persistent_headdim)
+    calls = [args for args, _, _ in _schedule_calls(torch.bfloat16) if persistent_headdim(args[0].shape[-1])]
+    assert calls, "the schedule tests' calls include persistent headdims"
     gen = torch.Generator(device="cuda").manual_seed(9)
     for shape, causal, with_bias, dtype in [
             ((2, 2000, 2000, 8, 2, 128), False, False, torch.bfloat16),
             ((2, 2000, 2000, 8, 2, 128), True, False, torch.float16),
             ((1, 2500, 900, 8, 8, 128), True, False, torch.bfloat16),  # bottom-right causal: blocks see no key
-            ((1, 3000, 1000, 4, 4, 256), True, False, torch.bfloat16),
-            ((2, 1500, 1536, 8, 4, 64), False, True, torch.bfloat16),
+            ((1, 3000, 1000, 4, 4, 120), True, False, torch.bfloat16),  # a headdim below the instance's
             ((2, 1100, 1280, 8, 8, 128), False, True, torch.float16),
-            ((2, 1100, 1280, 8, 8, 128), True, True, torch.bfloat16),
-            ((2, 700, 1536, 8, 4, 256), False, True, torch.bfloat16)]:
+            ((2, 1100, 1280, 8, 8, 128), True, True, torch.bfloat16)]:
         q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", generator=gen)
         bias = None
         if with_bias:
@@ -260,10 +261,10 @@ WS_BACKWARD_HEADDIMS = (64, 128)  # bwd_tile_config.h, bwd_ws_headdim
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
-def test_sm90_ws_backward_follows_the_rule_and_agrees_with_the_wgmma_kernel(d, dtype):
-    """The warp-specialized backward (bwd_ws_kernel.cuh: producer warp + TMA, transposed scores, dQ from both
+def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
+    """The warp-specialized backward (bwd_ws_kernel.cuh: producer thread + TMA, transposed scores, dQ from both
     warpgroups' dS^T) runs by default at its headdims on the plain path, and its gradients follow the rule against
-    the fp32 reference and agree with bwd_kernel.cuh's wgmma instance (set_sm90_ws_backward(False)) on: query / key
+    the fp32 reference, as do those of bwd_kernel.cuh's wgmma instance (set_sm90_ws_backward(False)), on: query / key
     tails (332 / 461: seqlen_q a multiple of 4, the kernel's condition), GQA, a headdim below the instance's (d - 8),
     causal with more queries than keys (rows that see nothing), sliding windows (key blocks no query sees), one query
     block, many stages of the ring (1000)."""

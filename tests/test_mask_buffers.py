@@ -58,6 +58,19 @@ class BufferMaskAttention(nn.Module):
         return (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c)
 
 
+def _taken(model, x):
+    """How many buffers take_mask_buffers replaces in each Dynamo graph of model(x)."""
+    counts = []
+
+    def capture(gm, example_inputs):
+        counts.append(len(take_mask_buffers(gm, example_inputs)[1]))
+        return gm
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=capture)(x)
+    return counts
+
+
 def _compare(model, compiled, x):
     """compiled(x) against model(x): the output and every parameter's gradient, by the numerics rule against an fp64
     copy of the model."""
@@ -183,18 +196,7 @@ def test_a_mask_that_is_not_causal_and_the_guard_s_references():
     with torch.no_grad(), recording() as records, without_aot_cache():
         torch.testing.assert_close(torch.compile(model, backend="fa2_eager")(x), model(x), atol=1e-5, rtol=1e-5)
     assert records and all("causal" not in r.flags for r in records), [str(r) for r in records]
-
-    def taken(m):  # how many buffers take_mask_buffers replaces in the model's Dynamo graph
-        counts = []
-
-        def capture(gm, example_inputs):
-            counts.append(len(take_mask_buffers(gm, example_inputs)[1]))
-            return gm
-        torch._dynamo.reset()
-        with torch.no_grad():
-            torch.compile(m, backend=capture)(x)
-        return counts
-    assert taken(model) == [0] and taken(BufferMaskAttention("ones_eq0")) == [1]
+    assert _taken(model, x) == [0] and _taken(BufferMaskAttention("ones_eq0"), x) == [1]
     model = BufferMaskAttention("ones_eq0")
     with torch.no_grad():
         torch.compile(model, backend="fa2_eager")(x)
@@ -224,3 +226,11 @@ def test_only_triangular_module_buffers_are_taken():
     with recording() as records, without_aot_cache():
         torch.compile(attn, backend="fa2_eager")(q, k, v, torch.tril(torch.ones(9, 9)))
     assert records and all(r.flags.get("bias") == "bool" for r in records), [str(r) for r in records]
+    # a triangle held by a parameter, and a buffer that is not a triangle, stay the graph's inputs
+    x = torch.randn(2, 19, 32)
+    with_parameter = BufferMaskAttention("ones_eq0")
+    del with_parameter.mask
+    with_parameter.mask = nn.Parameter(torch.tril(torch.ones(24, 24)).view(1, 1, 24, 24), requires_grad=False)
+    not_a_triangle = BufferMaskAttention("ones_eq0")
+    not_a_triangle.mask[..., 5, 9] = 1.0
+    assert _taken(with_parameter, x) == [0] and _taken(not_a_triangle, x) == [0]

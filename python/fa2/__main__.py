@@ -37,8 +37,9 @@ def main() -> int:
                     paths.append(f"cuda:{i} unsupported (sm_{cap[0]}{cap[1]} < sm_80)")
                 elif cap == (9, 0) and hopper:
                     backward = "sm_90a wgmma" if _C.sm90_backward() else "sm80-instruction kernels"
-                    if _C.sm90_backward() and _C.sm90_ws_backward():
-                        backward += " (warp-specialized at d64, d128)"
+                    ws_dims = [d for d in _C.sm90_ws_backward_headdims() if f"hdim{d}_sm90a" in info["kernels"]]
+                    if _C.sm90_backward() and _C.sm90_ws_backward() and ws_dims:
+                        backward += " (warp-specialized at " + ", ".join(f"d{d}" for d in ws_dims) + ")"
                     paths.append(f"cuda:{i} forward sm_90a kernels (wgmma, TMA; schedule {schedule}), "
                                  f"backward {backward} (fp16/bf16)")
                 else:

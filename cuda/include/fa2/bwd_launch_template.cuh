@@ -35,6 +35,8 @@ const char* launch_bwd_kernel(const AttentionParams& p, cudaStream_t stream) {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
 // Whether the TMA can address a (batch, seqlen, heads, headdim) tensor (b16 elements): a 16-byte aligned base and, for
 // every dimension longer than 1, a non-zero stride (the glue keeps broadcast inputs' zero strides for the backward,
 // e.g. a dout expanded over heads from out.sum(dim=2), which the tensor-map encoder rejects or, if not, was never
@@ -42,13 +44,28 @@ const char* launch_bwd_kernel(const AttentionParams& p, cudaStream_t stream) {
 inline bool bshd_tma_addressable(const void* base, int64_t batch, int64_t seqlen, int64_t heads, int64_t batch_stride,
                                  int64_t row_stride, int64_t head_stride) {
   auto ok = [](int64_t size, int64_t stride) { return size == 1 || (stride != 0 && stride % 8 == 0); };
-  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ok(batch, batch_stride) && ok(seqlen, row_stride) &&
-         ok(heads, head_stride);
+  return aligned16(base) && ok(batch, batch_stride) && ok(seqlen, row_stride) && ok(heads, head_stride);
 }
 
-// The sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh): its TMA maps (q, dout in query blocks, k, v in key
-// blocks), then one CTA per (key block, head, batch) as launch_bwd_kernel's. *launched = false (and nothing done)
-// when a tensor map cannot be built: the caller runs bwd_kernel.cuh's kernel instead.
+// Whether a plain-path, non-deterministic backward call can run the warp-specialized kernel (bwd_ws_kernel.cuh): its
+// TMA reads each query block's lse and D from flat (batch, heads, seqlen_q) fp32 buffers in boxes that must start
+// 16-byte aligned (the H200 raised an illegal instruction at seqlen_q 333: seqlen_q % 4 == 0), q / dout / k / v in
+// tiles (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q rows).
+inline bool bwd_ws_applies(const AttentionParams& p, int block_m) {
+  return p.seqlen_q % 4 == 0 && aligned16(p.lse) && aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
+         int64_t(p.batch) * p.nheads * p.seqlen_q + block_m <= 0x7fffffff &&
+         bshd_tma_addressable(p.q, p.batch, p.seqlen_q, p.nheads, p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
+         bshd_tma_addressable(p.dout, p.batch, p.seqlen_q, p.nheads, p.dout_batch_stride, p.dout_row_stride,
+                              p.dout_head_stride) &&
+         bshd_tma_addressable(p.k, p.batch, p.seqlen_k, p.nheads_k, p.k_batch_stride, p.k_row_stride,
+                              p.k_head_stride) &&
+         bshd_tma_addressable(p.v, p.batch, p.seqlen_k, p.nheads_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+}
+
+// The sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh), where bwd_ws_applies: its TMA maps (q, dout in query
+// blocks, k, v in key blocks, lse / D, dq_accum), then one CTA per (key block, head, batch) as launch_bwd_kernel's.
+// *launched = false (and nothing done) when a tensor map cannot be built or its shared memory is not available: the
+// caller runs bwd_kernel.cuh's kernel instead.
 template <typename T, int kHeadDim>
 const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
@@ -71,18 +88,15 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, 
     e = sm90::make_bshd_tensor_map(&maps.v, p.v, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.v_batch_stride,
                                    p.v_row_stride, p.v_head_stride, Cfg::kBlockN, kCols);
   }
-  const int64_t rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // of lse, D and dq_accum (TMA coordinates: int)
-  if (e == nullptr && rows + Cfg::kBlockM > 0x7fffffff) {
-    e = "fa2: batch * nheads * seqlen_q is too large for the CUDA backward";
-  }
+  const int64_t rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // of lse, D and dq_accum
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, p.lse, rows, Cfg::kBlockM);
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, Cfg::kBlockM);
   if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
+  if (e == nullptr) e = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes);
   if (e != nullptr) return nullptr;  // (not launched: the caller falls back)
   *launched = true;
   const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const dim3 grid(num_n_blocks, p.nheads, p.batch);
-  if (const char* e2 = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes)) return e2;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p, maps);
@@ -125,22 +139,12 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   const char* e = nullptr;
-  // sm_90a, plain path, not deterministic: the warp-specialized kernel where its tiles are defined (sm90_ws_backward),
-  // and where its TMA can read each query block's lse and D (a box's start in a flat (batch, heads, seqlen_q) fp32
-  // buffer must be 16-byte aligned: the H200 raised an illegal instruction at seqlen_q 333, so seqlen_q % 4 == 0)
-  // and q, dout, k, v (bshd_tma_addressable; a tensor map the encoder still rejects falls back too)
+  // sm_90a, plain path (score_mod covers every bias), not deterministic: the warp-specialized kernel where its tiles
+  // are defined, switched on (sm90_ws_backward) and its TMA can address everything (bwd_ws_applies)
   bool ws = false;
   if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
-    auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-    ws = sm90_ws_backward() && !score_mod && !key_bias && !p.deterministic && p.seqlen_q % 4 == 0 &&
-         aligned16(p.lse) && aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
-         bshd_tma_addressable(p.q, p.batch, p.seqlen_q, p.nheads, p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
-         bshd_tma_addressable(p.dout, p.batch, p.seqlen_q, p.nheads, p.dout_batch_stride, p.dout_row_stride,
-                              p.dout_head_stride) &&
-         bshd_tma_addressable(p.k, p.batch, p.seqlen_k, p.nheads_k, p.k_batch_stride, p.k_row_stride,
-                              p.k_head_stride) &&
-         bshd_tma_addressable(p.v, p.batch, p.seqlen_k, p.nheads_k, p.v_batch_stride, p.v_row_stride,
-                              p.v_head_stride);
+    ws = sm90_ws_backward() && !score_mod && !p.deterministic &&
+         bwd_ws_applies(p, BwdWsTileConfig<kHeadDim>::kBlockM);
     if (ws) e = launch_bwd_ws_kernel<T, kHeadDim>(p, stream, &ws);
   }
   if constexpr (kKeyBiasFits) {

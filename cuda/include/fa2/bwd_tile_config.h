@@ -174,7 +174,7 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
   using type = typename BwdTileConfigOf<kHeadDim, bwd_tile_shape_wgmma, true>::type;
 };
 
-// sm_90a warp-specialized backward (bwd_ws_kernel.cuh, FA-3's structure): a producer warp streams Q, dO and their
+// sm_90a warp-specialized backward (bwd_ws_kernel.cuh, FA-3's structure): a producer thread streams Q, dO and their
 // rows' lse, D by TMA through a kStages ring; two consumer warpgroups each own 64 of the CTA's kBlockN keys and compute
 // S^T = K Q^T and dP^T = V dO^T (keys as the wgmma M), so that P^T and dS^T come out of the accumulators already in
 // the register-A layout of dV += P^T dO and dK += dS^T Q (no P round trip through shared memory). dS^T goes to
@@ -198,8 +198,9 @@ struct BwdWsTileConfig {
   // dQ (kBlockM, d) split between the warpgroups: by rows (64 each) when kBlockM is 128, else by columns
   static constexpr bool kDqSplitRows = kBlockM == 128;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
-  // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width): a warpgroup's dQ columns start at one
-  static constexpr int kBlockCols = kDqCols >= 64 ? 64 : 32;
+  // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
+  // start at one (both shapes give kDqCols 64)
+  static constexpr int kBlockCols = 64;
   static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);  // the producer warpgroup first
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;       // 128 x 24 + 256 x 240 <= 384 x 168
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;

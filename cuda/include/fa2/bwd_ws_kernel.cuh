@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     // -- dQ (partial over this key block) into dq_accum: the warpgroup's (64, kDqCols) staged in shared memory as the
     //    reduce-add's boxes of 32 columns (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8), then added by the
     //    TMA. Fragment element (nt, 2 half + e): row 16 warp + group + 8 half, column 8 nt + 2 tig + e of the part.
-    //    (The accumulator has kHeadDim columns; those past headdim receive zeros: Q, K are zero there.)
+    //    (The accumulator has kHeadDim columns; those past headdim receive zeros: K is zero there.)
     auto& dq_frag = reinterpret_cast<float(&)[kDqNTiles][4]>(acc_dq);
     const uint32_t s_dq = sDq(wg);
 #pragma unroll

@@ -606,18 +606,16 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
   };
 
-  // Query blocks ("tiles": kBlockM queries of one (batch, head)). A warp-specialized kernel at a persistent headdim
-  // is launched with a 1-D grid of at most one CTA per SM (fwd_launch_template.cuh), and CTA b takes tiles b, b + grid,
-  // b + 2 grid, ..., so that its producer loads the next tile's K/V and Q while the consumers finish the current one
-  // (no CTA launch, prologue and epilogue between tiles). Tile t is query block num_m_blocks - 1 - t % num_m_blocks
-  // of head (t / num_m_blocks) % nheads, batch t / (num_m_blocks nheads): the blocks of one head together (their
-  // K/V shared in L2), the longest (causal) rows first. The other kernels: one tile per CTA, the same order from a
-  // (query blocks, heads, batch) grid.
+  // Query blocks ("tiles": kBlockM queries of one (batch, head)). The warp-specialized kernels take a 1-D grid of
+  // tiles (fwd_launch_template.cuh): at the persistent headdims (tile_config.h, fwd_persistent_headdim) at most one
+  // CTA per SM, CTA b taking tiles b, b + grid, b + 2 grid, ..., so that its producer loads the next tile's K/V and Q
+  // while the consumers finish the current one (no CTA launch, prologue and epilogue between tiles); elsewhere one
+  // tile per CTA, in a loop the compiler sees run once (with the loop, the d 256 kernels ran 2-3% slower: d94fbd9).
+  // Tile t is query block num_m_blocks - 1 - t % num_m_blocks of head (t / num_m_blocks) % nheads, batch
+  // t / (num_m_blocks nheads): the blocks of one head together (their K/V shared in L2), the longest (causal) rows
+  // first. The other kernels: one tile per CTA, the same order from a (query blocks, heads, batch) grid.
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  // Only the headdims that run persistent (tile_config.h, fwd_persistent_headdim) loop over tiles; the other
-  // warp-specialized kernels take one tile per CTA from the same 1-D grid, a loop the compiler sees run once (with
-  // the loop, the d 256 padding kernel ran 2.5% slower).
   constexpr bool kPersistent = kWs && fwd_persistent_headdim(kHeadDim);
   const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
   const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;

@@ -44,7 +44,8 @@ int device_sm_count();
 // The warp-specialized sm_90a forward's persistent grid (fwd_kernel.cuh: each CTA takes every grid-th query
 // block): -1 (the default) one CTA per SM where every query block has the same key range (no causal mask or window)
 // at the headdims where that measured faster (tile_config.h, fwd_persistent_headdim), else one CTA per query block;
-// 0 never persistent; n > 0 at most n CTAs on every call (tests: many query blocks through one CTA). For A/B timing
+// 0 never persistent; n > 0 at most n CTAs on every call at those headdims (tests: many query blocks through one
+// CTA; the other headdims' kernels take one query block per CTA whatever the setting). For A/B timing
 // and tests; the environment's FA2_PERSISTENT_FWD_CTAS until set.
 void set_persistent_forward_ctas(int ctas);
 int persistent_forward_ctas();

@@ -15,8 +15,8 @@ __all__ = ["install", "uninstall", "installed", "get_pass", "rewrite_attention",
 
 def install() -> None:
     """Run fa2's pass in every ``torch.compile`` with Inductor (the default backend) from now on. Other custom passes
-    already in the slot keep running. Calling it twice is harmless. (Only ``backend="fa2"`` reads a causal mask kept
-    in a module buffer at compile time, fa2.inductor.buffers: here such a mask stays a bool bias, and
+    already in the slot keep running. Calling it twice is harmless. (Only the backends "fa2" and "fa2_eager" read a
+    causal mask kept in a module buffer at compile time, fa2.inductor.buffers: here such a mask stays a bool bias, and
     :func:`fa2.explain`, which compiles with ``backend="fa2"``, reports causal=True for it.)"""
     from .graph_pass import with_pass
     config = _compat.inductor_config()

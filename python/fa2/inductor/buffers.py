@@ -6,7 +6,7 @@ a bool bias: correct, but on CUDA the kernels then read the mask everywhere inst
 
 The fa2 backends therefore read such a buffer's value at compile time: a module buffer (not a parameter) whose every
 trailing (rows, cols) slice is the same 0/1 lower triangle (or strict upper one), and that the graph only uses to
-hide the keys after each query (views of it compared with 0 / 1 or negated, then the mask of masked_fill / where;
+hide what a causal mask hides (views of it compared with 0 / 1 or negated, then the mask of masked_fill / where;
 never written, returned or used in arithmetic), is replaced in the graph by the ops that build that value
 (``tril(ones(shape))``), so the pass recognizes the causal band from its values as it does for masks built in the
 graph (and once the site is rewritten, nothing computes it).
@@ -153,9 +153,10 @@ def take_mask_buffers(gm: torch.fx.GraphModule, example_inputs) -> tuple[torch.f
         if node.users and _is_module_buffer(node):
             hidden = _hidden_by_mask_uses(node)
             kind = triangle_kind(t) if hidden else None
-            # taken where every use hides the keys after each query (what causal=True does): a tril of ones
-            # hiding where it is 0, or a strict triu hiding where it is 1 (any other band would stay a bias, and the
-            # graph would build the whole triangle on every call for nothing)
+            # taken where every use hides what a causal mask hides: a tril of ones hiding where it is 0, or a strict
+            # triu hiding where it is 1 (the usual [:T, :T] slices then make causal=True; other slices make whatever
+            # band the pass reads from the values). A triangle hiding the other side would stay a bias, and the graph
+            # would build the whole triangle on every call for nothing.
             if (kind == "tril" and hidden == {True}) or (kind == "triu_strict" and hidden == {False}):
                 chosen.append((i, kind))
     if not chosen:

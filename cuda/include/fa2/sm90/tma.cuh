@@ -1,6 +1,8 @@
-// Hopper (sm_90a) tensor memory accelerator: loading (rows x 64 or x 32) blocks of a (batch, seqlen, heads, headdim) tensor
-// straight into fa2's SwizzledTile layout (the TMA's 128-byte swizzle writes exactly that layout), completion
-// tracked by a shared-memory mbarrier. Host side: make_bshd_tensor_map (driver entry point, no libcuda link).
+// Hopper (sm_90a) tensor memory accelerator: loading (rows x 64 or x 32) blocks of a (batch, seqlen, heads, headdim)
+// tensor straight into fa2's SwizzledTile layout (the TMA's 128-byte swizzle writes exactly that layout), completion
+// tracked by a shared-memory mbarrier; also 1-D fp32 boxes (row statistics) and the reduce-add of a shared-memory
+// fp32 box into global memory (the backward's dQ). Host side: make_*_tensor_map (driver entry point, no libcuda
+// link).
 // Second building block of the sm90 kernel family; checked by scripts/sm90_tma_probe.cu.
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums (types only)
@@ -99,7 +101,8 @@ inline const char* make_key_bias_tensor_map(CUtensorMap* map, const void* base, 
 }
 
 // ---- host: a 1-D tensor map over `elems` fp32 values (16-byte aligned base), box = box_elems values (a multiple of
-// 4, at most 256): any start index, values past the end read as zeros. Returns nullptr or a message.
+// 4, at most 256); a box must start at a multiple of 4 values (16 bytes: tma_load_1d), values past the end read as
+// zeros. Returns nullptr or a message.
 inline const char* make_flat_f32_tensor_map(CUtensorMap* map, const void* base, int64_t elems, int box_elems) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return "fa2: cuTensorMapEncodeTiled is not available from the CUDA driver";
@@ -196,8 +199,9 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(batch), "r"(bar)
       : "memory");
 }
-// `box` values at index `at` of a 1-D tensor map into shared memory `dst` (16-byte aligned), on `bar`. The box's start
-// in global memory must be 16-byte aligned too (at * 4 % 16 == 0 for fp32: the H200 raises an illegal instruction).
+// The map's box of values at index `at` of a 1-D tensor map into shared memory `dst` (16-byte aligned), on `bar`. The
+// box's start in global memory must be 16-byte aligned too (at * 4 % 16 == 0 for fp32: the H200 raises an illegal
+// instruction otherwise).
 __device__ __forceinline__ void tma_load_1d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int at) {
   asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2}], "
                "[%3];\n" ::"r"(dst),
