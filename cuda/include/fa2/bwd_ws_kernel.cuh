@@ -33,33 +33,11 @@
 namespace fa2 {
 namespace bwd {
 
-// d (+)= A B for one warpgroup, A (64 x kKSteps 16) from registers (a[k16]: the register-A fragments of k16 step),
-// B (kKSteps 16 x kN) MN-major from BTile (its rows are K, its columns N from 0). Only issued and committed:
-// wait_hold completes it; until then neither d nor a may be touched (hold_fragments(a) after the wait).
-template <typename T, int kN, int kKSteps, class BTile>
-__device__ __forceinline__ void gemm_rs(float (&d)[kN / 2], uint32_t (&a)[kKSteps][4], uint32_t sB) {
-  using BDesc = sm90::TileDescriptors<BTile>;
-  sm90::hold_registers(d);
-  sm90::hold_fragments(a);
-  sm90::fence();
-#pragma unroll
-  for (int k16 = 0; k16 < kKSteps; ++k16) {
-    sm90::Wgmma<T, kN>::template rs<1>(d, a[k16], BDesc::mn_major(sB, k16), 1);
-  }
-  sm90::commit_group();
-}
-
-// The accumulator columns of n8 tiles 2 kt, 2 kt + 1 (fp32, acc[j][4] C fragments) packed to T as the register-A
-// fragment of k16 step kt (the forward's pack_p_k16 on its P).
+// Every k16 step's register-A fragment of fp32 C fragments acc (ptx::pack_k16).
 template <typename T, int kNTiles>
 __device__ __forceinline__ void pack_k16_fragments(const float (&acc)[kNTiles][4], uint32_t (&a)[kNTiles / 2][4]) {
 #pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) {
-    a[kt][0] = ptx::pack2<T>(acc[2 * kt][0], acc[2 * kt][1]);
-    a[kt][1] = ptx::pack2<T>(acc[2 * kt][2], acc[2 * kt][3]);
-    a[kt][2] = ptx::pack2<T>(acc[2 * kt + 1][0], acc[2 * kt + 1][1]);
-    a[kt][3] = ptx::pack2<T>(acc[2 * kt + 1][2], acc[2 * kt + 1][3]);
-  }
+  for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc, kt, a[kt]);
 }
 
 template <typename T, typename Cfg>
@@ -213,7 +191,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     pack_k16_fragments<T>(s_frag, p_frag);
 
     // -- dV_w += P^T dO
-    gemm_rs<T, kHeadDim, kBlockM / 16, QTile>(acc_dv, p_frag, sdO(s));
+    sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, sdO(s));
 
     // -- dS^T = P^T (dP^T - D), P as rounded for dV
     sm90::wait_hold<1>(acc_dp);  // (dV keeps running)
@@ -232,7 +210,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     pack_k16_fragments<T>(dp_frag, ds_frag);
 
     // -- dK_w += dS^T Q
-    gemm_rs<T, kHeadDim, kBlockM / 16, QTile>(acc_dk, ds_frag, sQ(s));
+    sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, ds_frag, sQ(s));
 
     // -- dS^T to shared memory (buffer it % 2: the other warpgroup may still be reading the previous one in its dQ;
     //    the one before that every consumer finished before the barrier of the last iteration), then dQ = dS K.

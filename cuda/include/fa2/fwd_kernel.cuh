@@ -91,19 +91,9 @@ __device__ __forceinline__ void gemm_qk(float (&acc_s)[kMTiles][kNTiles][4], uin
   }
 }
 
-// P's keys 16 kt .. 16 kt + 15 of one m16 tile (fp32 C fragments of n8 tiles 2 kt, 2 kt + 1) packed to T as the A
-// operand of one k16 step: the C layout of two n8 tiles is the A layout of mma.sync m16n8k16 and of wgmma's
-// register A alike.
-template <typename T, int kNTiles>
-__device__ __forceinline__ void pack_p_k16(const float (&p)[kNTiles][4], int kt, uint32_t (&a)[4]) {
-  a[0] = ptx::pack2<T>(p[2 * kt][0], p[2 * kt][1]);
-  a[1] = ptx::pack2<T>(p[2 * kt][2], p[2 * kt][3]);
-  a[2] = ptx::pack2<T>(p[2 * kt + 1][0], p[2 * kt + 1][1]);
-  a[3] = ptx::pack2<T>(p[2 * kt + 1][2], p[2 * kt + 1][3]);
-}
 
 // acc_o (kMTiles, kDTiles) += P V, P (= acc_s after the softmax, fp32) packed to T in registers as the A operand
-// (pack_p_k16), V by ldmatrix.trans.
+// (ptx::pack_k16), V by ldmatrix.trans.
 template <typename T, typename VTile, int kMTiles, int kNTiles, int kDTiles>
 __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], const float (&p)[kMTiles][kNTiles][4],
                                         uint32_t v_lane) {
@@ -112,7 +102,7 @@ __device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], con
   for (int kt = 0; kt < kNTiles / 2; ++kt) {
     uint32_t a[kMTiles][4];  // P (16 rows, keys 16 kt.. +15)
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) pack_p_k16<T>(p[mt], kt, a[mt]);
+    for (int mt = 0; mt < kMTiles; ++mt) ptx::pack_k16<T>(p[mt], kt, a[mt]);
 #pragma unroll
     for (int dp = 0; dp < kDTiles / 2; ++dp) {
       uint32_t b[4];  // V keys 16 kt.. +15, dims 16 dp.. +15, transposed: {b0, b1} of d tile 2dp, then 2dp+1
@@ -153,35 +143,21 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
   }
 }
 
-// acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (pack_p_k16), V (keys x d) as
+// acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (ptx::pack_k16), V (keys x d) as
 // an N-major B operand from shared memory.
 // The same from P already packed (a[kt]: keys 16 kt .. 16 kt + 15). kWait = false: only issued; the caller waits
 // (wait_group) and then pins acc_o and a (hold_registers / hold_fragments) before touching either.
 template <typename T, typename VTile, int kNTiles, int kDTiles, bool kWait = true>
 __device__ __forceinline__ void gemm_pv_wgmma_packed(float (&acc_o)[1][kDTiles][4], uint32_t (&a)[kNTiles / 2][4],
                                                      uint32_t s_v) {
-  using VDesc = sm90::TileDescriptors<VTile>;
-  float(&d)[kDTiles * 4] = reinterpret_cast<float(&)[kDTiles * 4]>(acc_o);
-  sm90::hold_registers(d);  // see sm90::hold_registers
-  sm90::hold_fragments(a);
-  sm90::fence();
-#pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) {
-    sm90::Wgmma<T, kDTiles * 8>::template rs<1>(d, a[kt], VDesc::mn_major(s_v, kt), 1);
-  }
-  sm90::commit_group();
-  if constexpr (kWait) {
-    sm90::wait_group<0>();
-    sm90::hold_registers(d);
-    sm90::hold_fragments(a);
-  }
+  sm90::gemm_rs<T, kDTiles * 8, kNTiles / 2, VTile, kWait>(reinterpret_cast<float(&)[kDTiles * 4]>(acc_o), a, s_v);
 }
 template <typename T, typename VTile, int kNTiles, int kDTiles>
 __device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], const float (&p)[1][kNTiles][4],
                                               uint32_t s_v) {
   uint32_t a[kNTiles / 2][4];
 #pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(p[0], kt, a[kt]);
+  for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(p[0], kt, a[kt]);
   gemm_pv_wgmma_packed<T, VTile, kNTiles, kDTiles>(acc_o, a, s_v);
 }
 
@@ -949,7 +925,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         if (kSkipMaskedTiles ? pv_pending : it > 0) release_stage(buf_prev);
         softmax.rescale(acc_o, correction);
 #pragma unroll
-        for (int kt = 0; kt < kNTiles / 2; ++kt) pack_p_k16<T>(acc_s[0], kt, p_prev[kt]);
+        for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc_s[0], kt, p_prev[kt]);
         buf_prev = buf;
         pv_pending = true;
         continue;  // this tile's P V goes out with the next tile's Q K^T (or after the loop)

@@ -127,6 +127,17 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return r;
 }
 
+// Columns 16 kt .. 16 kt + 15 of one m16 tile of fp32 C fragments (n8 tiles 2 kt, 2 kt + 1) packed to T as the A
+// operand of one k16 step: the C layout of two n8 tiles is the A layout of mma.sync m16n8k16 and of wgmma's register
+// A alike (the forward's P for P V; the backward's P^T, dS^T for dV, dK).
+template <typename T, int kNTiles>
+__device__ __forceinline__ void pack_k16(const float (&c)[kNTiles][4], int kt, uint32_t (&a)[4]) {
+  a[0] = pack2<T>(c[2 * kt][0], c[2 * kt][1]);
+  a[1] = pack2<T>(c[2 * kt][2], c[2 * kt][3]);
+  a[2] = pack2<T>(c[2 * kt + 1][0], c[2 * kt + 1][1]);
+  a[3] = pack2<T>(c[2 * kt + 1][2], c[2 * kt + 1][3]);
+}
+
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
 template <>

@@ -114,6 +114,28 @@ __device__ __forceinline__ void gemm_ss(float (&d)[kN / 2], uint32_t sA, int a_a
   }
 }
 
+// d (+)= A B, the warpgroup's m64 x kN product over kKSteps k16 steps with A from registers: a[k16] is the
+// register-A fragment of k16 step k16 (ptx::pack_k16 of C fragments), B (K x kN) MN-major from BTile (its rows are K,
+// its columns N from 0). kWait = false: only issued and committed; wait_hold completes it, and until then neither d
+// nor a may be touched (hold_fragments(a) after the wait keeps a's registers from being reused early).
+template <typename T, int kN, int kKSteps, class BTile, bool kWait = true>
+__device__ __forceinline__ void gemm_rs(float (&d)[kN / 2], uint32_t (&a)[kKSteps][4], uint32_t sB) {
+  using BDesc = TileDescriptors<BTile>;
+  hold_registers(d);  // see hold_registers
+  hold_fragments(a);
+  fence();
+#pragma unroll
+  for (int k16 = 0; k16 < kKSteps; ++k16) {
+    Wgmma<T, kN>::template rs<1>(d, a[k16], BDesc::mn_major(sB, k16), 1);
+  }
+  commit_group();
+  if constexpr (kWait) {
+    wait_group<0>();
+    hold_registers(d);
+    hold_fragments(a);
+  }
+}
+
 // Completes all but the kPending most recently committed wgmma groups (they complete in order) and pins the
 // accumulators d... of the completed ones (see hold_registers).
 template <int kPending, typename... Acc>
