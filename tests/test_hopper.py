@@ -256,7 +256,7 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
             assert_close_rule(f"{name} d {d} causal {causal}", g, g_hi, g_lo, factor=3)
 
 
-WS_BACKWARD_HEADDIMS = (64, 128)  # bwd_tile_config.h, bwd_ws_headdim
+WS_BACKWARD_HEADDIMS = tuple(fa2._C.sm90_ws_backward_headdims())  # (bwd_tile_config.h, bwd_ws_headdim)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
