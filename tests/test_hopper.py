@@ -306,13 +306,14 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
 
 
-def test_sm90_ws_backward_is_not_used_where_it_does_not_apply():
+@pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
+def test_sm90_ws_backward_is_not_used_where_it_does_not_apply(d):
     """Deterministic mode, softcap, a bias, seqlen_q not a multiple of 4 and a broadcast (stride-0) dout keep
     bwd_kernel.cuh's kernels (and stay correct: the other tests run them); the warp-specialized one only takes the
     plain, non-deterministic path with TMA-addressable tensors."""
-    if "bwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
-        pytest.skip("this build has no sm_90a backward for headdim 128 (FA2_HEADDIMS)")
-    q, k, v = make_qkv(1, 256, 256, 2, 2, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
+    q, k, v = make_qkv(1, 256, 256, 2, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     dout = torch.randn_like(q)
     bias = torch.zeros(1, 1, 1, 256, device="cuda", dtype=torch.bfloat16)
     q_odd = q[:, :255].detach().requires_grad_()
@@ -330,7 +331,7 @@ def test_sm90_ws_backward_is_not_used_where_it_does_not_apply():
     # a broadcast dout (head stride 0: the gradient of out.sum(dim=2)), which the TMA cannot address: the wgmma
     # kernel, with the gradients of the same values made contiguous (which the warp-specialized one takes)
     out = fa2.attention(q, k, v)
-    dout_b = torch.randn(1, 256, 1, 128, device="cuda", dtype=torch.bfloat16).expand(1, 256, 2, 128)
+    dout_b = torch.randn(1, 256, 1, d, device="cuda", dtype=torch.bfloat16).expand(1, 256, 2, d)
     names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout_b, retain_graph=True))
     assert any("bwd_kernel<" in n for n in names) and not any("bwd_ws_kernel<" in n for n in names), names
     grads_b = torch.autograd.grad(out, (q, k, v), dout_b, retain_graph=True)
