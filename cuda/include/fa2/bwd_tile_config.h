@@ -3,6 +3,8 @@
 // usable from host and device code.
 #pragma once
 
+#include "fa2/tile_config.h"  // the warp-specialized kernels' register split (ws_consumer_regs)
+
 namespace fa2 {
 
 struct BwdTileShape {
@@ -201,8 +203,10 @@ struct BwdWsTileConfig {
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
   // start at one (both shapes give kDqCols 64)
   static constexpr int kBlockCols = 64;
-  static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);  // the producer warpgroup first
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;       // 128 x 24 + 256 x 240 <= 384 x 168
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kNThreads = kWsProducerThreads + kConsumerThreads;  // the producer warpgroup first
+  static constexpr int kProducerRegs = kWsProducerRegs;
+  static constexpr int kConsumerRegs = ws_consumer_regs(kConsumerThreads);  // 240 (128 x 24 + 256 x 240 <= 384 x 168)
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
@@ -217,8 +221,9 @@ struct BwdWsTileConfig {
   static_assert(kBlockN == 64 * kConsumerWarpgroups && kBlockM == kDqRows * (kDqSplitRows ? 2 : 1),
                 "64 keys per warpgroup; dQ's rows one m64 per warpgroup (split) or shared");
   static_assert(kSmemBytes <= 227 * 1024, "the H100 / H200's opt-in shared memory per block");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <=
+  static_assert(kProducerRegs * kWsProducerThreads + kConsumerRegs * kConsumerThreads <=
                     kNThreads * ((64 * 1024 / kNThreads) & ~7), "setmaxnreg within the CTA's register pool");
+  static_assert(kConsumerRegs == 240, "the accumulator budget above (dK, dV, S^T, dP^T, dQ) assumes 240 registers");
 };
 
 }  // namespace fa2

@@ -93,29 +93,21 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   }
   __syncthreads();  // the CTA's only barrier: the producer warpgroup leaves below
 
-  if (threadIdx.x < 128) {
+  if (threadIdx.x < kWsProducerThreads) {
     // -- the producer warpgroup: one thread streams the query blocks; the others have nothing to do
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0 || m_lo > m_hi) return;
     sm90::mbarrier_arrive_expect_tx(bar_kv, 2 * Cfg::kSmemKVBytes);
-#pragma unroll
-    for (int blk = 0; blk < kColBlocks; ++blk) {
-      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-      sm90::tma_load_4d(sK + offset, &maps.k, bar_kv, blk * kBlockCols, n0, head_k, batch);
-      sm90::tma_load_4d(sV + offset, &maps.v, bar_kv, blk * kBlockCols, n0, head_k, batch);
-    }
+    sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sK, &maps.k, bar_kv, n0, head_k, batch);
+    sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sV, &maps.v, bar_kv, n0, head_k, batch);
     static_assert(kBlockM * 4 % 16 == 0 && kBlockM <= 256, "a block's lse / D is one 1-D TMA box");
     for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
       const int s = it % kStages, m0 = m * kBlockM;
       // the stage's previous query block (it - kStages) must have been released by every consumer warp
       if (it >= kStages) sm90::mbarrier_wait(bar_empty(s), ((it / kStages) - 1) & 1);
       sm90::mbarrier_arrive_expect_tx(bar_full(s), 2 * Cfg::kSmemQBytes + Cfg::kSmemStatsBytes);
-#pragma unroll
-      for (int blk = 0; blk < kColBlocks; ++blk) {
-        const uint32_t offset = blk * kBlockM * kBlockCols * 2;
-        sm90::tma_load_4d(sQ(s) + offset, &maps.q, bar_full(s), blk * kBlockCols, m0, head, batch);
-        sm90::tma_load_4d(sdO(s) + offset, &maps.dout, bar_full(s), blk * kBlockCols, m0, head, batch);
-      }
+      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ(s), &maps.q, bar_full(s), m0, head, batch);
+      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sdO(s), &maps.dout, bar_full(s), m0, head, batch);
       // lse and D of the block's rows, from the flat (batch, heads, seqlen_q) views (see the masking of rows past
       // seqlen_q above; past the buffers' end they read zeros)
       const int row = int(bh * p.seqlen_q + m0);  // (the launcher checks that batch * nheads * seqlen_q fits an int)
@@ -127,7 +119,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
   // -- the consumer warpgroups
   sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const int ctid = int(threadIdx.x) - 128;
+  const int ctid = int(threadIdx.x) - kWsProducerThreads;
   const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};

@@ -411,19 +411,9 @@ enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFo
 
 // Warp specialization (sm_90a with TMA loads; kWarpSpecialized): one more warpgroup, the producer, runs ahead
 // issuing the K/V copies into the ring (waiting on "empty" barriers the consumer warps arrive on once their products
-// have read a stage) with its registers given back (setmaxnreg 24); the kNWarps consumer warps take what is left of
-// the CTA's pool (ws_consumer_regs: 240 with two consumer warpgroups, 160 with three) and never sync the whole CTA
-// inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
-constexpr int kWsProducerThreads = 128, kWsProducerRegs = 24;
-// setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
-// (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K. The
-// consumers get the rest, a multiple of 8, at most 240.
-constexpr int ws_consumer_regs(int consumer_threads) {
-  const int threads = kWsProducerThreads + consumer_threads;
-  const int pool = threads * ((64 * 1024 / threads) & ~7);
-  const int regs = ((pool - kWsProducerThreads * kWsProducerRegs) / consumer_threads) & ~7;
-  return regs < 240 ? regs : 240;
-}
+// have read a stage) with its registers given back (kWsProducerRegs); the kNWarps consumer warps take what is left of
+// the CTA's pool (ws_consumer_regs, tile_config.h: 240 with two consumer warpgroups, 160 with three) and never sync
+// the whole CTA inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
 // Ping-pong (with warp specialization, kPingpong): the two consumer warpgroups take turns issuing their products, one
 // "slot" each (P V of tile n, then Q K^T of tile n + 1), so that one's softmax runs while the other's products
 // occupy the tensor cores. Named barriers 2 + w: warpgroup w waits on its own to start a slot, the other arrives on
@@ -563,10 +553,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   };
   auto tma_q = [&](int m0, int head, int batch) {  // a query block's Q (one thread)
     sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
-#pragma unroll
-    for (int blk = 0; blk < kColBlocks; ++blk) {
-      sm90::tma_load_4d(sQ + blk * kBlockM * kBlockCols * 2, &maps.q, bar_q, blk * kBlockCols, m0, head, batch);
-    }
+    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ, &maps.q, bar_q, m0, head, batch);
   };
   // K and V (and the staged bias) of key tile n into stage buf (one thread)
   auto tma_kv = [&](int n, int buf, int head_k, int batch, int bias_head, int bias_batch) {

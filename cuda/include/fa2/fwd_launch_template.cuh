@@ -51,7 +51,7 @@ FwdLaunch ws_launch() {
   using Cfg = fwd::FwdKernelConfig<kHeadDim, kArch, /*kWarpSpecialized=*/true, kPingpong>;
   static_assert(Cfg::kBlockN == FwdTileConfig<kHeadDim, true>::kBlockN, "K/V tensor maps of the instance's key tile");
   // (one CTA per SM: its setmaxnreg split takes the whole register file, ws_consumer_regs)
-  static_assert(fwd::kWsProducerThreads * fwd::kWsProducerRegs + Cfg::kNThreads * fwd::ws_consumer_regs(Cfg::kNThreads) >
+  static_assert(kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * ws_consumer_regs(Cfg::kNThreads) >
                     32 * 1024, "a persistent grid of one CTA per SM");
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong,
                            /*kOverlap=*/sm90_schedule_overlap(kSchedule)>,

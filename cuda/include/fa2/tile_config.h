@@ -4,6 +4,19 @@
 
 namespace fa2 {
 
+// Warp-specialized sm_90a kernels (the forward's, fwd_kernel.cuh, and the backward's, bwd_ws_kernel.cuh): a producer
+// warpgroup first, its registers given back (setmaxnreg 24), and consumer warpgroups with the rest.
+constexpr int kWsProducerThreads = 128, kWsProducerRegs = 24;
+// setmaxnreg.inc blocks until the registers are free: the total must fit the pool the CTA was launched with,
+// (64K / threads) rounded down to a multiple of 8 per thread (168 at 384 threads: 64512), not the whole 64K. The
+// consumers get the rest, a multiple of 8, at most 240.
+constexpr int ws_consumer_regs(int consumer_threads) {
+  const int threads = kWsProducerThreads + consumer_threads;
+  const int pool = threads * ((64 * 1024 / threads) & ~7);
+  const int regs = ((pool - kWsProducerThreads * kWsProducerRegs) / consumer_threads) & ~7;
+  return regs < 240 ? regs : 240;
+}
+
 struct FwdTileShape {
   int block_m;  // query rows per CTA (split across warps, 16 rows per m16 tile)
   int block_n;  // keys per K/V tile

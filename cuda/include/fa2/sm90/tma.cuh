@@ -189,6 +189,16 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
       : "memory");
 }
+// A (kRows, kCols) SwizzledTile with kBlockCols-wide column blocks from a 4-D tensor map (make_bshd_tensor_map with
+// box (kBlockCols, kRows)): rows row .. row + kRows - 1 of (head, batch), one box per column block, on `bar`.
+template <int kRows, int kCols, int kBlockCols>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                              int batch) {
+#pragma unroll
+  for (int blk = 0; blk < kCols / kBlockCols; ++blk) {
+    tma_load_4d(dst + blk * kRows * kBlockCols * 2, map, bar, blk * kBlockCols, row, head, batch);
+  }
+}
 // (1 x 1 x cols) box at (col, head, batch) of a 3-D tensor map into shared memory `dst` (16-byte aligned),
 // completing its bytes on `bar`.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int head,
