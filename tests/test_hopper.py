@@ -306,16 +306,67 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
 
 
+@pytest.mark.parametrize("kind", ["bool", "same", "fp32"])
+@pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
+def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind):
+    """A key-row bias (padding masks; no dbias) on the warp-specialized backward (bwd_ws_kernel.cuh, kKeyBias): P
+    against bwd_row_stats_kernel's statistics, each thread's keys' bias in registers, key blocks whose every key is
+    padded skipped. Gradients follow the rule against the fp32 reference and agree with bwd_kernel.cuh's key-row
+    variant (set_sm90_ws_backward(False)), causal or not, with a whole padded key block (keys 128-255), a padded tail,
+    scattered padding, finite bias values ("same" / "fp32"), GQA; a batch whose every key is padded gets zero
+    gradients from both."""
+    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
+    if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0") or not fa2._C.key_bias_backward():
+        pytest.skip("the warp-specialized backward or the key-row bias variant is switched off")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    b, sq, sk, h, hk = 3, 260, 700, 4, 2
+    keep = torch.rand(b, 1, 1, sk, device="cuda", generator=g) > 0.3
+    keep[0, ..., :] = True
+    keep[0, ..., 128:256] = False  # a whole key block of the kernel
+    keep[0, ..., 600:] = False     # and the tail
+    keep[2] = False                # every key of the last batch
+    if kind == "bool":
+        bias = keep
+    else:
+        dtype = torch.bfloat16 if kind == "same" else torch.float32
+        bias = (torch.randn(b, 1, 1, sk, device="cuda", generator=g) * 2).to(dtype).masked_fill(~keep, float("-inf"))
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=torch.bfloat16, device="cuda", requires_grad=True, generator=g)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    for causal in (False, True):
+        out = fa2.attention(q, k, v, attn_bias=bias, causal=causal)
+        names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+        assert any("bwd_ws_kernel<" in n and ", true>(" in n for n in names), names
+        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        with switch("sm90_ws_backward", False):
+            grads_off = torch.autograd.grad(out, (q, k, v), dout)
+        for name, g_ws, g_off in zip(("dq", "dk", "dv"), grads, grads_off):
+            assert torch.isfinite(g_ws).all(), name
+            assert torch.equal(g_ws[2], torch.zeros_like(g_ws[2])), f"{name}: the all-padded batch"
+            assert torch.equal(g_off[2], torch.zeros_like(g_off[2])), f"{name}: the all-padded batch (wgmma)"
+        # the reference on the batches that see keys (a row with none is NaN there)
+        sub = [t[:2].detach() for t in (q, k, v)]
+        ref_bias = bias[:2] if kind == "bool" else bias[:2].float()
+        leaf_hi = [t.float().requires_grad_() for t in sub]
+        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, ref_bias, causal=causal), leaf_hi, dout[:2].float())
+        leaf_lo = [t.clone().requires_grad_() for t in sub]
+        lo_bias = bias[:2] if kind == "bool" else bias[:2].to(torch.bfloat16)
+        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, lo_bias, causal=causal, upcast=False), leaf_lo, dout[:2])
+        for name, g_ws, g_off, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_off, grads_hi, grads_lo):
+            assert_close_rule(f"ws {name} {kind} causal {causal}", g_ws[:2], g_hi, g_lo, factor=3)
+            assert_close_rule(f"wgmma {name} {kind} causal {causal}", g_off[:2], g_hi, g_lo, factor=3)
+
+
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
 def test_sm90_ws_backward_is_not_used_where_it_does_not_apply(d):
-    """Deterministic mode, softcap, a bias, seqlen_q not a multiple of 4 and a broadcast (stride-0) dout keep
-    bwd_kernel.cuh's kernels (and stay correct: the other tests run them); the warp-specialized one only takes the
-    plain, non-deterministic path with TMA-addressable tensors."""
+    """Deterministic mode, softcap, a general (per query and key) bias, seqlen_q not a multiple of 4 and a broadcast
+    (stride-0) dout keep bwd_kernel.cuh's kernels (and stay correct: the other tests run them); the warp-specialized
+    one takes the plain path and its key-row bias variant, not deterministic, with TMA-addressable tensors."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
     q, k, v = make_qkv(1, 256, 256, 2, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     dout = torch.randn_like(q)
-    bias = torch.zeros(1, 1, 1, 256, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1, 2, 256, 256, device="cuda", dtype=torch.bfloat16)
     q_odd = q[:, :255].detach().requires_grad_()
     calls = [("softcap", (q, k, v), lambda: fa2.attention(q, k, v, softcap=5.0)),
              ("bias", (q, k, v), lambda: fa2.attention(q, k, v, attn_bias=bias)),

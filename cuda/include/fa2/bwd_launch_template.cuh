@@ -47,12 +47,15 @@ inline bool bshd_tma_addressable(const void* base, int64_t batch, int64_t seqlen
   return aligned16(base) && ok(batch, batch_stride) && ok(seqlen, row_stride) && ok(heads, head_stride);
 }
 
-// Whether a plain-path, non-deterministic backward call can run the warp-specialized kernel (bwd_ws_kernel.cuh): its
-// TMA reads each query block's lse and D from flat (batch, heads, seqlen_q) fp32 buffers in boxes that must start
-// 16-byte aligned (the H200 raised an illegal instruction at seqlen_q 333: seqlen_q % 4 == 0), q / dout / k / v in
-// tiles (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q rows).
-inline bool bwd_ws_applies(const AttentionParams& p, int block_m) {
-  return p.seqlen_q % 4 == 0 && aligned16(p.lse) && aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
+// Whether a non-deterministic backward call on the plain path (key_bias: its key-row bias variant) can run the
+// warp-specialized kernel (bwd_ws_kernel.cuh): its TMA reads each query block's row statistics (lse and D; with a
+// key-row bias bwd_row_stats_kernel's lse and shift) from flat (batch, heads, seqlen_q) fp32 buffers in boxes that
+// must start 16-byte aligned (the H200 raised an illegal instruction at seqlen_q 333: seqlen_q % 4 == 0), q / dout /
+// k / v in tiles (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q
+// rows).
+inline bool bwd_ws_applies(const AttentionParams& p, int block_m, bool key_bias) {
+  return p.seqlen_q % 4 == 0 && aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
+         (key_bias ? aligned16(p.row_lse) && aligned16(p.row_shift) : aligned16(p.lse)) &&
          int64_t(p.batch) * p.nheads * p.seqlen_q + block_m <= 0x7fffffff &&
          bshd_tma_addressable(p.q, p.batch, p.seqlen_q, p.nheads, p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
          bshd_tma_addressable(p.dout, p.batch, p.seqlen_q, p.nheads, p.dout_batch_stride, p.dout_row_stride,
@@ -63,14 +66,14 @@ inline bool bwd_ws_applies(const AttentionParams& p, int block_m) {
 }
 
 // The sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh), where bwd_ws_applies: its TMA maps (q, dout in query
-// blocks, k, v in key blocks, lse / D, dq_accum), then one CTA per (key block, head, batch) as launch_bwd_kernel's.
-// *launched = false (and nothing done) when a tensor map cannot be built or its shared memory is not available: the
-// caller runs bwd_kernel.cuh's kernel instead.
-template <typename T, int kHeadDim>
+// blocks, k, v in key blocks, the row statistics, dq_accum), then one CTA per (key block, head, batch) as
+// launch_bwd_kernel's. *launched = false (and nothing done) when a tensor map cannot be built or its shared memory is
+// not available: the caller runs bwd_kernel.cuh's kernel instead.
+template <typename T, int kHeadDim, bool kKeyBias>
 const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
   using Cfg = BwdWsTileConfig<kHeadDim>;
-  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps) = &bwd::bwd_ws_kernel<T, Cfg>;
+  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps) = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   sm90::BwdTensorMaps maps{};
   constexpr int kCols = Cfg::kBlockCols;
@@ -89,7 +92,9 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, 
                                    p.v_row_stride, p.v_head_stride, Cfg::kBlockN, kCols);
   }
   const int64_t rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // of lse, D and dq_accum
-  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, p.lse, rows, Cfg::kBlockM);
+  // (the key-row bias variant takes P against bwd_row_stats_kernel's statistics: its lse and the row shift)
+  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, kKeyBias ? p.row_lse : p.lse, rows, Cfg::kBlockM);
+  if (e == nullptr && kKeyBias) e = sm90::make_flat_f32_tensor_map(&maps.shift, p.row_shift, rows, Cfg::kBlockM);
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, Cfg::kBlockM);
   if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
   if (e == nullptr) e = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes);
@@ -139,16 +144,20 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   const char* e = nullptr;
-  // sm_90a, plain path (score_mod covers every bias), not deterministic: the warp-specialized kernel where its tiles
-  // are defined, switched on (sm90_ws_backward) and its TMA can address everything (bwd_ws_applies)
+  // sm_90a, plain path or its key-row bias variant (bwd_uses_score_mod is true for any bias), not deterministic: the
+  // warp-specialized kernel where its tiles are defined, switched on (sm90_ws_backward) and its TMA can address
+  // everything (bwd_ws_applies)
   bool ws = false;
   if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
-    ws = sm90_ws_backward() && !score_mod && !p.deterministic &&
-         bwd_ws_applies(p, BwdWsTileConfig<kHeadDim>::kBlockM);
-    if (ws) e = launch_bwd_ws_kernel<T, kHeadDim>(p, stream, &ws);
+    ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
+         bwd_ws_applies(p, BwdWsTileConfig<kHeadDim>::kBlockM, key_bias);
+    if (ws) {
+      e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(p, stream, &ws)
+                   : launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
+    }
   }
   if constexpr (kKeyBiasFits) {
-    if (key_bias) e = launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false, /*kKeyBias=*/true>(p, stream);
+    if (key_bias && !ws) e = launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false, /*kKeyBias=*/true>(p, stream);
   }
   if (!key_bias && !ws) {
     e = score_mod ? launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(p, stream)

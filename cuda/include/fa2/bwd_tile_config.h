@@ -184,7 +184,7 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 // half of its headdim columns (kBlockM 64; each half starts at a swizzle column block).
 // Registers per consumer thread (fp32): d 128 (64 x 128): dK, dV 2 x 64 + S^T, dP^T 2 x 32, then dQ 32 (after S^T and
 // dP^T are packed); d 64 (128 x 128): dK, dV 2 x 32 + S^T, dP^T 2 x 64, then dQ 32.
-// Shared memory (bytes): K, V 2 x kBlockN d 2 + kStages (Q, dO: 2 x kBlockM d 2 + lse, D: 2 x kBlockM 4)
+// Shared memory (bytes): K, V 2 x kBlockN d 2 + kStages (Q, dO: 2 x kBlockM d 2 + lse, D, shift: 3 x kBlockM 4)
 //   + dS^T 2 buffers x kBlockN kBlockM 2 (a warpgroup may still read one while the other writes the next)
 //   + dQ staging 2 x 64 x kDqCols 4 (each warpgroup's part, added to dq_accum by the TMA's reduce-add)
 //   d 128, 64 x 128, 2 stages: 64 + 64 + 1 + 32 + 32 KB = 193 KB;  d 64, 128 x 128: 32 + 64 + 2 + 64 + 32 = 194 KB.
@@ -210,7 +210,7 @@ struct BwdWsTileConfig {
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kSmemStatsBytes = 2 * kBlockM * 4;  // lse, D of one stage's rows
+  static constexpr int kSmemStatsBytes = 3 * kBlockM * 4;  // lse, D (and a key-row bias's row shift) of a stage
   static constexpr int kSmemDqBytes = kDqRows * kDqCols * 4;  // one warpgroup's part of dQ
   static constexpr int kSmemBarrierBytes = 8 * (1 + 2 * kStages);  // K/V, then full and empty per stage
   static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 2 * kSmemDsBytes +

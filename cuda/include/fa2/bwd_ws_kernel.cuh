@@ -1,6 +1,7 @@
 // FlashAttention-2 backward, sm_90a warp-specialized main kernel (FA-3's structure; the step 2 of bwd_kernel.cuh's
-// three for the plain path: no softcap, no bias, not deterministic). One CTA = kBlockN keys of one (batch, query
-// head), as there; what differs is how a query block is processed (BwdWsTileConfig, bwd_tile_config.h):
+// three for the plain path and its key-row bias variant: no softcap, no dbias, not deterministic). One CTA = kBlockN
+// keys of one (batch, query head), as there; what differs is how a query block is processed (BwdWsTileConfig,
+// bwd_tile_config.h):
 //   - a producer thread loads K, V once and streams each query block's Q, dO, lse and D (all by the TMA) into a
 //     kStages ring of shared memory, on full / empty mbarriers: the consumers never wait for a CTA barrier;
 //   - consumer warpgroup w owns keys 64 w .. 64 w + 63 and computes the transposed scores, keys as the wgmma M:
@@ -16,6 +17,9 @@
 //     and releases the stage once its products have completed.
 // Query rows past seqlen_q: Q and dO read as zeros, but their lse and D (a flat view) are the next head's, so P is
 // masked to 0 there (then dS = 0 and their dQ rows, added to the next head's rows by the reduce-add, are exact zeros).
+// kKeyBias (a bias with one value per key: padding masks): the score is x = q.k scale + bias[key], P taken against
+// bwd_row_stats_kernel's (shift, lse) per query, as bwd_kernel.cuh's key-row variant; each thread's two keys' bias
+// values live in registers for the whole CTA, and a key block whose every key is padded skips its query blocks.
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
 #pragma once
 #include <cstdint>
@@ -40,7 +44,7 @@ __device__ __forceinline__ void pack_k16_fragments(const float (&acc)[kNTiles][4
   for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc, kt, a[kt]);
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kKeyBias>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     bwd_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -56,7 +60,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q/dO boxes cover the tile exactly");
 
   // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] [Q1] [dO1].. [dS^T 0 (kBlockN, kBlockM)] [dS^T 1]
-  //       [dQ part of warpgroup 0 (64, kDqCols) fp32] [of warpgroup 1] [lse, D]0 [lse, D]1..
+  //       [dQ part of warpgroup 0 (64, kDqCols) fp32] [of warpgroup 1] [lse, D (, shift)]0 [lse, D (, shift)]1..
   //       [mbarriers: K/V, full per stage, empty per stage]
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sK = ptx::smem_u32(smem);
@@ -66,6 +70,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   auto sdO = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
   auto sDs = [&](int b) { return sQ(kStages) + b * Cfg::kSmemDsBytes; };
   auto sDq = [&](int w) { return sDs(2) + w * Cfg::kSmemDqBytes; };
+  // per stage: lse, D (kBlockM fp32 each), and with kKeyBias the row shift (bwd_row_stats_kernel's; lse is its too)
+  constexpr int kStatsBytes = (kKeyBias ? 3 : 2) * kBlockM * 4;
+  static_assert(kStatsBytes <= Cfg::kSmemStatsBytes, "a stage's row statistics fit their space");
   auto sStats = [&](int s) { return sDq(Cfg::kConsumerWarpgroups) + s * Cfg::kSmemStatsBytes; };
   const uint32_t bar_kv = sStats(kStages);
   auto bar_full = [&](int s) { return bar_kv + 8 + 8 * s; };
@@ -77,7 +84,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int n0 = n_block * kBlockN;
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
-  const int m_lo = range.lo(n_block), m_hi = range.hi(n_block);
+  const int m_lo = range.lo(n_block);
+  int m_hi = range.hi(n_block);
   const int64_t bh = int64_t(batch) * p.nheads + head;
   const int lane = threadIdx.x & 31;
 
@@ -91,7 +99,19 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     }
     sm90::fence_barrier_init();
   }
-  __syncthreads();  // the CTA's only barrier: the producer warpgroup leaves below
+  // the CTA's only barrier (the producer warpgroup leaves below); with kKeyBias it also tells whether every key of the
+  // block is padded (-inf / False, or past seqlen_k): then dK = dV = 0 and nothing is added to dQ
+  if constexpr (kKeyBias) {
+    static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
+    bool padded = true;
+    if (threadIdx.x < kBlockN) {
+      const int key = n0 + int(threadIdx.x);
+      padded = key >= p.seqlen_k || bias_value<T>(p, bias_of_head(p, batch, head), 0, key) == -INFINITY;
+    }
+    if (__syncthreads_and(padded)) m_hi = m_lo - 1;
+  } else {
+    __syncthreads();
+  }
 
   if (threadIdx.x < kWsProducerThreads) {
     // -- the producer warpgroup: one thread streams the query blocks; the others have nothing to do
@@ -105,7 +125,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       const int s = it % kStages, m0 = m * kBlockM;
       // the stage's previous query block (it - kStages) must have been released by every consumer warp
       if (it >= kStages) sm90::mbarrier_wait(bar_empty(s), ((it / kStages) - 1) & 1);
-      sm90::mbarrier_arrive_expect_tx(bar_full(s), 2 * Cfg::kSmemQBytes + Cfg::kSmemStatsBytes);
+      sm90::mbarrier_arrive_expect_tx(bar_full(s), 2 * Cfg::kSmemQBytes + kStatsBytes);
       sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ(s), &maps.q, bar_full(s), m0, head, batch);
       sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sdO(s), &maps.dout, bar_full(s), m0, head, batch);
       // lse and D of the block's rows, from the flat (batch, heads, seqlen_q) views (see the masking of rows past
@@ -113,6 +133,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       const int row = int(bh * p.seqlen_q + m0);  // (the launcher checks that batch * nheads * seqlen_q fits an int)
       sm90::tma_load_1d(sStats(s), &maps.lse, bar_full(s), row);
       sm90::tma_load_1d(sStats(s) + kBlockM * 4, &maps.dsum, bar_full(s), row);
+      if constexpr (kKeyBias) sm90::tma_load_1d(sStats(s) + 2 * kBlockM * 4, &maps.shift, bar_full(s), row);
     }
     return;
   }
@@ -122,6 +143,15 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int ctid = int(threadIdx.x) - kWsProducerThreads;
   const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
+  // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked)
+  float key_bias[2] = {0.f, 0.f};
+  if constexpr (kKeyBias) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = n0 + key0 + 8 * half;
+      if (key < p.seqlen_k) key_bias[half] = bias_value<T>(p, bias_of_head(p, batch, head), 0, key);
+    }
+  }
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   // this warpgroup's dQ reduce-adds: issued (and their shared memory's reads waited for) by its first thread; its part
   // of a query block's dQ: rows dq_row0 .. + 63, columns dq_col0 .. + kDqCols - 1
@@ -136,7 +166,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, m0 = m * kBlockM;
     sm90::mbarrier_wait_untimed(bar_full(s), (it / kStages) & 1);
-    const float* stats = reinterpret_cast<const float*>(smem_at(sStats(s)));  // [lse (kBlockM)] [D (kBlockM)]
+    // [lse (kBlockM)] [D (kBlockM)] ([shift (kBlockM)])
+    const float* stats = reinterpret_cast<const float*>(smem_at(sStats(s)));
 
     // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each), both in flight
     float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
@@ -146,14 +177,17 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
         acc_dp, sV, wg * 64, sdO(s), 0);
     sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
 
-    // -- P^T = exp2(q.k scale log2e - lse log2e), rounded to T; masked (P = 0) on boundary blocks. Element (j, 2 half
-    //    + e) of the fragments is key key0 + 8 half, query m0 + 8 j + 2 tig + e.
+    // -- P^T = exp2(q.k scale log2e - lse log2e) (kKeyBias: exp2((q.k scale + bias - shift) log2e - lse log2e)),
+    //    rounded to T; masked (P = 0) on boundary blocks. Element (j, 2 half + e) of the fragments is key key0 + 8 half,
+    //    query m0 + 8 j + 2 tig + e.
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);
     auto to_p = [&](auto masked) {
 #pragma unroll
       for (int j = 0; j < kSNTiles; ++j) {
         const float2 l = *reinterpret_cast<const float2*>(stats + 8 * j + 2 * tig);
         const float lse2[2] = {l.x * kLog2e, l.y * kLog2e};
+        float2 shift = make_float2(0.f, 0.f);
+        if constexpr (kKeyBias) shift = *reinterpret_cast<const float2*>(stats + 2 * kBlockM + 8 * j + 2 * tig);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           int key_lo = 0, key_hi = 0;
@@ -164,7 +198,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
           }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            float prob = exp2_ftz(fmaf(s_frag[j][half * 2 + e], p.scale_log2, -lse2[e]));
+            float prob;
+            if constexpr (kKeyBias) {
+              const float x = fmaf(s_frag[j][half * 2 + e], p.scale, key_bias[half]);
+              prob = exp2_ftz(fmaf(x - (e == 0 ? shift.x : shift.y), kLog2e, -lse2[e]));
+            } else {
+              prob = exp2_ftz(fmaf(s_frag[j][half * 2 + e], p.scale_log2, -lse2[e]));
+            }
             if constexpr (decltype(masked)::value) {
               const int key = n0 + key0 + 8 * half;
               if (key < key_lo || key > key_hi) prob = 0.f;

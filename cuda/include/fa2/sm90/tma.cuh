@@ -19,9 +19,10 @@ struct FwdTensorMaps {
   CUtensorMap q, k, v, bias;
 };
 // The warp-specialized backward's (bwd_ws_kernel.cuh): q and dout in query blocks, k and v in key blocks, lse and
-// D (softmax_d) flat (make_flat_f32_tensor_map), dq_accum as (rows, headdim) fp32 for the TMA's reduce-add.
+// D (softmax_d) flat (make_flat_f32_tensor_map; with a key-row bias lse is row_lse, and shift row_shift), dq_accum as
+// (rows, headdim) fp32 for the TMA's reduce-add.
 struct BwdTensorMaps {
-  CUtensorMap q, k, v, dout, lse, dsum, dq_accum;
+  CUtensorMap q, k, v, dout, lse, dsum, shift, dq_accum;
 };
 
 // ---- host: a 4-D tensor map over (batch, seqlen, heads, headdim) b16 elements with any strides (in elements; the
