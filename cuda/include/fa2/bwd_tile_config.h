@@ -199,6 +199,10 @@ struct BwdWsTileConfig {
   static constexpr int kConsumerWarpgroups = 2;
   // dQ (kBlockM, d) split between the warpgroups: by rows (64 each) when kBlockM is 128, else by columns
   static constexpr bool kDqSplitRows = kBlockM == 128;
+  // dS^T from the rounded P before dV's wgmma is issued (it then does not overlap dS) rather than from the fp32 P
+  // while dV runs: at 128-query blocks S^T and dP^T take 64 registers each, and keeping the fp32 P beside the packed
+  // one spilled 48 B
+  static constexpr bool kDsBeforeDv = kBlockM == 128;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
   // start at one (both shapes give kDqCols 64)

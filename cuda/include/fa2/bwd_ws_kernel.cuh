@@ -222,30 +222,39 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     uint32_t p_frag[kBlockM / 16][4];
     pack_k16_fragments<T>(s_frag, p_frag);
 
-    // -- dV_w += P^T dO
-    sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, sdO(s));
-
-    // -- dS^T = P^T (dP^T - D), P as rounded for dV
-    sm90::wait_hold<1>(acc_dp);  // (dV keeps running)
+    // -- dV_w += P^T dO and dS^T = P^T (dP^T - D). No register that an in-flight wgmma reads as its A operand (p_frag
+    //    for dV, ds_frag for dK) is read before that wgmma's wait (the PTX ISA leaves such reads undefined): dS comes
+    //    from the fp32 P while dV runs, or, where that P would not fit beside dP^T (Cfg::kDsBeforeDv), from the rounded
+    //    P before dV is issued.
     auto& dp_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_dp);
+    auto to_ds = [&](auto from_rounded_p) {
 #pragma unroll
-    for (int j = 0; j < kSNTiles; ++j) {
-      const float2 dsum = *reinterpret_cast<const float2*>(stats + kBlockM + 8 * j + 2 * tig);
+      for (int j = 0; j < kSNTiles; ++j) {
+        const float2 dsum = *reinterpret_cast<const float2*>(stats + kBlockM + 8 * j + 2 * tig);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float2 prob = unpack2<T>(p_frag[j / 2][(j % 2) * 2 + half]);
-        dp_frag[j][half * 2] = prob.x * (dp_frag[j][half * 2] - dsum.x);
-        dp_frag[j][half * 2 + 1] = prob.y * (dp_frag[j][half * 2 + 1] - dsum.y);
+        for (int half = 0; half < 2; ++half) {
+          float2 prob = make_float2(s_frag[j][half * 2], s_frag[j][half * 2 + 1]);
+          if constexpr (decltype(from_rounded_p)::value) prob = unpack2<T>(p_frag[j / 2][(j % 2) * 2 + half]);
+          dp_frag[j][half * 2] = prob.x * (dp_frag[j][half * 2] - dsum.x);
+          dp_frag[j][half * 2 + 1] = prob.y * (dp_frag[j][half * 2 + 1] - dsum.y);
+        }
       }
+    };
+    if constexpr (Cfg::kDsBeforeDv) {
+      sm90::wait_hold<0>(acc_dp);
+      to_ds(std::true_type{});
+      sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, sdO(s));
+    } else {
+      sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, sdO(s));
+      sm90::wait_hold<1>(acc_dp);  // (dV keeps running)
+      to_ds(std::false_type{});
     }
     uint32_t ds_frag[kBlockM / 16][4];
     pack_k16_fragments<T>(dp_frag, ds_frag);
 
-    // -- dK_w += dS^T Q
-    sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, ds_frag, sQ(s));
-
     // -- dS^T to shared memory (buffer it % 2: the other warpgroup may still be reading the previous one in its dQ;
-    //    the one before that every consumer finished before the barrier of the last iteration), then dQ = dS K.
+    //    the one before that every consumer finished before the barrier of the last iteration), stored before dK's
+    //    wgmma reads ds_frag; then dK_w += dS^T Q, and dQ = dS K once both warpgroups' dS^T are there.
     //    The barrier also tells every thread that the dQ staging is free again: its issuer waited, before it, for the
     //    reads of the last iteration's reduce-adds.
     const uint32_t s_ds = sDs(it & 1);
@@ -256,6 +265,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
         st_shared_pair<DsTile>(s_ds, key0 + 8 * half, 8 * j + 2 * tig, ds_frag[j / 2][(j % 2) * 2 + half]);
       }
     }
+    sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, ds_frag, sQ(s));
     sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
     if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
     ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
