@@ -9,8 +9,9 @@
 //       P^T = exp2(S^T scale log2e - lse log2e)           (lse, D per query: per accumulator column)
 //       dV_w += P^T dO                                    (P^T from registers: the accumulator layout of two n8
 //                                                          tiles is the register-A layout of a k16 step)
-//       dS^T = P^T (dP^T - D);  dK_w += dS^T Q            (dS^T from registers)
-//       dS^T -> shared memory (two buffers), the consumers' named barrier, then
+//       dS^T = P^T (dP^T - D) -> shared memory (two buffers); dK_w += dS^T Q (dS^T from registers; no A-operand
+//                                                          register is read while its wgmma runs), the consumers'
+//                                                          named barrier, then
 //       dQ_w = dS K: 64 of the block's queries (kBlockM 128)  (both operands MN-major from shared memory; every key
 //       or half of d (kBlockM 64)                          of the block), staged in shared memory and added to
 //                                                          dq_accum by one TMA reduce-add per 32 columns
