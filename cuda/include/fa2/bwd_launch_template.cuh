@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fa2/bwd_kernel.cuh"
+#include "fa2/bwd_ws_dsplit_kernel.cuh"
 #include "fa2/bwd_ws_kernel.cuh"
 #include "fa2/bwd_launch.h"  // sm90_backward
 #include "fa2/launch.h"      // check_dynamic_smem, check_grid_batch_heads
@@ -72,8 +73,15 @@ inline bool bwd_ws_applies(const AttentionParams& p, int block_m, bool key_bias)
 template <typename T, int kHeadDim, bool kKeyBias>
 const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
-  using Cfg = BwdWsTileConfig<kHeadDim>;
-  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps) = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
+  using Cfg = BwdWsConfig<kHeadDim>;
+  constexpr bool kSplit = std::is_same_v<Cfg, BwdWsSplitTileConfig<kHeadDim>>;  // (bwd_ws_dsplit_kernel.cuh)
+  static_assert(!(kSplit && kKeyBias), "the headdim-split kernel has no key-row bias variant");
+  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
+  if constexpr (kSplit) {
+    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg>;
+  } else {
+    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
+  }
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   sm90::BwdTensorMaps maps{};
   constexpr int kCols = Cfg::kBlockCols;
@@ -149,11 +157,16 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   // everything (bwd_ws_applies)
   bool ws = false;
   if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
-    ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
-         bwd_ws_applies(p, BwdWsTileConfig<kHeadDim>::kBlockM, key_bias);
+    constexpr bool kWsKeyBias = bwd_ws_key_bias_headdim(kHeadDim);
+    ws = sm90_ws_backward() && (!score_mod || (key_bias && kWsKeyBias)) && !p.deterministic &&
+         bwd_ws_applies(p, BwdWsConfig<kHeadDim>::kBlockM, key_bias);
     if (ws) {
-      e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(p, stream, &ws)
-                   : launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
+      if constexpr (kWsKeyBias) {
+        e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(p, stream, &ws)
+                     : launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
+      } else {
+        e = launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
+      }
     }
   }
   if constexpr (kKeyBiasFits) {

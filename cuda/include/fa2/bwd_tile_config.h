@@ -3,6 +3,8 @@
 // usable from host and device code.
 #pragma once
 
+#include <type_traits>
+
 #include "fa2/tile_config.h"  // the warp-specialized kernels' register split (ws_consumer_regs)
 
 namespace fa2 {
@@ -188,7 +190,9 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 //   + dS^T 2 buffers x kBlockN kBlockM 2 (a warpgroup may still read one while the other writes the next)
 //   + dQ staging 2 x 64 x kDqCols 4 (each warpgroup's part, added to dq_accum by the TMA's reduce-add)
 //   d 128, 64 x 128, 2 stages: 64 + 64 + 1 + 32 + 32 KB = 193 KB;  d 64, 128 x 128: 32 + 64 + 2 + 64 + 32 = 194 KB.
-constexpr bool bwd_ws_headdim(int headdim) { return headdim == 64 || headdim == 128; }
+constexpr bool bwd_ws_headdim(int headdim) { return headdim == 64 || headdim == 128 || headdim == 256; }
+// the headdims whose warp-specialized backward has the key-row bias variant (padding masks): BwdWsTileConfig's
+constexpr bool bwd_ws_key_bias_headdim(int headdim) { return headdim == 64 || headdim == 128; }
 
 template <int kHeadDim_>
 struct BwdWsTileConfig {
@@ -229,5 +233,47 @@ struct BwdWsTileConfig {
                     kNThreads * ((64 * 1024 / kNThreads) & ~7), "setmaxnreg within the CTA's register pool");
   static_assert(kConsumerRegs == 240, "the accumulator budget above (dK, dV, S^T, dP^T, dQ) assumes 240 registers");
 };
+
+// d 256 (bwd_ws_dsplit_kernel.cuh): dK and dV of 64 keys take 2 x 128 registers per thread of one warpgroup, more than
+// it has, so both consumer warpgroups own the same kBlockN = 64 keys and split the headdim: warpgroup w accumulates
+// dK, dV columns 128 w .. 128 w + 127 (2 x 64 registers). The two products over the whole headdim are split instead:
+// warpgroup 0 computes S^T = K Q^T (then P^T), warpgroup 1 dP^T = V dO^T (then dS^T, with P^T from shared memory);
+// each passes its result to the other through shared memory (P^T, dS^T: the other's dV / dK take it as a shared-memory
+// operand). dQ = dS K: each warpgroup half of the columns (64 registers), staged for the TMA's reduce-add in the
+// stage's own Q / dO buffers (their halves this warpgroup's products read; released after the reduce-add's reads).
+// Shared memory: K, V 2 x 32 KB + 2 stages x (Q, dO 2 x 32 KB + lse, D 512 B) + P^T, dS^T 2 x 2 buffers x 8 KB
+//   = 225 KB.
+template <int kHeadDim_>
+struct BwdWsSplitTileConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;   // queries per step (N of S^T, dP^T; K of dV, dK; M of dQ)
+  static constexpr int kBlockN = 64;   // keys per CTA (M of S^T, dP^T, dV, dK), both consumer warpgroups
+  static constexpr int kStages = 2;    // Q / dO / lse / D ring
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kDCols = kHeadDim / kConsumerWarpgroups;  // dK, dV, dQ columns per warpgroup
+  static constexpr int kDqRows = kBlockM;
+  static constexpr int kBlockCols = 64;  // column blocks of Q, dO, K, V (128-byte swizzle)
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kNThreads = kWsProducerThreads + kConsumerThreads;
+  static constexpr int kProducerRegs = kWsProducerRegs;
+  static constexpr int kConsumerRegs = ws_consumer_regs(kConsumerThreads);
+  static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kSmemPBytes = kBlockN * kBlockM * 2;        // P^T or dS^T (keys, queries)
+  static constexpr int kSmemStatsBytes = 2 * kBlockM * 4;          // lse, D of a stage
+  static constexpr int kSmemBarrierBytes = 8 * (1 + 2 * kStages);  // K/V, then full and empty per stage
+  static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 4 * kSmemPBytes +
+                                    kStages * kSmemStatsBytes + kSmemBarrierBytes;
+  // a warpgroup's dQ staging: (kDqRows, kDCols) fp32 in 32-column boxes of kDqRows x 128 bytes, half of them in its
+  // Q columns' column blocks and half in its dO columns'
+  static_assert(kDqRows * kDCols * 4 == 2 * (kSmemQBytes / kConsumerWarpgroups), "dQ staging = its Q + dO halves");
+  static_assert(kDCols % kBlockCols == 0, "a warpgroup's columns start at a column block");
+  static_assert(kSmemBytes <= 227 * 1024, "the H100 / H200's opt-in shared memory per block");
+  static_assert(kProducerRegs * kWsProducerThreads + kConsumerRegs * kConsumerThreads <=
+                    kNThreads * ((64 * 1024 / kNThreads) & ~7), "setmaxnreg within the CTA's register pool");
+};
+// The warp-specialized backward's tile config of a headdim (bwd_ws_headdim).
+template <int kHeadDim>
+using BwdWsConfig = std::conditional_t<(kHeadDim > 128), BwdWsSplitTileConfig<kHeadDim>, BwdWsTileConfig<kHeadDim>>;
 
 }  // namespace fa2
