@@ -61,14 +61,12 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const uint32_t sK = ptx::smem_u32(smem);
   if (sK % 1024 != 0) __trap();  // the descriptors and the TMA's swizzle assume 1024-byte aligned tiles
   const uint32_t sV = sK + Cfg::kSmemKVBytes;
-  auto sQ = [&](int s) { return sV + Cfg::kSmemKVBytes + s * 2 * Cfg::kSmemQBytes; };
-  auto sdO = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
-  auto sP = [&](int b) { return sQ(kStages) + b * Cfg::kSmemPBytes; };
+  const uint32_t sRing = sV + Cfg::kSmemKVBytes;
+  auto sP = [&](int b) { return sRing + kStages * 2 * Cfg::kSmemQBytes + b * Cfg::kSmemPBytes; };
   auto sDs = [&](int b) { return sP(2) + b * Cfg::kSmemPBytes; };
-  auto sStats = [&](int s) { return sDs(2) + s * Cfg::kSmemStatsBytes; };
-  const uint32_t bar_kv = sStats(kStages);
-  auto bar_full = [&](int s) { return bar_kv + 8 + 8 * s; };
-  auto bar_empty = [&](int s) { return bar_kv + 8 + 8 * kStages + 8 * s; };
+  const uint32_t sStats0 = sDs(2);
+  const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatsBytes> ring{sRing, sStats0,
+                                                                    sStats0 + kStages * Cfg::kSmemStatsBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -80,38 +78,16 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int64_t bh = int64_t(batch) * p.nheads + head;
   const int lane = threadIdx.x & 31;
 
-  // full: the producer's expect_tx arrival; empty: one arrival per consumer warp
-  if (threadIdx.x == 0) {
-    sm90::mbarrier_init(bar_kv, 1);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      sm90::mbarrier_init(bar_full(s), 1);
-      sm90::mbarrier_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);
-    }
-    sm90::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
   __syncthreads();  // the CTA's only barrier (the producer warpgroup leaves below)
 
-  constexpr int kStatsBytes = 2 * kBlockM * 4;
   if (threadIdx.x < kWsProducerThreads) {
-    // -- the producer warpgroup: one thread streams the query blocks; the others have nothing to do
+    // -- the producer warpgroup: one thread streams the query blocks (ws_produce; a stage is released after the
+    //    reduce-add of its dQ has read the staging inside it); the others have nothing to do
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0 || m_lo > m_hi) return;
-    sm90::mbarrier_arrive_expect_tx(bar_kv, 2 * Cfg::kSmemKVBytes);
-    sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sK, &maps.k, bar_kv, n0, head_k, batch);
-    sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sV, &maps.v, bar_kv, n0, head_k, batch);
-    for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
-      const int s = it % kStages, m0 = m * kBlockM;
-      // the stage's previous query block (it - kStages) must have been released by every consumer warp (after the
-      // reduce-add of its dQ read the staging inside it)
-      if (it >= kStages) sm90::mbarrier_wait(bar_empty(s), ((it / kStages) - 1) & 1);
-      sm90::mbarrier_arrive_expect_tx(bar_full(s), 2 * Cfg::kSmemQBytes + kStatsBytes);
-      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ(s), &maps.q, bar_full(s), m0, head, batch);
-      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sdO(s), &maps.dout, bar_full(s), m0, head, batch);
-      const int row = int(bh * p.seqlen_q + m0);  // (the launcher checks that batch * nheads * seqlen_q fits an int)
-      sm90::tma_load_1d(sStats(s), &maps.lse, bar_full(s), row);
-      sm90::tma_load_1d(sStats(s) + kBlockM * 4, &maps.dsum, bar_full(s), row);
-    }
+    ws_produce<kBlockM, kBlockN, kHeadDim, kBlockCols, /*kShift=*/false>(maps, ring, sK, sV, p.seqlen_q, m_lo, m_hi,
+                                                                         n0, head, head_k, batch, bh);
     return;
   }
 
@@ -130,90 +106,59 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
 
-  if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(bar_kv, 0);
+  if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
   int stage_to_release = -1;  // the issuer warp's stage of the previous query block, released once its dQ was read
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, b = it & 1, m0 = m * kBlockM;
-    sm90::mbarrier_wait_untimed(bar_full(s), (it / kStages) & 1);
+    sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
     // [lse (kBlockM)] [D (kBlockM)]
-    const float* stats = reinterpret_cast<const float*>(smem_at(sStats(s)));
+    const float* stats = reinterpret_cast<const float*>(smem_at(ring.stats(s)));
     // the stage's dQ staging of this warpgroup: boxes of 32 columns (kBlockM rows x 128 bytes), 0 and 1 in its Q
     // column blocks, 2 and 3 in its dO column blocks
     auto dq_box = [&](int box) {
-      return (box < 2 ? sQ(s) : sdO(s)) + wg * kQHalfBytes + (box % 2) * (kBlockM * 128);
+      return (box < 2 ? ring.q(s) : ring.dout(s)) + wg * kQHalfBytes + (box % 2) * (kBlockM * 128);
     };
     static_assert(kDCols == 128, "four 32-column boxes per warpgroup");
 
+    // (the issuer warp's release of the previous query block's stage, once the reduce-add has read its staging:
+    //  after this block's first product is issued)
+    auto release_previous_stage = [&] {
+      if (stage_to_release < 0 || warp_in_wg != 0) return;
+      if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(ring.empty(stage_to_release));
+    };
     float acc_sdp[kBlockM / 2];  // S^T (warpgroup 0) or dP^T (warpgroup 1)
     auto& sdp_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_sdp);
     uint32_t a_frag[kBlockM / 16][4];  // P^T (warpgroup 0) or dS^T (warpgroup 1): register-A of dV_0 / dK_1
     if (wg == 0) {
       // -- S^T = K Q^T
       sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-          acc_sdp, sK, 0, sQ(s), 0);
-      if (dq_issuer && stage_to_release >= 0) sm90::bulk_wait_group<0, /*kRead=*/true>();
-      if (stage_to_release >= 0 && warp_in_wg == 0) {
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bar_empty(stage_to_release));
-      }
+          acc_sdp, sK, 0, ring.q(s), 0);
+      release_previous_stage();
       sm90::wait_hold<0>(acc_sdp);
-      // -- P^T = exp2(q.k scale log2e - lse log2e), rounded to T; masked (P = 0) on boundary blocks. Element
-      //    (j, 2 half + e): key key0 + 8 half, query m0 + 8 j + 2 tig + e.
-      auto to_p = [&](auto masked) {
-#pragma unroll
-        for (int j = 0; j < kSNTiles; ++j) {
-          const float2 l = *reinterpret_cast<const float2*>(stats + 8 * j + 2 * tig);
-          const float lse2[2] = {l.x * kLog2e, l.y * kLog2e};
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            int key_lo = 0, key_hi = 0;
-            if constexpr (decltype(masked)::value) {
-              const int query = m0 + 8 * j + 2 * tig + e;
-              info.key_range(query, key_lo, key_hi);
-              if (query >= p.seqlen_q) key_hi = -1;  // (its lse and D are another row's: P = 0)
-            }
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              float prob = exp2_ftz(fmaf(sdp_frag[j][half * 2 + e], p.scale_log2, -lse2[e]));
-              if constexpr (decltype(masked)::value) {
-                const int key = n0 + key0 + 8 * half;
-                if (key < key_lo || key > key_hi) prob = 0.f;
-              }
-              sdp_frag[j][half * 2 + e] = prob;
-            }
-          }
-        }
-      };
+      // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
+      constexpr float kNoKeyBias[2] = {0.f, 0.f};
       if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-        to_p(std::true_type{});
+        ws_scores_to_p<false, true, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, kNoKeyBias);
       } else {
-        to_p(std::false_type{});
+        ws_scores_to_p<false, false, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, kNoKeyBias);
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- P^T to shared memory for warpgroup 1 (its dS^T and dV_1), then dV_0 += P^T dO[:, 0:kDCols]
-#pragma unroll
-      for (int j = 0; j < kSNTiles; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          st_shared_pair<PTile>(sP(b), key0 + 8 * half, 8 * j + 2 * tig, a_frag[j / 2][(j % 2) * 2 + half]);
-        }
-      }
+      ws_store_a_fragments<PTile>(sP(b), a_frag, key0, tig);
       sm90::fence_proxy_async();  // P^T, stored by threads, then read by warpgroup 1's wgmma
       ptx::named_barrier_arrive<1, 256>();
-      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, a_frag, sdO(s));
+      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, a_frag, ring.dout(s));
       // -- dK_0 += dS^T Q[:, 0:kDCols], dS^T from warpgroup 1
       ptx::named_barrier_sync<2, 256>();
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
-          acc_dk, sDs(b), 0, sQ(s), 0);
+          acc_dk, sDs(b), 0, ring.q(s), 0);
     } else {
       // -- dP^T = V dO^T
       sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-          acc_sdp, sV, 0, sdO(s), 0);
-      if (dq_issuer && stage_to_release >= 0) sm90::bulk_wait_group<0, /*kRead=*/true>();
-      if (stage_to_release >= 0 && warp_in_wg == 0) {
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bar_empty(stage_to_release));
-      }
+          acc_sdp, sV, 0, ring.dout(s), 0);
+      release_previous_stage();
       sm90::wait_hold<0>(acc_sdp);
       // -- dS^T = P^T (dP^T - D), P^T (as rounded for dV_0) from warpgroup 0
       ptx::named_barrier_sync<1, 256>();
@@ -229,19 +174,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- dS^T to shared memory for warpgroup 0 (its dK_0) and both dQ products
-#pragma unroll
-      for (int j = 0; j < kSNTiles; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          st_shared_pair<PTile>(sDs(b), key0 + 8 * half, 8 * j + 2 * tig, a_frag[j / 2][(j % 2) * 2 + half]);
-        }
-      }
+      ws_store_a_fragments<PTile>(sDs(b), a_frag, key0, tig);
       sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
       ptx::named_barrier_arrive<2, 256>();
       // -- dK_1 += dS^T Q[:, kDCols:], dV_1 += P^T dO[:, kDCols:] (P^T from shared memory)
-      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, sQ(s) + kQHalfBytes);
+      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, ring.q(s) + kQHalfBytes);
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
-          acc_dv, sP(b), 0, sdO(s), kDCols);
+          acc_dv, sP(b), 0, ring.dout(s), kDCols);
     }
     // -- dQ[:, col0:col0 + kDCols] = dS K[:, col0:], dS^T (keys, queries) as the MN-major A (queries = M), in two
     //    passes of kDCols / 2 columns (all kDCols beside dK, dV and the A fragment made ptxas serialize the wgmmas),
@@ -262,17 +201,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       } else {
         sm90::wait_hold<0>(acc_dq);
       }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = warp_in_wg * 16 + group + 8 * half;
-#pragma unroll
-        for (int nt = 0; nt < kDqPassTiles; ++nt) {
-          const int box = 2 * pass + nt / 4, chunk = 2 * (nt % 4) + tig / 2;
-          const uint32_t addr = dq_box(box) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_frag[nt][half * 2]),
-                       "f"(dq_frag[nt][half * 2 + 1]) : "memory");
-        }
-      }
+      ws_stage_dq(dq_frag, [&](int box) { return dq_box(2 * pass + box); }, warp_in_wg * 16 + group, tig);
     }
     sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
     if (wg == 0) {
@@ -293,7 +222,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     //    or below)
     if (warp_in_wg != 0) {
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(bar_empty(s));
+      if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
     }
     stage_to_release = s;
   }
@@ -301,35 +230,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.
-  auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
-  auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = n0 + key0 + 8 * half;
-    if (key >= p.seqlen_k) continue;
-#pragma unroll
-    for (int nt = 0; nt < kDTiles; ++nt) {
-      const int col = col0 + 8 * nt + 2 * tig;
-      if (col >= p.headdim) continue;
-      const float dk0 = dk_frag[nt][half * 2] * p.scale, dk1 = dk_frag[nt][half * 2 + 1] * p.scale;
-      const float dv0 = dv_frag[nt][half * 2], dv1 = dv_frag[nt][half * 2 + 1];
-      if (p.h_h_k_ratio > 1) {  // fp32 partials per query head, summed over the group by the caller
-        float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
-                    int64_t(key) * p.dk_row_stride + col;
-        float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
-                    int64_t(key) * p.dv_row_stride + col;
-        *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
-        *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
-      } else {
-        T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
-                int64_t(key) * p.dk_row_stride + col;
-        T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
-                int64_t(key) * p.dv_row_stride + col;
-        *reinterpret_cast<uint32_t*>(dk) = ptx::pack2<T>(dk0, dk1);
-        *reinterpret_cast<uint32_t*>(dv) = ptx::pack2<T>(dv0, dv1);
-      }
-    }
-  }
+  ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
+                    batch, head, n0 + key0, col0, tig);
 }
 
 }  // namespace bwd

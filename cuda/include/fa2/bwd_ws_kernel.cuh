@@ -45,6 +45,170 @@ __device__ __forceinline__ void pack_k16_fragments(const float (&acc)[kNTiles][4
   for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc, kt, a[kt]);
 }
 
+// ---- shared by the warp-specialized backward kernels (this one and bwd_ws_dsplit_kernel.cuh)
+
+// The query-block ring in shared memory: per stage [Q (kQBytes)] [dO] from q0 and its rows' statistics
+// [lse (kBlockM fp32)] [D] ([shift]) every kStatsBytes from stats0; mbarriers from bar_kv: K/V, full per stage (the
+// producer's expect_tx arrival), empty per stage (one arrival per consumer warp).
+template <int kStages, int kQBytes, int kStatsBytes>
+struct WsRing {
+  static constexpr int kNumStages = kStages;
+  uint32_t q0, stats0, bar_kv;
+  __device__ __forceinline__ uint32_t q(int s) const { return q0 + s * 2 * kQBytes; }
+  __device__ __forceinline__ uint32_t dout(int s) const { return q(s) + kQBytes; }
+  __device__ __forceinline__ uint32_t stats(int s) const { return stats0 + s * kStatsBytes; }
+  __device__ __forceinline__ uint32_t full(int s) const { return bar_kv + 8 + 8 * s; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bar_kv + 8 + 8 * kStages + 8 * s; }
+  // (one thread, before the CTA's barrier)
+  __device__ __forceinline__ void init_barriers(int consumer_warps) const {
+    sm90::mbarrier_init(bar_kv, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbarrier_init(full(s), 1);
+      sm90::mbarrier_init(empty(s), consumer_warps);
+    }
+    sm90::fence_barrier_init();
+  }
+};
+
+// The producer thread: K, V of the key block (kBlockN rows from n0) once, then for query blocks m_lo .. m_hi their
+// Q, dO and row statistics (lse, D, and with kShift the row shift: bwd_row_stats_kernel's) into stage it % kStages,
+// each once every consumer warp has released the stage's previous block (it - kStages). lse / D / shift come from the
+// flat (batch, heads, seqlen_q) views (rows past seqlen_q read the next head's; past the buffers' end zeros).
+template <int kBlockM, int kBlockN, int kHeadDim, int kBlockCols, bool kShift, class Ring>
+__device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, const Ring& ring, uint32_t sK, uint32_t sV,
+                                           int64_t seqlen_q, int m_lo, int m_hi, int n0, int head, int head_k,
+                                           int batch, int64_t bh) {
+  constexpr int kKVBytes = kBlockN * kHeadDim * 2, kQBytes = kBlockM * kHeadDim * 2;
+  constexpr int kStatsBytes = (kShift ? 3 : 2) * kBlockM * 4;
+  static_assert(kBlockM * 4 % 16 == 0 && kBlockM <= 256, "a block's lse / D is one 1-D TMA box");
+  sm90::mbarrier_arrive_expect_tx(ring.bar_kv, 2 * kKVBytes);
+  sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sK, &maps.k, ring.bar_kv, n0, head_k, batch);
+  sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sV, &maps.v, ring.bar_kv, n0, head_k, batch);
+  for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
+    const int s = it % Ring::kNumStages, m0 = m * kBlockM;
+    if (it >= Ring::kNumStages) sm90::mbarrier_wait(ring.empty(s), ((it / Ring::kNumStages) - 1) & 1);
+    sm90::mbarrier_arrive_expect_tx(ring.full(s), 2 * kQBytes + kStatsBytes);
+    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.q(s), &maps.q, ring.full(s), m0, head, batch);
+    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.dout(s), &maps.dout, ring.full(s), m0, head, batch);
+    const int row = int(bh * seqlen_q + m0);  // (the launcher checks that batch * nheads * seqlen_q fits an int)
+    sm90::tma_load_1d(ring.stats(s), &maps.lse, ring.full(s), row);
+    sm90::tma_load_1d(ring.stats(s) + kBlockM * 4, &maps.dsum, ring.full(s), row);
+    if constexpr (kShift) sm90::tma_load_1d(ring.stats(s) + 2 * kBlockM * 4, &maps.shift, ring.full(s), row);
+  }
+}
+
+// P^T from S^T in place, for one thread's fragments of the transposed scores (element (j, 2 half + e): key
+// key_first + 8 half, query m0 + 8 j + 2 tig + e), rounded later: P = exp2(q.k scale log2e - lse log2e), or with a
+// key-row bias (kKeyBias) exp2((q.k scale + bias[key] - shift) log2e - lse log2e) against bwd_row_stats_kernel's
+// (shift, lse). kMasked: P = 0 for keys outside each query's range and for queries past seqlen_q (their lse and D are
+// another row's). stats: the stage's [lse (kBlockM)] [D] [shift].
+template <bool kKeyBias, bool kMasked, int kBlockM, int kSNTiles>
+__device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], const float* stats,
+                                               const AttentionParams& p, const BlockInfo& info, int m0, int key_first,
+                                               int tig, const float (&key_bias)[2]) {
+#pragma unroll
+  for (int j = 0; j < kSNTiles; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(stats + 8 * j + 2 * tig);
+    const float lse2[2] = {l.x * kLog2e, l.y * kLog2e};
+    float2 shift = make_float2(0.f, 0.f);
+    if constexpr (kKeyBias) shift = *reinterpret_cast<const float2*>(stats + 2 * kBlockM + 8 * j + 2 * tig);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int key_lo = 0, key_hi = 0;
+      if constexpr (kMasked) {
+        const int query = m0 + 8 * j + 2 * tig + e;
+        info.key_range(query, key_lo, key_hi);
+        if (query >= p.seqlen_q) key_hi = -1;  // (its lse and D are another row's: P = 0)
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float prob;
+        if constexpr (kKeyBias) {
+          const float x = fmaf(s_frag[j][half * 2 + e], p.scale, key_bias[half]);
+          prob = exp2_ftz(fmaf(x - (e == 0 ? shift.x : shift.y), kLog2e, -lse2[e]));
+        } else {
+          prob = exp2_ftz(fmaf(s_frag[j][half * 2 + e], p.scale_log2, -lse2[e]));
+        }
+        if constexpr (kMasked) {
+          const int key = key_first + 8 * half;
+          if (key < key_lo || key > key_hi) prob = 0.f;
+        }
+        s_frag[j][half * 2 + e] = prob;
+      }
+    }
+  }
+}
+
+// One thread's register-A fragments of P^T or dS^T (k16 step kt: keys key_first + 8 half, queries 16 kt + 8 e +
+// 2 tig, + 1) into a (keys, queries) swizzled tile, for wgmma operands that read it from shared memory.
+template <typename Tile, int kKSteps>
+__device__ __forceinline__ void ws_store_a_fragments(uint32_t sTile, const uint32_t (&a)[kKSteps][4], int key_first,
+                                                     int tig) {
+#pragma unroll
+  for (int j = 0; j < 2 * kKSteps; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      st_shared_pair<Tile>(sTile, key_first + 8 * half, 8 * j + 2 * tig, a[j / 2][(j % 2) * 2 + half]);
+    }
+  }
+}
+
+// One warp's dQ fragments (rows row_first + 8 half, columns 8 nt + 2 tig + e) into the TMA reduce-add's staging:
+// 32-column boxes (n8 tiles 4 box .. 4 box + 3), box b at box_at(b), rows of 128 bytes with the 128-byte swizzle
+// (row r's 16-byte chunk c at c ^ r % 8).
+template <int kNTiles, class BoxAt>
+__device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], BoxAt box_at, int row_first, int tig) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row_first + 8 * half;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int box = nt / 4, chunk = 2 * (nt % 4) + tig / 2;
+      const uint32_t addr = box_at(box) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_frag[nt][half * 2]),
+                   "f"(dq_frag[nt][half * 2 + 1]) : "memory");
+    }
+  }
+}
+
+// The epilogue: one thread's dK = scale dS^T Q and dV fragments (keys key_first + 8 half, columns
+// col_first + 8 nt + 2 tig + e)
+// to global memory; keys past seqlen_k and dims past headdim are not stored. With GQA fp32 partials per query head,
+// summed over the group by the caller.
+template <typename T, int kDTiles>
+__device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const float (&dk_frag)[kDTiles][4],
+                                               const float (&dv_frag)[kDTiles][4], int batch, int head, int key_first,
+                                               int col_first, int tig) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key_first + 8 * half;
+    if (key >= p.seqlen_k) continue;
+#pragma unroll
+    for (int nt = 0; nt < kDTiles; ++nt) {
+      const int col = col_first + 8 * nt + 2 * tig;
+      if (col >= p.headdim) continue;
+      const float dk0 = dk_frag[nt][half * 2] * p.scale, dk1 = dk_frag[nt][half * 2 + 1] * p.scale;
+      const float dv0 = dv_frag[nt][half * 2], dv1 = dv_frag[nt][half * 2 + 1];
+      if (p.h_h_k_ratio > 1) {
+        float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
+                    int64_t(key) * p.dk_row_stride + col;
+        float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
+                    int64_t(key) * p.dv_row_stride + col;
+        *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
+        *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
+      } else {
+        T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
+                int64_t(key) * p.dk_row_stride + col;
+        T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
+                int64_t(key) * p.dv_row_stride + col;
+        *reinterpret_cast<uint32_t*>(dk) = ptx::pack2<T>(dk0, dk1);
+        *reinterpret_cast<uint32_t*>(dv) = ptx::pack2<T>(dv0, dv1);
+      }
+    }
+  }
+}
+
 template <typename T, typename Cfg, bool kKeyBias>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     bwd_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
@@ -67,17 +231,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const uint32_t sK = ptx::smem_u32(smem);
   if (sK % 1024 != 0) __trap();  // the descriptors and the TMA's swizzle assume 1024-byte aligned tiles
   const uint32_t sV = sK + Cfg::kSmemKVBytes;
-  auto sQ = [&](int s) { return sV + Cfg::kSmemKVBytes + s * 2 * Cfg::kSmemQBytes; };
-  auto sdO = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
-  auto sDs = [&](int b) { return sQ(kStages) + b * Cfg::kSmemDsBytes; };
+  const uint32_t sRing = sV + Cfg::kSmemKVBytes;
+  auto sDs = [&](int b) { return sRing + kStages * 2 * Cfg::kSmemQBytes + b * Cfg::kSmemDsBytes; };
   auto sDq = [&](int w) { return sDs(2) + w * Cfg::kSmemDqBytes; };
   // per stage: lse, D (kBlockM fp32 each), and with kKeyBias the row shift (bwd_row_stats_kernel's; lse is its too)
-  constexpr int kStatsBytes = (kKeyBias ? 3 : 2) * kBlockM * 4;
-  static_assert(kStatsBytes <= Cfg::kSmemStatsBytes, "a stage's row statistics fit their space");
-  auto sStats = [&](int s) { return sDq(Cfg::kConsumerWarpgroups) + s * Cfg::kSmemStatsBytes; };
-  const uint32_t bar_kv = sStats(kStages);
-  auto bar_full = [&](int s) { return bar_kv + 8 + 8 * s; };
-  auto bar_empty = [&](int s) { return bar_kv + 8 + 8 * kStages + 8 * s; };
+  static_assert((kKeyBias ? 3 : 2) * kBlockM * 4 <= Cfg::kSmemStatsBytes, "a stage's row statistics fit their space");
+  const uint32_t sStats0 = sDq(Cfg::kConsumerWarpgroups);
+  const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatsBytes> ring{sRing, sStats0,
+                                                                    sStats0 + kStages * Cfg::kSmemStatsBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -90,16 +251,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int64_t bh = int64_t(batch) * p.nheads + head;
   const int lane = threadIdx.x & 31;
 
-  // full: the producer's expect_tx arrival (Q, dO, lse, D by the TMA); empty: one arrival per consumer warp
-  if (threadIdx.x == 0) {
-    sm90::mbarrier_init(bar_kv, 1);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      sm90::mbarrier_init(bar_full(s), 1);
-      sm90::mbarrier_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);
-    }
-    sm90::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
   // the CTA's only barrier (the producer warpgroup leaves below); with kKeyBias it also tells whether every key of the
   // block is padded (-inf / False, or past seqlen_k): then dK = dV = 0 and nothing is added to dQ
   if constexpr (kKeyBias) {
@@ -118,24 +270,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     // -- the producer warpgroup: one thread streams the query blocks; the others have nothing to do
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0 || m_lo > m_hi) return;
-    sm90::mbarrier_arrive_expect_tx(bar_kv, 2 * Cfg::kSmemKVBytes);
-    sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sK, &maps.k, bar_kv, n0, head_k, batch);
-    sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sV, &maps.v, bar_kv, n0, head_k, batch);
-    static_assert(kBlockM * 4 % 16 == 0 && kBlockM <= 256, "a block's lse / D is one 1-D TMA box");
-    for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
-      const int s = it % kStages, m0 = m * kBlockM;
-      // the stage's previous query block (it - kStages) must have been released by every consumer warp
-      if (it >= kStages) sm90::mbarrier_wait(bar_empty(s), ((it / kStages) - 1) & 1);
-      sm90::mbarrier_arrive_expect_tx(bar_full(s), 2 * Cfg::kSmemQBytes + kStatsBytes);
-      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ(s), &maps.q, bar_full(s), m0, head, batch);
-      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sdO(s), &maps.dout, bar_full(s), m0, head, batch);
-      // lse and D of the block's rows, from the flat (batch, heads, seqlen_q) views (see the masking of rows past
-      // seqlen_q above; past the buffers' end they read zeros)
-      const int row = int(bh * p.seqlen_q + m0);  // (the launcher checks that batch * nheads * seqlen_q fits an int)
-      sm90::tma_load_1d(sStats(s), &maps.lse, bar_full(s), row);
-      sm90::tma_load_1d(sStats(s) + kBlockM * 4, &maps.dsum, bar_full(s), row);
-      if constexpr (kKeyBias) sm90::tma_load_1d(sStats(s) + 2 * kBlockM * 4, &maps.shift, bar_full(s), row);
-    }
+    ws_produce<kBlockM, kBlockN, kHeadDim, kBlockCols, kKeyBias>(maps, ring, sK, sV, p.seqlen_q, m_lo, m_hi, n0, head,
+                                                                 head_k, batch, bh);
     return;
   }
 
@@ -163,62 +299,27 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
 
-  if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(bar_kv, 0);
+  if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, m0 = m * kBlockM;
-    sm90::mbarrier_wait_untimed(bar_full(s), (it / kStages) & 1);
+    sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
     // [lse (kBlockM)] [D (kBlockM)] ([shift (kBlockM)])
-    const float* stats = reinterpret_cast<const float*>(smem_at(sStats(s)));
+    const float* stats = reinterpret_cast<const float*>(smem_at(ring.stats(s)));
 
     // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each), both in flight
     float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
     sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-        acc_s, sK, wg * 64, sQ(s), 0);
+        acc_s, sK, wg * 64, ring.q(s), 0);
     sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-        acc_dp, sV, wg * 64, sdO(s), 0);
+        acc_dp, sV, wg * 64, ring.dout(s), 0);
     sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
 
-    // -- P^T = exp2(q.k scale log2e - lse log2e) (kKeyBias: exp2((q.k scale + bias - shift) log2e - lse log2e)),
-    //    rounded to T; masked (P = 0) on boundary blocks. Element (j, 2 half + e) of the fragments is key key0 + 8 half,
-    //    query m0 + 8 j + 2 tig + e.
+    // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);
-    auto to_p = [&](auto masked) {
-#pragma unroll
-      for (int j = 0; j < kSNTiles; ++j) {
-        const float2 l = *reinterpret_cast<const float2*>(stats + 8 * j + 2 * tig);
-        const float lse2[2] = {l.x * kLog2e, l.y * kLog2e};
-        float2 shift = make_float2(0.f, 0.f);
-        if constexpr (kKeyBias) shift = *reinterpret_cast<const float2*>(stats + 2 * kBlockM + 8 * j + 2 * tig);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          int key_lo = 0, key_hi = 0;
-          if constexpr (decltype(masked)::value) {
-            const int query = m0 + 8 * j + 2 * tig + e;
-            info.key_range(query, key_lo, key_hi);
-            if (query >= p.seqlen_q) key_hi = -1;  // (its lse and D are another row's: P = 0)
-          }
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            float prob;
-            if constexpr (kKeyBias) {
-              const float x = fmaf(s_frag[j][half * 2 + e], p.scale, key_bias[half]);
-              prob = exp2_ftz(fmaf(x - (e == 0 ? shift.x : shift.y), kLog2e, -lse2[e]));
-            } else {
-              prob = exp2_ftz(fmaf(s_frag[j][half * 2 + e], p.scale_log2, -lse2[e]));
-            }
-            if constexpr (decltype(masked)::value) {
-              const int key = n0 + key0 + 8 * half;
-              if (key < key_lo || key > key_hi) prob = 0.f;
-            }
-            s_frag[j][half * 2 + e] = prob;
-          }
-        }
-      }
-    };
     if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-      to_p(std::true_type{});
+      ws_scores_to_p<kKeyBias, true, kBlockM>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
     } else {
-      to_p(std::false_type{});
+      ws_scores_to_p<kKeyBias, false, kBlockM>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
     }
     uint32_t p_frag[kBlockM / 16][4];
     pack_k16_fragments<T>(s_frag, p_frag);
@@ -244,9 +345,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     if constexpr (Cfg::kDsBeforeDv) {
       sm90::wait_hold<0>(acc_dp);
       to_ds(std::true_type{});
-      sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, sdO(s));
+      sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, ring.dout(s));
     } else {
-      sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, sdO(s));
+      sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, ring.dout(s));
       sm90::wait_hold<1>(acc_dp);  // (dV keeps running)
       to_ds(std::false_type{});
     }
@@ -259,14 +360,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     //    The barrier also tells every thread that the dQ staging is free again: its issuer waited, before it, for the
     //    reads of the last iteration's reduce-adds.
     const uint32_t s_ds = sDs(it & 1);
-#pragma unroll
-    for (int j = 0; j < kSNTiles; ++j) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        st_shared_pair<DsTile>(s_ds, key0 + 8 * half, 8 * j + 2 * tig, ds_frag[j / 2][(j % 2) * 2 + half]);
-      }
-    }
-    sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, ds_frag, sQ(s));
+    ws_store_a_fragments<DsTile>(s_ds, ds_frag, key0, tig);
+    sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, ds_frag, ring.q(s));
     sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
     if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
     ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
@@ -279,7 +374,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
     // -- every product that read the stage (S^T, dP^T, dV, dK) has completed: release it to the producer
     __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar_empty(s));
+    if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
 
     // -- dQ (partial over this key block) into dq_accum: the warpgroup's (64, kDqCols) staged in shared memory as the
     //    reduce-add's boxes of 32 columns (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8), then added by the
@@ -287,17 +382,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     //    (The accumulator has kHeadDim columns; those past headdim receive zeros: K is zero there.)
     auto& dq_frag = reinterpret_cast<float(&)[kDqNTiles][4]>(acc_dq);
     const uint32_t s_dq = sDq(wg);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = warp_in_wg * 16 + group + 8 * half;
-#pragma unroll
-      for (int nt = 0; nt < kDqNTiles; ++nt) {
-        const int box = nt / 4, chunk = 2 * (nt % 4) + tig / 2;
-        const uint32_t addr = s_dq + box * (kDqRows * 128) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_frag[nt][half * 2]),
-                     "f"(dq_frag[nt][half * 2 + 1]) : "memory");
-      }
-    }
+    ws_stage_dq(dq_frag, [&](int box) { return s_dq + box * (kDqRows * 128); }, warp_in_wg * 16 + group, tig);
     sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
     if (wg == 0) {
       ptx::named_barrier_sync<2, 128>();
@@ -317,35 +402,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.
-  auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
-  auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = n0 + key0 + 8 * half;
-    if (key >= p.seqlen_k) continue;
-#pragma unroll
-    for (int nt = 0; nt < kDTiles; ++nt) {
-      const int col = 8 * nt + 2 * tig;
-      if (col >= p.headdim) continue;
-      const float dk0 = dk_frag[nt][half * 2] * p.scale, dk1 = dk_frag[nt][half * 2 + 1] * p.scale;
-      const float dv0 = dv_frag[nt][half * 2], dv1 = dv_frag[nt][half * 2 + 1];
-      if (p.h_h_k_ratio > 1) {  // fp32 partials per query head, summed over the group by the caller
-        float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
-                    int64_t(key) * p.dk_row_stride + col;
-        float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
-                    int64_t(key) * p.dv_row_stride + col;
-        *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
-        *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
-      } else {
-        T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
-                int64_t(key) * p.dk_row_stride + col;
-        T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
-                int64_t(key) * p.dv_row_stride + col;
-        *reinterpret_cast<uint32_t*>(dk) = ptx::pack2<T>(dk0, dk1);
-        *reinterpret_cast<uint32_t*>(dv) = ptx::pack2<T>(dv0, dv1);
-      }
-    }
-  }
+  ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
+                    batch, head, n0 + key0, 0, tig);
 }
 
 }  // namespace bwd
