@@ -68,13 +68,6 @@ PYBIND11_MODULE(_C, m) {
     }
     return dims;
   });
-  m.def("sm90_ws_backward_key_bias_headdims", []() {  // those of them with the key-row bias variant (padding masks)
-    py::list dims;
-    for (int d : {32, 64, 96, 128, 192, 256}) {
-      if (fa2::bwd_ws_headdim(d) && fa2::bwd_ws_key_bias_headdim(d)) dims.append(d);
-    }
-    return dims;
-  });
   // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)
   m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
   m.def("key_bias_backward", &fa2::key_bias_backward);

@@ -277,7 +277,6 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     assert report.main() == 0
     out = capsys.readouterr().out
     assert fa2._C.sm90_ws_backward_headdims() == [64, 128, 256]  # (bwd_tile_config.h, bwd_ws_headdim)
-    assert fa2._C.sm90_ws_backward_key_bias_headdims() == [64, 128]  # (bwd_ws_key_bias_headdim)
     assert "backward sm_90a wgmma (warp-specialized at d64, d128) (fp16/bf16)" in out, out
     assert "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
     monkeypatch.setattr(fa2._C, "sm90_ws_backward", lambda: False)  # (FA2_DISABLE_SM90_WS_BACKWARD=1)

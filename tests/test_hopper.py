@@ -257,7 +257,6 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
 
 
 WS_BACKWARD_HEADDIMS = tuple(fa2._C.sm90_ws_backward_headdims())  # (bwd_tile_config.h, bwd_ws_headdim)
-WS_KEY_BIAS_HEADDIMS = tuple(fa2._C.sm90_ws_backward_key_bias_headdims())  # (bwd_ws_key_bias_headdim)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -308,7 +307,7 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
 
 
 @pytest.mark.parametrize("kind", ["bool", "same", "fp32"])
-@pytest.mark.parametrize("d", WS_KEY_BIAS_HEADDIMS)
+@pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
 def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind):
     """A key-row bias (padding masks; no dbias) on the warp-specialized backward (bwd_ws_kernel.cuh, kKeyBias): P
     against bwd_row_stats_kernel's statistics, each thread's keys' bias in registers, key blocks whose every key is

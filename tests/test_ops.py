@@ -237,7 +237,7 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
     # sm_90a at the warp-specialized backward's headdims: its key-row variant (bwd_ws_kernel<T, Cfg, true>) takes
     # the non-deterministic calls; test_hopper.py compares the two kernels
     ws = (torch.cuda.get_device_capability() == (9, 0) and fa2._C.sm90_backward() and fa2._C.sm90_ws_backward()
-          and d in fa2._C.sm90_ws_backward_key_bias_headdims()
+          and d in fa2._C.sm90_ws_backward_headdims()
           and f"bwd_bf16_hdim{d}_sm90a" in fa2._C.build_info()["kernels"])
 
     def key_row_kernel(name):

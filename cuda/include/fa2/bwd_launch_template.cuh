@@ -75,10 +75,9 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, 
   *launched = false;
   using Cfg = BwdWsConfig<kHeadDim>;
   constexpr bool kSplit = std::is_same_v<Cfg, BwdWsSplitTileConfig<kHeadDim>>;  // (bwd_ws_dsplit_kernel.cuh)
-  static_assert(!(kSplit && kKeyBias), "the headdim-split kernel has no key-row bias variant");
   void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
   if constexpr (kSplit) {
-    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg>;
+    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
   } else {
     kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
   }
@@ -157,16 +156,11 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   // everything (bwd_ws_applies)
   bool ws = false;
   if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
-    constexpr bool kWsKeyBias = bwd_ws_key_bias_headdim(kHeadDim);
-    ws = sm90_ws_backward() && (!score_mod || (key_bias && kWsKeyBias)) && !p.deterministic &&
+    ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
          bwd_ws_applies(p, BwdWsConfig<kHeadDim>::kBlockM, key_bias);
     if (ws) {
-      if constexpr (kWsKeyBias) {
-        e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(p, stream, &ws)
-                     : launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
-      } else {
-        e = launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
-      }
+      e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(p, stream, &ws)
+                   : launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
     }
   }
   if constexpr (kKeyBiasFits) {

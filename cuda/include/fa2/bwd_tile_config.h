@@ -191,8 +191,6 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 //   + dQ staging 2 x 64 x kDqCols 4 (each warpgroup's part, added to dq_accum by the TMA's reduce-add)
 //   d 128, 64 x 128, 2 stages: 64 + 64 + 1 + 32 + 32 KB = 193 KB;  d 64, 128 x 128: 32 + 64 + 2 + 64 + 32 = 194 KB.
 constexpr bool bwd_ws_headdim(int headdim) { return headdim == 64 || headdim == 128 || headdim == 256; }
-// the headdims whose warp-specialized backward has the key-row bias variant (padding masks): BwdWsTileConfig's
-constexpr bool bwd_ws_key_bias_headdim(int headdim) { return headdim == 64 || headdim == 128; }
 
 template <int kHeadDim_>
 struct BwdWsTileConfig {
@@ -241,8 +239,8 @@ struct BwdWsTileConfig {
 // each passes its result to the other through shared memory (P^T, dS^T: the other's dV / dK take it as a shared-memory
 // operand). dQ = dS K: each warpgroup half of the columns (64 registers), staged for the TMA's reduce-add in the
 // stage's own Q / dO buffers (their halves this warpgroup's products read; released after the reduce-add's reads).
-// Shared memory: K, V 2 x 32 KB + 2 stages x (Q, dO 2 x 32 KB + lse, D 512 B) + P^T, dS^T 2 x 2 buffers x 8 KB
-//   = 225 KB.
+// Shared memory: K, V 2 x 32 KB + 2 stages x (Q, dO 2 x 32 KB + lse, D, shift 768 B) + P^T, dS^T 2 x 2 buffers x
+//   8 KB = 225.5 KB.
 template <int kHeadDim_>
 struct BwdWsSplitTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -260,7 +258,7 @@ struct BwdWsSplitTileConfig {
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemPBytes = kBlockN * kBlockM * 2;        // P^T or dS^T (keys, queries)
-  static constexpr int kSmemStatsBytes = 2 * kBlockM * 4;          // lse, D of a stage
+  static constexpr int kSmemStatsBytes = 3 * kBlockM * 4;          // lse, D (and a key-row bias's shift) of a stage
   static constexpr int kSmemBarrierBytes = 8 * (1 + 2 * kStages);  // K/V, then full and empty per stage
   static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 4 * kSmemPBytes +
                                     kStages * kSmemStatsBytes + kSmemBarrierBytes;

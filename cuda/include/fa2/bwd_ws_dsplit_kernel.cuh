@@ -14,8 +14,9 @@
 //   to dq_accum by the TMA; the stage goes back to the producer once the reduce-add has read the staging.
 // P^T and dS^T have two buffers each (alternating query blocks), so that one warpgroup may write the next while the
 // other's products still read the last; the handshakes are two named barriers (P^T ready, dS^T ready), each
-// arrived at by its writer and waited on by its reader. Plain path only (no softcap, no bias); rows past seqlen_q are
-// masked (P = 0) as in bwd_ws_kernel.cuh (their lse / D are another row's).
+// arrived at by its writer and waited on by its reader. The plain path and its key-row bias variant (kKeyBias, padding
+// masks: as bwd_ws_kernel.cuh's, the bias of warpgroup 0's keys in its registers, all-padded key blocks skipped); rows
+// past seqlen_q are masked (P = 0) as there (their lse / D are another row's).
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
 #pragma once
 #include <cstdint>
@@ -41,7 +42,7 @@ __device__ __forceinline__ uint32_t ld_shared_pair(uint32_t sTile, int row, int 
   return packed;
 }
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kKeyBias>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     bwd_ws_dsplit_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   static_assert(kQHalfBytes == (kDCols / kBlockCols) * kBlockM * kBlockCols * 2, "a half is whole column blocks");
 
   // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] [Q1] [dO1].. [P^T 0] [P^T 1] [dS^T 0] [dS^T 1]
-  //       [lse, D]0 [lse, D]1.. [mbarriers: K/V, full per stage, empty per stage]
+  //       [lse, D (, shift)]0 [lse, D (, shift)]1.. [mbarriers: K/V, full per stage, empty per stage]
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sK = ptx::smem_u32(smem);
   if (sK % 1024 != 0) __trap();  // the descriptors and the TMA's swizzle assume 1024-byte aligned tiles
@@ -74,20 +75,33 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int n0 = n_block * kBlockN;
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
-  const int m_lo = range.lo(n_block), m_hi = range.hi(n_block);
+  const int m_lo = range.lo(n_block);
+  int m_hi = range.hi(n_block);
   const int64_t bh = int64_t(batch) * p.nheads + head;
   const int lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
-  __syncthreads();  // the CTA's only barrier (the producer warpgroup leaves below)
+  // the CTA's only barrier (the producer warpgroup leaves below); with kKeyBias it also tells whether every key of the
+  // block is padded (-inf / False, or past seqlen_k): then dK = dV = 0 and nothing is added to dQ
+  if constexpr (kKeyBias) {
+    static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
+    bool padded = true;
+    if (threadIdx.x < kBlockN) {
+      const int key = n0 + int(threadIdx.x);
+      padded = key >= p.seqlen_k || bias_value<T>(p, bias_of_head(p, batch, head), 0, key) == -INFINITY;
+    }
+    if (__syncthreads_and(padded)) m_hi = m_lo - 1;
+  } else {
+    __syncthreads();
+  }
 
   if (threadIdx.x < kWsProducerThreads) {
     // -- the producer warpgroup: one thread streams the query blocks (ws_produce; a stage is released after the
     //    reduce-add of its dQ has read the staging inside it); the others have nothing to do
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0 || m_lo > m_hi) return;
-    ws_produce<kBlockM, kBlockN, kHeadDim, kBlockCols, /*kShift=*/false>(maps, ring, sK, sV, p.seqlen_q, m_lo, m_hi,
-                                                                         n0, head, head_k, batch, bh);
+    ws_produce<kBlockM, kBlockN, kHeadDim, kBlockCols, kKeyBias>(maps, ring, sK, sV, p.seqlen_q, m_lo, m_hi, n0, head,
+                                                                 head_k, batch, bh);
     return;
   }
 
@@ -97,6 +111,18 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block), both warpgroups
   const int col0 = wg * kDCols;              // this warpgroup's dK / dV / dQ columns
+  // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked), for warpgroup
+  // 0's P^T
+  float key_bias[2] = {0.f, 0.f};
+  if constexpr (kKeyBias) {
+    if (wg == 0) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = n0 + key0 + 8 * half;
+        if (key < p.seqlen_k) key_bias[half] = bias_value<T>(p, bias_of_head(p, batch, head), 0, key);
+      }
+    }
+  }
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   // the dQ reduce-adds of this warpgroup: issued (and their shared memory's reads waited for) by its first thread,
   // whose warp releases the stage only after that wait
@@ -111,7 +137,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, b = it & 1, m0 = m * kBlockM;
     sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
-    // [lse (kBlockM)] [D (kBlockM)]
+    // [lse (kBlockM)] [D (kBlockM)] ([shift (kBlockM)])
     const float* stats = reinterpret_cast<const float*>(smem_at(ring.stats(s)));
     // the stage's dQ staging of this warpgroup: boxes of 32 columns (kBlockM rows x 128 bytes), 0 and 1 in its Q
     // column blocks, 2 and 3 in its dO column blocks
@@ -138,11 +164,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       release_previous_stage();
       sm90::wait_hold<0>(acc_sdp);
       // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
-      constexpr float kNoKeyBias[2] = {0.f, 0.f};
       if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-        ws_scores_to_p<false, true, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, kNoKeyBias);
+        ws_scores_to_p<kKeyBias, true, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       } else {
-        ws_scores_to_p<false, false, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, kNoKeyBias);
+        ws_scores_to_p<kKeyBias, false, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- P^T to shared memory for warpgroup 1 (its dS^T and dV_1), then dV_0 += P^T dO[:, 0:kDCols]
