@@ -22,9 +22,9 @@
 #include <cstdint>
 
 #include "fa2/block_info.cuh"
-#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e
+#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e, bias_value
 #include "fa2/bwd_tile_config.h"
-#include "fa2/bwd_ws_kernel.cuh"  // pack_k16_fragments
+#include "fa2/bwd_ws_kernel.cuh"  // pack_k16_fragments, WsRing, ws_produce and the other ws_ pieces
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/sm90/tma.cuh"
@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   constexpr int kQHalfBytes = Cfg::kSmemQBytes / 2;  // a warpgroup's kDCols columns of a Q / dO tile
   static_assert(kBlockN == 64 && kBlockM % 16 == 0 && Cfg::kConsumerWarpgroups == 2, "one m64 of keys, two halves");
   static_assert(kQHalfBytes == (kDCols / kBlockCols) * kBlockM * kBlockCols * 2, "a half is whole column blocks");
+  static_assert(kStages >= 2, "the issuer warp releases a stage one query block late");
 
   // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] [Q1] [dO1].. [P^T 0] [P^T 1] [dS^T 0] [dS^T 1]
   //       [lse, D (, shift)]0 [lse, D (, shift)]1.. [mbarriers: K/V, full per stage, empty per stage]
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   auto sP = [&](int b) { return sRing + kStages * 2 * Cfg::kSmemQBytes + b * Cfg::kSmemPBytes; };
   auto sDs = [&](int b) { return sP(2) + b * Cfg::kSmemPBytes; };
   const uint32_t sStats0 = sDs(2);
+  static_assert((kKeyBias ? 3 : 2) * kBlockM * 4 <= Cfg::kSmemStatsBytes, "a stage's row statistics fit their space");
   const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatsBytes> ring{sRing, sStats0,
                                                                     sStats0 + kStages * Cfg::kSmemStatsBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
@@ -206,12 +208,17 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, ring.q(s) + kQHalfBytes);
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
           acc_dv, sP(b), 0, ring.dout(s), kDCols);
+      // (dQ below reads every key of dS^T for each warp's queries: all four warps' stores, not only this warp's;
+      //  warpgroup 0 has them through the handshake)
+      ptx::named_barrier_sync<5, 128>();
     }
     // -- dQ[:, col0:col0 + kDCols] = dS K[:, col0:], dS^T (keys, queries) as the MN-major A (queries = M), in two
     //    passes of kDCols / 2 columns (all kDCols beside dK, dV and the A fragment made ptxas serialize the wgmmas),
     //    each into the staging (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8; boxes 2 pass, 2 pass + 1).
-    //    Every product that reads this warpgroup's Q / dO columns has completed by then (its own at the first wait;
-    //    the other warpgroup's S^T or dP^T, which read all columns, before the handshake above). Fragment element
+    //    Every product that reads this warpgroup's Q / dO columns has completed by then (its own at the first wait:
+    //    one warp's wait_group covers the warpgroup's whole wgmma, as the stage release of bwd_ws_kernel.cuh and
+    //    CUTLASS's consumer release assume; the other warpgroup's S^T or dP^T, which read all columns, before the
+    //    handshake above). Fragment element
     //    (nt, 2 half + e): row 16 warp + group + 8 half, column 8 nt + 2 tig + e of the pass.
     constexpr int kDqPassCols = kDCols / 2, kDqPassTiles = kDqPassCols / 8;
     float acc_dq[kDqPassCols / 2];  // (this warp's 16 queries, one pass's columns)

@@ -57,7 +57,7 @@ struct AttentionParams {
   int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
-  float* softmax_d = nullptr;   // D = rowsum(dout * out), fp32 (batch, nheads, seqlen_q_rounded)
+  float* softmax_d = nullptr;   // D = rowsum(dout * out), fp32 (batch, nheads, seqlen_q), contiguous
   float* dq_accum = nullptr;    // fp32 accumulator for dq, layout chosen by the backward launcher
   float* dbias = nullptr;       // fp32 (batch, nheads, seqlen_q, seqlen_k) when the bias needs a gradient
   // Score-mod path (softcap or bias), both (batch, nheads, seqlen_q) fp32, written by bwd_row_stats_kernel:
