@@ -6,7 +6,8 @@
 #      and spills (a spill in a kernel is printed as a warning, not a failure; wgmma serialized by ptxas, C751x, fails);
 #   4. the sm90 building-block probes (scripts/sm90_wgmma_probe.cu, sm90_tma_probe.cu) and the forward's variant
 #      harness (scripts/fwd_variant_bench.cu) compile for sm_90a, and the generated wgmma wrappers match their generator.
-# Usage: scripts/cuda_compile_check.sh [headdim (default 128)]; env NVCC, CXX, FA2_JOBS (default 2).
+# Usage: scripts/cuda_compile_check.sh [headdims: one, or a CMake list such as "64;128;256" (default 128)];
+# env NVCC, CXX, FA2_JOBS (default 2). (.ci/run checks 64;128;256: about 80 s on 2 cores.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-nvcc}

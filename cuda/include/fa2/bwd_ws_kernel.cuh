@@ -342,17 +342,19 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
         }
       }
     };
+    uint32_t ds_frag[kBlockM / 16][4];
     if constexpr (Cfg::kDsBeforeDv) {
+      // (dS^T packed before dV's issue: its fp32 values are dead by then, which kept fp16 at d 64 from spilling)
       sm90::wait_hold<0>(acc_dp);
       to_ds(std::true_type{});
+      pack_k16_fragments<T>(dp_frag, ds_frag);
       sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, ring.dout(s));
     } else {
       sm90::gemm_rs<T, kHeadDim, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, p_frag, ring.dout(s));
       sm90::wait_hold<1>(acc_dp);  // (dV keeps running)
       to_ds(std::false_type{});
+      pack_k16_fragments<T>(dp_frag, ds_frag);
     }
-    uint32_t ds_frag[kBlockM / 16][4];
-    pack_k16_fragments<T>(dp_frag, ds_frag);
 
     // -- dS^T to shared memory (buffer it % 2: the other warpgroup may still be reading the previous one in its dQ;
     //    the one before that every consumer finished before the barrier of the last iteration), stored before dK's
