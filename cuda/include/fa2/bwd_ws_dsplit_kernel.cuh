@@ -83,19 +83,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
-  // the CTA's only barrier (the producer warpgroup leaves below); with kKeyBias it also tells whether every key of the
-  // block is padded (-inf / False, or past seqlen_k): then dK = dV = 0 and nothing is added to dQ
-  if constexpr (kKeyBias) {
-    static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
-    bool padded = true;
-    if (threadIdx.x < kBlockN) {
-      const int key = n0 + int(threadIdx.x);
-      padded = key >= p.seqlen_k || bias_value<T>(p, bias_of_head(p, batch, head), 0, key) == -INFINITY;
-    }
-    if (__syncthreads_and(padded)) m_hi = m_lo - 1;
-  } else {
-    __syncthreads();
-  }
+  static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
+  m_hi = ws_cta_barrier<T, kKeyBias, kBlockN>(p, n0, batch, head, m_lo, m_hi);
 
   if (threadIdx.x < kWsProducerThreads) {
     // -- the producer warpgroup: one thread streams the query blocks (ws_produce; a stage is released after the
@@ -117,13 +106,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   // 0's P^T
   float key_bias[2] = {0.f, 0.f};
   if constexpr (kKeyBias) {
-    if (wg == 0) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int key = n0 + key0 + 8 * half;
-        if (key < p.seqlen_k) key_bias[half] = bias_value<T>(p, bias_of_head(p, batch, head), 0, key);
-      }
-    }
+    if (wg == 0) ws_load_key_bias<T>(p, batch, head, n0 + key0, key_bias);
   }
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   // the dQ reduce-adds of this warpgroup: issued (and their shared memory's reads waited for) by its first thread,

@@ -71,6 +71,36 @@ struct WsRing {
   }
 };
 
+// The CTA's only barrier (the producer warpgroup leaves after it). With kKeyBias it also tells whether every key of
+// the block (kBlockN from n0) is padded (-inf / False, or past seqlen_k): then the block's query range is emptied
+// (returns m_lo - 1: dK = dV = 0 and nothing is added to dQ); else it returns m_hi.
+template <typename T, bool kKeyBias, int kBlockN>
+__device__ __forceinline__ int ws_cta_barrier(const AttentionParams& p, int n0, int batch, int head, int m_lo,
+                                              int m_hi) {
+  if constexpr (kKeyBias) {
+    bool padded = true;
+    if (threadIdx.x < kBlockN) {
+      const int key = n0 + int(threadIdx.x);
+      padded = key >= p.seqlen_k || bias_value<T>(p, bias_of_head(p, batch, head), 0, key) == -INFINITY;
+    }
+    if (__syncthreads_and(padded)) return m_lo - 1;
+  } else {
+    __syncthreads();
+  }
+  return m_hi;
+}
+
+// A key-row bias's values at one thread's keys key_first, key_first + 8 (0 past seqlen_k: those keys are masked).
+template <typename T>
+__device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int batch, int head, int key_first,
+                                                 float (&key_bias)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key_first + 8 * half;
+    if (key < p.seqlen_k) key_bias[half] = bias_value<T>(p, bias_of_head(p, batch, head), 0, key);
+  }
+}
+
 // The producer thread: K, V of the key block (kBlockN rows from n0) once, then for query blocks m_lo .. m_hi their
 // Q, dO and row statistics (lse, D, and with kShift the row shift: bwd_row_stats_kernel's) into stage it % kStages,
 // each once every consumer warp has released the stage's previous block (it - kStages). lse / D / shift come from the
@@ -252,19 +282,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
-  // the CTA's only barrier (the producer warpgroup leaves below); with kKeyBias it also tells whether every key of the
-  // block is padded (-inf / False, or past seqlen_k): then dK = dV = 0 and nothing is added to dQ
-  if constexpr (kKeyBias) {
-    static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
-    bool padded = true;
-    if (threadIdx.x < kBlockN) {
-      const int key = n0 + int(threadIdx.x);
-      padded = key >= p.seqlen_k || bias_value<T>(p, bias_of_head(p, batch, head), 0, key) == -INFINITY;
-    }
-    if (__syncthreads_and(padded)) m_hi = m_lo - 1;
-  } else {
-    __syncthreads();
-  }
+  static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
+  m_hi = ws_cta_barrier<T, kKeyBias, kBlockN>(p, n0, batch, head, m_lo, m_hi);
 
   if (threadIdx.x < kWsProducerThreads) {
     // -- the producer warpgroup: one thread streams the query blocks; the others have nothing to do
@@ -282,13 +301,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
   // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked)
   float key_bias[2] = {0.f, 0.f};
-  if constexpr (kKeyBias) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = n0 + key0 + 8 * half;
-      if (key < p.seqlen_k) key_bias[half] = bias_value<T>(p, bias_of_head(p, batch, head), 0, key);
-    }
-  }
+  if constexpr (kKeyBias) ws_load_key_bias<T>(p, batch, head, n0 + key0, key_bias);
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   // this warpgroup's dQ reduce-adds: issued (and their shared memory's reads waited for) by its first thread; its part
   // of a query block's dQ: rows dq_row0 .. + 63, columns dq_col0 .. + kDqCols - 1
