@@ -83,8 +83,7 @@ want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_
 want_step sanitize-bwd80 && step sanitize-bwd80 120 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
   scripts/sanitizer_check.py --tools memcheck,racecheck
 # bwd_kernel.cuh's wgmma backward where the warp-specialized one runs by default (FA2_DISABLE_SM90_WS_BACKWARD=1:
-# d 64 / 128 / 256, plain path and padding masks, seqlen_q % 4 == 0): the CUDA tests of the ops, the API and Hopper
-# with it
+# d 64 / 128 / 256, plain path and padding masks): the CUDA tests of the ops, the API and Hopper with it
 want_step tests-bwd-nows && step tests-bwd-nows 300 env PYTHONPATH=python FA2_DISABLE_SM90_WS_BACKWARD=1 "$PY" \
   scripts/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
 # padding masks' backward on the general bias path (FA2_DISABLE_KEY_BIAS_BWD=1; the default is the key-row variant):

@@ -41,10 +41,11 @@ CASES = [
     dict(shape=(2, 130, 656, 2, 2, 64), flags={}, padding=True),
     dict(shape=(2, 100, 656, 2, 2, 128), flags={}, padding=True),
     dict(shape=(2, 90, 656, 2, 1, 256), flags=dict(causal=True), padding=True),
-    # the warp-specialized backward (sm_90a, d 64 / 128 / 256, seqlen_q % 4 == 0; the plain cases above with such seqlen_q
-    # run it too): a window, GQA, a query tail
+    # the warp-specialized backward (sm_90a, d 64 / 128 / 256; the plain cases and padding masks above run it too): a
+    # window, GQA, query tails (odd seqlen_q: the row statistics' boxes start below the block)
     dict(shape=(2, 68, 130, 4, 2, 128), flags=dict(window_left=16, window_right=3)),
-    dict(shape=(2, 132, 200, 4, 2, 256), flags=dict(causal=True)),  # (d 256: the headdim-split kernel)
+    dict(shape=(2, 133, 200, 4, 2, 256), flags=dict(causal=True)),  # (d 256: the headdim-split kernel)
+    dict(shape=(3, 131, 150, 2, 1, 64), flags={}),
     # the backward's key-row variant on the sm80 tiles (d 96: no wgmma config; the default)
     dict(shape=(2, 70, 300, 2, 2, 96), flags={}, padding=True),
 ]

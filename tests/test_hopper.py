@@ -242,7 +242,7 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
             grads = torch.autograd.grad(out, (q, k, v), dout)
         # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false>,
         # or at the warp-specialized kernel's headdims (unless switched off) bwd_ws_kernel<T, BwdWsTileConfig<d>>
-        if d in WS_BACKWARD_HEADDIMS and fa2._C.sm90_ws_backward() and q.shape[1] % 4 == 0:
+        if d in WS_BACKWARD_HEADDIMS and fa2._C.sm90_ws_backward():
             assert any("bwd_ws_" in n for n in names), names
         else:
             assert any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names), names
@@ -265,7 +265,8 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
     """The warp-specialized backward (bwd_ws_kernel.cuh: producer thread + TMA, transposed scores, dQ from both
     warpgroups' dS^T) runs by default at its headdims on the plain path, and its gradients follow the rule against
     the fp32 reference, as do those of bwd_kernel.cuh's wgmma instance (set_sm90_ws_backward(False)), on: query / key
-    tails (332 / 461: seqlen_q a multiple of 4, the kernel's condition), GQA, a headdim below the instance's (d - 8),
+    tails (332 / 461, and seqlen_q 333 / 255: the row statistics' boxes start below the block, at a multiple of 4
+    rows), GQA, a headdim below the instance's (d - 8),
     causal with more queries than keys (rows that see nothing), sliding windows (key blocks no query sees), one query
     block, many stages of the ring (1000)."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
@@ -277,6 +278,8 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
     cases = [  # (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, causal, window_left, window_right)
         (2, 332, 461, 4, 2, d, False, -1, -1),
         (2, 332, 461, 4, 2, d, True, -1, -1),
+        (2, 333, 461, 4, 2, d, False, -1, -1),
+        (3, 255, 200, 2, 1, d, True, -1, -1),
         (1, 460, 333, 2, 2, d - 8, True, -1, -1),
         (2, 1000, 1000, 2, 1, d, False, -1, -1),
         (1, 700, 900, 3, 3, d, False, 100, 0),
@@ -320,7 +323,7 @@ def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind):
     if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0") or not fa2._C.key_bias_backward():
         pytest.skip("the warp-specialized backward or the key-row bias variant is switched off")
     g = torch.Generator(device="cuda").manual_seed(7)
-    b, sq, sk, h, hk = 3, 260, 700, 4, 2
+    b, sq, sk, h, hk = 3, 261, 700, 4, 2  # (seqlen_q odd: the statistics' boxes start below the block)
     keep = torch.rand(b, 1, 1, sk, device="cuda", generator=g) > 0.3
     keep[0, ..., :] = True
     keep[0, ..., 128:256] = False  # a whole key block of the kernel
@@ -359,7 +362,7 @@ def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind):
 
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
 def test_sm90_ws_backward_is_not_used_where_it_does_not_apply(d):
-    """Deterministic mode, softcap, a general (per query and key) bias, seqlen_q not a multiple of 4 and a broadcast
+    """Deterministic mode, softcap, a general (per query and key) bias and a broadcast
     (stride-0) dout keep bwd_kernel.cuh's kernels (and stay correct: the other tests run them); the warp-specialized
     one takes the plain path and its key-row bias variant, not deterministic, with TMA-addressable tensors."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
@@ -367,10 +370,8 @@ def test_sm90_ws_backward_is_not_used_where_it_does_not_apply(d):
     q, k, v = make_qkv(1, 256, 256, 2, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     dout = torch.randn_like(q)
     bias = torch.randn(1, 2, 256, 256, device="cuda", dtype=torch.bfloat16)
-    q_odd = q[:, :255].detach().requires_grad_()
     calls = [("softcap", (q, k, v), lambda: fa2.attention(q, k, v, softcap=5.0)),
-             ("bias", (q, k, v), lambda: fa2.attention(q, k, v, attn_bias=bias)),
-             ("seqlen_q 255", (q_odd, k, v), lambda: fa2.attention(q_odd, k, v))]
+             ("bias", (q, k, v), lambda: fa2.attention(q, k, v, attn_bias=bias))]
     for what, inputs, fn in calls:
         out = fn()
         names = cuda_kernel_names(lambda: torch.autograd.grad(out, inputs, torch.randn_like(out)))

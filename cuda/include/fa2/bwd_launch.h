@@ -26,10 +26,10 @@ bool sm90_backward();
 // Whether the sm_90a backward runs its warp-specialized main kernel (bwd_ws_kernel.cuh: a TMA producer thread, the
 // transposed scores in registers; bwd_ws_dsplit_kernel.cuh at d 256) where it applies: headdims with a BwdWsConfig
 // (bwd_ws_headdim), the plain path (no softcap, no bias) or its key-row bias variant (padding masks without dbias),
-// not deterministic, seqlen_q a multiple of 4 (its TMA reads lse / D rows in 16-byte aligned boxes), lse / softmax_d
-// / dq_accum 16-byte aligned, q / dout / k / v addressable by the TMA (no zero stride: a broadcast dout, for one);
-// elsewhere, and wherever a tensor map is rejected, bwd_kernel.cuh's kernels run. Default: yes, unless the
-// environment has FA2_DISABLE_SM90_WS_BACKWARD=1 (then bwd_kernel.cuh's wgmma instances run those too).
+// not deterministic, lse / softmax_d / dq_accum 16-byte aligned, q / dout / k / v addressable by the TMA (no zero
+// stride: a broadcast dout, for one); elsewhere, and wherever a tensor map is rejected, bwd_kernel.cuh's kernels
+// run. Default: yes, unless the environment has FA2_DISABLE_SM90_WS_BACKWARD=1 (then bwd_kernel.cuh's wgmma
+// instances run those too).
 void set_sm90_ws_backward(bool enabled);
 bool sm90_ws_backward();
 

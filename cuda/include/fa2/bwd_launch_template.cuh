@@ -50,14 +50,14 @@ inline bool bshd_tma_addressable(const void* base, int64_t batch, int64_t seqlen
 
 // Whether a non-deterministic backward call on the plain path (key_bias: its key-row bias variant) can run the
 // warp-specialized kernel (bwd_ws_kernel.cuh): its TMA reads each query block's row statistics (lse and D; with a
-// key-row bias bwd_row_stats_kernel's lse and shift) from flat (batch, heads, seqlen_q) fp32 buffers in boxes that
-// must start 16-byte aligned (the H200 raised an illegal instruction at seqlen_q 333: seqlen_q % 4 == 0), q / dout /
-// k / v in tiles (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q
-// rows).
+// key-row bias bwd_row_stats_kernel's lse and shift) from flat (batch, heads, seqlen_q) fp32 buffers (16-byte aligned
+// bases; the boxes start at multiples of 4 values, ws_stat_box_elems), q / dout / k / v in tiles
+// (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q rows and a box
+// past the last block's).
 inline bool bwd_ws_applies(const AttentionParams& p, int block_m, bool key_bias) {
-  return p.seqlen_q % 4 == 0 && aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
+  return aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
          (key_bias ? aligned16(p.row_lse) && aligned16(p.row_shift) : aligned16(p.lse)) &&
-         int64_t(p.batch) * p.nheads * p.seqlen_q + block_m <= 0x7fffffff &&
+         int64_t(p.batch) * p.nheads * p.seqlen_q + block_m + 4 <= 0x7fffffff &&
          bshd_tma_addressable(p.q, p.batch, p.seqlen_q, p.nheads, p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
          bshd_tma_addressable(p.dout, p.batch, p.seqlen_q, p.nheads, p.dout_batch_stride, p.dout_row_stride,
                               p.dout_head_stride) &&
@@ -100,9 +100,10 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, 
   }
   const int64_t rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // of lse, D and dq_accum
   // (the key-row bias variant takes P against bwd_row_stats_kernel's statistics: its lse and the row shift)
-  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, kKeyBias ? p.row_lse : p.lse, rows, Cfg::kBlockM);
-  if (e == nullptr && kKeyBias) e = sm90::make_flat_f32_tensor_map(&maps.shift, p.row_shift, rows, Cfg::kBlockM);
-  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, Cfg::kBlockM);
+  constexpr int kStatBox = bwd::ws_stat_box_elems<Cfg::kBlockM>();
+  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, kKeyBias ? p.row_lse : p.lse, rows, kStatBox);
+  if (e == nullptr && kKeyBias) e = sm90::make_flat_f32_tensor_map(&maps.shift, p.row_shift, rows, kStatBox);
+  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, kStatBox);
   if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
   if (e == nullptr) e = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes);
   if (e != nullptr) return nullptr;  // (not launched: the caller falls back)

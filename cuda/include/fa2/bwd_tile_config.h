@@ -186,7 +186,8 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 // half of its headdim columns (kBlockM 64; each half starts at a swizzle column block).
 // Registers per consumer thread (fp32): d 128 (64 x 128): dK, dV 2 x 64 + S^T, dP^T 2 x 32, then dQ 32 (after S^T and
 // dP^T are packed); d 64 (128 x 128): dK, dV 2 x 32 + S^T, dP^T 2 x 64, then dQ 32.
-// Shared memory (bytes): K, V 2 x kBlockN d 2 + kStages (Q, dO: 2 x kBlockM d 2 + lse, D, shift: 3 x kBlockM 4)
+// Shared memory (bytes): K, V 2 x kBlockN d 2 + kStages (Q, dO: 2 x kBlockM d 2 + lse, D, shift: 3 x (kBlockM + 4) 4
+//   rounded up to 128)
 //   + dS^T 2 buffers x kBlockN kBlockM 2 (a warpgroup may still read one while the other writes the next)
 //   + dQ staging 2 x 64 x kDqCols 4 (each warpgroup's part, added to dq_accum by the TMA's reduce-add)
 //   d 128, 64 x 128, 2 stages: 64 + 64 + 1 + 32 + 32 KB = 193 KB;  d 64, 128 x 128: 32 + 64 + 2 + 64 + 32 = 194 KB.
@@ -217,7 +218,10 @@ struct BwdWsTileConfig {
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kSmemStatsBytes = 3 * kBlockM * 4;  // lse, D (and a key-row bias's row shift) of a stage
+  // lse, D (and a key-row bias's row shift) of a stage, each a box of kBlockM + 4 values (bwd_ws_kernel.cuh,
+  // ws_stat_box_elems) at a 128-byte aligned start
+  static constexpr int kSmemStatBytes = ((kBlockM + 4) * 4 + 127) / 128 * 128;
+  static constexpr int kSmemStatsBytes = 3 * kSmemStatBytes;
   static constexpr int kSmemDqBytes = kDqRows * kDqCols * 4;  // one warpgroup's part of dQ
   static constexpr int kSmemBarrierBytes = 8 * (1 + 2 * kStages);  // K/V, then full and empty per stage
   static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 2 * kSmemDsBytes +
@@ -240,8 +244,8 @@ struct BwdWsTileConfig {
 // each passes its result to the other through shared memory (P^T, dS^T: the other's dV / dK take it as a shared-memory
 // operand). dQ = dS K: each warpgroup half of the columns (64 registers), staged for the TMA's reduce-add in the
 // stage's own Q / dO buffers (their halves this warpgroup's products read; released after the reduce-add's reads).
-// Shared memory: K, V 2 x 32 KB + 2 stages x (Q, dO 2 x 32 KB + lse, D, shift 768 B) + P^T, dS^T 2 x 2 buffers x
-//   8 KB = 225.5 KB.
+// Shared memory: K, V 2 x 32 KB + 2 stages x (Q, dO 2 x 32 KB + lse, D, shift 3 x 384 B) + P^T, dS^T 2 x 2 buffers x
+//   8 KB = 226.3 KB (of 227).
 template <int kHeadDim_>
 struct BwdWsSplitTileConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -259,7 +263,9 @@ struct BwdWsSplitTileConfig {
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemPBytes = kBlockN * kBlockM * 2;        // P^T or dS^T (keys, queries)
-  static constexpr int kSmemStatsBytes = 3 * kBlockM * 4;          // lse, D (and a key-row bias's shift) of a stage
+  // lse, D (and a key-row bias's shift) of a stage: boxes of kBlockM + 4 values at 128-byte aligned starts
+  static constexpr int kSmemStatBytes = ((kBlockM + 4) * 4 + 127) / 128 * 128;
+  static constexpr int kSmemStatsBytes = 3 * kSmemStatBytes;
   static constexpr int kSmemBarrierBytes = 8 * (1 + 2 * kStages);  // K/V, then full and empty per stage
   static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 4 * kSmemPBytes +
                                     kStages * kSmemStatsBytes + kSmemBarrierBytes;

@@ -67,9 +67,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   auto sP = [&](int b) { return sRing + kStages * 2 * Cfg::kSmemQBytes + b * Cfg::kSmemPBytes; };
   auto sDs = [&](int b) { return sP(2) + b * Cfg::kSmemPBytes; };
   const uint32_t sStats0 = sDs(2);
-  static_assert((kKeyBias ? 3 : 2) * kBlockM * 4 <= Cfg::kSmemStatsBytes, "a stage's row statistics fit their space");
-  const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatsBytes> ring{sRing, sStats0,
-                                                                    sStats0 + kStages * Cfg::kSmemStatsBytes};
+  static_assert(ws_stat_box_elems<kBlockM>() * 4 <= Cfg::kSmemStatBytes, "a statistic's box fits its space");
+  const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatBytes> ring{sRing, sStats0,
+                                                                   sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -122,8 +122,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, b = it & 1, m0 = m * kBlockM;
     sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
-    // [lse (kBlockM)] [D (kBlockM)] ([shift (kBlockM)])
-    const float* stats = reinterpret_cast<const float*>(smem_at(ring.stats(s)));
+    const int stats_off = ws_stats_offset(ws_stats_row(bh, p.seqlen_q, m0));
+    auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
+    const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
     // the stage's dQ staging of this warpgroup: boxes of 32 columns (kBlockM rows x 128 bytes), 0 and 1 in its Q
     // column blocks, 2 and 3 in its dO column blocks
     auto dq_box = [&](int box) {
@@ -150,9 +151,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       sm90::wait_hold<0>(acc_sdp);
       // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
       if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-        ws_scores_to_p<kKeyBias, true, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
+        ws_scores_to_p<kKeyBias, true>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       } else {
-        ws_scores_to_p<kKeyBias, false, kBlockM>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
+        ws_scores_to_p<kKeyBias, false>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- P^T to shared memory for warpgroup 1 (its dS^T and dV_1), then dV_0 += P^T dO[:, 0:kDCols]
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       ptx::named_barrier_sync<1, 256>();
 #pragma unroll
       for (int j = 0; j < kSNTiles; ++j) {
-        const float2 dsum = *reinterpret_cast<const float2*>(stats + kBlockM + 8 * j + 2 * tig);
+        const float2 dsum = make_float2(stats.dsum[8 * j + 2 * tig], stats.dsum[8 * j + 2 * tig + 1]);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const float2 prob = unpack2<T>(ld_shared_pair<PTile>(sP(b), key0 + 8 * half, 8 * j + 2 * tig));

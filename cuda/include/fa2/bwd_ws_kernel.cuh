@@ -47,16 +47,26 @@ __device__ __forceinline__ void pack_k16_fragments(const float (&acc)[kNTiles][4
 
 // ---- shared by the warp-specialized backward kernels (this one and bwd_ws_dsplit_kernel.cuh)
 
+// A query block's row statistics (lse, D, shift) are loaded by the 1-D TMA from the flat (batch, heads, seqlen_q)
+// fp32 buffers, whose boxes must start at a multiple of 4 values (16 bytes; an odd start raised an illegal instruction
+// on the H200): each box starts at the block's first row rounded down to a multiple of 4 and holds kBlockM + 4 values;
+// the block's rows start ws_stats_offset values into it.
+template <int kBlockM>
+constexpr int ws_stat_box_elems() { return kBlockM + 4; }
+__device__ __forceinline__ int ws_stats_row(int64_t bh, int64_t seqlen_q, int m0) { return int(bh * seqlen_q + m0); }
+__device__ __forceinline__ int ws_stats_offset(int row) { return row & 3; }
+
 // The query-block ring in shared memory: per stage [Q (kQBytes)] [dO] from q0 and its rows' statistics
-// [lse (kBlockM fp32)] [D] ([shift]) every kStatsBytes from stats0; mbarriers from bar_kv: K/V, full per stage (the
-// producer's expect_tx arrival), empty per stage (one arrival per consumer warp).
-template <int kStages, int kQBytes, int kStatsBytes>
+// [lse] [D] [shift] (kStatBytes each, from stats0); mbarriers from bar_kv: K/V, full per stage (the producer's
+// expect_tx arrival), empty per stage (one arrival per consumer warp).
+template <int kStages, int kQBytes, int kStatBytes>
 struct WsRing {
   static constexpr int kNumStages = kStages;
   uint32_t q0, stats0, bar_kv;
   __device__ __forceinline__ uint32_t q(int s) const { return q0 + s * 2 * kQBytes; }
   __device__ __forceinline__ uint32_t dout(int s) const { return q(s) + kQBytes; }
-  __device__ __forceinline__ uint32_t stats(int s) const { return stats0 + s * kStatsBytes; }
+  // statistic i (0 lse, 1 D, 2 shift) of stage s
+  __device__ __forceinline__ uint32_t stat(int s, int i) const { return stats0 + (3 * s + i) * kStatBytes; }
   __device__ __forceinline__ uint32_t full(int s) const { return bar_kv + 8 + 8 * s; }
   __device__ __forceinline__ uint32_t empty(int s) const { return bar_kv + 8 + 8 * kStages + 8 * s; }
   // (one thread, before the CTA's barrier)
@@ -104,14 +114,16 @@ __device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int b
 // The producer thread: K, V of the key block (kBlockN rows from n0) once, then for query blocks m_lo .. m_hi their
 // Q, dO and row statistics (lse, D, and with kShift the row shift: bwd_row_stats_kernel's) into stage it % kStages,
 // each once every consumer warp has released the stage's previous block (it - kStages). lse / D / shift come from the
-// flat (batch, heads, seqlen_q) views (rows past seqlen_q read the next head's; past the buffers' end zeros).
+// flat (batch, heads, seqlen_q) views in ws_stat_box_elems boxes (rows past seqlen_q read the next head's; past the
+// buffers' end zeros).
 template <int kBlockM, int kBlockN, int kHeadDim, int kBlockCols, bool kShift, class Ring>
 __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, const Ring& ring, uint32_t sK, uint32_t sV,
                                            int64_t seqlen_q, int m_lo, int m_hi, int n0, int head, int head_k,
                                            int batch, int64_t bh) {
   constexpr int kKVBytes = kBlockN * kHeadDim * 2, kQBytes = kBlockM * kHeadDim * 2;
-  constexpr int kStatsBytes = (kShift ? 3 : 2) * kBlockM * 4;
-  static_assert(kBlockM * 4 % 16 == 0 && kBlockM <= 256, "a block's lse / D is one 1-D TMA box");
+  constexpr int kBoxElems = ws_stat_box_elems<kBlockM>();
+  constexpr int kStatsBytes = (kShift ? 3 : 2) * kBoxElems * 4;
+  static_assert(kBoxElems * 4 % 16 == 0 && kBoxElems <= 256, "a block's lse / D is one 1-D TMA box");
   sm90::mbarrier_arrive_expect_tx(ring.bar_kv, 2 * kKVBytes);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sK, &maps.k, ring.bar_kv, n0, head_k, batch);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sV, &maps.v, ring.bar_kv, n0, head_k, batch);
@@ -121,28 +133,37 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
     sm90::mbarrier_arrive_expect_tx(ring.full(s), 2 * kQBytes + kStatsBytes);
     sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.q(s), &maps.q, ring.full(s), m0, head, batch);
     sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.dout(s), &maps.dout, ring.full(s), m0, head, batch);
-    const int row = int(bh * seqlen_q + m0);  // (the launcher checks that batch * nheads * seqlen_q fits an int)
-    sm90::tma_load_1d(ring.stats(s), &maps.lse, ring.full(s), row);
-    sm90::tma_load_1d(ring.stats(s) + kBlockM * 4, &maps.dsum, ring.full(s), row);
-    if constexpr (kShift) sm90::tma_load_1d(ring.stats(s) + 2 * kBlockM * 4, &maps.shift, ring.full(s), row);
+    // (the launcher checks that batch * nheads * seqlen_q fits an int)
+    const int at = ws_stats_row(bh, seqlen_q, m0) & ~3;
+    sm90::tma_load_1d(ring.stat(s, 0), &maps.lse, ring.full(s), at);
+    sm90::tma_load_1d(ring.stat(s, 1), &maps.dsum, ring.full(s), at);
+    if constexpr (kShift) sm90::tma_load_1d(ring.stat(s, 2), &maps.shift, ring.full(s), at);
   }
 }
+
+// A stage's row statistics as the consumers read them: the query block's row r at lse[r], dsum[r], shift[r]
+// (ws_stats_offset values into each box, so read as single floats).
+struct WsStats {
+  const float* lse;
+  const float* dsum;
+  const float* shift;
+};
 
 // P^T from S^T in place, for one thread's fragments of the transposed scores (element (j, 2 half + e): key
 // key_first + 8 half, query m0 + 8 j + 2 tig + e), rounded later: P = exp2(q.k scale log2e - lse log2e), or with a
 // key-row bias (kKeyBias) exp2((q.k scale + bias[key] - shift) log2e - lse log2e) against bwd_row_stats_kernel's
 // (shift, lse). kMasked: P = 0 for keys outside each query's range and for queries past seqlen_q (their lse and D are
-// another row's). stats: the stage's [lse (kBlockM)] [D] [shift].
-template <bool kKeyBias, bool kMasked, int kBlockM, int kSNTiles>
-__device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], const float* stats,
+// another row's). stats: the stage's (WsStats).
+template <bool kKeyBias, bool kMasked, int kSNTiles>
+__device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], const WsStats& stats,
                                                const AttentionParams& p, const BlockInfo& info, int m0, int key_first,
                                                int tig, const float (&key_bias)[2]) {
 #pragma unroll
   for (int j = 0; j < kSNTiles; ++j) {
-    const float2 l = *reinterpret_cast<const float2*>(stats + 8 * j + 2 * tig);
-    const float lse2[2] = {l.x * kLog2e, l.y * kLog2e};
+    const int r = 8 * j + 2 * tig;
+    const float lse2[2] = {stats.lse[r] * kLog2e, stats.lse[r + 1] * kLog2e};
     float2 shift = make_float2(0.f, 0.f);
-    if constexpr (kKeyBias) shift = *reinterpret_cast<const float2*>(stats + 2 * kBlockM + 8 * j + 2 * tig);
+    if constexpr (kKeyBias) shift = make_float2(stats.shift[r], stats.shift[r + 1]);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       int key_lo = 0, key_hi = 0;
@@ -265,10 +286,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   auto sDs = [&](int b) { return sRing + kStages * 2 * Cfg::kSmemQBytes + b * Cfg::kSmemDsBytes; };
   auto sDq = [&](int w) { return sDs(2) + w * Cfg::kSmemDqBytes; };
   // per stage: lse, D (kBlockM fp32 each), and with kKeyBias the row shift (bwd_row_stats_kernel's; lse is its too)
-  static_assert((kKeyBias ? 3 : 2) * kBlockM * 4 <= Cfg::kSmemStatsBytes, "a stage's row statistics fit their space");
+  static_assert(ws_stat_box_elems<kBlockM>() * 4 <= Cfg::kSmemStatBytes, "a statistic's box fits its space");
   const uint32_t sStats0 = sDq(Cfg::kConsumerWarpgroups);
-  const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatsBytes> ring{sRing, sStats0,
-                                                                    sStats0 + kStages * Cfg::kSmemStatsBytes};
+  const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatBytes> ring{sRing, sStats0,
+                                                                   sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -316,8 +337,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, m0 = m * kBlockM;
     sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
-    // [lse (kBlockM)] [D (kBlockM)] ([shift (kBlockM)])
-    const float* stats = reinterpret_cast<const float*>(smem_at(ring.stats(s)));
+    const int stats_off = ws_stats_offset(ws_stats_row(bh, p.seqlen_q, m0));
+    auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
+    const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
 
     // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each), both in flight
     float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
@@ -330,9 +352,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);
     if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-      ws_scores_to_p<kKeyBias, true, kBlockM>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
+      ws_scores_to_p<kKeyBias, true>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
     } else {
-      ws_scores_to_p<kKeyBias, false, kBlockM>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
+      ws_scores_to_p<kKeyBias, false>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
     }
     uint32_t p_frag[kBlockM / 16][4];
     pack_k16_fragments<T>(s_frag, p_frag);
@@ -345,7 +367,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     auto to_ds = [&](auto from_rounded_p) {
 #pragma unroll
       for (int j = 0; j < kSNTiles; ++j) {
-        const float2 dsum = *reinterpret_cast<const float2*>(stats + kBlockM + 8 * j + 2 * tig);
+        const float2 dsum = make_float2(stats.dsum[8 * j + 2 * tig], stats.dsum[8 * j + 2 * tig + 1]);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float2 prob = make_float2(s_frag[j][half * 2], s_frag[j][half * 2 + 1]);
