@@ -280,6 +280,7 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
         (2, 332, 461, 4, 2, d, True, -1, -1),
         (2, 333, 461, 4, 2, d, False, -1, -1),
         (3, 255, 200, 2, 1, d, True, -1, -1),
+        (1, 3, 50, 1, 1, d, False, -1, -1),  # (fewer rows in all than one statistics box's alignment)
         (1, 460, 333, 2, 2, d - 8, True, -1, -1),
         (2, 1000, 1000, 2, 1, d, False, -1, -1),
         (1, 700, 900, 3, 3, d, False, 100, 0),

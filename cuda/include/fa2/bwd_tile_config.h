@@ -190,7 +190,8 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 //   rounded up to 128)
 //   + dS^T 2 buffers x kBlockN kBlockM 2 (a warpgroup may still read one while the other writes the next)
 //   + dQ staging 2 x 64 x kDqCols 4 (each warpgroup's part, added to dq_accum by the TMA's reduce-add)
-//   d 128, 64 x 128, 2 stages: 64 + 64 + 1 + 32 + 32 KB = 193 KB;  d 64, 128 x 128: 32 + 64 + 2 + 64 + 32 = 194 KB.
+//   d 128, 64 x 128, 2 stages: 64 + 64 + 2.25 + 32 + 32 KB = 194.3 KB;  d 64, 128 x 128: 32 + 64 + 3.75 + 64 + 32
+//   = 195.8 KB.
 // (d 256: BwdWsSplitTileConfig, below)
 constexpr bool bwd_ws_headdim(int headdim) { return headdim == 64 || headdim == 128 || headdim == 256; }
 

@@ -114,8 +114,8 @@ __device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int b
 // The producer thread: K, V of the key block (kBlockN rows from n0) once, then for query blocks m_lo .. m_hi their
 // Q, dO and row statistics (lse, D, and with kShift the row shift: bwd_row_stats_kernel's) into stage it % kStages,
 // each once every consumer warp has released the stage's previous block (it - kStages). lse / D / shift come from the
-// flat (batch, heads, seqlen_q) views in ws_stat_box_elems boxes (rows past seqlen_q read the next head's; past the
-// buffers' end zeros).
+// flat (batch, heads, seqlen_q) views in ws_stat_box_elems boxes, which start up to 3 values before the block (never
+// read; rows past seqlen_q read the next head's, past the buffers' end zeros).
 template <int kBlockM, int kBlockN, int kHeadDim, int kBlockCols, bool kShift, class Ring>
 __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, const Ring& ring, uint32_t sK, uint32_t sV,
                                            int64_t seqlen_q, int m_lo, int m_hi, int n0, int head, int head_k,
@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const uint32_t sRing = sV + Cfg::kSmemKVBytes;
   auto sDs = [&](int b) { return sRing + kStages * 2 * Cfg::kSmemQBytes + b * Cfg::kSmemDsBytes; };
   auto sDq = [&](int w) { return sDs(2) + w * Cfg::kSmemDqBytes; };
-  // per stage: lse, D (kBlockM fp32 each), and with kKeyBias the row shift (bwd_row_stats_kernel's; lse is its too)
+  // per stage: lse, D, and with kKeyBias the row shift (bwd_row_stats_kernel's; lse is its too), each a box of
+  // kBlockM + 4 values in a kSmemStatBytes slot (the shift's slot is reserved without kKeyBias too)
   static_assert(ws_stat_box_elems<kBlockM>() * 4 <= Cfg::kSmemStatBytes, "a statistic's box fits its space");
   const uint32_t sStats0 = sDq(Cfg::kConsumerWarpgroups);
   const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatBytes> ring{sRing, sStats0,

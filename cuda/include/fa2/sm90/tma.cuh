@@ -210,7 +210,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(batch), "r"(bar)
       : "memory");
 }
-// The map's box of values at index `at` of a 1-D tensor map into shared memory `dst` (16-byte aligned), on `bar`. The
+// The map's box of values at index `at` of a 1-D tensor map into shared memory `dst` (128-byte aligned), on `bar`. The
 // box's start in global memory must be 16-byte aligned too (at * 4 % 16 == 0 for fp32: the H200 raises an illegal
 // instruction otherwise).
 __device__ __forceinline__ void tma_load_1d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int at) {
