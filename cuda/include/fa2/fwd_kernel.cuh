@@ -713,6 +713,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
     const float heavy_s = kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : p.heavy_score;  // softmax.cuh
     const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
+    // this warpgroup's first row (wgmma's Q operand), broadcast from lane 0: ptxas then treats it as warp-uniform and
+    // builds the Q descriptors in uniform registers, not per thread with an R2UR before every wgmma
+    const int wg_row0 = __shfl_sync(0xffffffffu, q_row0 & ~63, 0);
     const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
     // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
     //   Q (A operand):       rows 0..15 by lane % 16, chunk + lane / 16
@@ -857,7 +860,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // opening once both are issued (warpgroup 1's last turn opens none: the after-loop P V takes no turn, and
         // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
         if constexpr (kPingpong) pingpong_wait(warp >> 2);
-        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
         const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
         if (kSkipMaskedTiles ? pv_pending : it > 0) {
           gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
@@ -871,7 +874,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
         // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
         if (it == 0) pingpong_wait(warp >> 2);
-        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, q_row0 & ~63, sK(buf));
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
         pingpong_signal_other(warp >> 2);
         sm90::wait_hold<0>(acc_s);
       } else if constexpr (kWgmma) {
@@ -879,9 +882,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at
           // d 64 with a bool padding mask 0.96-0.99x of the unmasked speed, from 0.91-0.94x)
           ptx::zero(acc_s);
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, sK(buf));
         } else {
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, q_row0 & ~63, sK(buf));
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, sK(buf));
         }
       } else {
         gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);

@@ -24,6 +24,13 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // rescaling uses differences too. The backward cannot use lse for such rows either (see bwd_row_stats_kernel).
 constexpr float kHeavyRowLog2 = 8192.f;
 
+// How far (log2 units) a row's running max may fall behind before it is raised (FlashAttention-4's conditional
+// rescaling): p <= 2^8 = 256, which bf16 / fp16 P and the fp32 O and l hold without loss. Most tiles then leave
+// every row's max alone and skip O's rescaling. Measured (H200, bf16, non-causal, scripts/fwd_variant_bench.cu,
+// two rounds, with the wgmma descriptor change; variants_h200-20261130-fwd-softmax.json): d 128 forward +1-4%,
+// d 256 with a padding mask +4-7%.
+constexpr float kStaleMaxLog2 = 8.f;
+
 template <int kMTiles>
 struct OnlineSoftmax {
   static constexpr int kRows = 2 * kMTiles;  // this thread's rows: (mt, half) -> row 16 mt + 8 half + group
@@ -45,11 +52,9 @@ struct OnlineSoftmax {
   template <bool kHeavyRows, int kNTiles, int kDTiles>
   __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
                                          float mult, float heavy_s) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float correction = update_row<kHeavyRows>(s, r, mult, heavy_s);
-      rescale_row(o, r, correction);
-    }
+    float correction[kRows];
+    update_scores<kHeavyRows>(s, mult, heavy_s, correction);
+    rescale(o, correction);
   }
 
   // update() in two halves, for a kernel whose previous P V may still be accumulating into O while the scores of the
@@ -63,20 +68,41 @@ struct OnlineSoftmax {
   }
   template <int kDTiles>
   __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4], const float (&correction)[kRows]) {
+    bool unchanged = true;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) unchanged &= correction[r] == 1.f;
+    if (__all_sync(0xffffffffu, unchanged)) return;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) rescale_row(o, r, correction[r]);
   }
 
  private:
+  // v[0] = max(v[0 .. kWidth)), pairwise (compile-time indices: a runtime-bounded loop put v in local memory)
+  template <int kWidth, int kN>
+  __device__ __forceinline__ static void max_tree(float (&v)[kN]) {
+    if constexpr (kWidth > 1) {
+#pragma unroll
+      for (int i = 0; i < kWidth / 2; ++i) v[i] = fmaxf(v[i], v[i + (kWidth + 1) / 2]);
+      max_tree<(kWidth + 1) / 2>(v);
+    }
+  }
   // Row r = (mt, half) of the tile: new max, l rescaled, S -> P, l += sum P; returns the factor for O's row.
   template <bool kHeavyRows, int kNTiles>
   __device__ __forceinline__ float update_row(float (&s)[kMTiles][kNTiles][4], int r, float mult, float heavy_s) {
     const int mt = r >> 1, half = r & 1;
     // -- new row max over this tile (quad-reduced: the 4 lanes of a group hold one row)
-    float m_new = row_max[r];
+    //    as a tree (depth log2 of the row's values, not one chain through all of them; exact in any order)
+    float tile_max[kNTiles];
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) m_new = fmaxf(m_new, fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]));
-    m_new = ptx::quad_max(m_new);
+    for (int nt = 0; nt < kNTiles; ++nt) tile_max[nt] = fmaxf(s[mt][nt][half * 2], s[mt][nt][half * 2 + 1]);
+    max_tree<kNTiles>(tile_max);
+    float m_new = ptx::quad_max(fmaxf(row_max[r], tile_max[0]));
+    // -- a max that grew by at most kStaleMaxLog2 is not taken: p may then reach 2^kStaleMaxLog2 (O, l and lse all
+    //    use the max the row keeps, so the result is the same up to rounding), and O needs no rescaling (the factor is
+    //    exactly 1), which the warp skips when all its rows agree (rescale). A row's decisions depend on its own
+    //    scores only, so every schedule still computes it bitwise alike. NaN (a row that has seen no key yet:
+    //    -inf - -inf) takes the new max.
+    if ((m_new - row_max[r]) * mult <= kStaleMaxLog2) m_new = row_max[r];
     float m_scaled, correction;
     if (kHeavyRows && m_new < heavy_s && m_new != -INFINITY) {
       // -- a heavy row (rare; quad-uniform): p = exp2((s - m) * mult), rescale by exp2((m_old - m) * mult)

@@ -21,6 +21,15 @@ __device__ __forceinline__ uint64_t make_descriptor(uint32_t smem_addr, uint32_t
          (uint64_t((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(swizzle) << 62);
 }
 
+// A descriptor moved by `bytes` (a multiple of 16) in shared memory: added to its address field, in the low word.
+// Shared-memory addresses are below 2^18 (228 KB), so (addr & 0x3FFFF) >> 4 is addr >> 4 and the field (bits 0-13)
+// cannot carry into the next. The k16 steps of one product are then one add each from a descriptor made once (at
+// d 128 the forward's Q K^T re-masked and re-shifted the address on every step: 5 vector instructions and an R2UR
+// per wgmma, on the warpgroup's critical path).
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | (uint32_t(desc) + (bytes >> 4));
+}
+
 // Descriptors of a SwizzledTile<kRows, kCols, kBlockCols> (b16 elements, rows contiguous along kCols).
 template <class Tile>
 struct TileDescriptors;
@@ -36,17 +45,24 @@ struct TileDescriptors<SwizzledTile<kRows, kCols, kBlockCols>> {
   // leading offset is unused in swizzled K-major layouts. A k16 step inside a column block moves the start by
   // 32 bytes: the hardware applies the swizzle to the final address.
   __device__ static __forceinline__ uint64_t k_major(uint32_t tile, int row0, int k16) {
+    return k_major_step(k_major(tile, row0), k16);
+  }
+  // the same as k_major(tile, row0, 0), then moved to step k16 (k16 a compile-time constant: one add)
+  __device__ static __forceinline__ uint64_t k_major(uint32_t tile, int row0) {
+    return make_descriptor(tile + row0 * kRowBytes, 16, 8 * kRowBytes, kSwizzle);
+  }
+  __device__ static __forceinline__ uint64_t k_major_step(uint64_t desc0, int k16) {
     constexpr int kStepsPerBlock = kBlockCols / 16;
-    const uint32_t addr = tile + (k16 / kStepsPerBlock) * kBlockBytes + row0 * kRowBytes + (k16 % kStepsPerBlock) * 32;
-    return make_descriptor(addr, 16, 8 * kRowBytes, kSwizzle);
+    return advance_descriptor(desc0, (k16 / kStepsPerBlock) * kBlockBytes + (k16 % kStepsPerBlock) * 32);
   }
 
   // As an MN-major operand (rows = K, columns = M or N; wgmma with trans_a / trans_b = 1): the 16 rows
   // k16 * 16 .. +15, the columns from col0 (a multiple of kBlockCols) on. Along M/N, column blocks follow each other
   // every kBlockBytes (leading offset); along K, groups of 8 rows every 8 rows (stride offset).
   __device__ static __forceinline__ uint64_t mn_major(uint32_t tile, int k16, int col0 = 0) {
-    const uint32_t addr = tile + (col0 / kBlockCols) * kBlockBytes + k16 * 16 * kRowBytes;
-    return make_descriptor(addr, kBlockBytes, 8 * kRowBytes, kSwizzle);
+    const uint64_t desc0 = make_descriptor(tile + (col0 / kBlockCols) * kBlockBytes, kBlockBytes, 8 * kRowBytes,
+                                           kSwizzle);
+    return advance_descriptor(desc0, k16 * 16 * kRowBytes);
   }
 };
 
