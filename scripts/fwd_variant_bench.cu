@@ -89,8 +89,14 @@ void* padding_bias(int batch, int seqlen, E keep, E masked) {
 
 int main(int argc, char** argv) {
   // usage: fwd_variant_bench [seqlens (comma list, default 1024,4096,16384)] [masks (none,bf16,fp32,bool)]
+  //                           [causal: 0, 1 or 0,1 (default 0); causal cases print their mask as "<mask>/c"]
   std::vector<int> seqlens = {1024, 4096, 16384};
   std::string masks = argc > 2 ? argv[2] : "none,bf16,fp32,bool";
+  const std::string causal_list = argc > 3 ? argv[3] : "0";
+  std::vector<bool> causal_modes;
+  for (char c : causal_list) {
+    if (c == '0' || c == '1') causal_modes.push_back(c == '1');
+  }
   if (argc > 1) {
     seqlens.clear();
     for (char* s = std::strtok(argv[1], ","); s; s = std::strtok(nullptr, ",")) seqlens.push_back(std::atoi(s));
@@ -128,81 +134,90 @@ int main(int argc, char** argv) {
     p.scale_log2 = float(double(p.scale) * 1.4426950408889634);
     p.dtype = fa2::DType::kBFloat16;
 
-    char list[64];
-    std::snprintf(list, sizeof(list), "%s", masks.c_str());
-    for (char* mask = std::strtok(list, ","); mask; mask = std::strtok(nullptr, ",")) {
-      void* bias = nullptr;
-      p.bias_type = fa2::BiasType::kNone;
-      if (std::strcmp(mask, "bf16") == 0) {
-        bias = padding_bias(batch, seqlen, __float2bfloat16(0.f), __float2bfloat16(-INFINITY));
-        p.bias_type = fa2::BiasType::kSameAsInput;
-      } else if (std::strcmp(mask, "fp32") == 0) {
-        bias = padding_bias(batch, seqlen, 0.f, -INFINITY);
-        p.bias_type = fa2::BiasType::kFloat32;
-      } else if (std::strcmp(mask, "bool") == 0) {
-        bias = padding_bias<unsigned char>(batch, seqlen, 1, 0);
-        p.bias_type = fa2::BiasType::kBool;
-      }
-      p.bias = bias;
-      p.bias_batch_stride = seqlen, p.bias_head_stride = 0, p.bias_row_stride = 0, p.bias_col_stride = 1;
-
-      const double fwd_flops = 4.0 * batch * nheads * double(seqlen) * seqlen * kHeadDim;
-      // one weighted sum per result (the forward's out; the backward's dq, dk, dv): variants that compute the same
-      // thing agree to rounding (bitwise-equal ones exactly)
-      auto checksum = [&](const void* result_ptr) {
-        std::vector<__nv_bfloat16> result(elems);
-        CHECK_CUDA(cudaMemcpy(result.data(), result_ptr, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
-        double sum = 0;
-        for (size_t i = 0; i < elems; ++i) sum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
-        return sum;
-      };
-      auto report = [&](const char* pass, const char* what, const char* e, double flops,
-                        std::initializer_list<const void*> results) {
-        if (e != nullptr) {
-          std::fprintf(stderr, "%s: %s\n", what, e);
-          std::exit(1);
+    for (const bool causal : causal_modes) {
+      // causal: bottom-right aligned, folded into window_right as the library does (params.h); FLOPs halved as in
+      // benchmarks/bench_attention.py
+      p.is_causal = causal;
+      p.window_left = -1;
+      p.window_right = causal ? 0 : -1;
+      char list[64];
+      std::snprintf(list, sizeof(list), "%s", masks.c_str());
+      for (char* mask_name = std::strtok(list, ","); mask_name; mask_name = std::strtok(nullptr, ",")) {
+        char mask[16];
+        std::snprintf(mask, sizeof(mask), "%s%s", mask_name, causal ? "/c" : "");
+        void* bias = nullptr;
+        p.bias_type = fa2::BiasType::kNone;
+        if (std::strcmp(mask_name, "bf16") == 0) {
+          bias = padding_bias(batch, seqlen, __float2bfloat16(0.f), __float2bfloat16(-INFINITY));
+          p.bias_type = fa2::BiasType::kSameAsInput;
+        } else if (std::strcmp(mask_name, "fp32") == 0) {
+          bias = padding_bias(batch, seqlen, 0.f, -INFINITY);
+          p.bias_type = fa2::BiasType::kFloat32;
+        } else if (std::strcmp(mask_name, "bool") == 0) {
+          bias = padding_bias<unsigned char>(batch, seqlen, 1, 0);
+          p.bias_type = fa2::BiasType::kBool;
         }
-        std::printf("d %d S %5d mask %-4s %s %6.1f TFLOP/s  checksum", kHeadDim, seqlen, mask, pass, flops / 1e12);
-        for (const void* r : results) std::printf(" %.6e", checksum(r));
-        std::printf("\n");
-        std::fflush(stdout);
-      };
-      const char* fwd_error = nullptr;
-      const float fwd_ms = median_ms([&] {
-        if (fwd_error == nullptr) fwd_error = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
-      });
-      report("fwd", "run_fwd_instance", fwd_error, fwd_flops / (fwd_ms * 1e-3), {out});
-#if FA2_BWD
-      {  // the backward of this forward (out, lse as computed above), dout random
-        fa2::AttentionParams pb = p;
-        for (auto& x : host) x = __float2bfloat16(uniform());
-        __nv_bfloat16* dout = device_copy(host);
-        __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
-        float *softmax_d = nullptr, *dq_accum = nullptr, *row_lse = nullptr, *row_shift = nullptr;
-        CHECK_CUDA(cudaMalloc(&dq, elems * sizeof(__nv_bfloat16)));
-        CHECK_CUDA(cudaMalloc(&dk, elems * sizeof(__nv_bfloat16)));
-        CHECK_CUDA(cudaMalloc(&dv, elems * sizeof(__nv_bfloat16)));
-        const size_t rows = size_t(batch) * nheads * seqlen;
-        CHECK_CUDA(cudaMalloc(&softmax_d, rows * sizeof(float)));
-        CHECK_CUDA(cudaMalloc(&dq_accum, rows * kHeadDim * sizeof(float)));
-        CHECK_CUDA(cudaMalloc(&row_lse, rows * sizeof(float)));
-        CHECK_CUDA(cudaMalloc(&row_shift, rows * sizeof(float)));
-        pb.dout = dout, pb.dq = dq, pb.dk = dk, pb.dv = dv;
-        pb.dout_batch_stride = pb.dq_batch_stride = pb.dk_batch_stride = pb.dv_batch_stride = bstride;
-        pb.dout_row_stride = pb.dq_row_stride = pb.dk_row_stride = pb.dv_row_stride = row;
-        pb.dout_head_stride = pb.dq_head_stride = pb.dk_head_stride = pb.dv_head_stride = kHeadDim;
-        pb.softmax_d = softmax_d, pb.dq_accum = dq_accum, pb.row_lse = row_lse, pb.row_shift = row_shift;
-        const char* bwd_error = nullptr;
-        const float bwd_ms = median_ms([&] {
-          if (bwd_error == nullptr) bwd_error = fa2::run_bwd_instance<__nv_bfloat16, kHeadDim, 901>(pb, nullptr);
+        p.bias = bias;
+        p.bias_batch_stride = seqlen, p.bias_head_stride = 0, p.bias_row_stride = 0, p.bias_col_stride = 1;
+
+        const double fwd_flops = 4.0 * batch * nheads * double(seqlen) * seqlen * kHeadDim / (causal ? 2 : 1);
+        // one weighted sum per result (the forward's out; the backward's dq, dk, dv): variants that compute the same
+        // thing agree to rounding (bitwise-equal ones exactly)
+        auto checksum = [&](const void* result_ptr) {
+          std::vector<__nv_bfloat16> result(elems);
+          CHECK_CUDA(cudaMemcpy(result.data(), result_ptr, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+          double sum = 0;
+          for (size_t i = 0; i < elems; ++i) sum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
+          return sum;
+        };
+        auto report = [&](const char* pass, const char* what, const char* e, double flops,
+                          std::initializer_list<const void*> results) {
+          if (e != nullptr) {
+            std::fprintf(stderr, "%s: %s\n", what, e);
+            std::exit(1);
+          }
+          std::printf("d %d S %5d mask %-6s %s %6.1f TFLOP/s  checksum", kHeadDim, seqlen, mask, pass, flops / 1e12);
+          for (const void* r : results) std::printf(" %.6e", checksum(r));
+          std::printf("\n");
+          std::fflush(stdout);
+        };
+        const char* fwd_error = nullptr;
+        const float fwd_ms = median_ms([&] {
+          if (fwd_error == nullptr) fwd_error = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
         });
-        report("bwd", "run_bwd_instance", bwd_error, 2.5 * fwd_flops / (bwd_ms * 1e-3), {dq, dk, dv});
-        for (void* t : {(void*)dout, (void*)dq, (void*)dk, (void*)dv, (void*)softmax_d, (void*)dq_accum,
-                        (void*)row_lse, (void*)row_shift})
-          CHECK_CUDA(cudaFree(t));
+        report("fwd", "run_fwd_instance", fwd_error, fwd_flops / (fwd_ms * 1e-3), {out});
+  #if FA2_BWD
+        {  // the backward of this forward (out, lse as computed above), dout random
+          fa2::AttentionParams pb = p;
+          for (auto& x : host) x = __float2bfloat16(uniform());
+          __nv_bfloat16* dout = device_copy(host);
+          __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
+          float *softmax_d = nullptr, *dq_accum = nullptr, *row_lse = nullptr, *row_shift = nullptr;
+          CHECK_CUDA(cudaMalloc(&dq, elems * sizeof(__nv_bfloat16)));
+          CHECK_CUDA(cudaMalloc(&dk, elems * sizeof(__nv_bfloat16)));
+          CHECK_CUDA(cudaMalloc(&dv, elems * sizeof(__nv_bfloat16)));
+          const size_t rows = size_t(batch) * nheads * seqlen;
+          CHECK_CUDA(cudaMalloc(&softmax_d, rows * sizeof(float)));
+          CHECK_CUDA(cudaMalloc(&dq_accum, rows * kHeadDim * sizeof(float)));
+          CHECK_CUDA(cudaMalloc(&row_lse, rows * sizeof(float)));
+          CHECK_CUDA(cudaMalloc(&row_shift, rows * sizeof(float)));
+          pb.dout = dout, pb.dq = dq, pb.dk = dk, pb.dv = dv;
+          pb.dout_batch_stride = pb.dq_batch_stride = pb.dk_batch_stride = pb.dv_batch_stride = bstride;
+          pb.dout_row_stride = pb.dq_row_stride = pb.dk_row_stride = pb.dv_row_stride = row;
+          pb.dout_head_stride = pb.dq_head_stride = pb.dk_head_stride = pb.dv_head_stride = kHeadDim;
+          pb.softmax_d = softmax_d, pb.dq_accum = dq_accum, pb.row_lse = row_lse, pb.row_shift = row_shift;
+          const char* bwd_error = nullptr;
+          const float bwd_ms = median_ms([&] {
+            if (bwd_error == nullptr) bwd_error = fa2::run_bwd_instance<__nv_bfloat16, kHeadDim, 901>(pb, nullptr);
+          });
+          report("bwd", "run_bwd_instance", bwd_error, 2.5 * fwd_flops / (bwd_ms * 1e-3), {dq, dk, dv});
+          for (void* t : {(void*)dout, (void*)dq, (void*)dk, (void*)dv, (void*)softmax_d, (void*)dq_accum,
+                          (void*)row_lse, (void*)row_shift})
+            CHECK_CUDA(cudaFree(t));
+        }
+  #endif
+        if (bias) CHECK_CUDA(cudaFree(bias));
       }
-#endif
-      if (bias) CHECK_CUDA(cudaFree(bias));
     }
     for (auto& t : qkv) CHECK_CUDA(cudaFree(t));
     CHECK_CUDA(cudaFree(out));
