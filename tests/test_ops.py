@@ -47,6 +47,55 @@ def test_forward_matches_reference(device, dtype):
         assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=lse_tol, rtol=lse_tol), s
 
 
+def _rising_scores_qkv(device, dtype, d, sk, gen):
+    """q, k, v whose scores jump from one 128-key tile to the next by 2-14 log2 units (up and down, in random order,
+    differently for each query row): the online softmax's stale max (softmax.cuh, kStaleMaxLog2 = 8) keeps some rows'
+    max across a rise (p up to 256) and raises others'."""
+    b, sq, h = 1, 96, 2
+    tiles = -(-sk // 128)
+    offsets = torch.randperm(tiles, generator=gen).double() * 5.0  # log2 units, 5 apart: some rises <= 8, some > 8
+    per_key = offsets.repeat_interleave(128)[:sk] + torch.rand(sk, generator=gen, dtype=torch.float64)
+    row_gain = 0.6 + 0.8 * torch.rand(sq, generator=gen, dtype=torch.float64)  # rows rise by different amounts
+    scale = d ** -0.5
+    # s[i, j] = scale * q_i . k_j = row_gain[i] * per_key[j] * ln 2 (natural units) in the first dimension,
+    # plus small noise in the others
+    q = 0.05 * torch.randn(b, sq, h, d, generator=gen, dtype=torch.float64)
+    k = 0.05 * torch.randn(b, sk, h, d, generator=gen, dtype=torch.float64)
+    q[..., 0] = (row_gain * math.log(2) / scale).view(1, sq, 1)
+    k[..., 0] = per_key.view(1, sk, 1)
+    v = torch.randn(b, sk, h, d, generator=gen, dtype=torch.float64)
+    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("device,dtype", [(d, t) for d, t in DEVICE_DTYPES if t != torch.float64],
+                         ids=[i for i, (_, t) in zip(IDS, DEVICE_DTYPES) if t != torch.float64])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_forward_with_rising_row_max_follows_the_rule(device, dtype, d):
+    """Scores that rise by a few to a dozen log2 units from key tile to key tile: a row keeps its running max while the
+    rise is at most 2^8 (the forward's stale max; p then up to 256 in the P operand), else takes the new one and
+    rescales O. out within the rule and lse within 1e-3 of the fp64 reference, causal and not, on every sm_90a
+    schedule of the GPU (they must also stay bitwise alike: test_hopper), and on the CPU kernel."""
+    gen = torch.Generator().manual_seed(d)
+    q, k, v = _rising_scores_qkv(device, dtype, d, 1000, gen)
+    schedules = [None]
+    if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
+        schedules += ["pipelined", "ws", "pingpong", "overlap", "pingpong-overlap"]
+    for causal in (False, True):
+        out_hi, lse_hi = attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+        out_naive = attention_ref(q, k, v, causal=causal, upcast=False)
+        for schedule in schedules:
+            if schedule is None:
+                out, lse = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
+            else:
+                with switch("sm90_schedule", schedule):
+                    out, lse = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
+            what = f"d {d} causal {causal} schedule {schedule}"
+            assert_close_rule(f"out {what}", out, out_hi, out_naive, factor=2)
+            finite = torch.isfinite(lse_hi)
+            assert torch.equal(torch.isfinite(lse), finite), what
+            assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=1e-3, rtol=1e-3), what
+
+
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
 def test_backward_matches_reference(device, dtype):
     hi = hi_dtype(dtype)
