@@ -47,18 +47,26 @@ def test_forward_matches_reference(device, dtype):
         assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=lse_tol, rtol=lse_tol), s
 
 
+# Rises of the scores' max from one 64-key chunk to the next, in the order the forward visits key tiles (the highest
+# first), in units of a row's gain (0.6-1.4 log2 units). 128-key tiles (d <= 128) see pairs of them: 3, 6, 7, 13, 7,
+# 6, 22, 7, so rises of 2-10 log2 units (kept as a stale max by most rows, up to p = 256, taken by some), 8-18 (both)
+# and 13-31 (taken); 64-key tiles (d 256) see small rises that add up past 2^8 before the row takes its new max.
+_RISES = [0, 3, 3, 3, 2, 5, 1, 12, 4, 3, 0, 6, 20, 2, 3, 4]
+
+
 def _rising_scores_qkv(device, dtype, d, sk, gen):
-    """q, k, v whose scores jump from one 128-key tile to the next by 2-14 log2 units (up and down, in random order,
-    differently for each query row): the online softmax's stale max (softmax.cuh, kStaleMaxLog2 = 8) keeps some rows'
-    max across a rise (p up to 256) and raises others'."""
+    """q, k, v whose scores rise from one 64-key chunk to the next (the chunks the forward visits first, the highest,
+    lowest) by _RISES times a per-row gain: the online softmax's stale max (softmax.cuh, kStaleMaxLog2 = 8) keeps some
+    rows' max across a rise (p then up to 256) and raises others', at 128-key tiles (d <= 128) and 64-key ones
+    (d 256). Within a chunk the scores vary by one log2 unit, so about 64 keys share each row's weight."""
     b, sq, h = 1, 96, 2
-    tiles = -(-sk // 128)
-    offsets = torch.randperm(tiles, generator=gen).double() * 5.0  # log2 units, 5 apart: some rises <= 8, some > 8
-    per_key = offsets.repeat_interleave(128)[:sk] + torch.rand(sk, generator=gen, dtype=torch.float64)
-    row_gain = 0.6 + 0.8 * torch.rand(sq, generator=gen, dtype=torch.float64)  # rows rise by different amounts
+    chunks = -(-sk // 64)
+    visit_offsets = torch.tensor(_RISES * (-(-chunks // len(_RISES))), dtype=torch.float64)[:chunks].cumsum(0)
+    per_key = visit_offsets.flip(0).repeat_interleave(64)[:sk] + torch.rand(sk, generator=gen, dtype=torch.float64)
+    row_gain = 0.6 + 0.8 * torch.rand(sq, generator=gen, dtype=torch.float64)
     scale = d ** -0.5
-    # s[i, j] = scale * q_i . k_j = row_gain[i] * per_key[j] * ln 2 (natural units) in the first dimension,
-    # plus small noise in the others
+    # s[i, j] = scale * q_i . k_j = row_gain[i] * per_key[j] * ln 2 (natural units) from the first dimension, plus
+    # small noise from the others
     q = 0.05 * torch.randn(b, sq, h, d, generator=gen, dtype=torch.float64)
     k = 0.05 * torch.randn(b, sk, h, d, generator=gen, dtype=torch.float64)
     q[..., 0] = (row_gain * math.log(2) / scale).view(1, sq, 1)
@@ -71,29 +79,35 @@ def _rising_scores_qkv(device, dtype, d, sk, gen):
                          ids=[i for i, (_, t) in zip(IDS, DEVICE_DTYPES) if t != torch.float64])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_forward_with_rising_row_max_follows_the_rule(device, dtype, d):
-    """Scores that rise by a few to a dozen log2 units from key tile to key tile: a row keeps its running max while the
-    rise is at most 2^8 (the forward's stale max; p then up to 256 in the P operand), else takes the new one and
-    rescales O. out within the rule and lse within 1e-3 of the fp64 reference, causal and not, on every sm_90a
-    schedule of the GPU (they must also stay bitwise alike: test_hopper), and on the CPU kernel."""
+    """Scores whose max rises from key tile to key tile, by less than 2^8 for some rows and more for others (a row
+    keeps its running max across the first: the forward's stale max, p then up to 256 in the P operand; it takes the
+    second and rescales O): out within the rule and lse within 1e-3 of the fp64 reference, plain, causal and with a
+    window (whole tiles masked for some rows), on the CPU kernel and on the GPU's default kernels; on an sm_90a GPU
+    every schedule also bitwise equal to the pipelined one (each row's decisions depend on its own scores only)."""
     gen = torch.Generator().manual_seed(d)
     q, k, v = _rising_scores_qkv(device, dtype, d, 1000, gen)
-    schedules = [None]
+    schedules = []
     if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
-        schedules += ["pipelined", "ws", "pingpong", "overlap", "pingpong-overlap"]
-    for causal in (False, True):
-        out_hi, lse_hi = attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
-        out_naive = attention_ref(q, k, v, causal=causal, upcast=False)
-        for schedule in schedules:
-            if schedule is None:
-                out, lse = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
-            else:
+        schedules = ["ws", "pingpong", "overlap", "pingpong-overlap"]
+    for causal, left, right in ((False, -1, -1), (True, -1, -1), (False, 300, 40)):
+        args = (q, k, v, None, None, causal, left, right, 0.0)
+        out_hi, lse_hi = attention_ref(q.double(), k.double(), v.double(), causal=causal, window_left=left,
+                                       window_right=right, return_lse=True)
+        out_naive = attention_ref(q, k, v, causal=causal, window_left=left, window_right=right, upcast=False)
+        what = f"d {d} causal {causal} window ({left}, {right})"
+        out, lse = torch.ops.fa2.fwd(*args)
+        assert_close_rule(f"out {what}", out, out_hi, out_naive, factor=2)
+        finite = torch.isfinite(lse_hi)
+        assert torch.equal(torch.isfinite(lse), finite), what
+        assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=1e-3, rtol=1e-3), what
+        if schedules:
+            with switch("sm90_schedule", "pipelined"):
+                out_p, lse_p = torch.ops.fa2.fwd(*args)
+            assert_close_rule(f"out {what} pipelined", out_p, out_hi, out_naive, factor=2)
+            for schedule in schedules:
                 with switch("sm90_schedule", schedule):
-                    out, lse = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
-            what = f"d {d} causal {causal} schedule {schedule}"
-            assert_close_rule(f"out {what}", out, out_hi, out_naive, factor=2)
-            finite = torch.isfinite(lse_hi)
-            assert torch.equal(torch.isfinite(lse), finite), what
-            assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=1e-3, rtol=1e-3), what
+                    out_s, lse_s = torch.ops.fa2.fwd(*args)
+                assert torch.equal(out_s, out_p) and torch.equal(lse_s, lse_p), f"{what}: {schedule} vs pipelined"
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)

@@ -63,9 +63,9 @@ constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
 // Measured (bf16, S 2k-16k, attention_h200-20261130-wide64.json): 0.79-1.05x the pipelined kernel (behind at 2k,
 // ahead at 16k non-causal), so not a default; it serves d <= 64 when "ws" is forced (plain calls and key-row biases:
 // fwd_launch_template.cuh). The schedules table below is of the two-warpgroup version. Its results are bitwise those
-// of the pipelined kernel: the wider block only adds key tiles fully masked for some rows, which rescale by exactly 0
-// (before a row's first visible key) or exactly 1 (after its last: OnlineSoftmax keeps the factor 1 when the max
-// does not move).
+// of the pipelined kernel: the wider block only adds key tiles fully masked for some rows, which rescale by exactly 1
+// (OnlineSoftmax keeps the factor 1 when the max does not move: before a row's first visible key it stays -inf, and
+// O is 0) and add p = 0.
 constexpr FwdTileShape fwd_tile_shape_wgmma_wide(int /*headdim: d <= 64*/) { return FwdTileShape{192, 128, 12, 2}; }
 constexpr bool fwd_wide_warp_specialized(int headdim) { return headdim <= 64; }
 // With a key-row bias (padding masks) the wide kernel is the default at d 64 from this many keys on (the launcher,
