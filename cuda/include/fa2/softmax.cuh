@@ -1,5 +1,6 @@
 // Online softmax over key tiles, in registers (FA-2): running row max m, running row sum l (kept per thread and
-// reduced across the quad once at the end), unnormalized O rescaled by exp2(m_old - m_new) when the max grows.
+// reduced across the quad once at the end), unnormalized O rescaled by exp2(m_old - m_new) when the max grows by
+// more than 2^kStaleMaxLog2 (smaller rises keep the old max: see kStaleMaxLog2).
 // Scores arrive in "score units" s with p = exp2(s * mult - m * mult): mult = scale * log2(e) on the plain path
 // (raw q.k, the scale folded into the one FMA before exp2), log2(e) when scores were already scaled/modified.
 #pragma once
@@ -45,8 +46,9 @@ struct OnlineSoftmax {
     }
   }
 
-  // s[mt][nt][4]: one S tile (C fragments) -> overwritten with p = exp2(s * mult - m_new * mult);
-  // o[mt][dt][4]: the O accumulators, rescaled by exp2((m_old - m_new) * mult). mult must be > 0.
+  // s[mt][nt][4]: one S tile (C fragments) -> overwritten with p = exp2(s * mult - m_new * mult), m_new the max the
+  // row keeps; o[mt][dt][4]: the O accumulators, rescaled by exp2((m_old - m_new) * mult) when it changed (the warp
+  // skips it when no row's did). mult must be > 0.
   // kHeavyRows: handle rows below -kHeavyRowLog2 (only a float bias makes scores that low); heavy_s =
   // -kHeavyRowLog2 / mult (score units, computed once by the caller).
   template <bool kHeavyRows, int kNTiles, int kDTiles>
