@@ -22,9 +22,9 @@
 #include <cstdint>
 
 #include "fa2/block_info.cuh"
-#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e, bias_value
+#include "fa2/bwd_kernel.cuh"  // st_shared_pair, unpack2, kLog2e, bias_value
 #include "fa2/bwd_tile_config.h"
-#include "fa2/bwd_ws_kernel.cuh"  // pack_k16_fragments, WsRing, ws_produce and the other ws_ pieces
+#include "fa2/bwd_ws_kernel.cuh"  // pack_k16_fragments, WsRing, ws_start and the other ws_ pieces
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/sm90/tma.cuh"
@@ -72,32 +72,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                                                                    sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
-  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int head_k = head / p.h_h_k_ratio;
-  const int n0 = n_block * kBlockN;
-  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
-  const int m_lo = range.lo(n_block);
-  int m_hi = range.hi(n_block);
-  const int64_t bh = int64_t(batch) * p.nheads + head;
+  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, ring, sK, sV);
+  if (blk.producer) return;
+  const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
+  const int64_t bh = blk.bh;
   const int lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
-  static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
-  m_hi = ws_cta_barrier<T, kKeyBias, kBlockN>(p, n0, batch, head, m_lo, m_hi);
-
-  if (threadIdx.x < kWsProducerThreads) {
-    // -- the producer warpgroup: one thread streams the query blocks (ws_produce; a stage is released after the
-    //    reduce-add of its dQ has read the staging inside it); the others have nothing to do
-    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x != 0 || m_lo > m_hi) return;
-    ws_produce<kBlockM, kBlockN, kHeadDim, kBlockCols, kKeyBias>(maps, ring, sK, sV, p.seqlen_q, m_lo, m_hi, n0, head,
-                                                                 head_k, batch, bh);
-    return;
-  }
-
   // -- the consumer warpgroups
-  sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int ctid = int(threadIdx.x) - kWsProducerThreads;
   const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block), both warpgroups

@@ -141,6 +141,48 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
   }
 }
 
+// The CTA's key block (blockIdx.x of (key blocks, heads, batch)) and the query blocks that see it, in both ws kernels.
+struct WsKeyBlock {
+  int n_block, head, batch, n0, m_lo, m_hi;
+  int64_t bh;    // batch * nheads + head
+  bool producer;  // this thread is in the producer warpgroup, whose part is done: the kernel returns
+};
+
+// The ws kernels' start once their shared memory is laid out: the key block and its query range, the ring's
+// barriers, the CTA's only barrier (ws_cta_barrier: with kKeyBias an all-padded key block empties the range), then
+// the producer warpgroup's whole part (its registers given back, one thread streaming the query blocks: ws_produce;
+// a stage goes back to it once its consumers release it) and the consumers' registers taken.
+template <typename T, typename Cfg, bool kKeyBias, class Ring>
+__device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
+                                               const Ring& ring, uint32_t sK, uint32_t sV) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  WsKeyBlock blk;
+  blk.n_block = blockIdx.x, blk.head = blockIdx.y, blk.batch = blockIdx.z;
+  blk.n0 = blk.n_block * kBlockN;
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
+  blk.m_lo = range.lo(blk.n_block);
+  blk.m_hi = range.hi(blk.n_block);
+  blk.bh = int64_t(blk.batch) * p.nheads + blk.head;
+
+  if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
+  static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
+  blk.m_hi = ws_cta_barrier<T, kKeyBias, kBlockN>(p, blk.n0, blk.batch, blk.head, blk.m_lo, blk.m_hi);
+
+  blk.producer = threadIdx.x < kWsProducerThreads;
+  if (blk.producer) {
+    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0 && blk.m_lo <= blk.m_hi) {
+      ws_produce<kBlockM, kBlockN, Cfg::kHeadDim, Cfg::kBlockCols, kKeyBias>(
+          maps, ring, sK, sV, p.seqlen_q, blk.m_lo, blk.m_hi, blk.n0, blk.head, blk.head / p.h_h_k_ratio, blk.batch,
+          blk.bh);
+    }
+  } else {
+    sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  }
+  return blk;
+}
+
 // A stage's row statistics as the consumers read them: the query block's row r at lse[r], dsum[r], shift[r]
 // (ws_stats_offset values into each box, so read as single floats).
 struct WsStats {
@@ -293,31 +335,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                                                                    sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
-  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int head_k = head / p.h_h_k_ratio;
-  const int n0 = n_block * kBlockN;
-  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
-  const int m_lo = range.lo(n_block);
-  int m_hi = range.hi(n_block);
-  const int64_t bh = int64_t(batch) * p.nheads + head;
+  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, ring, sK, sV);
+  if (blk.producer) return;
+  const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
+  const int64_t bh = blk.bh;
   const int lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
-  static_assert(kBlockN <= Cfg::kNThreads, "one key per thread");
-  m_hi = ws_cta_barrier<T, kKeyBias, kBlockN>(p, n0, batch, head, m_lo, m_hi);
-
-  if (threadIdx.x < kWsProducerThreads) {
-    // -- the producer warpgroup: one thread streams the query blocks; the others have nothing to do
-    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x != 0 || m_lo > m_hi) return;
-    ws_produce<kBlockM, kBlockN, kHeadDim, kBlockCols, kKeyBias>(maps, ring, sK, sV, p.seqlen_q, m_lo, m_hi, n0, head,
-                                                                 head_k, batch, bh);
-    return;
-  }
-
   // -- the consumer warpgroups
-  sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int ctid = int(threadIdx.x) - kWsProducerThreads;
   const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
