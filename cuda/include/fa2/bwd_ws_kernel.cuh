@@ -343,7 +343,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
   // -- the consumer warpgroups
   const int ctid = int(threadIdx.x) - kWsProducerThreads;
-  const int wg = ctid >> 7, warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
+  // (wg broadcast from lane 0: ptxas then treats it as warp-uniform and builds the descriptors of this warpgroup's
+  // K / V rows in uniform registers, not per thread with two R2UR before every wgmma)
+  const int wg = __shfl_sync(0xffffffffu, ctid >> 7, 0);
+  const int warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
   // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked)
   float key_bias[2] = {0.f, 0.f};
