@@ -3,8 +3,8 @@ loop) into a results JSON and a PNG, so that A/B numbers quoted in commits and n
 
 Input: lines "== <label> ..." open a section (the label is the first word after "=="; "(round N)" or "rN" after it
 is the round), followed by the harness's lines "d <D> S <S> mask <mask> <fwd|bwd> <TFLOP/s> TFLOP/s [checksum ...]".
-FLOPs (the harness's): forward 4 B H S^2 D per call, backward 2.5x that (padded keys counted); B H S = 16k tokens x
-2048 / D heads, bf16, non-causal, sm_90a.
+FLOPs (the harness's): forward 4 B H S^2 D per call (halved for causal cases, masks "<mask>/c"), backward 2.5x that
+(padded keys counted); B H S = 16k tokens x 2048 / D heads, bf16, sm_90a.
 Usage: python benchmarks/variant_results.py OUT.json --title T --gpu G --commit C [--note N] FILE [FILE ...]
   (each FILE may be "label-prefix=path": its section labels get the prefix)
 """
