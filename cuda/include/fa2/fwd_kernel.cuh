@@ -645,6 +645,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     sm90::setmaxnreg_inc<kWsConsumerRegs>();
   }
 
+  // A persistent CTA's next Q loads into Q's shared memory once every consumer warp has released it (bar_q_empty).
+  // With the intra-warpgroup overlap, Q's last reader is the last key tile's Q K^T, which completes a softmax, a P V
+  // and the epilogue before the key loop of the next tile needs the new Q: released there, its load (about a
+  // microsecond) runs behind them instead of in front of the next tile's first product. Not in the kernels that skip
+  // masked key tiles (the last tile may be one of them: they release Q after the loop).
+  constexpr bool kEarlyQRelease = kPersistent && kOverlap && !kSkipMaskedTiles;
+  const bool more_tiles = kPersistent && tile_stride < num_tiles;  // a CTA that may run a next tile
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
   for (int t = first_tile; t < num_tiles; t += tile_stride) {
     int m_block, head, batch;
@@ -870,6 +877,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           if (end_turn) pingpong_signal_other(warp >> 2);
           sm90::wait_hold<0>(acc_s);
         }
+        // the tile's last Q K^T has completed in this warp (the wait is warp-collective, every lane is past it): Q is
+        // free for the next tile's (kEarlyQRelease). Predicated, not branched: a branch here made ptxas peel the
+        // last iteration (duplicating the softmax) and move the stage addresses off the uniform datapath (-5% at d 128).
+        if constexpr (kEarlyQRelease) sm90::mbarrier_arrive_if(bar_q_empty, more_tiles && n == range.lo && lane == 0);
       } else if constexpr (kPingpong) {
         // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
         // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
@@ -977,16 +988,17 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
       }
     };
-    if (kPersistent && tile_stride < num_tiles) {
+    if (more_tiles) {
       // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
       // tile's Q (or be on its way there), so O goes from the registers straight to global memory: per row, a quad's
       // four lanes store 16 contiguous bytes of each n8 tile (the L2 merges them before they reach memory). Slower
       // than the staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k), which one-tile CTAs keep.
-      // Q is released once the key loop is done: the next tile's Q loads behind the last P V and these stores.
-      // (Released in the loop, right after the tile's last Q K^T, ptxas peeled that iteration, duplicating the
-      // softmax, and moved the stage addresses off the uniform datapath: d 128 pingpong-overlap ran 5% slower.)
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+      // Without kEarlyQRelease Q is released once the key loop is done: the next tile's Q loads behind the last P V
+      // and these stores.
+      if constexpr (!kEarlyQRelease) {
+        __syncwarp();
+        if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+      }
       store_o([&](int row) { return row < rows_q; }, [&](int row, int dt, uint32_t packed) {
         T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
         if (dt * 8 < headdim) *reinterpret_cast<uint32_t*>(out_row + dt * 8) = packed;
