@@ -4,8 +4,8 @@
 #   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones; not the zoo)
 #   3. compute-sanitizer memcheck on the small grid with the default sm_90a schedules (and with each warp-specialized
-#      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", racecheck "overlap",
-#      racecheck + synccheck "pingpong-overlap")
+#      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", "overlap" and
+#      "pingpong-overlap"; "ws", "overlap" and "pingpong-overlap" with at most 3 persistent CTAs)
 #   4. the sm80-path backward on the same build, FA2_DISABLE_SM90_BACKWARD=1 (the default is its sm_90a wgmma
 #      instances): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   4a. bwd_kernel.cuh's wgmma backward where the warp-specialized one is the default, FA2_DISABLE_SM90_WS_BACKWARD=1
@@ -72,8 +72,8 @@ want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_SCH
   "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck
 want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong "$PY" \
   scripts/sanitizer_check.py --tools racecheck,synccheck
-want_step sanitize-wsov && step sanitize-wsov 90 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap "$PY" \
-  scripts/sanitizer_check.py --tools racecheck
+want_step sanitize-wsov && step sanitize-wsov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap \
+  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools racecheck,synccheck
 want_step sanitize-wsppov && step sanitize-wsppov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
   FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools racecheck,synccheck
 # the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
