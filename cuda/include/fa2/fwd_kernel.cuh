@@ -311,16 +311,20 @@ __device__ __forceinline__ void init_from_folded_key_bias(float (&acc)[kMTiles][
 enum class KeyTileKind : int { kZero, kMasked, kMixed };
 
 // The kind of the kTileBytes-byte tile of B at `tile` (shared memory), decided by every warp on its own from the
-// raw bits: each lane reads kTileBytes / 32 bytes and the warp votes (no block barrier; the same answer in every
+// raw bits: each lane reads a chunk of it (below) and the warp votes (no block barrier; the same answer in every
 // warp). Conservative: -0.0 or a bool byte other than 0/1 counts as kMixed. kValidKeysOnly: only the first
 // valid_keys keys count (the TMA fills the rest of the tile that crosses seqlen_k with zeros, and those keys are
 // masked anyway; a lane whose bytes straddle valid_keys votes kMixed), so that a padded tail there is skipped too;
 // not in the 128-register d 64 kernel, which skips nothing and spilled 8-12 B more with it (ptxas).
+// (A lane reads the smallest of 2, 4, 8 or 16 bytes with which the warp covers the tile; lanes past the tile vote
+// either way. Tiles of 32 x that many bytes use every lane.)
 template <typename B, int kTileBytes, bool kValidKeysOnly>
 __device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned char* tile, int lane, int valid_keys) {
-  constexpr int kLaneBytes = kTileBytes / 32;
-  static_assert(kTileBytes % 32 == 0 && (kLaneBytes == 2 || kLaneBytes == 4 || kLaneBytes == 8 || kLaneBytes == 16),
-                "a lane reads 2, 4, 8 or 16 bytes of the tile");
+  constexpr int kLaneBytes = kTileBytes <= 64 ? 2 : kTileBytes <= 128 ? 4 : kTileBytes <= 256 ? 8 : 16;
+  constexpr int kLanes = kTileBytes / kLaneBytes;
+  static_assert(kTileBytes % kLaneBytes == 0 && kLanes <= 32, "the warp covers the tile in 2, 4, 8 or 16 bytes a lane");
+  const bool in_tile = kLanes == 32 || lane < kLanes;
+  const int chunk = in_tile ? lane : 0;  // (a lane past the tile reads the first chunk; its vote is either below)
   // each 32-bit word of an all-kept / all-padded tile (a bool's True is the byte 1 and keeps the key: bias 0)
   constexpr uint32_t kZeroWord = std::is_same_v<B, bool> ? 0x01010101u : 0u;
   constexpr uint32_t kMaskedWord = std::is_same_v<B, float>    ? 0xff800000u
@@ -329,20 +333,20 @@ __device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned cha
                                                                : 0xff80ff80u;  // bf16
   bool zero = true, masked = true;
   if constexpr (kLaneBytes == 2) {
-    const uint32_t w = reinterpret_cast<const uint16_t*>(tile)[lane];
+    const uint32_t w = reinterpret_cast<const uint16_t*>(tile)[chunk];
     zero = w == (kZeroWord & 0xffffu);
     masked = w == (kMaskedWord & 0xffffu);
   } else {
     constexpr int kWords = kLaneBytes / 4;
     uint32_t w[kWords];
     if constexpr (kWords == 4) {
-      const uint4 v = reinterpret_cast<const uint4*>(tile)[lane];
+      const uint4 v = reinterpret_cast<const uint4*>(tile)[chunk];
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     } else if constexpr (kWords == 2) {
-      const uint2 v = reinterpret_cast<const uint2*>(tile)[lane];
+      const uint2 v = reinterpret_cast<const uint2*>(tile)[chunk];
       w[0] = v.x, w[1] = v.y;
     } else {
-      w[0] = reinterpret_cast<const uint32_t*>(tile)[lane];
+      w[0] = reinterpret_cast<const uint32_t*>(tile)[chunk];
     }
 #pragma unroll
     for (int i = 0; i < kWords; ++i) {
@@ -352,13 +356,14 @@ __device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned cha
   }
   if constexpr (kValidKeysOnly) {
     constexpr int kLaneKeys = kLaneBytes / int(sizeof(B));
-    const int keys_here = valid_keys - lane * kLaneKeys;  // of this lane's keys, how many are below seqlen_k
+    const int keys_here = valid_keys - chunk * kLaneKeys;  // of this lane's keys, how many are below seqlen_k
     if (keys_here <= 0) {
       zero = masked = true;  // all past seqlen_k: either
     } else if (keys_here < kLaneKeys) {
       zero = masked = false;  // straddles it
     }
   }
+  if (!in_tile) zero = masked = true;
   if (__all_sync(0xffffffffu, zero)) return KeyTileKind::kZero;
   return __all_sync(0xffffffffu, masked) ? KeyTileKind::kMasked : KeyTileKind::kMixed;
 }

@@ -53,8 +53,15 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // heavy-row branch only on tiles that hold such a bias and zero-bias tiles multiplied as plain ones (fwd_kernel.cuh),
 // and the wide kernel from 8k keys (kWideKeyBiasMinKeys): 0.86-0.96x from S 1k, 0.95-1.00x from 8k
 // (attention_h200-20261130-final.json, -d64pad-default.json).
+// d > 192: 80-key tiles (FlashAttention-3's d 256 tile): the per-tile work that does not grow with the keys (row max
+// reductions, waits, the turn hand-over) spread over 25% more keys; S (40), P and O (128) of 64 rows still fit a
+// consumer's 240 registers under ping-pong (0 spills; the overlap schedules, which keep P_prev too, spill 12-16 B), and
+// two stages fit: 64 + 2 x 80 KB + bias and barriers = 225 KB. d 192 keeps 64 keys (80 x 192 b16 does not split
+// evenly into the pipelined kernel's 16-byte cp.async over 256 threads).
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
-  return headdim <= 128 ? FwdTileShape{128, 128, 8, 2} : FwdTileShape{128, 64, 8, 2};
+  return headdim <= 128 ? FwdTileShape{128, 128, 8, 2}
+         : headdim <= 192 ? FwdTileShape{128, 64, 8, 2}
+                          : FwdTileShape{128, 80, 8, 2};
 }
 
 // The warp-specialized sm_90a kernel without ping-pong at d <= 64 ("wide"): three consumer warpgroups, 192 query rows
@@ -109,16 +116,22 @@ constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
 // ABAB, two rounds agree within 1.5%): 1.03 / 1.02 / 1.02 / 1.01 at S 1k / 2k / 4k / 16k; with torch's benchmark
 // (attention_h200-20261130-ppov.json, causal and not, 1k-16k) 0.97-1.05, mostly ahead. At d 256 it is 0.67x the
 // warp-specialized kernel (O, S and P_prev of 64 x 256 rows do not fit beside each other).
+// d 256 with 80-key tiles (fwd_tile_shape_wgmma), ping-pong against the warp-specialized kernel with 64-key tiles
+// (H200, bf16, scripts/fwd_variant_bench.cu, variants_h200-20261130-d256-80keys.json): +2% / +4% / +6-7% at S 1k / 4k /
+// 16k non-causal, -1% / +2% / +4% causal.
 constexpr Sm90Schedule sm90_default_schedule(int headdim) {
-  return headdim <= 96 ? Sm90Schedule::kPipelined : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
-                                                                   : Sm90Schedule::kWarpSpecialized;
+  return headdim <= 96    ? Sm90Schedule::kPipelined
+         : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
+         : headdim <= 192 ? Sm90Schedule::kWarpSpecialized
+                          : Sm90Schedule::kPingpong;
 }
 // The schedule of the warp-specialized key-row bias kernel (padding masks; fwd_launch_template.cuh) where the
 // default one is warp-specialized: the default without ping-pong, whose warpgroups' turns count key tiles, so that
 // all -inf key tiles can be skipped (fwd_kernel.cuh, kSkipMaskedTiles).
 constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
   return sm90_default_schedule(headdim) == Sm90Schedule::kPingpongOverlap ? Sm90Schedule::kOverlap
-                                                                         : sm90_default_schedule(headdim);
+         : sm90_default_schedule(headdim) == Sm90Schedule::kPingpong      ? Sm90Schedule::kWarpSpecialized
+                                                                          : sm90_default_schedule(headdim);
 }
 
 // Whether the warp-specialized forward runs persistent by default (fwd_kernel.cuh; without a causal mask or window:
@@ -169,7 +182,9 @@ struct FwdTileConfig {
   static constexpr int kSmemBarrierBytes = kWgmma ? 64 : 0;
   // sm_90a: a key-row bias (padding masks) travels with its K/V stage, one key tile of it (<= 4-byte elements), so
   // that the products never wait on a global load of it (fwd_kernel.cuh, kStagedBias)
-  static constexpr int kSmemBiasTileBytes = kWgmma ? kBlockN * 4 : 0;
+  // (rounded up to 128 bytes: each stage's bias tile is a TMA destination, which the hardware wants 128-byte aligned;
+  // 80-key tiles: 320 -> 384)
+  static constexpr int kSmemBiasTileBytes = kWgmma ? (kBlockN * 4 + 127) / 128 * 128 : 0;
   // the pipelined kernel also keeps each stage's bias tile folded to fp32 once for the CTA (fwd_kernel.cuh)
   static constexpr int kSmemBiasFoldedBytes = kSmemBiasTileBytes;
   static constexpr int kSmemBytes =

@@ -3,7 +3,7 @@ sm90 kernels use. PTX needs every accumulator register spelled out as an asm ope
 rather than written by hand:  python cuda/include/fa2/sm90/gen_wgmma.py  (the output is committed)."""
 import os
 
-NS = (32, 64, 96, 128, 192, 256)
+NS = (32, 64, 80, 96, 128, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 
