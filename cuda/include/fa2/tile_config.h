@@ -116,9 +116,10 @@ constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
 // ABAB, two rounds agree within 1.5%): 1.03 / 1.02 / 1.02 / 1.01 at S 1k / 2k / 4k / 16k; with torch's benchmark
 // (attention_h200-20261130-ppov.json, causal and not, 1k-16k) 0.97-1.05, mostly ahead. At d 256 it is 0.67x the
 // warp-specialized kernel (O, S and P_prev of 64 x 256 rows do not fit beside each other).
-// d 256 with 80-key tiles (fwd_tile_shape_wgmma), ping-pong against the warp-specialized kernel with 64-key tiles
-// (H200, bf16, scripts/fwd_variant_bench.cu, variants_h200-20261130-d256-80keys.json): +2% / +4% / +6-7% at S 1k / 4k /
-// 16k non-causal, -1% / +2% / +4% causal.
+// d 256 with 80-key tiles (fwd_tile_shape_wgmma) and ping-pong, against the warp-specialized kernel with 64-key tiles
+// (H200, bf16, scripts/fwd_variant_bench.cu, 2 rounds, variants_h200-20261130-d256-80keys.json): +1.0 / +2.9 / +3.5 /
+// +6.3% at S 1k / 2k / 4k / 16k non-causal, -1.7 / +1.8 / +2.3 / +4.2% causal; ping-pong over warp-specialized with
+// 80-key tiles +0.6 / +3.2 / +3.4% at S 1k / 4k / 16k (causal +1.2 / +2.3 / +2.3%).
 constexpr Sm90Schedule sm90_default_schedule(int headdim) {
   return headdim <= 96    ? Sm90Schedule::kPipelined
          : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
