@@ -885,7 +885,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // the tile's last Q K^T has completed in this warp (the wait is warp-collective, every lane is past it): Q is
         // free for the next tile's (kEarlyQRelease). Predicated, not branched: a branch here made ptxas peel the
         // last iteration (duplicating the softmax) and move the stage addresses off the uniform datapath (-5% at d 128).
-        if constexpr (kEarlyQRelease) sm90::mbarrier_arrive_if(bar_q_empty, more_tiles && n == range.lo && lane == 0);
+        if constexpr (kEarlyQRelease) {
+          sm90::mbarrier_arrive_if(bar_q_empty, more_tiles && n == range.lo && lane == 0);
+        }
       } else if constexpr (kPingpong) {
         // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
         // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax

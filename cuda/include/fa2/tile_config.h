@@ -57,11 +57,17 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // reductions, waits, the turn hand-over) spread over 25% more keys; S (40), P and O (128) of 64 rows still fit a
 // consumer's 240 registers under ping-pong (0 spills; the overlap schedules, which keep P_prev too, spill 12-16 B), and
 // two stages fit: 64 + 2 x 80 KB + bias and barriers = 225 KB. d 192 keeps 64 keys (80 x 192 b16 does not split
-// evenly into the pipelined kernel's 16-byte cp.async over 256 threads).
+// evenly into the pipelined kernel's 16-byte cp.async over 256 threads), and so does d 256 in a build whose sm_90a
+// kernels load with cp.async (FA2_SM90_TMA=0: passes of 32 rows, which 80 is not a multiple of).
+#if defined(FA2_SM90_TMA) && !FA2_SM90_TMA
+constexpr int kFwdWgmmaKeysD256 = 64;
+#else
+constexpr int kFwdWgmmaKeysD256 = 80;
+#endif
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2}
          : headdim <= 192 ? FwdTileShape{128, 64, 8, 2}
-                          : FwdTileShape{128, 80, 8, 2};
+                          : FwdTileShape{128, kFwdWgmmaKeysD256, 8, 2};
 }
 
 // The warp-specialized sm_90a kernel without ping-pong at d <= 64 ("wide"): three consumer warpgroups, 192 query rows
