@@ -492,3 +492,28 @@ def test_padding_tiles_heavy_rows_stay_heavy_on_later_tiles(d):
     ref_hi = attention_ref(q.float(), k.float(), v.float(), row.float(), scale=1.0)
     ref_lo = attention_ref(q, k, v, row, scale=1.0, upcast=False)
     assert_close_rule(f"out d {d}", out, ref_hi, ref_lo, 2)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_sm90_forward_at_key_tile_edges_follows_the_rule(d):
+    """Key counts around the forward's key tile (128 keys at d 128, 80 at d 256: tile_config.h) and its multiples, with
+    few and many queries, plain, causal (bottom-right), a window and a padding mask whose rows end mid-tile: out within
+    the rule against the fp32 reference, every schedule's default kernel (no tile is assumed a power of two)."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    dtype = torch.bfloat16
+    tile = 128 if d == 128 else 80
+    for sk in (1, tile - 1, tile, tile + 1, 2 * tile + 1, 3 * tile - 1):
+        for sq in (1, 77, 130):
+            q, k, v = make_qkv(2, sq, sk, 2, 1, d, dtype=dtype, device="cuda", generator=g)
+            pad = torch.zeros(2, 1, 1, sk, dtype=dtype, device="cuda")
+            pad[1, ..., max(1, sk - tile // 2):] = float("-inf")  # batch 1: the last half tile of keys padded
+            for mask in ("none", "causal", "window", "padding"):
+                kw = dict(causal=mask == "causal", window_left=33 if mask == "window" else -1,
+                          window_right=7 if mask == "window" else -1)
+                bias = pad.expand(2, 2, sq, sk) if mask == "padding" else None
+                out, _ = torch.ops.fa2.fwd(q, k, v, bias, None, kw["causal"], kw["window_left"], kw["window_right"],
+                                           0.0)
+                up = None if bias is None else bias.float()
+                ref_hi = attention_ref(q.float(), k.float(), v.float(), up, **kw)
+                ref_naive = attention_ref(q, k, v, bias, upcast=False, **kw)
+                assert_close_rule(f"d {d} sq {sq} sk {sk} {mask}", out, ref_hi, ref_naive, factor=2)
