@@ -24,13 +24,8 @@
 #include "fa2/sm90/tma.cuh"    // only used by sm_90a instances
 #include "fa2/sm90/wgmma.cuh"  // only instantiated by sm_90a instances
 
-// sm_90a instances load Q, K, V with the TMA (1) or with cp.async like the sm80 path (0); a build option
-// (FA2_SM90_TMA) so that a wrong result can be pinned to the loads or to the products with one rebuild.
-#ifndef FA2_SM90_TMA
-#define FA2_SM90_TMA 1
-#endif
 #include "fa2/softmax.cuh"
-#include "fa2/tile_config.h"
+#include "fa2/tile_config.h"  // (and FA2_SM90_TMA's default)
 
 namespace fa2 {
 namespace fwd {

@@ -2,6 +2,13 @@
 // derives from FwdTileConfig. Plain constexpr C++, usable from host and device code.
 #pragma once
 
+// sm_90a instances load Q, K, V with the TMA (1) or with cp.async like the sm80 path (0); a build option
+// (FA2_SM90_TMA) so that a wrong result can be pinned to the loads or to the products with one rebuild. Its default
+// lives here, beside the tile shapes that depend on it (fwd_tile_shape_wgmma), for every file that includes them.
+#ifndef FA2_SM90_TMA
+#define FA2_SM90_TMA 1
+#endif
+
 namespace fa2 {
 
 // Warp-specialized sm_90a kernels (the forward's, fwd_kernel.cuh, and the backward's, bwd_ws_kernel.cuh): a producer
@@ -59,11 +66,7 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // two stages fit: 64 + 2 x 80 KB + bias and barriers = 225 KB. d 192 keeps 64 keys (80 x 192 b16 does not split
 // evenly into the pipelined kernel's 16-byte cp.async over 256 threads), and so does d 256 in a build whose sm_90a
 // kernels load with cp.async (FA2_SM90_TMA=0: passes of 32 rows, which 80 is not a multiple of).
-#if defined(FA2_SM90_TMA) && !FA2_SM90_TMA
-constexpr int kFwdWgmmaKeysD256 = 64;
-#else
-constexpr int kFwdWgmmaKeysD256 = 80;
-#endif
+constexpr int kFwdWgmmaKeysD256 = FA2_SM90_TMA ? 80 : 64;
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2}
          : headdim <= 192 ? FwdTileShape{128, 64, 8, 2}
