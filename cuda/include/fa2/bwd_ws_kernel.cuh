@@ -314,6 +314,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of dK / dV (16 keys x d)
   constexpr int kDqRows = Cfg::kDqRows, kDqCols = Cfg::kDqCols;
   constexpr int kDqNTiles = kDqCols / 8;     // n8 tiles of this warpgroup's dQ part (16 queries x kDqCols)
+#ifndef FA2_BWD_PREFETCH_SCORES
+#define FA2_BWD_PREFETCH_SCORES 1
+#endif
+  constexpr bool kPrefetchScores = FA2_BWD_PREFETCH_SCORES;
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q/dO boxes cover the tile exactly");
 
@@ -361,20 +365,41 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
 
-  if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
+  // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each) of the query block in stage s, both in flight
+  //    (kPrefetchScores: the next block's S^T is issued in this one's dQ step, so that it runs while the dQ is
+  //    staged; dP^T too would need 64 more registers there than the 240 hold)
+  float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
+  auto issue_s = [&](int s) {
+    sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
+        acc_s, sK, wg * 64, ring.q(s), 0);
+  };
+  auto issue_dp = [&](int s) {
+    sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
+        acc_dp, sV, wg * 64, ring.dout(s), 0);
+  };
+  // (kPrefetchScores: every S^T issue is unconditional, only the waits for its stage are not: issued under a
+  //  condition, ptxas saw accumulators in flight on a divergent path and serialized every wgmma (C7515 / C7518). A key
+  //  block no query sees, and the last query block, issue one S^T of an idle stage whose result is never read. And
+  //  each is waited for within the iteration that issued it: in flight across the loop's back edge, ptxas serialized
+  //  them again (C7514).)
+  if (m_lo <= m_hi) {
+    sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
+    if constexpr (kPrefetchScores) sm90::mbarrier_wait_untimed(ring.full(0), 0);
+  }
+  if constexpr (kPrefetchScores) {
+    issue_s(0);
+    sm90::wait_hold<0>(acc_s);
+  }
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, m0 = m * kBlockM;
-    sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
+    if constexpr (!kPrefetchScores) {
+      sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
+      issue_s(s);
+    }
+    issue_dp(s);
     const int stats_off = ws_stats_offset(ws_stats_row(bh, p.seqlen_q, m0));
     auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
     const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
-
-    // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each), both in flight
-    float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
-    sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-        acc_s, sK, wg * 64, ring.q(s), 0);
-    sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-        acc_dp, sV, wg * 64, ring.dout(s), 0);
     sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
 
     // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
@@ -433,13 +458,27 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     float acc_dq[kDqCols / 2];  // (this warp's 16 queries, this warpgroup's kDqCols columns)
     sm90::gemm_ss<T, kDqCols, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, DsTile, KTile,
                   /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, s_ds, dq_row0, sK, dq_col0);
-    sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
-    sm90::hold_fragments(p_frag);
-    sm90::hold_fragments(ds_frag);
+    if constexpr (kPrefetchScores) {
+      // dV and dK done (dQ still running): the stage and P^T / dS^T's registers are free; the next block's S^T goes
+      // out behind dQ, which alone is waited for before its staging (S^T at the end of the iteration)
+      sm90::wait_hold<1>(acc_dv, acc_dk);
+      sm90::hold_fragments(p_frag);
+      sm90::hold_fragments(ds_frag);
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+      const int next = (it + 1) % kStages;
+      if (m < m_hi) sm90::mbarrier_wait_untimed(ring.full(next), ((it + 1) / kStages) & 1);
+      issue_s(next);
+      sm90::wait_hold<1>(acc_dq);
+    } else {
+      sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
+      sm90::hold_fragments(p_frag);
+      sm90::hold_fragments(ds_frag);
 
-    // -- every product that read the stage (S^T, dP^T, dV, dK) has completed: release it to the producer
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+      // -- every product that read the stage (S^T, dP^T, dV, dK) has completed: release it to the producer
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+    }
 
     // -- dQ (partial over this key block) into dq_accum: the warpgroup's (64, kDqCols) staged in shared memory as the
     //    reduce-add's boxes of 32 columns (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8), then added by the
@@ -462,6 +501,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       }
       sm90::bulk_commit_group();
     }
+    if constexpr (kPrefetchScores) sm90::wait_hold<0>(acc_s);  // the next block's S^T (the last block's: unread)
   }
   if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
 
