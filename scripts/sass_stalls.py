@@ -84,17 +84,19 @@ def main() -> int:
     p_run.add_argument("prefix")
     p_run.add_argument("--kernel-regex", default="fwd|bwd")
     p_run.add_argument("--launch-skip", type=int, default=2)
-    p_run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to profile")
     p_show = sub.add_parser("show", help="summarize an exported table")
     p_show.add_argument("csv")
     p_show.add_argument("--top", type=int, default=30)
     p_show.add_argument("--region", action="append", default=[], help="NAME=0xLO-0xHI (offsets, inclusive)")
-    args = parser.parse_args()
+    # (the command after '--' is split off by hand: an argparse REMAINDER positional after 'prefix' swallowed the
+    #  options written after the prefix, --kernel-regex included, and handed them to ncu)
+    argv = sys.argv[1:]
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.mode == "run":
-        if args.command and args.command[0] == "--":
-            args.command = args.command[1:]
-        if not args.command:
+        if not command:
             parser.error("run: give the command to profile after --")
+        args.command = command
         return run(args)
     return show(args)
 

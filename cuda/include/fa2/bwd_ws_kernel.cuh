@@ -35,6 +35,17 @@
 #include "fa2/sm90/wgmma.cuh"
 #include "fa2/softmax.cuh"  // exp2_ftz
 
+// Knobs kept for A/Bs (scripts/fwd_variant_bench.cu), the defaults measured faster on the H200:
+// FA2_BWD_STMATRIX: P^T / dS^T stored to shared memory by stmatrix (1) or 32-bit stores (0) (ws_store_a_fragments;
+//   variants_h200-20261130-bwd-stmatrix.json); FA2_BWD_PREFETCH_SCORES: the next query block's S^T issued behind this
+//   one's dQ (1) or at the block's top with dP^T (0) (variants_h200-20261130-bwd-prefetch.json).
+#ifndef FA2_BWD_STMATRIX
+#define FA2_BWD_STMATRIX 1
+#endif
+#ifndef FA2_BWD_PREFETCH_SCORES
+#define FA2_BWD_PREFETCH_SCORES 1
+#endif
+
 namespace fa2 {
 namespace bwd {
 
@@ -235,9 +246,24 @@ __device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], con
 
 // One thread's register-A fragments of P^T or dS^T (k16 step kt: keys key_first + 8 half, queries 16 kt + 8 e +
 // 2 tig, + 1) into a (keys, queries) swizzled tile, for wgmma operands that read it from shared memory.
+// FA2_BWD_STMATRIX (default): one stmatrix .x4 per k16 step (its four 8x8 matrices are exactly the fragment's four
+// registers: keys +0 / +8, queries +0 / +8; lanes 8 i .. 8 i + 7 give matrix i's row addresses), a quarter of the
+// instructions of the 32-bit stores (st_shared_pair) that it replaces on the shared-memory pipe; 0: those stores.
 template <typename Tile, int kKSteps>
 __device__ __forceinline__ void ws_store_a_fragments(uint32_t sTile, const uint32_t (&a)[kKSteps][4], int key_first,
                                                      int tig) {
+#if FA2_BWD_STMATRIX
+  const int lane = int(threadIdx.x) & 31, i = lane >> 3;
+  const int row = key_first - (lane >> 2) + 8 * (i & 1) + (lane & 7);  // (key_first - group: the warp's 16 rows)
+  const uint32_t lane_base = sTile + Tile::lane_bytes(row, i >> 1);
+#pragma unroll
+  for (int kt = 0; kt < kKSteps; ++kt) {
+    const uint32_t addr = Tile::fragment_address(lane_base, 0, 2 * kt);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a[kt][0]),
+                 "r"(a[kt][1]), "r"(a[kt][2]), "r"(a[kt][3])
+                 : "memory");
+  }
+#else
 #pragma unroll
   for (int j = 0; j < 2 * kKSteps; ++j) {
 #pragma unroll
@@ -245,6 +271,7 @@ __device__ __forceinline__ void ws_store_a_fragments(uint32_t sTile, const uint3
       st_shared_pair<Tile>(sTile, key_first + 8 * half, 8 * j + 2 * tig, a[j / 2][(j % 2) * 2 + half]);
     }
   }
+#endif
 }
 
 // One warp's dQ fragments (rows row_first + 8 half, columns 8 nt + 2 tig + e) into the TMA reduce-add's staging:
@@ -314,9 +341,6 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of dK / dV (16 keys x d)
   constexpr int kDqRows = Cfg::kDqRows, kDqCols = Cfg::kDqCols;
   constexpr int kDqNTiles = kDqCols / 8;     // n8 tiles of this warpgroup's dQ part (16 queries x kDqCols)
-#ifndef FA2_BWD_PREFETCH_SCORES
-#define FA2_BWD_PREFETCH_SCORES 1
-#endif
   constexpr bool kPrefetchScores = FA2_BWD_PREFETCH_SCORES;
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q/dO boxes cover the tile exactly");
