@@ -185,7 +185,8 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 // shared memory once for dQ = dS K over all kBlockN keys, each warpgroup taking 64 of its query rows (kBlockM 128) or
 // half of its headdim columns (kBlockM 64; each half starts at a swizzle column block).
 // Registers per consumer thread (fp32): d 128 (64 x 128): dK, dV 2 x 64 + S^T, dP^T 2 x 32, then dQ 32 (after S^T and
-// dP^T are packed); d 64 (128 x 128): dK, dV 2 x 32 + S^T, dP^T 2 x 64, then dQ 32.
+// dP^T are packed) beside the next block's S^T 32 (FA2_BWD_PREFETCH_SCORES); d 64 (128 x 128): dK, dV 2 x 32 + S^T,
+// dP^T 2 x 64, then dQ 32 beside the next S^T 64.
 // Shared memory (bytes): K, V 2 x kBlockN d 2 + kStages (Q, dO: 2 x kBlockM d 2 + lse, D, shift: 3 x (kBlockM + 4) 4
 //   rounded up to 128)
 //   + dS^T 2 buffers x kBlockN kBlockM 2 (a warpgroup may still read one while the other writes the next)

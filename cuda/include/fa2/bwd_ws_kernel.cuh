@@ -5,7 +5,8 @@
 //   - a producer thread loads K, V once and streams each query block's Q, dO, lse and D (all by the TMA) into a
 //     kStages ring of shared memory, on full / empty mbarriers: the consumers never wait for a CTA barrier;
 //   - consumer warpgroup w owns keys 64 w .. 64 w + 63 and computes the transposed scores, keys as the wgmma M:
-//       S^T = K_w Q^T, dP^T = V_w dO^T                    (both from shared memory, in flight together)
+//       S^T = K_w Q^T, dP^T = V_w dO^T                    (both from shared memory; S^T issued during the block
+//                                                          before, behind its dQ: FA2_BWD_PREFETCH_SCORES)
 //       P^T = exp2(S^T scale log2e - lse log2e)           (lse, D per query: per accumulator column)
 //       dV_w += P^T dO                                    (P^T from registers: the accumulator layout of two n8
 //                                                          tiles is the register-A layout of a k16 step)
@@ -36,9 +37,10 @@
 #include "fa2/softmax.cuh"  // exp2_ftz
 
 // Knobs kept for A/Bs (scripts/fwd_variant_bench.cu), the defaults measured faster on the H200:
-// FA2_BWD_STMATRIX: P^T / dS^T stored to shared memory by stmatrix (1) or 32-bit stores (0) (ws_store_a_fragments;
-//   variants_h200-20261130-bwd-stmatrix.json); FA2_BWD_PREFETCH_SCORES: the next query block's S^T issued behind this
-//   one's dQ (1) or at the block's top with dP^T (0) (variants_h200-20261130-bwd-prefetch.json).
+// FA2_BWD_STMATRIX: P^T / dS^T stored to shared memory by stmatrix (1) or 32-bit stores (0) (ws_store_a_fragments,
+//   both ws kernels; variants_h200-20261130-bwd-stmatrix.json); FA2_BWD_PREFETCH_SCORES (bwd_ws_kernel only, d 64 /
+//   128): the next query block's S^T issued behind this one's dQ (1) or at the block's top with dP^T (0)
+//   (variants_h200-20261130-bwd-prefetch.json). CI's compile check builds the harness's backward with both at 0.
 #ifndef FA2_BWD_STMATRIX
 #define FA2_BWD_STMATRIX 1
 #endif
@@ -249,6 +251,7 @@ __device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], con
 // FA2_BWD_STMATRIX (default): one stmatrix .x4 per k16 step (its four 8x8 matrices are exactly the fragment's four
 // registers: keys +0 / +8, queries +0 / +8; lanes 8 i .. 8 i + 7 give matrix i's row addresses), a quarter of the
 // instructions of the 32-bit stores (st_shared_pair) that it replaces on the shared-memory pipe; 0: those stores.
+// (It takes the lane from threadIdx: key_first must be the warp's first row + lane / 4, as both kernels' key0 is.)
 template <typename Tile, int kKSteps>
 __device__ __forceinline__ void ws_store_a_fragments(uint32_t sTile, const uint32_t (&a)[kKSteps][4], int key_first,
                                                      int tig) {
@@ -389,7 +392,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
 
-  // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each) of the query block in stage s, both in flight
+  // -- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x kBlockM queries each) of the query block in stage s
   //    (kPrefetchScores: the next block's S^T is issued in this one's dQ step, so that it runs while the dQ is
   //    staged; dP^T too would need 64 more registers there than the 240 hold)
   float acc_s[kBlockM / 2], acc_dp[kBlockM / 2];
