@@ -91,8 +91,9 @@ def main() -> int:
     # (the command after '--' is split off by hand: an argparse REMAINDER positional after 'prefix' swallowed the
     #  options written after the prefix, --kernel-regex included, and handed them to ncu)
     argv = sys.argv[1:]
-    command = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    command = argv[cut + 1:]
+    args = parser.parse_args(argv[:cut])
     if args.mode == "run":
         if not command:
             parser.error("run: give the command to profile after --")

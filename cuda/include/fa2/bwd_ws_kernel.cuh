@@ -485,26 +485,23 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     float acc_dq[kDqCols / 2];  // (this warp's 16 queries, this warpgroup's kDqCols columns)
     sm90::gemm_ss<T, kDqCols, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, DsTile, KTile,
                   /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, s_ds, dq_row0, sK, dq_col0);
+    // -- every product that read the stage (S^T, dP^T, dV, dK) has completed: release it to the producer, and P^T /
+    //    dS^T's registers are free. kPrefetchScores: dQ may still be running; the next block's S^T goes out behind it,
+    //    and dQ alone is waited for before its staging (S^T at the end of the iteration)
     if constexpr (kPrefetchScores) {
-      // dV and dK done (dQ still running): the stage and P^T / dS^T's registers are free; the next block's S^T goes
-      // out behind dQ, which alone is waited for before its staging (S^T at the end of the iteration)
       sm90::wait_hold<1>(acc_dv, acc_dk);
-      sm90::hold_fragments(p_frag);
-      sm90::hold_fragments(ds_frag);
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+    } else {
+      sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
+    }
+    sm90::hold_fragments(p_frag);
+    sm90::hold_fragments(ds_frag);
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+    if constexpr (kPrefetchScores) {
       const int next = (it + 1) % kStages;
       if (m < m_hi) sm90::mbarrier_wait_untimed(ring.full(next), ((it + 1) / kStages) & 1);
       issue_s(next);
       sm90::wait_hold<1>(acc_dq);
-    } else {
-      sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
-      sm90::hold_fragments(p_frag);
-      sm90::hold_fragments(ds_frag);
-
-      // -- every product that read the stage (S^T, dP^T, dV, dK) has completed: release it to the producer
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
     }
 
     // -- dQ (partial over this key block) into dq_accum: the warpgroup's (64, kDqCols) staged in shared memory as the
