@@ -266,7 +266,8 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
     warpgroups' dS^T) runs by default at its headdims on the plain path, and its gradients follow the rule against
     the fp32 reference, as do those of bwd_kernel.cuh's wgmma instance (set_sm90_ws_backward(False)), on: query / key
     tails (332 / 461, and seqlen_q 333 / 255: the row statistics' boxes start below the block, at a multiple of 4
-    rows), GQA, a headdim below the instance's (d - 8),
+    rows), GQA and not (dK, dV stored from the fragments as fp32 partials, or staged through shared memory), a
+    headdim below the instance's (d - 8),
     causal with more queries than keys (rows that see nothing), sliding windows (key blocks no query sees), one query
     block, many stages of the ring (1000)."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
@@ -286,6 +287,7 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
         (1, 700, 900, 3, 3, d, False, 100, 0),
         (1, 44, 300, 2, 2, d, False, 30, 17),
         (3, 64, 128, 2, 2, d, True, -1, -1),
+        (2, 332, 461, 4, 4, d, False, -1, -1),  # without GQA: dK, dV staged in shared memory (a key tail)
     ]
     for b, sq, sk, h, hk, hd, causal, wl, wr in cases:
         q, k, v = make_qkv(b, sq, sk, h, hk, hd, dtype=dtype, device="cuda", requires_grad=True, generator=g)

@@ -40,12 +40,17 @@
 // FA2_BWD_STMATRIX: P^T / dS^T stored to shared memory by stmatrix (1) or 32-bit stores (0) (ws_store_a_fragments,
 //   both ws kernels; variants_h200-20261130-bwd-stmatrix.json); FA2_BWD_PREFETCH_SCORES (bwd_ws_kernel only, d 64 /
 //   128): the next query block's S^T issued behind this one's dQ (1) or at the block's top with dP^T (0)
-//   (variants_h200-20261130-bwd-prefetch.json). CI's compile check builds the harness's backward with both at 0.
+//   (variants_h200-20261130-bwd-prefetch.json); FA2_BWD_STAGED_DKV (bwd_ws_kernel only): dK, dV through shared
+//   memory to 16-byte global stores (1) or stored from the fragments (0) (variants_h200-20261201-bwd-staged-dkv.json).
+//   CI's compile check builds the harness's backward with all three at 0.
 #ifndef FA2_BWD_STMATRIX
 #define FA2_BWD_STMATRIX 1
 #endif
 #ifndef FA2_BWD_PREFETCH_SCORES
 #define FA2_BWD_PREFETCH_SCORES 1
+#endif
+#ifndef FA2_BWD_STAGED_DKV
+#define FA2_BWD_STAGED_DKV 1
 #endif
 
 namespace fa2 {
@@ -527,12 +532,59 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     }
     if constexpr (kPrefetchScores) sm90::wait_hold<0>(acc_s);  // the next block's S^T (the last block's: unread)
   }
-  if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
-
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.
-  ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
-                    batch, head, n0 + key0, 0, tig);
+  auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
+  auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
+  if (!FA2_BWD_STAGED_DKV || p.h_h_k_ratio > 1) {
+    ws_store_dk_dv<T>(p, dk_frag, dv_frag, batch, head, n0 + key0, 0, tig);
+  } else {
+    // FA2_BWD_STAGED_DKV: through shared memory to 16-byte global stores. Straight from the fragments (each warp's
+    // 32-bit stores writing 16-byte pieces of 8 rows) a CTA's epilogue took ~11k cycles, 14% of a key block's time at
+    // S 1k (d 128, H200: a clock64 trace of the harness's backward, benchmarks/results/patches/
+    // 20261201-bwd-trace.patch); staged, the backward runs +5-10% at S 1k, +1-3% at 4k (d 64 / 128). Warpgroup w's
+    // dK and dV (64 keys x d) go to stage w's Q and dO buffers, free once every consumer is past its last products
+    // (the barrier).
+    using OutTile = SwizzledTile<64, kHeadDim, kBlockCols>;
+    static_assert(OutTile::kBytes <= Cfg::kSmemQBytes && kStages >= Cfg::kConsumerWarpgroups,
+                  "a warpgroup's dK (and dV) fit a stage's Q (and dO) buffer");
+    ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
+    unsigned char* s_dk = smem_at(ring.q(wg));
+    unsigned char* s_dv = smem_at(ring.dout(wg));
+    const int row_w = warp_in_wg * 16 + group;  // this thread's first row in the warpgroup's 64 keys
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int nt = 0; nt < kDTiles; ++nt) {
+        const int at = (OutTile::offset(row_w + 8 * half, nt) + 2 * tig) * 2;
+        *reinterpret_cast<uint32_t*>(s_dk + at) =
+            ptx::pack2<T>(dk_frag[nt][half * 2] * p.scale, dk_frag[nt][half * 2 + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(s_dv + at) = ptx::pack2<T>(dv_frag[nt][half * 2], dv_frag[nt][half * 2 + 1]);
+      }
+    }
+    if (wg == 0) {
+      ptx::named_barrier_sync<2, 128>();
+    } else {
+      ptx::named_barrier_sync<3, 128>();
+    }
+    T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
+    T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+    constexpr int kIters = 64 * kDTiles / 128;
+    static_assert(64 * kDTiles % 128 == 0, "the 16-byte chunks split evenly over the warpgroup");
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = (ctid & 127) + 128 * i, row = idx / kDTiles, chunk = idx % kDTiles;
+      const int key = n0 + wg * 64 + row;
+      if (key < p.seqlen_k && chunk * 8 < p.headdim) {
+        const int at = OutTile::offset(row, chunk) * 2;
+        *reinterpret_cast<uint4*>(dk + int64_t(key) * p.dk_row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(s_dk + at);
+        *reinterpret_cast<uint4*>(dv + int64_t(key) * p.dv_row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(s_dv + at);
+      }
+    }
+  }
+  if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
 }
 
 }  // namespace bwd
