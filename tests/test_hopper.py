@@ -266,8 +266,8 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
     warpgroups' dS^T) runs by default at its headdims on the plain path, and its gradients follow the rule against
     the fp32 reference, as do those of bwd_kernel.cuh's wgmma instance (set_sm90_ws_backward(False)), on: query / key
     tails (332 / 461, and seqlen_q 333 / 255: the row statistics' boxes start below the block, at a multiple of 4
-    rows), GQA and not (dK, dV stored from the fragments as fp32 partials, or staged through shared memory), a
-    headdim below the instance's (d - 8),
+    rows), GQA and not (dK, dV stored from the fragments as fp32 partials, or staged through shared memory),
+    a headdim below the instance's (d - 8),
     causal with more queries than keys (rows that see nothing), sliding windows (key blocks no query sees), one query
     block, many stages of the ring (1000)."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
@@ -312,21 +312,22 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
 
 
+@pytest.mark.parametrize("hk", [2, 4])
 @pytest.mark.parametrize("kind", ["bool", "same", "fp32"])
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
-def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind):
+def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind, hk):
     """A key-row bias (padding masks; no dbias) on the warp-specialized backward (bwd_ws_kernel.cuh, kKeyBias): P
     against bwd_row_stats_kernel's statistics, each thread's keys' bias in registers, key blocks whose every key is
     padded skipped. Gradients follow the rule against the fp32 reference and agree with bwd_kernel.cuh's key-row
     variant (set_sm90_ws_backward(False)), causal or not, with a whole padded key block (keys 128-255), a padded tail,
-    scattered padding, finite bias values ("same" / "fp32"), GQA; a batch whose every key is padded gets zero
-    gradients from both."""
+    scattered padding, finite bias values ("same" / "fp32"), GQA and not (hk 4: dK, dV staged in shared memory); a
+    batch whose every key is padded gets zero gradients from both."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
     if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0") or not fa2._C.key_bias_backward():
         pytest.skip("the warp-specialized backward or the key-row bias variant is switched off")
     g = torch.Generator(device="cuda").manual_seed(7)
-    b, sq, sk, h, hk = 3, 261, 700, 4, 2  # (seqlen_q odd: the statistics' boxes start below the block)
+    b, sq, sk, h = 3, 261, 700, 4  # (seqlen_q odd: the statistics' boxes start below the block)
     keep = torch.rand(b, 1, 1, sk, device="cuda", generator=g) > 0.3
     keep[0, ..., :] = True
     keep[0, ..., 128:256] = False  # a whole key block of the kernel

@@ -52,9 +52,11 @@ bool bwd_small_tiles();
 //   lse (batch, nheads, seqlen_q) contiguous; softmax_d: (batch, nheads, seqlen_q) fp32 scratch;
 //   dq_accum: (batch, nheads, seqlen_q, headdim_rounded) fp32 scratch (zeroed by the backward itself);
 //   dq (and dout, out) with the forward's alignment; dk/dv: f16/bf16 (batch, seqlen_k, nheads_k, d) when
-//   h_h_k_ratio == 1, else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for the caller to sum over
-//   each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q, seqlen_k) contiguous, zeroed
-//   (only the visible blocks are written);  workspace: bwd_workspace_ints(params) zeroed int32s.
+//   h_h_k_ratio == 1 (the sm_90a warp-specialized kernel needs them 16-byte aligned, strides multiples of 8
+//   elements, or is not used: bwd_ws_applies), else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for
+//   the caller to sum over each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q,
+//   seqlen_k) contiguous, zeroed (only the visible blocks are written);  workspace: bwd_workspace_ints(params)
+//   zeroed int32s.
 const char* run_bwd(const AttentionParams& params, cudaStream_t stream);
 
 }  // namespace fa2

@@ -53,9 +53,15 @@ inline bool bshd_tma_addressable(const void* base, int64_t batch, int64_t seqlen
 // key-row bias bwd_row_stats_kernel's lse and shift) from flat (batch, heads, seqlen_q) fp32 buffers (16-byte aligned
 // bases; the boxes start at multiples of 4 values, ws_stat_box_elems), q / dout / k / v in tiles
 // (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q rows and a box
-// past the last block's).
+// past the last block's); and without GQA it stores dK, dV in 16-byte pieces (FA2_BWD_STAGED_DKV: the same 16-byte
+// aligned bases and strides in multiples of 8 elements).
 inline bool bwd_ws_applies(const AttentionParams& p, int block_m, bool key_bias) {
-  return aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
+  const bool dkv_16b = p.h_h_k_ratio > 1 ||
+                       (bshd_tma_addressable(p.dk, p.batch, p.seqlen_k, p.nheads_k, p.dk_batch_stride, p.dk_row_stride,
+                                             p.dk_head_stride) &&
+                        bshd_tma_addressable(p.dv, p.batch, p.seqlen_k, p.nheads_k, p.dv_batch_stride, p.dv_row_stride,
+                                             p.dv_head_stride));
+  return dkv_16b && aligned16(p.softmax_d) && aligned16(p.dq_accum) &&
          (key_bias ? aligned16(p.row_lse) && aligned16(p.row_shift) : aligned16(p.lse)) &&
          int64_t(p.batch) * p.nheads * p.seqlen_q + block_m + 4 <= 0x7fffffff &&
          bshd_tma_addressable(p.q, p.batch, p.seqlen_q, p.nheads, p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&

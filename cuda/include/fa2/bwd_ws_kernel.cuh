@@ -40,8 +40,9 @@
 // FA2_BWD_STMATRIX: P^T / dS^T stored to shared memory by stmatrix (1) or 32-bit stores (0) (ws_store_a_fragments,
 //   both ws kernels; variants_h200-20261130-bwd-stmatrix.json); FA2_BWD_PREFETCH_SCORES (bwd_ws_kernel only, d 64 /
 //   128): the next query block's S^T issued behind this one's dQ (1) or at the block's top with dP^T (0)
-//   (variants_h200-20261130-bwd-prefetch.json); FA2_BWD_STAGED_DKV (bwd_ws_kernel only): dK, dV through shared
-//   memory to 16-byte global stores (1) or stored from the fragments (0) (variants_h200-20261201-bwd-staged-dkv.json).
+//   (variants_h200-20261130-bwd-prefetch.json); FA2_BWD_STAGED_DKV (bwd_ws_kernel only, without GQA, whose fp32
+//   partials keep the fragment stores): dK, dV through shared memory to 16-byte global stores (1) or stored from the
+//   fragments (0) (variants_h200-20261201-bwd-staged-dkv.json).
 //   CI's compile check builds the harness's backward with all three at 0.
 #ifndef FA2_BWD_STMATRIX
 #define FA2_BWD_STMATRIX 1
@@ -544,7 +545,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     // S 1k (d 128, H200: a clock64 trace of the harness's backward, benchmarks/results/patches/
     // 20261201-bwd-trace.patch); staged, the backward runs +5-10% at S 1k, +1-3% at 4k (d 64 / 128). Warpgroup w's
     // dK and dV (64 keys x d) go to stage w's Q and dO buffers, free once every consumer is past its last products
-    // (the barrier).
+    // (the barrier): every TMA load into the ring was waited for (each loaded stage is consumed), and a wgmma's
+    // completion carries an implicit generic-async proxy fence (PTX ISA, wgmma.mma_async), so the generic stores
+    // need no fence.proxy.async. (bwd_ws_applies checked dk / dv for the 16-byte stores.)
     using OutTile = SwizzledTile<64, kHeadDim, kBlockCols>;
     static_assert(OutTile::kBytes <= Cfg::kSmemQBytes && kStages >= Cfg::kConsumerWarpgroups,
                   "a warpgroup's dK (and dV) fit a stage's Q (and dO) buffer");
