@@ -30,6 +30,7 @@
 #include "fa2/block_info.cuh"
 #include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e
 #include "fa2/bwd_tile_config.h"
+#include "fa2/cta_trace.cuh"
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/sm90/tma.cuh"
@@ -372,6 +373,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                                                                    sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
+  // (FA2_CTA_TRACE: entry; K/V and the first stage landed; the end of each of the first 60 query blocks; the loop's
+  // end; the kernel's end)
+  constexpr int kTraceLanded = trace::kFirstEvent, kTraceBlock0 = kTraceLanded + 1, kTraceBlocks = 60;
+  constexpr int kTraceLoopEnd = kTraceBlock0 + kTraceBlocks, kTraceEnd = kTraceLoopEnd + 1;
+  static_assert(kTraceEnd < trace::kSlots, "the events fit a CTA's slots");
+  FA2_CTA_MARK(trace::kEntry, threadIdx.x == 0);
+  FA2_CTA_MARK(trace::kEntryNs, threadIdx.x == 0);
+  FA2_CTA_MARK(trace::kSm, threadIdx.x == 0);
   const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, ring, sK, sV);
   if (blk.producer) return;
   const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
@@ -419,6 +428,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
     if constexpr (kPrefetchScores) sm90::mbarrier_wait_untimed(ring.full(0), 0);
   }
+  FA2_CTA_MARK(kTraceLanded, ctid == 0);
   if constexpr (kPrefetchScores) {
     issue_s(0);
     sm90::wait_hold<0>(acc_s);
@@ -532,7 +542,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       sm90::bulk_commit_group();
     }
     if constexpr (kPrefetchScores) sm90::wait_hold<0>(acc_s);  // the next block's S^T (the last block's: unread)
+    FA2_CTA_MARK(kTraceBlock0 + it, ctid == 0 && it < kTraceBlocks);
   }
+  FA2_CTA_MARK(kTraceLoopEnd, ctid == 0);
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.
   auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
@@ -588,6 +600,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     }
   }
   if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
+  FA2_CTA_MARK(kTraceEnd, ctid == 0);
+  FA2_CTA_MARK(trace::kExitNs, ctid == 0);
 }
 
 }  // namespace bwd
