@@ -6,7 +6,8 @@
 #      and spills (a spill in a kernel is printed as a warning, not a failure; wgmma serialized by ptxas, C751x, fails);
 #   4. the sm90 building-block probes (scripts/sm90_wgmma_probe.cu, sm90_tma_probe.cu) and the forward's variant
 #      harness (scripts/fwd_variant_bench.cu) compile for sm_90a (and its d 256 forward with FA2_SM90_TMA=0, its d 128
-#      backward with the ws backward's knobs at 0), and the generated wgmma wrappers match their generator.
+#      backward with the ws backward's knobs at 0 and with FA2_CTA_TRACE), and the generated wgmma wrappers match
+#      their generator.
 # Usage: scripts/cuda_compile_check.sh [headdims: one, or a CMake list such as "64;128;256" (default 128)];
 # env NVCC, CXX, FA2_JOBS (default 2), FA2_CHECK_DTYPES (a CMake list, default fp16: the kernels of fp16 and bf16 differ
 # in their conversions only, but ptxas has spilled in one and not the other). (.ci/run checks 64;128;256 in fp16 and

@@ -402,6 +402,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   // of a query block's dQ: rows dq_row0 .. + 63, columns dq_col0 .. + kDqCols - 1
   const bool dq_issuer = (ctid & 127) == 0;
   const int dq_row0 = Cfg::kDqSplitRows ? wg * kDqRows : 0, dq_col0 = Cfg::kDqSplitRows ? 0 : wg * kDqCols;
+  // this warpgroup's own named barrier (2 + wg: the dQ staging, the staged dK / dV)
+  auto warpgroup_sync = [&] {
+    if (wg == 0) {
+      ptx::named_barrier_sync<2, 128>();
+    } else {
+      ptx::named_barrier_sync<3, 128>();
+    }
+  };
 
   float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];  // (this warp's 16 keys, d)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
@@ -528,11 +536,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     const uint32_t s_dq = sDq(wg);
     ws_stage_dq(dq_frag, [&](int box) { return s_dq + box * (kDqRows * 128); }, warp_in_wg * 16 + group, tig);
     sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
-    if (wg == 0) {
-      ptx::named_barrier_sync<2, 128>();
-    } else {
-      ptx::named_barrier_sync<3, 128>();
-    }
+    warpgroup_sync();
     if (dq_issuer) {
       const int row = int(bh * p.seqlen_q + m0 + dq_row0);
 #pragma unroll
@@ -577,11 +581,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
         *reinterpret_cast<uint32_t*>(s_dv + at) = ptx::pack2<T>(dv_frag[nt][half * 2], dv_frag[nt][half * 2 + 1]);
       }
     }
-    if (wg == 0) {
-      ptx::named_barrier_sync<2, 128>();
-    } else {
-      ptx::named_barrier_sync<3, 128>();
-    }
+    warpgroup_sync();
     T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
     T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
     constexpr int kIters = 64 * kDTiles / 128;
