@@ -6,8 +6,8 @@
 // 4 B H S^2 D / time, backward 2.5x that; the padded keys counted) and a checksum of out (of dq, dk, dv for the
 // backward: variants that must be bitwise equal print the same ones; the backward's dq is summed with atomics, so only
 // close).
-// Built with -DFA2_CTA_TRACE=1 (and FA2_BWD=1) it also writes each case's backward CTA timelines to $FA2_TRACE_OUT
-// (fa2/cta_trace.cuh; summarized by scripts/cta_trace.py).
+// Built with -DFA2_CTA_TRACE=1 it also writes each case's CTA timelines to $FA2_TRACE_OUT: the backward's with
+// FA2_BWD=1, else the forward's (fa2/cta_trace.cuh; summarized by scripts/cta_trace.py).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -183,11 +183,37 @@ int main(int argc, char** argv) {
           std::printf("\n");
           std::fflush(stdout);
         };
+#if FA2_CTA_TRACE
+        // the CTA timelines of the last instrumented launch (fa2/cta_trace.cuh; scripts/cta_trace.py reads them)
+        auto dump_trace = [&](const char* pass) {
+          const char* dir = std::getenv("FA2_TRACE_OUT");
+          if (dir == nullptr) return;
+          std::vector<unsigned long long> trace(size_t(fa2::trace::kCtas) * fa2::trace::kSlots);
+          CHECK_CUDA(cudaMemcpyFromSymbol(trace.data(), fa2::trace::g_cta_trace, trace.size() * 8));
+          char path[512];
+          std::snprintf(path, sizeof(path), "%s/trace_%s_d%d_s%d_%s%s.bin", dir, pass, kHeadDim, seqlen, mask_name,
+                        causal ? "_c" : "");
+          if (FILE* f = std::fopen(path, "wb")) {
+            std::fwrite(trace.data(), 8, trace.size(), f);
+            std::fclose(f);
+          }
+        };
+#endif
         const char* fwd_error = nullptr;
         const float fwd_ms = median_ms([&] {
           if (fwd_error == nullptr) fwd_error = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
         });
         report("fwd", "run_fwd_instance", fwd_error, fwd_flops / (fwd_ms * 1e-3), {out});
+#if FA2_CTA_TRACE && !FA2_BWD
+        // one more forward launch on a cleared buffer: its CTA timelines
+        if (std::getenv("FA2_TRACE_OUT")) {
+          std::vector<unsigned long long> zeros(size_t(fa2::trace::kCtas) * fa2::trace::kSlots);
+          CHECK_CUDA(cudaMemcpyToSymbol(fa2::trace::g_cta_trace, zeros.data(), zeros.size() * 8));
+          fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
+          CHECK_CUDA(cudaDeviceSynchronize());
+          dump_trace("fwd");
+        }
+#endif
   #if FA2_BWD
         {  // the backward of this forward (out, lse as computed above), dout random
           fa2::AttentionParams pb = p;
@@ -214,18 +240,7 @@ int main(int argc, char** argv) {
           });
           report("bwd", "run_bwd_instance", bwd_error, 2.5 * fwd_flops / (bwd_ms * 1e-3), {dq, dk, dv});
 #if FA2_CTA_TRACE
-          // the last backward launch's CTA timelines (fa2/cta_trace.cuh; scripts/cta_trace.py reads them)
-          if (const char* dir = std::getenv("FA2_TRACE_OUT")) {
-            std::vector<unsigned long long> trace(size_t(fa2::trace::kCtas) * fa2::trace::kSlots);
-            CHECK_CUDA(cudaMemcpyFromSymbol(trace.data(), fa2::trace::g_cta_trace, trace.size() * 8));
-            char path[512];
-            std::snprintf(path, sizeof(path), "%s/trace_bwd_d%d_s%d_%s%s.bin", dir, kHeadDim, seqlen, mask_name,
-                          causal ? "_c" : "");
-            if (FILE* f = std::fopen(path, "wb")) {
-              std::fwrite(trace.data(), 8, trace.size(), f);
-              std::fclose(f);
-            }
-          }
+          dump_trace("bwd");  // the last backward launch's
 #endif
           for (void* t : {(void*)dout, (void*)dq, (void*)dk, (void*)dv, (void*)softmax_d, (void*)dq_accum,
                           (void*)row_lse, (void*)row_shift})

@@ -19,6 +19,7 @@
 
 #include "fa2/bias.cuh"  // load_bias
 #include "fa2/block_info.cuh"
+#include "fa2/cta_trace.cuh"
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/sm90/tma.cuh"    // only used by sm_90a instances
@@ -497,6 +498,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto sV = [&](int buf) { return sK(buf) + Cfg::kSmemKVBytes; };
   auto sBias = [&](int buf) { return sK(kRing) + buf * Cfg::kSmemBiasTileBytes; };  // see kStagedBias
   auto sBiasFolded = [&](int buf) { return sBias(kRing) + buf * Cfg::kSmemBiasFoldedBytes; };
+  const uint32_t sOStage = sBias(kRing);  // warp-specialized, persistent: O's staging buffer (Cfg::kSmemOBytes)
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sQ); };  // a shared-memory address as a pointer
 
   // tid / warp: the thread's place among the consumer (computing) threads; the producer warpgroup of a
@@ -644,6 +646,16 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
     sm90::setmaxnreg_inc<kWsConsumerRegs>();
   }
+  // (FA2_CTA_TRACE: for the CTA's first two tiles warpgroup 0's first thread marks the tile's start, the start of
+  // each of its first kTraceIters key iterations, the loop's end and the epilogue's end; warpgroup 1's first thread
+  // the same for the second tile. The consumers of the d 128 ping-pong-overlap kernel then spill ~90 B, outside the
+  // key loop.)
+  constexpr int kTraceIters = 17, kTraceTileSlots = kTraceIters + 3;
+  static_assert(trace::kFirstEvent + 3 * kTraceTileSlots <= trace::kSlots, "the events fit a CTA's slots");
+  FA2_CTA_MARK(trace::kEntry, tid == 0);
+  FA2_CTA_MARK(trace::kEntryNs, tid == 0);
+  FA2_CTA_MARK(trace::kSm, tid == 0);
+  [[maybe_unused]] int trace_tile = 0;
 
   // A persistent CTA's next Q loads into Q's shared memory once every consumer warp has released it (bar_q_empty).
   // With the intra-warpgroup overlap, Q's last reader is the last key tile's Q K^T, which completes a softmax, a P V
@@ -661,6 +673,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
     float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
     const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
+    // (FA2_CTA_TRACE: this thread's first slot for this tile, -1 if it marks none)
+    [[maybe_unused]] const int trace_base =
+        tid == 0 && trace_tile < 2 ? trace::kFirstEvent + trace_tile * kTraceTileSlots
+        : tid == 128 && trace_tile == 1 ? trace::kFirstEvent + 2 * kTraceTileSlots
+                                        : -1;
+    FA2_CTA_MARK(trace_base, trace_base >= 0);
     if (range.empty()) {
       // -- no query of this block sees any key: out = 0, lse = +inf
       for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
@@ -744,6 +762,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     bool heavy_rows_possible = !kStagedBias || kWs;
     for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
       const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
+      FA2_CTA_MARK(trace_base + 1 + it, trace_base >= 0 && it < kTraceIters);
       const int buf = kRing == 1 ? 0 : use % kRing;
       const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
       float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
@@ -962,6 +981,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       }
     }
 
+    FA2_CTA_MARK(trace_base + kTraceIters + 1, trace_base >= 0);
     // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
     float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
     softmax.finalize(mult, inv_sum, row_lse);
@@ -1001,10 +1021,42 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         __syncwarp();
         if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
       }
-      store_o([&](int row) { return row < rows_q; }, [&](int row, int dt, uint32_t packed) {
-        T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
-        if (dt * 8 < headdim) *reinterpret_cast<uint32_t*>(out_row + dt * 8) = packed;
-      });
+      if constexpr (Cfg::kSmemOBytes > 0) {
+        // O staged in a buffer of its own (FA2_FWD_STAGED_O), each warpgroup its 64 rows between barriers of its own
+        // (named barriers 4 + wg): neither waits for the other, which runs half a ping-pong turn later. The first
+        // barrier: every warp of the warpgroup is done reading the previous tile's O (the buffer's only readers).
+        static_assert(Cfg::kSmemOBytes == Cfg::kSmemQBytes, "O staged in Q's layout");
+        static_assert(kBlockM == 64 * (kNThreads / 128), "one warpgroup per 64 rows");
+        const int wg = warp >> 2;
+        auto warpgroup_sync = [&] {
+          if (wg == 0) {
+            ptx::named_barrier_sync<4, 128>();
+          } else {
+            ptx::named_barrier_sync<5, 128>();
+          }
+        };
+        unsigned char* sO = smem_at(sOStage);
+        warpgroup_sync();
+        store_o([](int) { return true; }, [&](int row, int dt, uint32_t packed) {
+          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
+        });
+        warpgroup_sync();
+        constexpr int kWgIters = 64 * kDTiles / 128;
+#pragma unroll
+        for (int i = 0; i < kWgIters; ++i) {
+          const int idx = (tid & 127) + i * 128;
+          const int row = wg * 64 + idx / kDTiles, chunk = idx % kDTiles;
+          if (row < rows_q && chunk * 8 < headdim) {
+            *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
+                *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
+          }
+        }
+      } else {
+        store_o([&](int row) { return row < rows_q; }, [&](int row, int dt, uint32_t packed) {
+          T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
+          if (dt * 8 < headdim) *reinterpret_cast<uint32_t*>(out_row + dt * 8) = packed;
+        });
+      }
     } else {
       // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
       // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
@@ -1031,9 +1083,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
       }
     }
+    FA2_CTA_MARK(trace_base + kTraceIters + 2, trace_base >= 0);
     use0 += range.hi - range.lo;
     ++q_loads;
+#if FA2_CTA_TRACE
+    ++trace_tile;
+#endif
   }  // tiles
+  FA2_CTA_MARK(trace::kExitNs, tid == 0);
 }
 
 }  // namespace fwd
