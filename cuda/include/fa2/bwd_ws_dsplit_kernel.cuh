@@ -134,12 +134,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       release_previous_stage();
       sm90::wait_hold<0>(acc_sdp);
       // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
-      float lse_log2[kSNTiles][2];
-      ws_load_lse_log2(stats, tig, lse_log2);
       if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-        ws_scores_to_p<kKeyBias, true>(sdp_frag, stats, lse_log2, p, info, m0, n0 + key0, tig, key_bias);
+        ws_scores_to_p<kKeyBias, true>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       } else {
-        ws_scores_to_p<kKeyBias, false>(sdp_frag, stats, lse_log2, p, info, m0, n0 + key0, tig, key_bias);
+        ws_scores_to_p<kKeyBias, false>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- P^T to shared memory for warpgroup 1 (its dS^T and dV_1), then dV_0 += P^T dO[:, 0:kDCols]

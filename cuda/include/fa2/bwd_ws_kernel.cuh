@@ -54,9 +54,6 @@
 #ifndef FA2_BWD_STAGED_DKV
 #define FA2_BWD_STAGED_DKV 1
 #endif
-#ifndef FA2_BWD_PREFETCH_STATS
-#define FA2_BWD_PREFETCH_STATS 0
-#endif
 
 namespace fa2 {
 namespace bwd {
@@ -219,25 +216,14 @@ struct WsStats {
 // key-row bias (kKeyBias) exp2((q.k scale + bias[key] - shift) log2e - lse log2e) against bwd_row_stats_kernel's
 // (shift, lse). kMasked: P = 0 for keys outside each query's range and for queries past seqlen_q (their lse and D are
 // another row's). stats: the stage's (WsStats).
-// This thread's queries' lse x log2e (query 8 j + 2 tig + e of the block at [j][e]), read from the stage.
-template <int kSNTiles>
-__device__ __forceinline__ void ws_load_lse_log2(const WsStats& stats, int tig, float (&lse_log2)[kSNTiles][2]) {
-#pragma unroll
-  for (int j = 0; j < kSNTiles; ++j) {
-    lse_log2[j][0] = stats.lse[8 * j + 2 * tig] * kLog2e;
-    lse_log2[j][1] = stats.lse[8 * j + 2 * tig + 1] * kLog2e;
-  }
-}
-
 template <bool kKeyBias, bool kMasked, int kSNTiles>
 __device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], const WsStats& stats,
-                                               const float (&lse_log2)[kSNTiles][2], const AttentionParams& p,
-                                               const BlockInfo& info, int m0, int key_first, int tig,
-                                               const float (&key_bias)[2]) {
+                                               const AttentionParams& p, const BlockInfo& info, int m0, int key_first,
+                                               int tig, const float (&key_bias)[2]) {
 #pragma unroll
   for (int j = 0; j < kSNTiles; ++j) {
     const int r = 8 * j + 2 * tig;
-    const float(&lse2)[2] = lse_log2[j];
+    const float lse2[2] = {stats.lse[r] * kLog2e, stats.lse[r + 1] * kLog2e};
     float2 shift = make_float2(0.f, 0.f);
     if constexpr (kKeyBias) shift = make_float2(stats.shift[r], stats.shift[r + 1]);
 #pragma unroll
@@ -465,25 +451,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     const int stats_off = ws_stats_offset(ws_stats_row(bh, p.seqlen_q, m0));
     auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
     const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
-    // (FA2_BWD_PREFETCH_STATS: the block's lse (1), and D (2), read before S^T's wait, their latency behind it)
-    float lse_log2[kSNTiles][2], dsum_regs[kSNTiles][2];
-    if constexpr (FA2_BWD_PREFETCH_STATS >= 1) ws_load_lse_log2(stats, tig, lse_log2);
-    if constexpr (FA2_BWD_PREFETCH_STATS >= 2) {
-#pragma unroll
-      for (int j = 0; j < kSNTiles; ++j) {
-        dsum_regs[j][0] = stats.dsum[8 * j + 2 * tig];
-        dsum_regs[j][1] = stats.dsum[8 * j + 2 * tig + 1];
-      }
-    }
     sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
 
     // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
-    if constexpr (FA2_BWD_PREFETCH_STATS == 0) ws_load_lse_log2(stats, tig, lse_log2);
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);
     if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-      ws_scores_to_p<kKeyBias, true>(s_frag, stats, lse_log2, p, info, m0, n0 + key0, tig, key_bias);
+      ws_scores_to_p<kKeyBias, true>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
     } else {
-      ws_scores_to_p<kKeyBias, false>(s_frag, stats, lse_log2, p, info, m0, n0 + key0, tig, key_bias);
+      ws_scores_to_p<kKeyBias, false>(s_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
     }
     uint32_t p_frag[kBlockM / 16][4];
     pack_k16_fragments<T>(s_frag, p_frag);
@@ -496,9 +471,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     auto to_ds = [&](auto from_rounded_p) {
 #pragma unroll
       for (int j = 0; j < kSNTiles; ++j) {
-        const float2 dsum = FA2_BWD_PREFETCH_STATS >= 2
-                                ? make_float2(dsum_regs[j][0], dsum_regs[j][1])
-                                : make_float2(stats.dsum[8 * j + 2 * tig], stats.dsum[8 * j + 2 * tig + 1]);
+        const float2 dsum = make_float2(stats.dsum[8 * j + 2 * tig], stats.dsum[8 * j + 2 * tig + 1]);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float2 prob = make_float2(s_frag[j][half * 2], s_frag[j][half * 2 + 1]);

@@ -498,7 +498,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto sV = [&](int buf) { return sK(buf) + Cfg::kSmemKVBytes; };
   auto sBias = [&](int buf) { return sK(kRing) + buf * Cfg::kSmemBiasTileBytes; };  // see kStagedBias
   auto sBiasFolded = [&](int buf) { return sBias(kRing) + buf * Cfg::kSmemBiasFoldedBytes; };
-  const uint32_t sOStage = sBias(kRing);  // warp-specialized, persistent: O's staging buffer (Cfg::kSmemOBytes)
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sQ); };  // a shared-memory address as a pointer
 
   // tid / warp: the thread's place among the consumer (computing) threads; the producer warpgroup of a
@@ -1021,42 +1020,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         __syncwarp();
         if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
       }
-      if constexpr (Cfg::kSmemOBytes > 0) {
-        // O staged in a buffer of its own (FA2_FWD_STAGED_O), each warpgroup its 64 rows between barriers of its own
-        // (named barriers 4 + wg): neither waits for the other, which runs half a ping-pong turn later. The first
-        // barrier: every warp of the warpgroup is done reading the previous tile's O (the buffer's only readers).
-        static_assert(Cfg::kSmemOBytes == Cfg::kSmemQBytes, "O staged in Q's layout");
-        static_assert(kBlockM == 64 * (kNThreads / 128), "one warpgroup per 64 rows");
-        const int wg = warp >> 2;
-        auto warpgroup_sync = [&] {
-          if (wg == 0) {
-            ptx::named_barrier_sync<4, 128>();
-          } else {
-            ptx::named_barrier_sync<5, 128>();
-          }
-        };
-        unsigned char* sO = smem_at(sOStage);
-        warpgroup_sync();
-        store_o([](int) { return true; }, [&](int row, int dt, uint32_t packed) {
-          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
-        });
-        warpgroup_sync();
-        constexpr int kWgIters = 64 * kDTiles / 128;
-#pragma unroll
-        for (int i = 0; i < kWgIters; ++i) {
-          const int idx = (tid & 127) + i * 128;
-          const int row = wg * 64 + idx / kDTiles, chunk = idx % kDTiles;
-          if (row < rows_q && chunk * 8 < headdim) {
-            *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
-                *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
-          }
-        }
-      } else {
-        store_o([&](int row) { return row < rows_q; }, [&](int row, int dt, uint32_t packed) {
-          T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
-          if (dt * 8 < headdim) *reinterpret_cast<uint32_t*>(out_row + dt * 8) = packed;
-        });
-      }
+      store_o([&](int row) { return row < rows_q; }, [&](int row, int dt, uint32_t packed) {
+        T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
+        if (dt * 8 < headdim) *reinterpret_cast<uint32_t*>(out_row + dt * 8) = packed;
+      });
     } else {
       // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
       // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last

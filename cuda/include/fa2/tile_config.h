@@ -8,12 +8,6 @@
 #ifndef FA2_SM90_TMA
 #define FA2_SM90_TMA 1
 #endif
-// The persistent warp-specialized forward (fwd_persistent_headdim) stages each tile's O through a shared-memory
-// buffer of its own (1), for 16-byte global stores, or stores it from the registers (0): Q's buffer, which one-tile
-// CTAs stage O through, may already hold the next tile's Q. The buffer costs the ring its third stage at d 128.
-#ifndef FA2_FWD_STAGED_O
-#define FA2_FWD_STAGED_O 0
-#endif
 
 namespace fa2 {
 
@@ -208,15 +202,10 @@ struct FwdTileConfig {
   // The warp-specialized sm_90a kernel (fwd_kernel.cuh) keeps a deeper K/V ring where the shared memory allows: with
   // a producer running ahead, a third stage gives its loads a whole extra iteration (ping-pong releases a stage later
   // than the plain order). d 128: 32 + 3 x (64 + 0.5) KB = 225.5 KB.
-  // The persistent warp-specialized kernel's O staging buffer (FA2_FWD_STAGED_O), after the ring's bias tiles.
-  static constexpr int kSmemOBytes = kWgmma && FA2_FWD_STAGED_O && fwd_persistent_headdim(kHeadDim_) ? kSmemQBytes : 0;
   static constexpr int kWsStages =
-      kWgmma && kSmemQBytes + kSmemOBytes + 3 * (2 * kSmemKVBytes + kSmemBiasTileBytes) + kSmemBarrierBytes <=
-                    227 * 1024
-          ? 3
-          : 2;
+      kWgmma && kSmemQBytes + 3 * (2 * kSmemKVBytes + kSmemBiasTileBytes) + kSmemBarrierBytes <= 227 * 1024 ? 3 : 2;
   static constexpr int kSmemBytesWs = kSmemQBytes + kWsStages * (2 * kSmemKVBytes + kSmemBiasTileBytes) +
-                                      kSmemOBytes + kSmemBarrierBytes;
+                                      kSmemBarrierBytes;
 
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "instantiated headdims are multiples of 32, <= 256");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole m16 tiles");
