@@ -45,6 +45,7 @@ CASES = [
     # window, GQA, query tails (odd seqlen_q: the row statistics' boxes start below the block)
     dict(shape=(2, 68, 130, 4, 2, 128), flags=dict(window_left=16, window_right=3)),
     dict(shape=(2, 133, 200, 4, 2, 256), flags=dict(causal=True)),  # (d 256: the headdim-split kernel)
+    dict(shape=(1, 200, 330, 2, 2, 256), flags={}),  # (d 256 without GQA: T dK, dV, not fp32 partials; a key tail)
     dict(shape=(3, 131, 150, 2, 1, 64), flags={}),
     # the backward's key-row variant on the sm80 tiles (d 96: no wgmma config; the default)
     dict(shape=(2, 70, 300, 2, 2, 96), flags={}, padding=True),
