@@ -205,7 +205,8 @@ __device__ __forceinline__ void product(float (&acc)[kMTiles][kNTiles][4], uint3
 // One f16/bf16 pair (columns col, col + 1 of row) into a swizzled shared-memory tile.
 template <typename Tile>
 __device__ __forceinline__ void st_shared_pair(uint32_t sTile, int row, int col, uint32_t packed) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2), "r"(packed));
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2), "r"(packed)
+               : "memory");
 }
 
 // Stores a warp's fp32 C fragments (rows row0 + 16 mt + 8 half, columns col0 + 8 nt + e of a tile) as f16/bf16 pairs.

@@ -38,7 +38,8 @@ namespace bwd {
 template <typename Tile>
 __device__ __forceinline__ uint32_t ld_shared_pair(uint32_t sTile, int row, int col) {
   uint32_t packed;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(packed) : "r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2));
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(packed) : "r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2)
+               : "memory");
   return packed;
 }
 
