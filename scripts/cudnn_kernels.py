@@ -25,7 +25,8 @@ def run(S, D, causal):
             torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        ev = json.load(open(f.name))["traceEvents"]
+        with open(f.name) as trace:
+            ev = json.load(trace)["traceEvents"]
     print(f"== S {S} D {D} causal {causal}")
     for e in ev:
         name = e.get("name", "")
