@@ -124,6 +124,9 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&out, elems * sizeof(__nv_bfloat16)));
     CHECK_CUDA(cudaMalloc(&lse, size_t(batch) * nheads * seqlen * sizeof(float)));
 
+    int* tile_counter = nullptr;  // the persistent forward's (fa2::fwd_workspace_ints; zeroed before each call)
+    CHECK_CUDA(cudaMalloc(&tile_counter, sizeof(int)));
+
     fa2::AttentionParams p;
     p.q = qkv[0], p.k = qkv[1], p.v = qkv[2], p.out = out, p.lse = lse;
     const int64_t row = int64_t(nheads) * kHeadDim, bstride = row * seqlen;
@@ -142,6 +145,11 @@ int main(int argc, char** argv) {
       p.is_causal = causal;
       p.window_left = -1;
       p.window_right = causal ? 0 : -1;
+      // as the torch glue: a tile counter where the persistent forward may claim tiles from one (FA2_NO_TILE_COUNTER:
+      // without, for A/B timing)
+      p.workspace = causal && fa2::fwd_persistent_headdim(kHeadDim) && std::getenv("FA2_NO_TILE_COUNTER") == nullptr
+                        ? tile_counter
+                        : nullptr;
       char list[64];
       std::snprintf(list, sizeof(list), "%s", masks.c_str());
       for (char* mask_name = std::strtok(list, ","); mask_name; mask_name = std::strtok(nullptr, ",")) {
@@ -201,6 +209,8 @@ int main(int argc, char** argv) {
 #endif
         const char* fwd_error = nullptr;
         const float fwd_ms = median_ms([&] {
+          // (timed with it, as the torch glue's at::zeros is)
+          if (p.workspace != nullptr) CHECK_CUDA(cudaMemsetAsync(p.workspace, 0, sizeof(int)));
           if (fwd_error == nullptr) fwd_error = fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
         });
         report("fwd", "run_fwd_instance", fwd_error, fwd_flops / (fwd_ms * 1e-3), {out});
@@ -209,6 +219,7 @@ int main(int argc, char** argv) {
         if (std::getenv("FA2_TRACE_OUT")) {
           std::vector<unsigned long long> zeros(size_t(fa2::trace::kCtas) * fa2::trace::kSlots);
           CHECK_CUDA(cudaMemcpyToSymbol(fa2::trace::g_cta_trace, zeros.data(), zeros.size() * 8));
+          if (p.workspace != nullptr) CHECK_CUDA(cudaMemsetAsync(p.workspace, 0, sizeof(int)));
           fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
           CHECK_CUDA(cudaDeviceSynchronize());
           dump_trace("fwd");
@@ -217,6 +228,7 @@ int main(int argc, char** argv) {
   #if FA2_BWD
         {  // the backward of this forward (out, lse as computed above), dout random
           fa2::AttentionParams pb = p;
+          pb.workspace = nullptr;  // (the forward's tile counter; the backward's deterministic mode is off)
           for (auto& x : host) x = __float2bfloat16(uniform());
           __nv_bfloat16* dout = device_copy(host);
           __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
@@ -253,6 +265,7 @@ int main(int argc, char** argv) {
     for (auto& t : qkv) CHECK_CUDA(cudaFree(t));
     CHECK_CUDA(cudaFree(out));
     CHECK_CUDA(cudaFree(lse));
+    CHECK_CUDA(cudaFree(tile_counter));
   }
   return 0;
 }

@@ -10,7 +10,7 @@ import torch
 
 import fa2
 from fa2.reference import attention_ref
-from kernels import cuda_kernel_names, switch
+from kernels import cuda_kernel_grids, cuda_kernel_names, switch
 from numerics import assert_close_rule
 from samples import make_qkv, sample_inputs
 
@@ -70,10 +70,12 @@ def test_wgmma_training_step_matches_sm80_path():
         assert err_a < 2 * err_b + 1e-3, f"{name}: wgmma path {err_a:.2e} vs sm80 path {err_b:.2e} relative error"
 
 
-# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap>: how each sm_90a schedule's kernel name ends
-KERNEL_SUFFIX = {"pipelined": ", false, false, false>(", "ws": ", true, false, false>(",
-                 "pingpong": ", true, true, false>(", "overlap": ", true, false, true>(",
-                 "pingpong-overlap": ", true, true, true>("}
+# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap, tile_counter>: how each sm_90a schedule's
+# kernel name ends (either tile_counter: the tile-counter twin runs causal / windowed calls with more query blocks
+# than SMs)
+KERNEL_SUFFIX = {"pipelined": ", false, false, false, ", "ws": ", true, false, false, ",
+                 "pingpong": ", true, true, false, ", "overlap": ", true, false, true, ",
+                 "pingpong-overlap": ", true, true, true, "}
 
 
 def _key_row_bias(b, sk, dtype, kind, gen, misaligned=False):
@@ -168,7 +170,9 @@ def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
     grid-th query block, its producer loading the next block's K/V and Q while the consumers finish the current one).
     It is persistent at the headdims tile_config.h's fwd_persistent_headdim names (d 97-128; elsewhere the cap is
     ignored and every kernel takes one query block per CTA, so only those headdims' calls are compared). With the grid
-    cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas, on every call, causal too), so that one CTA
+    cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas, on every call, causal too: at the default schedule
+    causal and windowed calls run the tile-counter kernel, their CTAs claiming blocks from a counter,
+    fwd_workspace_ints; the other schedules' CTAs take every grid-th block), so that one CTA
     runs many query blocks back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded
     key tiles and blocks that see no key carried from one block to the next), and with the default grid, out and lse
     are bitwise those of one CTA per query block: on the schedule tests' calls (plain and key-row biases at every
@@ -202,6 +206,33 @@ def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
             for i, ((out, lse), (out_w, lse_w)) in enumerate(zip(got, want)):
                 assert torch.equal(out, out_w), (ctas, i, (out.float() - out_w.float()).abs().max().item())
                 assert torch.equal(lse, lse_w), (ctas, i)
+
+
+def test_sm90_causal_forward_is_persistent_with_a_tile_counter():
+    """A causal d 128 forward with more query blocks than SMs runs persistent on sm_90a (one CTA per SM at most, the
+    CTAs claiming blocks from a counter the glue zeroes: fwd_workspace_ints), and its out / lse are bitwise those of
+    one CTA per query block (the same per-block arithmetic; test_sm90_persistent_forward_equals_one_cta_per_query_block
+    covers more shapes and caps)."""
+    if "fwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip("this build has no sm_90a forward for headdim 128")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = make_qkv(4, 2048, 2048, 16, 16, 128, dtype=torch.bfloat16, device="cuda", generator=gen)
+    with switch("sm90_schedule", "pingpong-overlap"):  # (d 128's default: FA2_SM90_SCHEDULE may force another)
+        kernels = [(name, g) for name, g in cuda_kernel_grids(lambda: fa2.attention(q, k, v, causal=True))
+                   if "fwd_kernel" in name]
+        # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter>)
+        assert len(kernels) == 1 and kernels[0][0].endswith(", true, true, true, true>(fa2::AttentionParams, "
+                                                            "fa2::sm90::FwdTensorMaps)"), kernels
+        assert kernels[0][1][0] <= sms and kernels[0][1][1:] == [1, 1], kernels
+        got = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
+        with switch("persistent_forward_ctas", 0):
+            kernels = [(name, g) for name, g in cuda_kernel_grids(
+                lambda: torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)) if "fwd_kernel" in name]
+            assert ", true, true, true, false>(" in kernels[0][0], kernels
+            assert kernels[0][1][0] == 4 * 16 * 16, kernels  # (one CTA per query block)
+            want = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_sm90_schedule_setting():

@@ -74,6 +74,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   params.out_row_stride = out_k.stride(1);
   params.out_head_stride = out_k.stride(2);
   params.lse = lse.data_ptr<float>();
+  // the persistent sm_90a forward's tile counter (causal / windows), zeroed on the stream
+  at::Tensor workspace;
+  if (real_strides && fwd_workspace_ints(params) > 0) {
+    workspace = at::zeros({fwd_workspace_ints(params)}, q.options().dtype(at::kInt));
+    params.workspace = workspace.data_ptr();
+  }
 
   const char* err = run_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, "fa2 forward (CUDA) failed: ", err);

@@ -199,6 +199,11 @@ int device_sm_count() {
   return cached_device_attribute<cudaDevAttrMultiProcessorCount>(&device);
 }
 
+int device_cc_major() {
+  int device = 0;
+  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(&device);
+}
+
 const char* check_dynamic_smem(const char* what, int headdim, int bytes) {
   int device = 0;
   const int limit = device_smem_optin_limit(&device);

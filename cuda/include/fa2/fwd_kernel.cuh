@@ -3,7 +3,8 @@
 //   sm_90a (kArchTag 901): the same per-warp work with wgmma products (a warpgroup per 64 query rows) and TMA loads;
 //   sm_90a warp-specialized (the default at d >= 128: tile_config.h): a producer warpgroup streams K/V into a ring of
 //   mbarrier-guarded stages, the consumer warpgroups compute, optionally taking turns issuing products (ping-pong),
-//   and where it runs persistent (d 128 without a causal mask or window) one CTA per SM streams query blocks.
+//   and where it runs persistent (d 128; with a causal mask or window given a tile counter) one CTA per SM streams
+//   query blocks.
 //
 // One CTA = one block of kBlockM queries of one (batch, head) at a time (a persistent CTA: one after another, below).
 // Q stays in shared memory; K/V tiles of kBlockN keys
@@ -454,7 +455,7 @@ constexpr int fwd_kernel_threads() {
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
-          bool kPingpong = false, bool kOverlap = false>
+          bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
@@ -537,7 +538,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
   auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
   const uint32_t bar_q_empty = bar_q + 8 + 16 * kRing;  // warp-specialized: Q read by every consumer warp
-  static_assert(!kTma || 8 * (2 + 2 * kRing) <= Cfg::kSmemBarrierBytes, "Q, full and empty mbarriers");
+  // the persistent kernel's next tile, written by the producer before it completes bar_q's phase for that tile
+  // (num_tiles: no more tiles); with a tile counter only
+  const uint32_t tile_slot = bar_q_empty + 8;
+  static_assert(!kTma || 8 * (2 + 2 * kRing) + 4 <= Cfg::kSmemBarrierBytes, "Q, full and empty mbarriers, a slot");
   // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp)
   auto release_stage = [&](int buf) {
     __syncwarp();
@@ -570,17 +574,19 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
   };
 
-  // Query blocks ("tiles": kBlockM queries of one (batch, head)). The warp-specialized kernels take a 1-D grid of
-  // tiles (fwd_launch_template.cuh): at the persistent headdims (tile_config.h, fwd_persistent_headdim) at most one
-  // CTA per SM, CTA b taking tiles b, b + grid, b + 2 grid, ..., so that its producer loads the next tile's K/V and Q
-  // while the consumers finish the current one (no CTA launch, prologue and epilogue between tiles); elsewhere one
-  // tile per CTA, in a loop the compiler sees run once (with the loop, the d 256 kernels ran 2-3% slower: d94fbd9).
-  // Tile t is query block num_m_blocks - 1 - t % num_m_blocks of head (t / num_m_blocks) % nheads, batch
-  // t / (num_m_blocks nheads): the blocks of one head together (their K/V shared in L2), the longest (causal) rows
-  // first. The other kernels: one tile per CTA, the same order from a (query blocks, heads, batch) grid.
+  // Query blocks ("tiles": kBlockM queries of one (batch, head)). The warp-specialized kernels take a 1-D grid of tiles
+  // (fwd_launch_template.cuh): at the persistent headdims (tile_config.h, fwd_persistent_headdim) at most one CTA per
+  // SM, CTA b taking tiles b, b + grid, b + 2 grid, ... (with a tile counter: b, then the next unclaimed), so that its
+  // producer loads the next tile's K/V and Q while the consumers finish the current one (no CTA launch, prologue and
+  // epilogue between tiles); elsewhere one tile per CTA, in a loop the compiler sees run once (with the loop, the d 256
+  // kernels ran 2-3% slower: d94fbd9). Tile t is query block num_m_blocks - 1 - t % num_m_blocks of head (t /
+  // num_m_blocks) % nheads, batch t / (num_m_blocks nheads): the blocks of one head together (their K/V shared in L2),
+  // the longest (causal) rows first. The other kernels: one tile per CTA, the same order from a (query blocks, heads,
+  // batch) grid.
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   constexpr bool kPersistent = kWs && fwd_persistent_headdim(kHeadDim);
+  static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
   const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
   const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;
   auto tile_at = [&](int t, int& m_block, int& head, int& batch) {
@@ -620,11 +626,33 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       sm90::setmaxnreg_dec<kWsProducerRegs>();
       if (threadIdx.x == 0) {
         int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
-        for (int t = first_tile; t < num_tiles; t += tile_stride) {
+        // A persistent CTA's tiles: blockIdx.x, then every gridDim.x-th, or, in the tile-counter kernel
+        // (kTileCounter: p.workspace, zeroed, fwd_workspace_ints), the next unclaimed one (tiles below gridDim.x go
+        // first, then gridDim.x + the counter's value). There the consumers cannot work out the next tile
+        // themselves, so the producer announces each tile after a CTA's first: its index in tile_slot, then bar_q's
+        // phase completed (by Q's load, or by an arrival alone for a tile without keys), once every consumer warp is
+        // done with the previous tile's Q (and so has read the slot); after the last tile, num_tiles.
+        auto announce = [&](int t) {
+          if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
+          if constexpr (kTileCounter) *reinterpret_cast<volatile int*>(smem_at(tile_slot)) = t;
+          ++q_loads;
+        };
+        // the tile after t: claimed once t's copies are all issued (the producer runs up to a ring ahead of the
+        // consumers, which hides the atomic's latency; claimed any earlier, a CTA would hold tiles back from others)
+        auto next_tile = [&](int t) {
+          return kTileCounter ? int(gridDim.x) + atomicAdd(static_cast<int*>(p.workspace), 1) : t + tile_stride;
+        };
+        for (int t = first_tile; t < num_tiles; t = next_tile(t)) {
           int m_block, head, batch;
           tile_at(t, m_block, head, batch);
           const KeyBlockRange range = info.key_blocks(m_block * kBlockM, kBlockM, kBlockN);
-          if (range.empty()) continue;  // (the consumers write its zeros)
+          if (range.empty()) {  // (the consumers write its zeros)
+            if constexpr (kTileCounter) {
+              announce(t);
+              sm90::mbarrier_arrive(bar_q);
+            }
+            continue;
+          }
           const int head_k = head / p.h_h_k_ratio;
           const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
           for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
@@ -634,11 +662,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
             if (n == range.hi - 1) {
               // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's
               // first K/V, which need not wait for that
-              if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
+              announce(t);
               tma_q(m_block * kBlockM, head, batch);
-              ++q_loads;
             }
           }
+        }
+        if constexpr (kTileCounter) {  // (no more tiles)
+          announce(num_tiles);
+          sm90::mbarrier_arrive(bar_q);
         }
       }
       return;
@@ -662,9 +693,21 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // microsecond) runs behind them instead of in front of the next tile's first product. Not in the kernels that skip
   // masked key tiles (the last tile may be one of them: they release Q after the loop).
   constexpr bool kEarlyQRelease = kPersistent && kOverlap && !kSkipMaskedTiles;
-  const bool more_tiles = kPersistent && tile_stride < num_tiles;  // a CTA that may run a next tile
+  // A CTA that may run a next tile: its consumers release Q after each tile's last Q K^T or key loop (the producer's
+  // next Q, or announcement, waits for that) and store O from the registers. With the tile counter they learn each
+  // next tile from the producer's announcement (its loop), its Q landed with it. (A kernel template of its own: as a
+  // run-time choice in the one kernel, the consumers spilled ~80 B and the forward ran 2-3.5% slower without a
+  // causal mask, 3-8% with one, H200 d 128.)
+  const bool more_tiles = kPersistent && (kTileCounter || tile_stride < num_tiles);
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
-  for (int t = first_tile; t < num_tiles; t += tile_stride) {
+  auto announced_tile = [&]() {
+    // (read by lane 0 and broadcast: each warp's release of Q, lane 0's, then follows its read in program order)
+    wait_loaded(bar_q, q_loads & 1);
+    int slot = 0;
+    if (lane == 0) slot = *reinterpret_cast<volatile const int*>(smem_at(tile_slot));
+    return __shfl_sync(0xffffffffu, slot, 0);
+  };
+  for (int t = first_tile; t < num_tiles; t = kTileCounter ? announced_tile() : t + tile_stride) {
     int m_block, head, batch;
     tile_at(t, m_block, head, batch);
     const int m0 = m_block * kBlockM;
@@ -687,6 +730,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
       }
       for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
+      if constexpr (kTileCounter) {  // (its announcement counts as a Q load)
+        __syncwarp();
+        if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+        ++q_loads;
+      }
       continue;
     }
 
@@ -991,38 +1039,61 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         if (row < rows_q) lse[row] = row_lse[r];
       }
     }
-    // O / l as T pairs, one per fragment element pair of this thread in the rows where stored_row(row in the
-    // block): store(row, n8 tile, the pair)
-    auto store_o = [&](auto&& stored_row, auto&& store) {
+    // O / l as T pairs, per row of this thread (row in the block): store_row(row, its pairs, one per n8 tile)
+    auto store_o = [&](auto&& store_row) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
           const float inv = inv_sum[mt * 2 + half];
-          if (stored_row(row)) {
+          uint32_t pairs[kDTiles];
 #pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-              store(row, dt, ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv));
-            }
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            pairs[dt] = ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
           }
+          store_row(row, pairs);
         }
       }
     };
     if (more_tiles) {
       // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
-      // tile's Q (or be on its way there), so O goes from the registers straight to global memory: per row, a quad's
-      // four lanes store 16 contiguous bytes of each n8 tile (the L2 merges them before they reach memory). Slower
-      // than the staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k), which one-tile CTAs keep.
-      // Without kEarlyQRelease Q is released once the key loop is done: the next tile's Q loads behind the last P V
-      // and these stores.
+      // tile's Q (or be on its way there), so O goes from the registers straight to global memory. A quad's four
+      // lanes hold 4 bytes each of every n8 tile of their row; 4 x 4 transposes within the quad (two shuffle rounds)
+      // give each lane whole n8 tiles, stored 16 bytes at a time: a quarter of the store instructions, which had
+      // stalled the warps on the LSU queue for ~2.4k cycles a tile (H200 trace, d 128). (Still slower than the
+      // staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k with 4-byte stores), which one-tile
+      // CTAs keep.) Without kEarlyQRelease Q is released once the key loop is done: the next tile's Q loads behind
+      // the last P V and these stores.
       if constexpr (!kEarlyQRelease) {
         __syncwarp();
         if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
       }
-      store_o([&](int row) { return row < rows_q; }, [&](int row, int dt, uint32_t packed) {
-        T* out_row = out + row * p.out_row_stride + (lane & 3) * 2;
-        if (dt * 8 < headdim) *reinterpret_cast<uint32_t*>(out_row + dt * 8) = packed;
+      static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
+      const bool odd_lane = lane & 1, upper_pair = lane & 2;
+      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
+#pragma unroll
+        for (int g = 0; g < kDTiles / 4; ++g) {
+          uint32_t* x = pairs + 4 * g;  // x[i]: n8 tile 4 g + i, this lane's 4 bytes of it
+          // lane pairs (0, 1), (2, 3) swap x[1] of the even lane with x[0] of the odd one, and x[3] with x[2]; then
+          // (0, 2), (1, 3) swap x[2], x[3] of the lower lane with x[0], x[1] of the upper: lane j holds tile 4 g + j
+#pragma unroll
+          for (int i = 0; i < 4; i += 2) {
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, odd_lane ? x[i] : x[i + 1], 1);
+            x[i] = odd_lane ? got : x[i];  // (selects: an index that depends on the lane would put x in local memory)
+            x[i + 1] = odd_lane ? x[i + 1] : got;
+          }
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, upper_pair ? x[i] : x[i + 2], 2);
+            x[i] = upper_pair ? got : x[i];
+            x[i + 2] = upper_pair ? x[i + 2] : got;
+          }
+          const int col = (4 * g + (lane & 3)) * 8;
+          if (row < rows_q && col < headdim) {
+            *reinterpret_cast<uint4*>(out + row * p.out_row_stride + col) = make_uint4(x[0], x[1], x[2], x[3]);
+          }
+        }
       });
     } else {
       // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
@@ -1030,8 +1101,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
       __syncwarp();
       unsigned char* sO = smem;
-      store_o([](int) { return true; }, [&](int row, int dt, uint32_t packed) {
-        *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = packed;
+      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = pairs[dt];
+        }
       });
       if constexpr (kWs) {
         ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)

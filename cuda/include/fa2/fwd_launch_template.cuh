@@ -41,10 +41,14 @@ struct FwdLaunch {
   FwdKernel kernel;
   int threads, smem, block_m;
   bool persistent;  // warp-specialized: a 1-D grid of tiles, persistent where it pays (run_fwd_instance)
+  // the same kernel with persistent CTAs claiming tiles from a counter (fwd_kernel.cuh, kTileCounter), or nullptr
+  FwdKernel tile_counter_kernel = nullptr;
 };
 
-// The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type.
-template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule>
+// The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type (and
+// with kWithTileCounter its tile-counter twin).
+template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule,
+          bool kWithTileCounter = false>
 FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
   constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
@@ -53,9 +57,14 @@ FwdLaunch ws_launch() {
   // (one CTA per SM: its setmaxnreg split takes the whole register file, ws_consumer_regs)
   static_assert(kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * ws_consumer_regs(Cfg::kNThreads) >
                     32 * 1024, "a persistent grid of one CTA per SM");
-  return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong,
-                           /*kOverlap=*/sm90_schedule_overlap(kSchedule)>,
-          fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true};
+  constexpr bool kOverlap = sm90_schedule_overlap(kSchedule);
+  FwdKernel tile_counter_kernel = nullptr;
+  if constexpr (kWithTileCounter) {
+    tile_counter_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, true>;
+  }
+  return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap>,
+          fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true,
+          tile_counter_kernel};
 }
 
 // The same for a key-row bias (padding masks) of the given element type; `launch` is left as it is without a bias.
@@ -114,7 +123,10 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       } else if (schedule == Sm90Schedule::kOverlap) {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kOverlap>();
       } else if (schedule == Sm90Schedule::kPingpongOverlap) {
-        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpongOverlap>();
+        // (with the tile-counter kernel for causal / windowed calls at the persistent headdims: the plain path at
+        // the default schedule only, for fewer instantiations)
+        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpongOverlap,
+                           fwd_persistent_headdim(kHeadDim) && kDefault == Sm90Schedule::kPingpongOverlap>();
       } else {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kWarpSpecialized>();
       }
@@ -144,7 +156,9 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   const int num_m_blocks = (p.seqlen_q + launch.block_m - 1) / launch.block_m;
   if (const char* e = check_grid_batch_heads("forward", p.batch, p.nheads)) return e;
   dim3 grid(num_m_blocks, p.nheads, p.batch);
+  bool use_tile_counter = false;  // (the kernel claims tiles from p.workspace only where this launch needs it)
   if (launch.persistent) {  // a 1-D grid over the tiles of fwd_kernel.cuh's order; CTA b takes tiles b, b + grid, ...
+    // (or, with the tile counter, b and then the next unclaimed tile)
     const int64_t tiles = int64_t(num_m_blocks) * p.nheads * p.batch;
     // (<= 2^30 - 1: the kernel's tile index plus the grid stride stays an int; unreachable in memory at d >= 64)
     if (tiles > 0x3fffffff) return "fa2: batch * nheads * query blocks is too large for the CUDA forward";
@@ -155,11 +169,17 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     // more work (causal, H200 d 128 S 16k: 0.70x of one CTA per block, which the hardware's block scheduling
     // balances); and only at the headdims where it was measured faster (tile_config.h, fwd_persistent_headdim: the
     // others' kernels take one tile per CTA). A cap set for tests applies to every call at those headdims.
+    // With a zeroed int of workspace (fwd_workspace_ints) and a tile-counter kernel, the CTAs take the next block
+    // from a counter there instead (fwd_kernel.cuh), which balances blocks of unequal length as the hardware's block
+    // scheduling would.
     const bool equal_blocks = p.window_left < 0 && p.window_right < 0;
-    if (fwd_persistent_headdim(kHeadDim) && (setting > 0 || (setting < 0 && equal_blocks))) {
+    const bool tile_counter = p.workspace != nullptr && launch.tile_counter_kernel != nullptr;
+    if (fwd_persistent_headdim(kHeadDim) && (setting > 0 || (setting < 0 && (equal_blocks || tile_counter)))) {
       const int sms = device_sm_count();
       if (sms > 0) ctas = ctas < sms ? ctas : sms;
       if (setting > 0) ctas = ctas < setting ? ctas : setting;
+      use_tile_counter = tile_counter && ctas < tiles;
+      if (use_tile_counter) launch.kernel = launch.tile_counter_kernel;
     }
     grid = dim3(unsigned(ctas));
   }
@@ -190,6 +210,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     if (e != nullptr) return e;
   }
   AttentionParams kernel_params = p;  // with the values derived for the kernel (params.h)
+  kernel_params.workspace = use_tile_counter ? p.workspace : nullptr;
   kernel_params.inv_scale = 1.f / p.scale;
   kernel_params.heavy_score = -kHeavyRowLog2 / p.scale_log2;
   launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(kernel_params, maps);

@@ -40,10 +40,13 @@ const char* check_dynamic_smem(const char* what, int headdim, int bytes);
 int device_smem_optin_limit();
 // The current device's SM count (cached per device), or -1 when CUDA cannot say.
 int device_sm_count();
+// The current device's compute capability major version (cached per device), or -1 when CUDA cannot say.
+int device_cc_major();
 
 // The warp-specialized sm_90a forward's persistent grid (fwd_kernel.cuh: each CTA takes every grid-th query
-// block): -1 (the default) one CTA per SM where every query block has the same key range (no causal mask or window)
-// at the headdims where that measured faster (tile_config.h, fwd_persistent_headdim), else one CTA per query block;
+// block, or with a causal mask or window the next block of a tile counter: fwd_workspace_ints): -1 (the default) one
+// CTA per SM at the headdims where that measured faster (tile_config.h, fwd_persistent_headdim) where every query
+// block has the same key range (no causal mask or window) or the call has the counter, else one CTA per query block;
 // 0 never persistent; n > 0 at most n CTAs on every call at those headdims (tests: many query blocks through one
 // CTA; the other headdims' kernels take one query block per CTA whatever the setting). For A/B timing
 // and tests; the environment's FA2_PERSISTENT_FWD_CTAS until set.
@@ -52,7 +55,17 @@ int persistent_forward_ctas();
 // nullptr when batch and nheads fit the grid's y and z dimensions (at most 65535 each), else a message.
 const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads);
 
-// Forward: fills params.out and params.lse. Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
+// Ints of zeroed scratch (params.workspace) the forward can use: 1 where its persistent sm_90a kernel may run with
+// a causal mask or a window (the tile-counter kernel: its CTAs take their next query block from a counter there; d
+// 128, plain score path, more query blocks than the persistent grid's CTAs), else 0. Without it such calls run one
+// CTA per query block. Measured (H200, d 128, bf16, causal, against one CTA per block, two rounds of
+// scripts/fwd_variant_bench.cu: benchmarks/results/variants_h200-20261201-fwd-tile-counter-o16.json): +10.0 / +5.9 /
+// +3.4 / +1.5 / +0.9% at S 1k / 2k / 4k / 8k / 16k (with O stored 4 bytes a lane: +3.5 / +1.1 / +0.8 / -0.3 / -0.6%).
+int64_t fwd_workspace_ints(const AttentionParams& params);
+
+// Forward: fills params.out and params.lse. params.workspace: nullptr, or fwd_workspace_ints(params) zeroed ints (a
+// stale nonzero counter would make the persistent kernel skip query blocks).
+// Needs params.headdim_rounded == fwd_headdim_rounded(params.headdim),
 // headdim a multiple of 8, q/k/v/out 16-byte aligned with row/head/batch strides that are multiples of 8
 // elements, seqlen_q, seqlen_k, batch, nheads >= 1 (the torch glue pads/copies and handles empty inputs).
 // Picks the instance compiled for the current device's architecture.

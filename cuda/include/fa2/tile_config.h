@@ -189,7 +189,8 @@ struct FwdTileConfig {
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;  // one K (or V) tile
   // sm_90a with TMA loads: mbarriers for Q and each K/V stage, after the tiles
-  static constexpr int kSmemBarrierBytes = kWgmma ? 64 : 0;
+  // (and, after them, the persistent warp-specialized forward's next-tile slot: fwd_kernel.cuh, tile_slot)
+  static constexpr int kSmemBarrierBytes = kWgmma ? 72 : 0;
   // sm_90a: a key-row bias (padding masks) travels with its K/V stage, one key tile of it (<= 4-byte elements), so
   // that the products never wait on a global load of it (fwd_kernel.cuh, kStagedBias)
   // (rounded up to 128 bytes: each stage's bias tile is a TMA destination, which the hardware wants 128-byte aligned;
