@@ -51,6 +51,9 @@
 #ifndef FA2_BWD_PREFETCH_SCORES
 #define FA2_BWD_PREFETCH_SCORES 1
 #endif
+#ifndef FA2_BWD_QUAD_STORES
+#define FA2_BWD_QUAD_STORES 1
+#endif
 #ifndef FA2_BWD_STAGED_DKV
 #define FA2_BWD_STAGED_DKV 1
 #endif
@@ -305,11 +308,41 @@ __device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], 
 // The epilogue: one thread's dK = scale dS^T Q and dV fragments (keys key_first + 8 half, columns
 // col_first + 8 nt + 2 tig + e)
 // to global memory; keys past seqlen_k and dims past headdim are not stored. With GQA fp32 partials per query head,
-// summed over the group by the caller.
+// summed over the group by the caller. Without, FA2_BWD_QUAD_STORES: each quad's fragments transposed
+// (ptx::quad_transpose) into whole n8 tiles per lane, stored 16 bytes at a time (every lane of the warp calls this).
 template <typename T, int kDTiles>
 __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const float (&dk_frag)[kDTiles][4],
                                                const float (&dv_frag)[kDTiles][4], int batch, int head, int key_first,
                                                int col_first, int tig) {
+  if (FA2_BWD_QUAD_STORES && kDTiles % 4 == 0 && p.h_h_k_ratio == 1) {
+    T* dk_bh = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
+    T* dv_bh = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = key_first + 8 * half;
+#pragma unroll
+      for (int g = 0; g < kDTiles / 4; ++g) {
+        uint32_t xk[4], xv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float* k_el = dk_frag[4 * g + i] + half * 2;
+          const float* v_el = dv_frag[4 * g + i] + half * 2;
+          xk[i] = ptx::pack2<T>(k_el[0] * p.scale, k_el[1] * p.scale);
+          xv[i] = ptx::pack2<T>(v_el[0], v_el[1]);
+        }
+        ptx::quad_transpose(xk, tig);  // this lane: n8 tile 4 g + tig
+        ptx::quad_transpose(xv, tig);
+        const int col = col_first + 8 * (4 * g + tig);
+        if (key < p.seqlen_k && col < p.headdim) {
+          *reinterpret_cast<uint4*>(dk_bh + int64_t(key) * p.dk_row_stride + col) =
+              make_uint4(xk[0], xk[1], xk[2], xk[3]);
+          *reinterpret_cast<uint4*>(dv_bh + int64_t(key) * p.dv_row_stride + col) =
+              make_uint4(xv[0], xv[1], xv[2], xv[3]);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = key_first + 8 * half;

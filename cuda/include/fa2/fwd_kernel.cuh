@@ -1059,36 +1059,22 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if (more_tiles) {
       // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
       // tile's Q (or be on its way there), so O goes from the registers straight to global memory. A quad's four
-      // lanes hold 4 bytes each of every n8 tile of their row; 4 x 4 transposes within the quad (two shuffle rounds)
+      // lanes hold 4 bytes each of every n8 tile of their row; 4 x 4 transposes within the quad (ptx::quad_transpose)
       // give each lane whole n8 tiles, stored 16 bytes at a time: a quarter of the store instructions, which had
-      // stalled the warps on the LSU queue for ~2.4k cycles a tile (H200 trace, d 128). (Still slower than the
-      // staged stores below (H200, one CTA per tile: d 128 0.96-0.97x at S 1k with 4-byte stores), which one-tile
-      // CTAs keep.) Without kEarlyQRelease Q is released once the key loop is done: the next tile's Q loads behind
-      // the last P V and these stores.
+      // stalled the warps on the LSU queue for ~2.4k cycles a tile (H200 trace, d 128). Against 4-byte stores (H200,
+      // d 128, harness, variants_h200-20261201-fwd-tile-counter-o16.json): +5.5 / +2.6 / +2.4 / +2.5 / +3.8% at S 1k /
+      // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kEarlyQRelease Q is released once
+      // the key loop is done: the next tile's Q loads behind the last P V and these stores.
       if constexpr (!kEarlyQRelease) {
         __syncwarp();
         if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
       }
       static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
-      const bool odd_lane = lane & 1, upper_pair = lane & 2;
       store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
 #pragma unroll
         for (int g = 0; g < kDTiles / 4; ++g) {
-          uint32_t* x = pairs + 4 * g;  // x[i]: n8 tile 4 g + i, this lane's 4 bytes of it
-          // lane pairs (0, 1), (2, 3) swap x[1] of the even lane with x[0] of the odd one, and x[3] with x[2]; then
-          // (0, 2), (1, 3) swap x[2], x[3] of the lower lane with x[0], x[1] of the upper: lane j holds tile 4 g + j
-#pragma unroll
-          for (int i = 0; i < 4; i += 2) {
-            const uint32_t got = __shfl_xor_sync(0xffffffffu, odd_lane ? x[i] : x[i + 1], 1);
-            x[i] = odd_lane ? got : x[i];  // (selects: an index that depends on the lane would put x in local memory)
-            x[i + 1] = odd_lane ? x[i + 1] : got;
-          }
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const uint32_t got = __shfl_xor_sync(0xffffffffu, upper_pair ? x[i] : x[i + 2], 2);
-            x[i] = upper_pair ? got : x[i];
-            x[i + 2] = upper_pair ? x[i + 2] : got;
-          }
+          uint32_t x[4] = {pairs[4 * g], pairs[4 * g + 1], pairs[4 * g + 2], pairs[4 * g + 3]};
+          ptx::quad_transpose(x, lane);  // this lane: n8 tile 4 g + lane % 4
           const int col = (4 * g + (lane & 3)) * 8;
           if (row < rows_q && col < headdim) {
             *reinterpret_cast<uint4*>(out + row * p.out_row_stride + col) = make_uint4(x[0], x[1], x[2], x[3]);

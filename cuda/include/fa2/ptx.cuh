@@ -127,6 +127,27 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return r;
 }
 
+// A 4 x 4 transpose of 32-bit words within each quad of lanes (lane & 3 = j): before, x[i] is word j of 16-byte
+// chunk i; after, x[k] is word k of chunk j. For C fragments packed to T pairs (lane j: columns 2 j, 2 j + 1 of each
+// n8 tile), four n8 tiles of a row become one whole n8 tile per lane, to store 16 bytes at a time. Two shuffle rounds
+// (xor 1, then xor 2), each lane sending one word of each pair it swaps; selects, not lane-dependent indices (which
+// would put x in local memory). Every lane of the warp takes part.
+__device__ __forceinline__ void quad_transpose(uint32_t (&x)[4], int lane) {
+  const bool odd = lane & 1, upper = lane & 2;
+#pragma unroll
+  for (int i = 0; i < 4; i += 2) {  // pairs (0, 1), (2, 3): x[i + 1] of the even lane <-> x[i] of the odd one
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? x[i] : x[i + 1], 1);
+    x[i] = odd ? got : x[i];
+    x[i + 1] = odd ? x[i + 1] : got;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // pairs (0, 2), (1, 3): x[i + 2] of the lower lane <-> x[i] of the upper one
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? x[i] : x[i + 2], 2);
+    x[i] = upper ? got : x[i];
+    x[i + 2] = upper ? x[i + 2] : got;
+  }
+}
+
 // Columns 16 kt .. 16 kt + 15 of one m16 tile of fp32 C fragments (n8 tiles 2 kt, 2 kt + 1) packed to T as the A
 // operand of one k16 step: the C layout of two n8 tiles is the A layout of mma.sync m16n8k16 and of wgmma's register
 // A alike (the forward's P for P V; the backward's P^T, dS^T for dV, dK).
