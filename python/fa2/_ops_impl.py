@@ -105,22 +105,66 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, (dbias if ctx.bias_requires_grad else None), None, None, None, None, None
 
 
-torch.library.register_autograd("fa2::fwd", _backward, setup_context=_setup_context)
+# Autograd kernels. torch.library.register_autograd would register the same structure, but its kernel costs host
+# time on every call: it rebuilds the defaults the dispatcher strips off the arguments with
+# torch._library.utils.fill_defaults, which reads schema.arguments (a fresh list of bindings) once per argument, and
+# checks the schema for out= arguments. An fa2.attention call with requires_grad inputs took ~80 us of host time
+# (CPU, tiny shapes, this machine, 2026-12-01; F.scaled_dot_product_attention ~9-15 us), ~31 us with these kernels,
+# which read the defaults once. (The same private torch hooks as register_autograd's own kernel.)
+def _below_autograd(op, keyset, args):
+    with torch._C._AutoDispatchBelowAutograd():
+        return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+def _register_autograd(op, function):
+    """op's Autograd kernel: function (an autograd.Function taking (keyset, *args)) where a tensor argument requires
+    grad under grad mode, else op's next kernel."""
+    assert not any(a.kwarg_only for a in op._schema.arguments), f"{op} takes its arguments positionally"
+
+    def kernel(keyset, *args):
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return function.apply(keyset, *args)
+        return _below_autograd(op, keyset, args)
+    _lib.impl(op._schema.name.split("::")[1], kernel, "Autograd", with_keyset=True)
+
+
+_lib = torch.library.Library("fa2", "FRAGMENT")  # (kept with the module: its registrations live as long as it does)
+_FWD = torch.ops.fa2.fwd.default
+_FWD_DEFAULTS = tuple(a.default_value for a in _FWD._schema.arguments)
+
+
+class _FwdFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        output = _below_autograd(_FWD, keyset, args)
+        # (the dispatcher passes fewer arguments when the trailing ones are their defaults)
+        _setup_context(ctx, args + _FWD_DEFAULTS[len(args):], output)
+        ctx.num_args = len(args)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return (None, *_backward(ctx, dout, dlse)[:ctx.num_args])
+
+
+_register_autograd(_FWD, _FwdFunction)
 
 
 # fa2::bwd has no derivative: differentiating fa2's gradients again (create_graph=True, then a second grad: gradient
 # penalties, Hessian-vector products) must fail loudly, not give zeros (without an autograd kernel it would be
 # treated as a constant).
-def _bwd_setup_context(ctx, inputs, output):
-    pass
+class _BwdFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        return _below_autograd(torch.ops.fa2.bwd.default, keyset, args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("fa2: double backward (a gradient of fa2's gradients: create_graph=True then another "
+                           "grad, gradient penalties, Hessians) is not supported; fa2's backward has no derivative")
 
 
-def _double_backward(ctx, *grads):
-    raise RuntimeError("fa2: double backward (a gradient of fa2's gradients: create_graph=True then another grad, "
-                       "gradient penalties, Hessians) is not supported; fa2's backward has no derivative")
-
-
-torch.library.register_autograd("fa2::bwd", _double_backward, setup_context=_bwd_setup_context)
+_register_autograd(torch.ops.fa2.bwd.default, _BwdFunction)
 
 
 def refuse_unsupported_autodiff(*tensors) -> None:
