@@ -235,6 +235,27 @@ def test_sm90_causal_forward_is_persistent_with_a_tile_counter():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_sm90_tile_counter_forward_with_blocks_that_see_no_key():
+    """Causal with seqlen_q >> seqlen_k (bottom-right: most query blocks see no key) and more blocks than SMs: CTAs
+    whose first block sees no key must still take every later block from the producer's announcement (a race: the
+    consumers once read the announcement slot before it was written). Fresh inputs each round, so that a block left
+    unwritten keeps a wrong value; out / lse bitwise those of one CTA per query block."""
+    if "fwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip("this build has no sm_90a forward for headdim 128")
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    with switch("sm90_schedule", "pingpong-overlap"):
+        for _ in range(8):
+            q = torch.randn(4, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            k, v = (torch.randn(4, 128, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+            names = cuda_kernel_names(lambda: torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0))
+            assert any(n.endswith(", true, true, true, true>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)")
+                       for n in names), names
+            got = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
+            with switch("persistent_forward_ctas", 0):
+                want = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_sm90_schedule_setting():
     """set_sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
     before = fa2._C.sm90_schedule()

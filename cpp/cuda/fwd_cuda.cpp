@@ -76,8 +76,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   params.lse = lse.data_ptr<float>();
   // the persistent sm_90a forward's tile counter (causal / windows), zeroed on the stream
   at::Tensor workspace;
-  if (real_strides && fwd_workspace_ints(params) > 0) {
-    workspace = at::zeros({fwd_workspace_ints(params)}, q.options().dtype(at::kInt));
+  if (const int64_t ints = real_strides ? fwd_workspace_ints(params) : 0; ints > 0) {
+    workspace = at::zeros({ints}, q.options().dtype(at::kInt));
     params.workspace = workspace.data_ptr();
   }
 

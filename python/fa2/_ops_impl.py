@@ -134,6 +134,7 @@ _FWD_DEFAULTS = tuple(a.default_value for a in _FWD._schema.arguments)
 
 
 class _FwdFunction(torch.autograd.Function):
+    # (apply's first input is the dispatch keyset: ctx.needs_input_grad[i + 1] is argument i's; _backward reads none)
     @staticmethod
     def forward(ctx, keyset, *args):
         output = _below_autograd(_FWD, keyset, args)

@@ -730,7 +730,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
       }
       for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
-      if constexpr (kTileCounter) {  // (its announcement counts as a Q load)
+      if constexpr (kTileCounter) {
+        // Its announcement counts as a Q load: waited for here too, because a CTA's first tile is not announced
+        // to the consumers (announced_tile) yet its phase is completed; without this wait, the next tile's wait
+        // for parity 1 would return at once while phase 0 is still open (a parity wait counts the phase before
+        // the current one as complete) and read the slot before the producer wrote it. For an announced tile the
+        // phase has completed already (its next cannot complete before this warp's arrival below).
+        wait_loaded(bar_q, q_loads & 1);
         __syncwarp();
         if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
         ++q_loads;
