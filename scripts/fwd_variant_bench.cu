@@ -6,6 +6,8 @@
 // 4 B H S^2 D / time, backward 2.5x that; the padded keys counted) and a checksum of out (of dq, dk, dv for the
 // backward: variants that must be bitwise equal print the same ones; the backward's dq is summed with atomics, so only
 // close).
+// FA2_KV_HEADS=n: n K/V heads (GQA / MQA: a divisor of the query heads; the backward then writes fp32 dK / dV partials
+// per query head, as the torch glue has it, and the checksums of dk / dv are of those partials).
 // Built with -DFA2_CTA_TRACE=1 it also writes each case's CTA timelines to $FA2_TRACE_OUT: the backward's with
 // FA2_BWD=1, else the forward's (fa2/cta_trace.cuh; summarized by scripts/cta_trace.py).
 #include <cuda_bf16.h>
@@ -105,6 +107,12 @@ int main(int argc, char** argv) {
   }
   constexpr int kHeadDim = FA2_HD;
   const int tokens = 16384, hidden = 2048, nheads = hidden / kHeadDim;
+  const int nheads_k = std::getenv("FA2_KV_HEADS") ? std::atoi(std::getenv("FA2_KV_HEADS")) : nheads;
+  if (nheads_k < 1 || nheads % nheads_k != 0) {
+    std::fprintf(stderr, "FA2_KV_HEADS=%d does not divide the %d query heads\n", nheads_k, nheads);
+    return 1;
+  }
+  const bool gqa = nheads_k != nheads;
   uint32_t rng = 12345u;  // inputs uniform in [-2, 2) from a fast LCG (the host fills 10^8 values for S 16k)
   auto uniform = [&rng] {
     rng = rng * 1664525u + 1013904223u;
@@ -113,12 +121,15 @@ int main(int argc, char** argv) {
   for (int seqlen : seqlens) {
     const int batch = tokens / seqlen;
     const size_t elems = size_t(batch) * seqlen * nheads * kHeadDim;
+    const size_t elems_k = size_t(batch) * seqlen * nheads_k * kHeadDim;  // (K, V)
     std::vector<__nv_bfloat16> host(elems);
     __nv_bfloat16* qkv[3];
-    for (auto& t : qkv) {
+    for (int i = 0; i < 3; ++i) {
+      host.resize(i == 0 ? elems : elems_k);
       for (auto& x : host) x = __float2bfloat16(uniform());
-      t = device_copy(host);
+      qkv[i] = device_copy(host);
     }
+    host.resize(elems);
     __nv_bfloat16* out = nullptr;
     float* lse = nullptr;
     CHECK_CUDA(cudaMalloc(&out, elems * sizeof(__nv_bfloat16)));
@@ -130,10 +141,14 @@ int main(int argc, char** argv) {
     fa2::AttentionParams p;
     p.q = qkv[0], p.k = qkv[1], p.v = qkv[2], p.out = out, p.lse = lse;
     const int64_t row = int64_t(nheads) * kHeadDim, bstride = row * seqlen;
-    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.out_batch_stride = bstride;
-    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.out_row_stride = row;
+    const int64_t row_k = int64_t(nheads_k) * kHeadDim, bstride_k = row_k * seqlen;
+    p.q_batch_stride = p.out_batch_stride = bstride;
+    p.q_row_stride = p.out_row_stride = row;
+    p.k_batch_stride = p.v_batch_stride = bstride_k;
+    p.k_row_stride = p.v_row_stride = row_k;
     p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = kHeadDim;
-    p.batch = batch, p.seqlen_q = p.seqlen_k = seqlen, p.nheads = p.nheads_k = nheads;
+    p.batch = batch, p.seqlen_q = p.seqlen_k = seqlen, p.nheads = nheads, p.nheads_k = nheads_k;
+    p.h_h_k_ratio = nheads / nheads_k;
     p.headdim = p.headdim_rounded = kHeadDim;
     p.scale = 1.f / std::sqrt(float(kHeadDim));
     p.scale_log2 = float(double(p.scale) * 1.4426950408889634);
@@ -173,11 +188,18 @@ int main(int argc, char** argv) {
         const double fwd_flops = 4.0 * batch * nheads * double(seqlen) * seqlen * kHeadDim / (causal ? 2 : 1);
         // one weighted sum per result (the forward's out; the backward's dq, dk, dv): variants that compute the same
         // thing agree to rounding (bitwise-equal ones exactly)
-        auto checksum = [&](const void* result_ptr) {
-          std::vector<__nv_bfloat16> result(elems);
-          CHECK_CUDA(cudaMemcpy(result.data(), result_ptr, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+        // (fp32: GQA's dK / dV partials, elems of them)
+        auto checksum = [&](const void* result_ptr, bool fp32 = false) {
+          std::vector<float> result(elems);
+          if (fp32) {
+            CHECK_CUDA(cudaMemcpy(result.data(), result_ptr, elems * sizeof(float), cudaMemcpyDeviceToHost));
+          } else {
+            std::vector<__nv_bfloat16> bf(elems);
+            CHECK_CUDA(cudaMemcpy(bf.data(), result_ptr, elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < elems; ++i) result[i] = __bfloat162float(bf[i]);
+          }
           double sum = 0;
-          for (size_t i = 0; i < elems; ++i) sum += double(__bfloat162float(result[i])) * double((i % 7) + 1);
+          for (size_t i = 0; i < elems; ++i) sum += double(result[i]) * double((i % 7) + 1);
           return sum;
         };
         auto report = [&](const char* pass, const char* what, const char* e, double flops,
@@ -187,7 +209,8 @@ int main(int argc, char** argv) {
             std::exit(1);
           }
           std::printf("d %d S %5d mask %-6s %s %6.1f TFLOP/s  checksum", kHeadDim, seqlen, mask, pass, flops / 1e12);
-          for (const void* r : results) std::printf(" %.6e", checksum(r));
+          int index = 0;
+          for (const void* r : results) std::printf(" %.6e", checksum(r, gqa && index++ > 0));  // (bwd: dk, dv)
           std::printf("\n");
           std::fflush(stdout);
         };
@@ -234,8 +257,9 @@ int main(int argc, char** argv) {
           __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
           float *softmax_d = nullptr, *dq_accum = nullptr, *row_lse = nullptr, *row_shift = nullptr;
           CHECK_CUDA(cudaMalloc(&dq, elems * sizeof(__nv_bfloat16)));
-          CHECK_CUDA(cudaMalloc(&dk, elems * sizeof(__nv_bfloat16)));
-          CHECK_CUDA(cudaMalloc(&dv, elems * sizeof(__nv_bfloat16)));
+          // (GQA: fp32 partials per query head, the layout of q)
+          CHECK_CUDA(cudaMalloc(&dk, elems * (gqa ? sizeof(float) : sizeof(__nv_bfloat16))));
+          CHECK_CUDA(cudaMalloc(&dv, elems * (gqa ? sizeof(float) : sizeof(__nv_bfloat16))));
           const size_t rows = size_t(batch) * nheads * seqlen;
           CHECK_CUDA(cudaMalloc(&softmax_d, rows * sizeof(float)));
           CHECK_CUDA(cudaMalloc(&dq_accum, rows * kHeadDim * sizeof(float)));
