@@ -74,8 +74,9 @@ want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90
   scripts/sanitizer_check.py --tools racecheck,synccheck
 want_step sanitize-wsov && step sanitize-wsov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap \
   FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools racecheck,synccheck
-want_step sanitize-wsppov && step sanitize-wsppov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
-  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools racecheck,synccheck
+# (pingpong-overlap with the cap: causal / windowed d 128 calls run the tile-counter forward, so memcheck too)
+want_step sanitize-wsppov && step sanitize-wsppov 180 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
+  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck,synccheck
 # the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
 # tests of the ops and the API with it, then memcheck + racecheck
 want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \

@@ -31,6 +31,9 @@ CASES = [
     dict(shape=(1, 400, 700, 2, 1, 64), flags={}),  # d 64: six key tiles (the wide warp-specialized ring wraps)
     # bottom-right causal with seqlen_q > seqlen_k: whole query blocks see no key (the kernels' early exit)
     dict(shape=(1, 300, 20, 2, 2, 64), flags=dict(causal=True)),
+    # the same at d 128: with FA2_PERSISTENT_FWD_CTAS=3 (gpu_validate's persistent sanitizer steps) the tile-counter
+    # forward, CTAs 1 and 2 starting on blocks without keys
+    dict(shape=(2, 600, 100, 2, 2, 128), flags=dict(causal=True)),
     # key-row biases with 16-byte aligned rows: loaded into the K/V stages by the TMA on sm_90a (pipelined at d 64, the
     # warp-specialized defaults at d 128 / 256), the tile that crosses seqlen_k read from global memory
     dict(shape=(2, 130, 400, 2, 2, 64), flags={}, bias=(2, 1, 1, 400)),
