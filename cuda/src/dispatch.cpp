@@ -199,6 +199,14 @@ int device_sm_count() {
   return cached_device_attribute<cudaDevAttrMultiProcessorCount>(&device);
 }
 
+int64_t persistent_forward_grid(int64_t tiles) {
+  int64_t ctas = tiles;
+  const int sms = device_sm_count(), setting = persistent_forward_ctas();
+  if (sms > 0 && sms < ctas) ctas = sms;
+  if (setting > 0 && setting < ctas) ctas = setting;
+  return ctas;
+}
+
 int device_cc_major() {
   int device = 0;
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(&device);

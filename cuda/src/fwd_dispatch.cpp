@@ -23,10 +23,7 @@ int64_t fwd_workspace_ints(const AttentionParams& p) {
   const int64_t block_m = FwdTileConfig<128, /*kWgmma=*/true>::kBlockM;
   static_assert(fwd_persistent_headdim(128), "the persistent headdims' tile");
   const int64_t tiles = (p.seqlen_q + block_m - 1) / block_m * p.nheads * p.batch;
-  const int setting = persistent_forward_ctas();
-  int64_t ctas = device_sm_count();
-  if (setting > 0 && setting < ctas) ctas = setting;
-  return setting != 0 && ctas > 0 && tiles > ctas ? 1 : 0;
+  return persistent_forward_ctas() != 0 && persistent_forward_grid(tiles) < tiles ? 1 : 0;
 }
 
 const char* run_fwd(const AttentionParams& params, cudaStream_t stream) {

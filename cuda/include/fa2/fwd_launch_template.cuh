@@ -175,9 +175,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     const bool equal_blocks = p.window_left < 0 && p.window_right < 0;
     const bool tile_counter = p.workspace != nullptr && launch.tile_counter_kernel != nullptr;
     if (fwd_persistent_headdim(kHeadDim) && (setting > 0 || (setting < 0 && (equal_blocks || tile_counter)))) {
-      const int sms = device_sm_count();
-      if (sms > 0) ctas = ctas < sms ? ctas : sms;
-      if (setting > 0) ctas = ctas < setting ? ctas : setting;
+      ctas = persistent_forward_grid(tiles);
       use_tile_counter = tile_counter && ctas < tiles;
       if (use_tile_counter) launch.kernel = launch.tile_counter_kernel;
     }

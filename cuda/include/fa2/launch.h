@@ -52,6 +52,9 @@ int device_cc_major();
 // and tests; the environment's FA2_PERSISTENT_FWD_CTAS until set.
 void set_persistent_forward_ctas(int ctas);
 int persistent_forward_ctas();
+// The CTAs of a persistent forward grid over `tiles` query blocks: at most one per SM (where CUDA can say) and at
+// most persistent_forward_ctas() when that is > 0 (the launcher and fwd_workspace_ints both size it so).
+int64_t persistent_forward_grid(int64_t tiles);
 // nullptr when batch and nheads fit the grid's y and z dimensions (at most 65535 each), else a message.
 const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads);
 
