@@ -271,6 +271,10 @@ def test_sm90_schedule_setting():
     assert fa2._C.sm90_default_schedule(64) == "pipelined"
     assert fa2._C.sm90_default_schedule(128) in KERNEL_SUFFIX
     assert fa2._C.sm90_key_bias_schedule(128) == "overlap"  # (the tiles a padding mask hides are skipped)
+    # d 256: the overlap schedule, whose two K/V stages need K and V on barriers of their own (the staged-bias kernels
+    # keep one pair: warp-specialized there)
+    assert fa2._C.sm90_default_schedule(256) == "overlap"
+    assert fa2._C.sm90_key_bias_schedule(256) == "ws"
 
 
 @pytest.mark.parametrize("d", [32, 64, 128, 256])

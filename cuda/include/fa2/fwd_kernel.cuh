@@ -534,6 +534,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // the bytes each barrier expects are the bytes its boxes write (a mismatch would hang the wait)
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
+  // kSplitKV: K and V each on a full / empty barrier pair of their own (FA-3's two pipelines), in the overlap
+  // schedules with a two-stage ring (d 256). K is released once Q K^T has completed, V once P V has. With one pair, a
+  // stage stays held until its P V completes, which these schedules issue behind the next tile's Q K^T: with two
+  // stages the producer then had nothing to load ahead (d 256 overlap 0.63-0.78x ping-pong; with the split +6.6..+8.7%
+  // over it, tile_config.h). bar_kv / bar_empty are then K's, bar_v / bar_v_empty V's. Not with a staged bias, which
+  // travels with K/V on one pair (a skipped tile releases both), nor in the persistent kernels (three stages).
+  constexpr bool kSplitKV = kWs && kOverlap && !kStagedBias && kRing == 2;
+  static_assert(!kSplitKV || (!kSkipMaskedTiles && !fwd_persistent_headdim(kHeadDim)), "every tile, one per CTA");
   const uint32_t bar_q = sQ + kSmemTotal - Cfg::kSmemBarrierBytes;
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
   auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
@@ -541,11 +549,23 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // the persistent kernel's next tile, written by the producer before it completes bar_q's phase for that tile
   // (num_tiles: no more tiles); with a tile counter only
   const uint32_t tile_slot = bar_q_empty + 8;
-  static_assert(!kTma || 8 * (2 + 2 * kRing) + 4 <= Cfg::kSmemBarrierBytes, "Q, full and empty mbarriers, a slot");
-  // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp)
+  auto bar_v = [&](int buf) { return tile_slot + 8 + 8 * buf; };                  // kSplitKV: V landed
+  auto bar_v_empty = [&](int buf) { return tile_slot + 8 + 8 * kRing + 8 * buf; };  // kSplitKV: V released
+  static_assert(!kTma || 8 * (3 + (kSplitKV ? 4 : 2) * kRing) <= Cfg::kSmemBarrierBytes,
+                "Q, full and empty mbarriers, a slot (kFwdSmemBarrierBytes)");
+  // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp); with
+  // kSplitKV its K (release_stage) and its V (release_v) separately
   auto release_stage = [&](int buf) {
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf));
+  };
+  auto release_v = [&](int buf) {
+    if constexpr (kSplitKV) {
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(bar_v_empty(buf));
+    } else {
+      release_stage(buf);
+    }
   };
   // the computing threads' wait for a Q / K+V barrier; untimed in a warp-specialized kernel (see
   // sm90::mbarrier_wait_untimed: its producer's waits keep the trap)
@@ -559,6 +579,15 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto tma_q = [&](int m0, int head, int batch) {  // a query block's Q (one thread)
     sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
     sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ, &maps.q, bar_q, m0, head, batch);
+  };
+  // kSplitKV: K, or V, of key tile n into dst on its own barrier (one thread)
+  auto tma_k_or_v = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int n, int head_k, int batch) {
+    sm90::mbarrier_arrive_expect_tx(bar, Cfg::kSmemKVBytes);
+#pragma unroll
+    for (int blk = 0; blk < kColBlocks; ++blk) {
+      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
+    }
   };
   // K and V (and the staged bias) of key tile n into stage buf (one thread)
   auto tma_kv = [&](int n, int buf, int head_k, int batch, int bias_head, int bias_batch) {
@@ -614,6 +643,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         for (int b = 0; b < kRing; ++b) {
           sm90::mbarrier_init(bar_kv(b), 1);
           if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps);  // one arrival per consumer warp
+          if constexpr (kSplitKV) {
+            sm90::mbarrier_init(bar_v(b), 1);
+            sm90::mbarrier_init(bar_v_empty(b), Cfg::kNWarps);
+          }
         }
         sm90::fence_barrier_init();
       }
@@ -655,10 +688,21 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           }
           const int head_k = head / p.h_h_k_ratio;
           const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
+          // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in (Q K^T
+          // of tile n beside P V of tile n + 1); the last tile's V after the loop
+          auto load_v_of = [&](int n, int v_use) {
+            if (v_use >= kRing) sm90::mbarrier_wait(bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
+            tma_k_or_v(&maps.v, sV(v_use % kRing), bar_v(v_use % kRing), n, head_k, batch);
+          };
           for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
             // the stage's previous tile (use - kRing) must have been read by every consumer warp
             if (use >= kRing) sm90::mbarrier_wait(bar_empty(use % kRing), ((use / kRing) - 1) & 1);
-            tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
+            if constexpr (kSplitKV) {
+              tma_k_or_v(&maps.k, sK(use % kRing), bar_kv(use % kRing), n, head_k, batch);
+              if (n != range.hi - 1) load_v_of(n + 1, use - 1);
+            } else {
+              tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
+            }
             if (n == range.hi - 1) {
               // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's
               // first K/V, which need not wait for that
@@ -666,6 +710,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
               tma_q(m_block * kBlockM, head, batch);
             }
           }
+          if constexpr (kSplitKV) load_v_of(range.lo, use - 1);
         }
         if constexpr (kTileCounter) {  // (no more tiles)
           announce(num_tiles);
@@ -808,6 +853,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // kOverlap: whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped
     // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the sm90::wait_hold<0>(acc_o) below).
     bool pv_pending = false;
+    // kSplitKV: V of stage buf (use u) has landed (a tile's use is the previous one's + 1: no tile is skipped there)
+    auto wait_v = [&](int buf, int u) {
+      if constexpr (kSplitKV) wait_loaded(bar_v(buf), (u / kRing) & 1);
+    };
     // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
     // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
     // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
@@ -942,6 +991,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
         const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
         if (kSkipMaskedTiles ? pv_pending : it > 0) {
+          wait_v(buf_prev, use - 1);
           gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
           if (end_turn) pingpong_signal_other(warp >> 2);
           sm90::wait_hold</*kPending=*/1>(acc_s);
@@ -949,6 +999,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           if (end_turn) pingpong_signal_other(warp >> 2);
           sm90::wait_hold<0>(acc_s);
         }
+        if constexpr (kSplitKV) release_stage(buf);  // (K only: Q K^T has completed in this warp)
         // the tile's last Q K^T has completed in this warp (the wait is warp-collective, every lane is past it): Q is
         // free for the next tile's (kEarlyQRelease). Predicated, not branched: a branch here made ptxas peel the
         // last iteration (duplicating the softmax) and move the stage addresses off the uniform datapath (-5% at d 128).
@@ -997,7 +1048,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
         sm90::wait_hold<0>(acc_o);
         sm90::hold_fragments(p_prev);
-        if (kSkipMaskedTiles ? pv_pending : it > 0) release_stage(buf_prev);
+        if (kSkipMaskedTiles ? pv_pending : it > 0) release_v(buf_prev);
         softmax.rescale(acc_o, correction);
 #pragma unroll
         for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc_s[0], kt, p_prev[kt]);
@@ -1029,8 +1080,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
     if constexpr (kOverlap) {  // the last tile's P V (the key range is not empty, but its tiles may all be skipped)
       if (!kSkipMaskedTiles || pv_pending) {
+        wait_v(buf_prev, use0 + (range.hi - range.lo) - 1);
         gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
-        release_stage(buf_prev);
+        release_v(buf_prev);
       }
     }
 

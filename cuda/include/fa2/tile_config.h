@@ -84,6 +84,19 @@ constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
 // O is 0) and add p = 0.
 constexpr FwdTileShape fwd_tile_shape_wgmma_wide(int /*headdim: d <= 64*/) { return FwdTileShape{192, 128, 12, 2}; }
 constexpr bool fwd_wide_warp_specialized(int headdim) { return headdim <= 64; }
+
+// sm_90a with TMA loads: the mbarriers after the tiles: Q, a full and an empty one per K/V stage, Q's empty one, the
+// persistent forward's next-tile slot (fwd_kernel.cuh, tile_slot), and, for a two-stage ring with K and V on
+// barriers of their own (kSplitKV), V's full and empty ones per stage: 8 x (3 + 4 x 2) = 88 bytes.
+constexpr int kFwdSmemBarrierBytes = 96;
+// Stages of the warp-specialized sm_90a forward's K/V ring: three where the shared memory allows, else two. With a
+// producer running ahead, a third stage gives its loads a whole extra iteration (ping-pong releases a stage later
+// than the plain order). d 128: 32 + 3 x (64 + 0.5) KB = 225.5 KB; d 256 (80-key tiles): two.
+constexpr int fwd_ws_stages(FwdTileShape shape, int headdim) {
+  const int q_bytes = shape.block_m * headdim * 2, kv_bytes = shape.block_n * headdim * 2;
+  const int bias_tile_bytes = (shape.block_n * 4 + 127) / 128 * 128;  // (FwdTileConfig::kSmemBiasTileBytes)
+  return q_bytes + 3 * (2 * kv_bytes + bias_tile_bytes) + kFwdSmemBarrierBytes <= 227 * 1024 ? 3 : 2;
+}
 // With a key-row bias (padding masks) the wide kernel is the default at d 64 from this many keys on (the launcher,
 // fwd_launch_template.cuh; d 32 was not measured and keeps the pipelined kernel): it skips whole -inf key tiles, the
 // pipelined kernel cannot (its 128 registers). Measured
@@ -117,31 +130,42 @@ constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
 // S 2k/8k/16k, causal and not; benchmarks/results/attention_h200-20261130-schedules.json), forward TFLOP/s relative to
 // kPipelined: d 64 warp-specialized 0.72-0.80, ping-pong 0.58-0.63, overlap 0.68-0.74 (one 384-thread CTA per SM
 // where the pipelined kernel runs two); d 128 warp-specialized 1.06-1.12, ping-pong 0.87-0.94, overlap 1.12-1.20;
-// d 256 warp-specialized 1.10-1.14, ping-pong 0.85-0.93, overlap 0.65-0.83 (its O, S and P_prev crowd the registers).
+// d 256 warp-specialized 1.10-1.14, ping-pong 0.85-0.93, overlap 0.65-0.83 (two stages starved: see d 256 below).
 // A second run (attention_h200-20261130-schedules2.json, S 2k/16k): d 96 warp-specialized 1.01-1.03, overlap
 // 1.00-1.03 (within the run-to-run noise: d 96 stays pipelined, like d 32); d 192 warp-specialized 1.02-1.13,
 // overlap 1.02-1.11.
 // d 128, both (kPingpongOverlap) against overlap alone (2026-11-30, bf16, non-causal, scripts/fwd_variant_bench.cu,
 // ABAB, two rounds agree within 1.5%): 1.03 / 1.02 / 1.02 / 1.01 at S 1k / 2k / 4k / 16k; with torch's benchmark
-// (attention_h200-20261130-ppov.json, causal and not, 1k-16k) 0.97-1.05, mostly ahead. At d 256 it is 0.67x the
-// warp-specialized kernel (O, S and P_prev of 64 x 256 rows do not fit beside each other).
+// (attention_h200-20261130-ppov.json, causal and not, 1k-16k) 0.97-1.05, mostly ahead. (At d 256 it was 0.67x the
+// warp-specialized kernel then: two stages starved, below.)
 // d 256 with 80-key tiles (fwd_tile_shape_wgmma) and ping-pong, against the warp-specialized kernel with 64-key tiles
 // (H200, bf16, scripts/fwd_variant_bench.cu, 2 rounds, variants_h200-20261130-d256-80keys.json): +1.0 / +2.9 / +3.5 /
 // +6.3% at S 1k / 2k / 4k / 16k non-causal, -1.7 / +1.8 / +2.3 / +4.2% causal; ping-pong over warp-specialized with
 // 80-key tiles +0.6 / +3.2 / +3.4% at S 1k / 4k / 16k (causal +1.2 / +2.3 / +2.3%).
+// d 256 (two K/V stages) with K and V on barriers of their own (fwd_kernel.cuh, kSplitKV; before, the overlap
+// schedules held a stage until its P V, issued behind the next tile's Q K^T, completed, so the producer had nothing
+// to load ahead: overlap 0.63-0.78x ping-pong), against ping-pong (H200, bf16, scripts/fwd_variant_bench.cu, 2 rounds,
+// variants_h200-20261201-fwd-d256-split-kv.json): overlap +6.6 / +8.7 / +8.0 / +7.8% at S 1k / 2k / 4k / 16k
+// non-causal (742 TFLOP/s at 16k), +4.0 / +5.9 / +7.5 / +8.5% causal; ping-pong-overlap +6.9 / +9.6 / +6.5 / +5.3%,
+// causal +5.8 / +6.2 / +6.9 / +9.3%.
 constexpr Sm90Schedule sm90_default_schedule(int headdim) {
   return headdim <= 96    ? Sm90Schedule::kPipelined
          : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
          : headdim <= 192 ? Sm90Schedule::kWarpSpecialized
-                          : Sm90Schedule::kPingpong;
+                          : Sm90Schedule::kOverlap;
 }
 // The schedule of the warp-specialized key-row bias kernel (padding masks; fwd_launch_template.cuh) where the
 // default one is warp-specialized: the default without ping-pong, whose warpgroups' turns count key tiles, so that
-// all -inf key tiles can be skipped (fwd_kernel.cuh, kSkipMaskedTiles).
+// all -inf key tiles can be skipped (fwd_kernel.cuh, kSkipMaskedTiles); and without the overlap where the ring has
+// two stages: the staged-bias kernels keep K, V and the bias tile on one barrier pair (a skipped tile releases all
+// three), which two stages starve under the overlap schedules (see kSplitKV).
 constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
-  return sm90_default_schedule(headdim) == Sm90Schedule::kPingpongOverlap ? Sm90Schedule::kOverlap
-         : sm90_default_schedule(headdim) == Sm90Schedule::kPingpong      ? Sm90Schedule::kWarpSpecialized
-                                                                          : sm90_default_schedule(headdim);
+  const Sm90Schedule schedule = sm90_default_schedule(headdim);
+  const bool two_stages = fwd_ws_stages(fwd_tile_shape_wgmma(headdim), headdim) == 2;
+  return schedule == Sm90Schedule::kPingpong || (sm90_schedule_overlap(schedule) && two_stages)
+             ? Sm90Schedule::kWarpSpecialized
+         : schedule == Sm90Schedule::kPingpongOverlap ? Sm90Schedule::kOverlap
+                                                      : schedule;
 }
 
 // Whether the warp-specialized forward runs persistent by default (fwd_kernel.cuh; without a causal mask or window:
@@ -188,9 +212,8 @@ struct FwdTileConfig {
 
   static constexpr int kSmemQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kSmemKVBytes = kBlockN * kHeadDim * 2;  // one K (or V) tile
-  // sm_90a with TMA loads: mbarriers for Q and each K/V stage, after the tiles
-  // (and, after them, the persistent warp-specialized forward's next-tile slot: fwd_kernel.cuh, tile_slot)
-  static constexpr int kSmemBarrierBytes = kWgmma ? 72 : 0;
+  // sm_90a with TMA loads: the mbarriers (and the next-tile slot) after the tiles (kFwdSmemBarrierBytes)
+  static constexpr int kSmemBarrierBytes = kWgmma ? kFwdSmemBarrierBytes : 0;
   // sm_90a: a key-row bias (padding masks) travels with its K/V stage, one key tile of it (<= 4-byte elements), so
   // that the products never wait on a global load of it (fwd_kernel.cuh, kStagedBias)
   // (rounded up to 128 bytes: each stage's bias tile is a TMA destination, which the hardware wants 128-byte aligned;
@@ -200,11 +223,8 @@ struct FwdTileConfig {
   static constexpr int kSmemBiasFoldedBytes = kSmemBiasTileBytes;
   static constexpr int kSmemBytes =
       kSmemQBytes + kStages * (2 * kSmemKVBytes + kSmemBiasTileBytes + kSmemBiasFoldedBytes) + kSmemBarrierBytes;
-  // The warp-specialized sm_90a kernel (fwd_kernel.cuh) keeps a deeper K/V ring where the shared memory allows: with
-  // a producer running ahead, a third stage gives its loads a whole extra iteration (ping-pong releases a stage later
-  // than the plain order). d 128: 32 + 3 x (64 + 0.5) KB = 225.5 KB.
-  static constexpr int kWsStages =
-      kWgmma && kSmemQBytes + 3 * (2 * kSmemKVBytes + kSmemBiasTileBytes) + kSmemBarrierBytes <= 227 * 1024 ? 3 : 2;
+  // The warp-specialized sm_90a kernel's (fwd_kernel.cuh) K/V ring (fwd_ws_stages)
+  static constexpr int kWsStages = kWgmma ? fwd_ws_stages(kShape, kHeadDim) : 2;
   static constexpr int kSmemBytesWs = kSmemQBytes + kWsStages * (2 * kSmemKVBytes + kSmemBiasTileBytes) +
                                       kSmemBarrierBytes;
 
