@@ -102,7 +102,11 @@ def _schedule_calls(dtype):
     extra = [((1, 300, 1100, 2, 1, 128), {}), ((1, 300, 1100, 2, 1, 128), {"causal": True}),
              ((2, 260, 700, 4, 2, 96), {}), ((1, 500, 900, 2, 2, 32), {"window_left": 300, "window_right": 0}),
              ((1, 300, 20, 2, 2, 64), {"causal": True}),  # bottom-right causal: rows 0..279 see no key
-             ((1, 200, 700, 2, 1, 256), {}), ((1, 150, 500, 2, 2, 192), {"causal": True})]
+             ((1, 200, 700, 2, 1, 256), {}), ((1, 150, 500, 2, 2, 192), {"causal": True}),
+             # d 256 (two stages; K and V on barriers of their own in the overlap schedules): exactly two key tiles,
+             # causal with query blocks that see no key, a window over several tiles
+             ((1, 130, 160, 2, 1, 256), {}), ((1, 300, 160, 2, 1, 256), {"causal": True}),
+             ((1, 200, 900, 2, 2, 256), {"window_left": 250, "window_right": 0})]
     for kind, sk, misaligned in [("same", 1024, False), ("fp32", 1100, False), ("bool", 640, False),
                                  ("same", 640, True)]:
         for d, causal in [(128, False), (128, True), (256, False), (192, True), (64, False), (64, True)]:
@@ -576,3 +580,4 @@ def test_sm90_forward_at_key_tile_edges_follows_the_rule(d):
                 ref_hi = attention_ref(q.float(), k.float(), v.float(), up, **kw)
                 ref_naive = attention_ref(q, k, v, bias, upcast=False, **kw)
                 assert_close_rule(f"d {d} sq {sq} sk {sk} {mask}", out, ref_hi, ref_naive, factor=2)
+

@@ -541,7 +541,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // over it, tile_config.h). bar_kv / bar_empty are then K's, bar_v / bar_v_empty V's. Not with a staged bias, which
   // travels with K/V on one pair (a skipped tile releases both), nor in the persistent kernels (three stages).
   constexpr bool kSplitKV = kWs && kOverlap && !kStagedBias && kRing == 2;
-  static_assert(!kSplitKV || (!kSkipMaskedTiles && !fwd_persistent_headdim(kHeadDim)), "every tile, one per CTA");
   const uint32_t bar_q = sQ + kSmemTotal - Cfg::kSmemBarrierBytes;
   auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
   auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
@@ -616,6 +615,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   constexpr bool kPersistent = kWs && fwd_persistent_headdim(kHeadDim);
   static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
+  // (kSplitKV: written and run for one tile per CTA, the d 256 kernels'; its use counts carry over as bar_kv's do)
+  static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
   const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
   const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;
   auto tile_at = [&](int t, int& m_block, int& head, int& batch) {
@@ -688,8 +689,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           }
           const int head_k = head / p.h_h_k_ratio;
           const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-          // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in (Q K^T
-          // of tile n beside P V of tile n + 1); the last tile's V after the loop
+          // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in
+          // (Q K^T of tile n beside P V of tile n + 1); the last tile's V after the loop
           auto load_v_of = [&](int n, int v_use) {
             if (v_use >= kRing) sm90::mbarrier_wait(bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
             tma_k_or_v(&maps.v, sV(v_use % kRing), bar_v(v_use % kRing), n, head_k, batch);

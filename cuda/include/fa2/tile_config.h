@@ -88,14 +88,17 @@ constexpr bool fwd_wide_warp_specialized(int headdim) { return headdim <= 64; }
 // sm_90a with TMA loads: the mbarriers after the tiles: Q, a full and an empty one per K/V stage, Q's empty one, the
 // persistent forward's next-tile slot (fwd_kernel.cuh, tile_slot), and, for a two-stage ring with K and V on
 // barriers of their own (kSplitKV), V's full and empty ones per stage: 8 x (3 + 4 x 2) = 88 bytes.
-constexpr int kFwdSmemBarrierBytes = 96;
+constexpr int kFwdSmemBarrierBytes = 88;
+// A stage's key tile of a key-row bias (<= 4-byte elements), rounded up to 128 bytes: each is a TMA destination,
+// which the hardware wants 128-byte aligned (80-key tiles: 320 -> 384). See FwdTileConfig::kSmemBiasTileBytes.
+constexpr int fwd_bias_tile_bytes(int block_n) { return (block_n * 4 + 127) / 128 * 128; }
 // Stages of the warp-specialized sm_90a forward's K/V ring: three where the shared memory allows, else two. With a
 // producer running ahead, a third stage gives its loads a whole extra iteration (ping-pong releases a stage later
 // than the plain order). d 128: 32 + 3 x (64 + 0.5) KB = 225.5 KB; d 256 (80-key tiles): two.
 constexpr int fwd_ws_stages(FwdTileShape shape, int headdim) {
   const int q_bytes = shape.block_m * headdim * 2, kv_bytes = shape.block_n * headdim * 2;
-  const int bias_tile_bytes = (shape.block_n * 4 + 127) / 128 * 128;  // (FwdTileConfig::kSmemBiasTileBytes)
-  return q_bytes + 3 * (2 * kv_bytes + bias_tile_bytes) + kFwdSmemBarrierBytes <= 227 * 1024 ? 3 : 2;
+  return q_bytes + 3 * (2 * kv_bytes + fwd_bias_tile_bytes(shape.block_n)) + kFwdSmemBarrierBytes <= 227 * 1024 ? 3
+                                                                                                             : 2;
 }
 // With a key-row bias (padding masks) the wide kernel is the default at d 64 from this many keys on (the launcher,
 // fwd_launch_template.cuh; d 32 was not measured and keeps the pipelined kernel): it skips whole -inf key tiles, the
@@ -215,10 +218,8 @@ struct FwdTileConfig {
   // sm_90a with TMA loads: the mbarriers (and the next-tile slot) after the tiles (kFwdSmemBarrierBytes)
   static constexpr int kSmemBarrierBytes = kWgmma ? kFwdSmemBarrierBytes : 0;
   // sm_90a: a key-row bias (padding masks) travels with its K/V stage, one key tile of it (<= 4-byte elements), so
-  // that the products never wait on a global load of it (fwd_kernel.cuh, kStagedBias)
-  // (rounded up to 128 bytes: each stage's bias tile is a TMA destination, which the hardware wants 128-byte aligned;
-  // 80-key tiles: 320 -> 384)
-  static constexpr int kSmemBiasTileBytes = kWgmma ? (kBlockN * 4 + 127) / 128 * 128 : 0;
+  // that the products never wait on a global load of it (fwd_kernel.cuh, kStagedBias; fwd_bias_tile_bytes)
+  static constexpr int kSmemBiasTileBytes = kWgmma ? fwd_bias_tile_bytes(kBlockN) : 0;
   // the pipelined kernel also keeps each stage's bias tile folded to fp32 once for the CTA (fwd_kernel.cuh)
   static constexpr int kSmemBiasFoldedBytes = kSmemBiasTileBytes;
   static constexpr int kSmemBytes =
