@@ -580,4 +580,3 @@ def test_sm90_forward_at_key_tile_edges_follows_the_rule(d):
                 ref_hi = attention_ref(q.float(), k.float(), v.float(), up, **kw)
                 ref_naive = attention_ref(q, k, v, bias, upcast=False, **kw)
                 assert_close_rule(f"d {d} sq {sq} sk {sk} {mask}", out, ref_hi, ref_naive, factor=2)
-

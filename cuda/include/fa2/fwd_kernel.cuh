@@ -554,18 +554,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                 "Q, full and empty mbarriers, a slot (kFwdSmemBarrierBytes)");
   // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp); with
   // kSplitKV its K (release_stage) and its V (release_v) separately
-  auto release_stage = [&](int buf) {
+  auto release = [&](uint32_t bar) {
     __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar_empty(buf));
+    if (lane == 0) sm90::mbarrier_arrive(bar);
   };
-  auto release_v = [&](int buf) {
-    if constexpr (kSplitKV) {
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(bar_v_empty(buf));
-    } else {
-      release_stage(buf);
-    }
-  };
+  auto release_stage = [&](int buf) { release(bar_empty(buf)); };
+  auto release_v = [&](int buf) { release(kSplitKV ? bar_v_empty(buf) : bar_empty(buf)); };
   // the computing threads' wait for a Q / K+V barrier; untimed in a warp-specialized kernel (see
   // sm90::mbarrier_wait_untimed: its producer's waits keep the trap)
   auto wait_loaded = [&](uint32_t bar, uint32_t phase) {

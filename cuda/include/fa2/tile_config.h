@@ -97,8 +97,8 @@ constexpr int fwd_bias_tile_bytes(int block_n) { return (block_n * 4 + 127) / 12
 // than the plain order). d 128: 32 + 3 x (64 + 0.5) KB = 225.5 KB; d 256 (80-key tiles): two.
 constexpr int fwd_ws_stages(FwdTileShape shape, int headdim) {
   const int q_bytes = shape.block_m * headdim * 2, kv_bytes = shape.block_n * headdim * 2;
-  return q_bytes + 3 * (2 * kv_bytes + fwd_bias_tile_bytes(shape.block_n)) + kFwdSmemBarrierBytes <= 227 * 1024 ? 3
-                                                                                                             : 2;
+  const int three_stages = q_bytes + 3 * (2 * kv_bytes + fwd_bias_tile_bytes(shape.block_n)) + kFwdSmemBarrierBytes;
+  return three_stages <= 227 * 1024 ? 3 : 2;
 }
 // With a key-row bias (padding masks) the wide kernel is the default at d 64 from this many keys on (the launcher,
 // fwd_launch_template.cuh; d 32 was not measured and keeps the pipelined kernel): it skips whole -inf key tiles, the
