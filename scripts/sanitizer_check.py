@@ -28,6 +28,7 @@ CASES = [
     # plain, many key tiles (the sm_90a stage ring wraps: the warp-specialized producer waits on released stages)
     dict(shape=(1, 300, 1100, 2, 1, 128), flags={}),
     dict(shape=(1, 130, 700, 2, 1, 256), flags={}),  # d 256: two stages, 80-key tiles (K, V split: overlap)
+    dict(shape=(1, 130, 700, 2, 1, 192), flags=dict(causal=True)),  # d 192: the same with 96-key tiles
     dict(shape=(1, 400, 700, 2, 1, 64), flags={}),  # d 64: six key tiles (the wide warp-specialized ring wraps)
     # bottom-right causal with seqlen_q > seqlen_k: whole query blocks see no key (the kernels' early exit)
     dict(shape=(1, 300, 20, 2, 2, 64), flags=dict(causal=True)),
@@ -44,6 +45,7 @@ CASES = [
     dict(shape=(2, 130, 656, 2, 2, 64), flags={}, padding=True),
     dict(shape=(2, 100, 656, 2, 2, 128), flags={}, padding=True),
     dict(shape=(2, 90, 656, 2, 1, 256), flags=dict(causal=True), padding=True),
+    dict(shape=(2, 90, 656, 2, 1, 192), flags={}, padding=True),
     # the warp-specialized backward (sm_90a, d 64 / 128 / 256; the plain cases and padding masks above run it too): a
     # window, GQA, query tails (odd seqlen_q: the row statistics' boxes start below the block)
     dict(shape=(2, 68, 130, 4, 2, 128), flags=dict(window_left=16, window_right=3)),

@@ -275,10 +275,11 @@ def test_sm90_schedule_setting():
     assert fa2._C.sm90_default_schedule(64) == "pipelined"
     assert fa2._C.sm90_default_schedule(128) in KERNEL_SUFFIX
     assert fa2._C.sm90_key_bias_schedule(128) == "overlap"  # (the tiles a padding mask hides are skipped)
-    # d 256: the overlap schedule, whose two K/V stages need K and V on barriers of their own (the staged-bias kernels
-    # keep one pair: warp-specialized there)
-    assert fa2._C.sm90_default_schedule(256) == "overlap"
-    assert fa2._C.sm90_key_bias_schedule(256) == "ws"
+    # d 192 (96-key tiles) and 256 (80-key tiles): the overlap schedule, whose two K/V stages need K and V on barriers
+    # of their own (the staged-bias kernels keep one pair: warp-specialized there)
+    for d in (192, 256):
+        assert fa2._C.sm90_default_schedule(d) == "overlap", d
+        assert fa2._C.sm90_key_bias_schedule(d) == "ws", d
 
 
 @pytest.mark.parametrize("d", [32, 64, 128, 256])
@@ -557,14 +558,15 @@ def test_padding_tiles_heavy_rows_stay_heavy_on_later_tiles(d):
     assert_close_rule(f"out d {d}", out, ref_hi, ref_lo, 2)
 
 
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [128, 192, 256])
 def test_sm90_forward_at_key_tile_edges_follows_the_rule(d):
-    """Key counts around the forward's key tile (128 keys at d 128, 80 at d 256: tile_config.h) and its multiples, with
-    few and many queries, plain, causal (bottom-right), a window and a padding mask whose rows end mid-tile: out within
-    the rule against the fp32 reference, every schedule's default kernel (no tile is assumed a power of two)."""
+    """Key counts around the forward's key tile (128 keys at d 128, 96 at d 192, 80 at d 256: tile_config.h) and its
+    multiples, with few and many queries, plain, causal (bottom-right), a window and a padding mask whose rows end
+    mid-tile: out within the rule against the fp32 reference, every schedule's default kernel (no tile is assumed a
+    power of two)."""
     g = torch.Generator(device="cuda").manual_seed(5)
     dtype = torch.bfloat16
-    tile = 128 if d == 128 else 80
+    tile = {128: 128, 192: 96, 256: 80}[d]
     for sk in (1, tile - 1, tile, tile + 1, 2 * tile + 1, 3 * tile - 1):
         for sq in (1, 77, 130):
             q, k, v = make_qkv(2, sq, sk, 2, 1, d, dtype=dtype, device="cuda", generator=g)

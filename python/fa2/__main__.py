@@ -45,7 +45,7 @@ def main() -> int:
                 else:
                     paths.append(f"cuda:{i} sm80-instruction kernels (fp16/bf16)")
             rows.append(("sm_90a forward schedule", f"{schedule} (FA2_SM90_SCHEDULE; auto: "
-                         + ", ".join(f"d{d} {_C.sm90_default_schedule(d)}" for d in (64, 128, 256)) + ")"))
+                         + ", ".join(f"d{d} {_C.sm90_default_schedule(d)}" for d in (64, 128, 192, 256)) + ")"))
             rows.append(("padding-mask backward", ("key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)"
                                                    if _C.key_bias_backward()
                                                    else "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)")))

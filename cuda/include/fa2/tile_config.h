@@ -63,13 +63,17 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // d > 192: 80-key tiles (FlashAttention-3's d 256 tile): the per-tile work that does not grow with the keys (row max
 // reductions, waits, the turn hand-over) spread over 25% more keys; S (40), P and O (128) of 64 rows still fit a
 // consumer's 240 registers under ping-pong (0 spills; the overlap schedules, which keep P_prev too, spill 12-16 B), and
-// two stages fit: 64 + 2 x 80 KB + bias and barriers = 225 KB. d 192 keeps 64 keys (80 x 192 b16 does not split
-// evenly into the pipelined kernel's 16-byte cp.async over 256 threads), and so does d 256 in a build whose sm_90a
-// kernels load with cp.async (FA2_SM90_TMA=0: passes of 32 rows, which 80 is not a multiple of).
+// two stages fit: 64 + 2 x 80 KB + bias and barriers = 225 KB. d 256 keeps 64 keys in a build whose sm_90a kernels
+// load with cp.async (FA2_SM90_TMA=0: passes of 32 rows, which 80 is not a multiple of).
+// d 192: 96-key tiles (two stages: 48 + 2 x 72 KB + bias and barriers = 193 KB; 96 rows split into the cp.async
+// passes) under the overlap schedule, against 64-key tiles warp-specialized (H200, bf16, scripts/fwd_variant_bench.cu,
+// 2 rounds, variants_h200-20261201-fwd-d192-96keys-2.json): +4.2 / +5.8 / +7.4 / +9.6% at S 1k / 2k / 4k / 16k
+// non-causal (683 TFLOP/s at 16k), +2.1 / +8.5 / +9.0 / +12.7% causal; with a padding bias (warp-specialized, see
+// sm90_key_bias_schedule) +4.8 / +3.7 / +5.6 / +9.2%, causal +0.8..+5.7%. 0 spills.
 constexpr int kFwdWgmmaKeysD256 = FA2_SM90_TMA ? 80 : 64;
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2}
-         : headdim <= 192 ? FwdTileShape{128, 64, 8, 2}
+         : headdim <= 192 ? FwdTileShape{128, 96, 8, 2}
                           : FwdTileShape{128, kFwdWgmmaKeysD256, 8, 2};
 }
 
@@ -154,7 +158,6 @@ constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
 constexpr Sm90Schedule sm90_default_schedule(int headdim) {
   return headdim <= 96    ? Sm90Schedule::kPipelined
          : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
-         : headdim <= 192 ? Sm90Schedule::kWarpSpecialized
                           : Sm90Schedule::kOverlap;
 }
 // The schedule of the warp-specialized key-row bias kernel (padding masks; fwd_launch_template.cuh) where the
