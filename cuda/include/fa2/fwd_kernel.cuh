@@ -140,6 +140,23 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
   }
 }
 
+// The same with Q from registers (q[k16]: the warp's A fragment of dims 16 k16 .. 16 k16 + 15, by ldmatrix once per
+// query block): only K is read from shared memory. Issued only (kWait = false above); q is never written.
+template <typename T, typename KTile, int kNTiles, int kHeadDim>
+__device__ __forceinline__ void gemm_qk_wgmma_rs(float (&acc_s)[1][kNTiles][4], uint32_t (&q)[kHeadDim / 16][4],
+                                                 uint32_t s_k) {
+  using KDesc = sm90::TileDescriptors<KTile>;
+  float(&d)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
+  sm90::hold_registers(d);
+  sm90::hold_fragments(q);
+  sm90::fence();
+#pragma unroll
+  for (int k16 = 0; k16 < kHeadDim / 16; ++k16) {
+    sm90::Wgmma<T, kNTiles * 8>::template rs<0>(d, q[k16], KDesc::k_major(s_k, 0, k16), 1);
+  }
+  sm90::commit_group();
+}
+
 // acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (ptx::pack_k16), V (keys x d) as
 // an N-major B operand from shared memory.
 // The same from P already packed (a[kt]: keys 16 kt .. 16 kt + 15). kWait = false: only issued; the caller waits
@@ -732,7 +749,17 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // and the epilogue before the key loop of the next tile needs the new Q: released there, its load (about a
   // microsecond) runs behind them instead of in front of the next tile's first product. Not in the kernels that skip
   // masked key tiles (the last tile may be one of them: they release Q after the loop).
-  constexpr bool kEarlyQRelease = kPersistent && kOverlap && !kSkipMaskedTiles;
+  // The persistent d 128 overlap kernels without a staged bias hold Q in registers instead (kQInRegisters: 32 a
+  // thread, ldmatrix'd once per query block, Q K^T then a register-A wgmma): Q is released as soon as it is loaded,
+  // and Q K^T reads only K from shared memory (with both operands from there an m64n128k16 reads 6 KB in its ~64
+  // cycles, by our count, beside the TMA's K/V writes; not measured directly). Against Q K^T from shared memory (H200,
+  // bf16, scripts/fwd_variant_bench.cu, 2 rounds, bitwise-equal outputs, variants_h200-20261201-fwd-q-registers.json):
+  // +0.5 / +1.4 / +0.9 / +1.6% at S 2k / 4k / 8k / 16k non-causal (-1.4% at 1k), causal +1.3..+2.0%. (ptxas: 8 B
+  // spilled, reloaded once per tile in the epilogue.) With the P V wait below, against d2e0cc8
+  // (variants_h200-20261201-fwd-pv-wait-q-registers.json): +1.0 / +1.8 / +2.6 / +1.9% at S 2k / 4k / 8k / 16k
+  // (-0.4% at 1k), causal +0.7 / +1.2 / +1.2 / +2.6 / +3.3% at S 1k..16k.
+  constexpr bool kQInRegisters = kPersistent && kOverlap && !kStagedBias;
+  constexpr bool kEarlyQRelease = kPersistent && kOverlap && !kSkipMaskedTiles && !kQInRegisters;
   // A CTA that may run a next tile: its consumers release Q after each tile's last Q K^T or key loop (the producer's
   // next Q, or announcement, waits for that) and store O from the registers. With the tile counter they learn each
   // next tile from the producer's announcement (its loop), its Q landed with it. (A kernel template of its own: as a
@@ -857,6 +884,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
     // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
     bool heavy_rows_possible = !kStagedBias || kWs;
+    uint32_t q_frag[kHeadDim / 16][4];  // kQInRegisters: this warp's 16 rows of Q, as the A fragments of Q K^T
+    if constexpr (kQInRegisters) {
+      wait_loaded(bar_q, q_loads & 1);
+#pragma unroll
+      for (int kt = 0; kt < kHeadDim / 16; ++kt) ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
+      // (the arrive orders the warp's loads before it; the next Q's TMA waits for every warp's)
+      if (more_tiles) release(bar_q_empty);
+    }
     for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
       const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
       FA2_CTA_MARK(trace_base + 1 + it, trace_base >= 0 && it < kTraceIters);
@@ -888,7 +923,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
       //    warp is done with the buffers about to be refilled
       if constexpr (kTma) {
-        if (it == 0) wait_loaded(bar_q, q_loads & 1);
+        if (!kQInRegisters && it == 0) wait_loaded(bar_q, q_loads & 1);
         wait_loaded(bar_kv(buf), (use / kRing) & 1);
         // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
         // read (KeyTileKind). Padding masks are mostly such tiles.
@@ -983,7 +1018,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // opening once both are issued (warpgroup 1's last turn opens none: the after-loop P V takes no turn, and
         // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
         if constexpr (kPingpong) pingpong_wait(warp >> 2);
-        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
+        if constexpr (kQInRegisters) {
+          gemm_qk_wgmma_rs<T, KVTile, kNTiles, kHeadDim>(acc_s, q_frag, sK(buf));
+        } else {
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
+        }
         const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
         if (kSkipMaskedTiles ? pv_pending : it > 0) {
           wait_v(buf_prev, use - 1);
@@ -1040,11 +1079,34 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         softmax.template update_scores<kHeavyRows>(acc_s, mult, heavy_s, correction);
         // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. The wait is not
         // under `it > 0` (nothing is pending in the first iteration): split from the issue's condition, ptxas saw a
-        // path where O is rescaled with P V in flight and serialized every wgmma (C7515)
-        sm90::wait_hold<0>(acc_o);
-        sm90::hold_fragments(p_prev);
-        if (kSkipMaskedTiles ? pv_pending : it > 0) release_v(buf_prev);
-        softmax.rescale(acc_o, correction);
+        // path where O is rescaled with P V in flight and serialized every wgmma (C7515). It goes in a basic block of
+        // its own, behind a branch that every warp of the warpgroup takes alike (wait_group is .aligned): ptxas
+        // schedules a wait_group early in its block (it depends on no register), and written after the softmax, in
+        // the softmax's block, it ran ahead of it, so that the softmax waited for the P V it was meant to overlap
+        // (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the first MUFU.EX2 in every overlap kernel's SASS). O is rescaled
+        // inside each arm: after the join, ptxas took the rescale for a write to the accumulators of a wgmma in
+        // flight and serialized every wgmma (C7515). Against d2e0cc8 (H200, bf16, scripts/fwd_variant_bench.cu, 2
+        // rounds, bitwise-equal outputs, variants_h200-20261201-fwd-pv-wait-q-registers.json, d 128 with
+        // kQInRegisters too): d 192 +3.7 / +5.0 / +4.7% at S 1k / 4k / 16k (causal +1.3 / +2.2 / +2.4%), d 256 +1.3 /
+        // +0.0 / +1.6% (causal +0.1..+0.5%). A first version branched on the rescale's per-warp vote (warps of one
+        // warpgroup then reached different wait_group instructions: synccheck's "mismatching warpgroup instruction
+        // pc") and measured alike (variants_h200-20261201-fwd-pv-wait.json); there the staged-bias kernel (padding
+        // masks: overlap without ping-pong at d 128) ran +0.1..-1.6% (causal -0.6..-2.9%), so it keeps the wait
+        // where ptxas puts it.
+        auto o_free_rescale = [&](bool release_prev) {
+          sm90::wait_hold<0>(acc_o);
+          sm90::hold_fragments(p_prev);
+          if (release_prev) release_v(buf_prev);
+          softmax.rescale(acc_o, correction);
+        };
+        const bool prev_pending = kSkipMaskedTiles ? pv_pending : it > 0;  // (the same in every warp)
+        if (kStagedBias) {
+          o_free_rescale(prev_pending);  // (one block: the wait where ptxas puts it)
+        } else if (prev_pending) {
+          o_free_rescale(true);
+        } else {
+          o_free_rescale(false);
+        }
 #pragma unroll
         for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc_s[0], kt, p_prev[kt]);
         buf_prev = buf;
@@ -1116,12 +1178,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // give each lane whole n8 tiles, stored 16 bytes at a time: a quarter of the store instructions, which had
       // stalled the warps on the LSU queue for ~2.4k cycles a tile (H200 trace, d 128). Against 4-byte stores (H200,
       // d 128, harness, variants_h200-20261201-fwd-tile-counter-o16.json): +5.5 / +2.6 / +2.4 / +2.5 / +3.8% at S 1k /
-      // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kEarlyQRelease Q is released once
+      // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kEarlyQRelease or kQInRegisters Q is released once
       // the key loop is done: the next tile's Q loads behind the last P V and these stores.
-      if constexpr (!kEarlyQRelease) {
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
-      }
+      if constexpr (!kEarlyQRelease && !kQInRegisters) release(bar_q_empty);
       static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
       store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
 #pragma unroll
