@@ -275,10 +275,10 @@ def test_sm90_schedule_setting():
     assert fa2._C.sm90_default_schedule(64) == "pipelined"
     assert fa2._C.sm90_default_schedule(128) in KERNEL_SUFFIX
     assert fa2._C.sm90_key_bias_schedule(128) == "overlap"  # (the tiles a padding mask hides are skipped)
-    # d 192 (96-key tiles) and 256 (80-key tiles): the overlap schedule, whose two K/V stages need K and V on barriers
-    # of their own (the staged-bias kernels keep one pair: warp-specialized there)
-    for d in (192, 256):
-        assert fa2._C.sm90_default_schedule(d) == "overlap", d
+    # d 192 (96-key tiles) and 256 (80-key tiles): the overlap schedules (d 256 with ping-pong), whose two K/V stages
+    # need K and V on barriers of their own (the staged-bias kernels keep one pair: warp-specialized there)
+    for d, schedule in ((192, "overlap"), (256, "pingpong-overlap")):
+        assert fa2._C.sm90_default_schedule(d) == schedule, d
         assert fa2._C.sm90_key_bias_schedule(d) == "ws", d
 
 

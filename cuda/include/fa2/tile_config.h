@@ -155,10 +155,16 @@ constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
 // variants_h200-20261201-fwd-d256-split-kv.json): overlap +6.6 / +8.7 / +8.0 / +7.8% at S 1k / 2k / 4k / 16k
 // non-causal (742 TFLOP/s at 16k), +4.0 / +5.9 / +7.5 / +8.5% causal; ping-pong-overlap +6.9 / +9.6 / +6.5 / +5.3%,
 // causal +5.8 / +6.2 / +6.9 / +9.3%.
+// With the previous P V's wait behind the softmax (fwd_kernel.cuh, d9f28b3), the same forced in one binary (H200,
+// bf16, scripts/fwd_variant_bench.cu, 2 rounds, variants_h200-20261201-fwd-schedules-after-pv-wait.json):
+// d 256 ping-pong-overlap over overlap +1.4 / +1.8 / +0.1% at S 1k / 4k / 16k (causal +1.0 / +0.6 / +0.2%), so d 256
+// takes it; d 192 +1.3 / +0.5 / -1.9% (causal +2.4 / +0.6 / -0.2%) keeps overlap; d 128 overlap over
+// ping-pong-overlap +1.2 / +0.5 / +0.3% at S 2k / 4k / 16k but -9.3 / -5.9 / -2.7% causal, plain ping-pong -8..-12%.
 constexpr Sm90Schedule sm90_default_schedule(int headdim) {
   return headdim <= 96    ? Sm90Schedule::kPipelined
          : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
-                          : Sm90Schedule::kOverlap;
+         : headdim <= 192 ? Sm90Schedule::kOverlap
+                          : Sm90Schedule::kPingpongOverlap;
 }
 // The schedule of the warp-specialized key-row bias kernel (padding masks; fwd_launch_template.cuh) where the
 // default one is warp-specialized: the default without ping-pong, whose warpgroups' turns count key tiles, so that
