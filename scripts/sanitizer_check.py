@@ -27,7 +27,7 @@ CASES = [
     dict(shape=(1, 129, 129, 2, 2, 32), flags=dict(causal=True), bool_bias=True),
     # plain, many key tiles (the sm_90a stage ring wraps: the warp-specialized producer waits on released stages)
     dict(shape=(1, 300, 1100, 2, 1, 128), flags={}),
-    dict(shape=(1, 130, 700, 2, 1, 256), flags={}),  # d 256: two stages, 80-key tiles (K, V split: overlap)
+    dict(shape=(1, 130, 700, 2, 1, 256), flags={}),  # d 256: two stages, 80-key tiles (K, V split: ping-pong-overlap)
     dict(shape=(1, 130, 700, 2, 1, 192), flags=dict(causal=True)),  # d 192: the same with 96-key tiles
     dict(shape=(1, 400, 700, 2, 1, 64), flags={}),  # d 64: six key tiles (the wide warp-specialized ring wraps)
     # bottom-right causal with seqlen_q > seqlen_k: whole query blocks see no key (the kernels' early exit)

@@ -7,9 +7,9 @@
 //   query blocks.
 //
 // One CTA = one block of kBlockM queries of one (batch, head) at a time (a persistent CTA: one after another, below).
-// Q stays in shared memory; K/V tiles of kBlockN keys
-// stream through swizzled shared memory; each warp owns kRowsPerWarp query rows (m16 tiles), so row statistics never
-// leave a quad of lanes. Per key tile:
+// Q stays on chip (in shared memory; the persistent d 128 kernels load it into registers once); K/V tiles of kBlockN
+// keys stream through swizzled shared memory; each warp owns kRowsPerWarp query rows (m16 tiles), so row statistics
+// never leave a quad of lanes. Per key tile:
 //   S = Q K^T (fp32, registers)  ->  [score mod: scale, softcap, bias]  ->  [mask, boundary tiles only]
 //   ->  online softmax (exp2, scale*log2e folded into one FMA)  ->  P to f16/bf16 in registers  ->  O += P V
 // Key tiles are visited from the last visible one down to the first, only those the causal/window range allows.
@@ -744,14 +744,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   FA2_CTA_MARK(trace::kSm, tid == 0);
   [[maybe_unused]] int trace_tile = 0;
 
-  // A persistent CTA's next Q loads into Q's shared memory once every consumer warp has released it (bar_q_empty).
-  // With the intra-warpgroup overlap, Q's last reader is the last key tile's Q K^T, which completes a softmax, a P V
-  // and the epilogue before the key loop of the next tile needs the new Q: released there, its load (about a
-  // microsecond) runs behind them instead of in front of the next tile's first product. Not in the kernels that skip
-  // masked key tiles (the last tile may be one of them: they release Q after the loop).
-  // The persistent d 128 overlap kernels without a staged bias hold Q in registers instead (kQInRegisters: 32 a
-  // thread, ldmatrix'd once per query block, Q K^T then a register-A wgmma): Q is released as soon as it is loaded,
-  // and Q K^T reads only K from shared memory (with both operands from there an m64n128k16 reads 6 KB in its ~64
+  // A persistent CTA's next Q loads into Q's shared memory once every consumer warp has released it (bar_q_empty):
+  // after the key loop, or, in the persistent d 128 overlap kernels without a staged bias, as soon as it is loaded
+  // into registers (kQInRegisters: 32 a thread, ldmatrix'd once per query block, Q K^T then a register-A wgmma), so
+  // that its load (about a microsecond) runs behind the tile's whole key loop. (Before, those kernels released Q after
+  // the tile's last Q K^T: +2.6 / +1.0 / +0.7% at S 1k / 2k / 4k over releasing it after the loop,
+  // variants_h200-20261130-early-q.json; the staged-bias kernels, which may skip the last key tile, never could.)
+  // Q K^T then reads only K from shared memory (with both operands from there an m64n128k16 reads 6 KB in its ~64
   // cycles, by our count, beside the TMA's K/V writes; not measured directly). Against Q K^T from shared memory (H200,
   // bf16, scripts/fwd_variant_bench.cu, 2 rounds, bitwise-equal outputs, variants_h200-20261201-fwd-q-registers.json):
   // +0.5 / +1.4 / +0.9 / +1.6% at S 2k / 4k / 8k / 16k non-causal (-1.4% at 1k), causal +1.3..+2.0%. (ptxas: 8 B
@@ -759,12 +758,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // (variants_h200-20261201-fwd-pv-wait-q-registers.json): +1.0 / +1.8 / +2.6 / +1.9% at S 2k / 4k / 8k / 16k
   // (-0.4% at 1k), causal +0.7 / +1.2 / +1.2 / +2.6 / +3.3% at S 1k..16k.
   constexpr bool kQInRegisters = kPersistent && kOverlap && !kStagedBias;
-  constexpr bool kEarlyQRelease = kPersistent && kOverlap && !kSkipMaskedTiles && !kQInRegisters;
-  // A CTA that may run a next tile: its consumers release Q after each tile's last Q K^T or key loop (the producer's
-  // next Q, or announcement, waits for that) and store O from the registers. With the tile counter they learn each
-  // next tile from the producer's announcement (its loop), its Q landed with it. (A kernel template of its own: as a
-  // run-time choice in the one kernel, the consumers spilled ~80 B and the forward ran 2-3.5% slower without a
-  // causal mask, 3-8% with one, H200 d 128.)
+  // A CTA that may run a next tile: its consumers release Q once it is in registers or after each tile's key loop (the
+  // producer's next Q, or announcement, waits for that) and store O from the registers. With the tile counter they
+  // learn each next tile from the producer's announcement (its loop), its Q landed with it. (A kernel template of its
+  // own: as a run-time choice in the one kernel, the consumers spilled ~80 B and the forward ran 2-3.5% slower without
+  // a causal mask, 3-8% with one, H200 d 128.)
   const bool more_tiles = kPersistent && (kTileCounter || tile_stride < num_tiles);
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
   auto announced_tile = [&]() {
@@ -888,7 +886,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if constexpr (kQInRegisters) {
       wait_loaded(bar_q, q_loads & 1);
 #pragma unroll
-      for (int kt = 0; kt < kHeadDim / 16; ++kt) ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
+      for (int kt = 0; kt < kHeadDim / 16; ++kt) {
+        ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
+      }
       // (the arrive orders the warp's loads before it; the next Q's TMA waits for every warp's)
       if (more_tiles) release(bar_q_empty);
     }
@@ -1034,12 +1034,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           sm90::wait_hold<0>(acc_s);
         }
         if constexpr (kSplitKV) release_stage(buf);  // (K only: Q K^T has completed in this warp)
-        // the tile's last Q K^T has completed in this warp (the wait is warp-collective, every lane is past it): Q is
-        // free for the next tile's (kEarlyQRelease). Predicated, not branched: a branch here made ptxas peel the
-        // last iteration (duplicating the softmax) and move the stage addresses off the uniform datapath (-5% at d 128).
-        if constexpr (kEarlyQRelease) {
-          sm90::mbarrier_arrive_if(bar_q_empty, more_tiles && n == range.lo && lane == 0);
-        }
       } else if constexpr (kPingpong) {
         // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
         // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
@@ -1077,22 +1071,21 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if constexpr (kOverlap) {
         float correction[2 * kMTiles];
         softmax.template update_scores<kHeavyRows>(acc_s, mult, heavy_s, correction);
-        // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. The wait is not
-        // under `it > 0` (nothing is pending in the first iteration): split from the issue's condition, ptxas saw a
-        // path where O is rescaled with P V in flight and serialized every wgmma (C7515). It goes in a basic block of
-        // its own, behind a branch that every warp of the warpgroup takes alike (wait_group is .aligned): ptxas
-        // schedules a wait_group early in its block (it depends on no register), and written after the softmax, in
-        // the softmax's block, it ran ahead of it, so that the softmax waited for the P V it was meant to overlap
-        // (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the first MUFU.EX2 in every overlap kernel's SASS). O is rescaled
-        // inside each arm: after the join, ptxas took the rescale for a write to the accumulators of a wgmma in
-        // flight and serialized every wgmma (C7515). Against d2e0cc8 (H200, bf16, scripts/fwd_variant_bench.cu, 2
-        // rounds, bitwise-equal outputs, variants_h200-20261201-fwd-pv-wait-q-registers.json, d 128 with
-        // kQInRegisters too): d 192 +3.7 / +5.0 / +4.7% at S 1k / 4k / 16k (causal +1.3 / +2.2 / +2.4%), d 256 +1.3 /
-        // +0.0 / +1.6% (causal +0.1..+0.5%). A first version branched on the rescale's per-warp vote (warps of one
-        // warpgroup then reached different wait_group instructions: synccheck's "mismatching warpgroup instruction
-        // pc") and measured alike (variants_h200-20261201-fwd-pv-wait.json); there the staged-bias kernel (padding
-        // masks: overlap without ping-pong at d 128) ran +0.1..-1.6% (causal -0.6..-2.9%), so it keeps the wait
-        // where ptxas puts it.
+        // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. Every path waits,
+        // the first iteration's too (nothing is pending there): with the wait only where the issue's condition holds,
+        // ptxas saw a path where O is rescaled with P V in flight and serialized every wgmma (C7515). The wait goes in
+        // a basic block of its own, behind a branch that every warp of the warpgroup takes alike (wait_group is
+        // .aligned): ptxas schedules a wait_group early in its block (it depends on no register), and written after the
+        // softmax, in the softmax's block, it ran ahead of it, so that the softmax waited for the P V it was meant to
+        // overlap (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the first MUFU.EX2 in every overlap kernel's SASS). O is
+        // rescaled inside each arm: after the join, ptxas took the rescale for a write to the accumulators of a wgmma
+        // in flight and serialized every wgmma (C7515). Against d2e0cc8 (H200, bf16, scripts/fwd_variant_bench.cu, 2
+        // rounds, bitwise-equal outputs, variants_h200-20261201-fwd-pv-wait-q-registers.json, d 128 with kQInRegisters
+        // too): d 192 +3.7 / +5.0 / +4.7% at S 1k / 4k / 16k (causal +1.3 / +2.2 / +2.4%), d 256 +1.3 / +0.0 / +1.6%
+        // (causal +0.1..+0.5%). A first version branched on the rescale's per-warp vote (warps of one warpgroup then
+        // reached different wait_group instructions: synccheck's "mismatching warpgroup instruction pc") and measured
+        // alike (variants_h200-20261201-fwd-pv-wait.json); there the staged-bias kernel (padding masks: overlap without
+        // ping-pong at d 128) ran +0.1..-1.6% (causal -0.6..-2.9%), so it keeps the wait where ptxas puts it.
         auto o_free_rescale = [&](bool release_prev) {
           sm90::wait_hold<0>(acc_o);
           sm90::hold_fragments(p_prev);
@@ -1178,9 +1171,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // give each lane whole n8 tiles, stored 16 bytes at a time: a quarter of the store instructions, which had
       // stalled the warps on the LSU queue for ~2.4k cycles a tile (H200 trace, d 128). Against 4-byte stores (H200,
       // d 128, harness, variants_h200-20261201-fwd-tile-counter-o16.json): +5.5 / +2.6 / +2.4 / +2.5 / +3.8% at S 1k /
-      // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kEarlyQRelease or kQInRegisters Q is released once
-      // the key loop is done: the next tile's Q loads behind the last P V and these stores.
-      if constexpr (!kEarlyQRelease && !kQInRegisters) release(bar_q_empty);
+      // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kQInRegisters Q is released once the
+      // key loop is done: the next tile's Q loads behind the last P V and these stores.
+      if constexpr (!kQInRegisters) release(bar_q_empty);
       static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
       store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
 #pragma unroll

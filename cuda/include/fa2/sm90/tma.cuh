@@ -150,14 +150,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// mbarrier_arrive where `arrive` holds, as one predicated instruction: for a condition inside a loop that ptxas
-// would otherwise turn into a branch (and peel the iteration it holds in: fwd_kernel.cuh's early Q release).
-__device__ __forceinline__ void mbarrier_arrive_if(uint32_t bar, bool arrive) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %1, 0;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
-      "r"(int(arrive))
-      : "memory");
-}
 // Blocks until the barrier's phase `phase` (0, 1, 0, ...) has completed. A phase that never completes (expected
 // bytes that no copy delivers) would hang the kernel, and with it the process in its next synchronization: after
 // FA2_MBARRIER_SPIN_LIMIT unsuccessful polls (each of which already waits a while in hardware; seconds in all,
