@@ -141,20 +141,12 @@ __device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uin
 }
 
 // The same with Q from registers (q[k16]: the warp's A fragment of dims 16 k16 .. 16 k16 + 15, by ldmatrix once per
-// query block): only K is read from shared memory. Issued only (kWait = false above); q is never written.
+// query block): only K is read from shared memory (K-major). Issued only; q is never written.
 template <typename T, typename KTile, int kNTiles, int kHeadDim>
 __device__ __forceinline__ void gemm_qk_wgmma_rs(float (&acc_s)[1][kNTiles][4], uint32_t (&q)[kHeadDim / 16][4],
                                                  uint32_t s_k) {
-  using KDesc = sm90::TileDescriptors<KTile>;
-  float(&d)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
-  sm90::hold_registers(d);
-  sm90::hold_fragments(q);
-  sm90::fence();
-#pragma unroll
-  for (int k16 = 0; k16 < kHeadDim / 16; ++k16) {
-    sm90::Wgmma<T, kNTiles * 8>::template rs<0>(d, q[k16], KDesc::k_major(s_k, 0, k16), 1);
-  }
-  sm90::commit_group();
+  sm90::gemm_rs<T, kNTiles * 8, kHeadDim / 16, KTile, /*kWait=*/false, /*kBMnMajor=*/false>(
+      reinterpret_cast<float(&)[kNTiles * 4]>(acc_s), q, s_k);
 }
 
 // acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (ptx::pack_k16), V (keys x d) as

@@ -131,10 +131,11 @@ __device__ __forceinline__ void gemm_ss(float (&d)[kN / 2], uint32_t sA, int a_a
 }
 
 // d (+)= A B, the warpgroup's m64 x kN product over kKSteps k16 steps with A from registers: a[k16] is the
-// register-A fragment of k16 step k16 (ptx::pack_k16 of C fragments), B (K x kN) MN-major from BTile (its rows are K,
-// its columns N from 0). kWait = false: only issued and committed; wait_hold completes it, and until then neither d
-// nor a may be touched (hold_fragments(a) after the wait keeps a's registers from being reused early).
-template <typename T, int kN, int kKSteps, class BTile, bool kWait = true>
+// register-A fragment of k16 step k16 (ptx::pack_k16 of C fragments or ldmatrix'd), B (K x kN) MN-major from BTile
+// (its rows are K, its columns N from 0), or (kBMnMajor = false) K-major: BTile's rows from 0 are N, its columns K
+// (B^T stored). kWait = false: only issued and committed; wait_hold completes it, and until then neither d nor a may
+// be touched (hold_fragments(a) after the wait keeps a's registers from being reused early).
+template <typename T, int kN, int kKSteps, class BTile, bool kWait = true, bool kBMnMajor = true>
 __device__ __forceinline__ void gemm_rs(float (&d)[kN / 2], uint32_t (&a)[kKSteps][4], uint32_t sB) {
   using BDesc = TileDescriptors<BTile>;
   hold_registers(d);  // see hold_registers
@@ -142,7 +143,8 @@ __device__ __forceinline__ void gemm_rs(float (&d)[kN / 2], uint32_t (&a)[kKStep
   fence();
 #pragma unroll
   for (int k16 = 0; k16 < kKSteps; ++k16) {
-    Wgmma<T, kN>::template rs<1>(d, a[k16], BDesc::mn_major(sB, k16), 1);
+    Wgmma<T, kN>::template rs<kBMnMajor ? 1 : 0>(d, a[k16], kBMnMajor ? BDesc::mn_major(sB, k16)
+                                                                      : BDesc::k_major(sB, 0, k16), 1);
   }
   commit_group();
   if constexpr (kWait) {
