@@ -147,8 +147,11 @@ except Exception:  # no triton (CPU machines): CUDA events below
     _do_bench = None
 
 
-def time_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float) -> float:
-    """Median time of fn() in milliseconds, after warm-up."""
+def time_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float, cooldown_s: float = 0.0) -> float:
+    """Median time of fn() in milliseconds, after warm-up (and, with cooldown_s, that long with the GPU idle first)."""
+    if cooldown_s > 0:
+        sync(device)
+        time.sleep(cooldown_s)
     if device.type == "cuda":
         if _do_bench is not None:
             # do_bench: CUDA events around each call, L2 flushed between calls, warm-up/rep in milliseconds.
@@ -353,21 +356,21 @@ def short(e: BaseException, caught=()) -> str:
 
 # ---- one implementation on one config: all passes ------------------------------------------------------------
 
-def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
+def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s=0.0) -> list[dict]:
     if impl in FA2_SWITCHES and fa2_mod is not None:
         switches = FA2_SWITCHES[impl]
         before = {name: getattr(fa2_mod._C, name)() for name in switches}  # restored afterwards
         for name, value in switches.items():
             getattr(fa2_mod._C, "set_" + name)(value)
         try:
-            return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
+            return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s)
         finally:
             for name, value in before.items():
                 getattr(fa2_mod._C, "set_" + name)(value)
-    return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms)
+    return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s)
 
 
-def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms) -> list[dict]:
+def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s=0.0) -> list[dict]:
     base = dict(impl=impl, **asdict(cfg))
 
     def rec(pass_, status, **kw):
@@ -438,7 +441,7 @@ def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms)
             else:
                 def fn():
                     return torch.autograd.grad(f(q, k, v), (q, k, v), dout)
-            ms = time_ms(fn, device, warmup_ms, rep_ms)
+            ms = time_ms(fn, device, warmup_ms, rep_ms, cooldown_s)
             r = rec(pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check)
             if note:
                 r["note"] = note
@@ -497,6 +500,36 @@ def run_memory(impls, seqlens, nheads, headdim, dtype, fa2_mod, device) -> list[
 
 
 # ---- report -----------------------------------------------------------------------------------------------
+
+def ordered_jobs(configs: list, impls: list[str], rounds: int = 1) -> list[tuple]:
+    """(config, impl) in the order they run: config by config, each config's implementations round after round, every
+    other round in reverse (a, b, c, c, b, a, ...); flex jobs last (each new shape is a compilation, the slowest part
+    of the run: under a time budget the kernels that need none are measured first)."""
+    plain = [i for i in impls if i != "flex"]
+    jobs = [(c, i) for c in configs for r in range(rounds) for i in (plain if r % 2 == 0 else plain[::-1])]
+    return jobs + [(c, "flex") for c in configs if "flex" in impls for _ in range(rounds)]
+
+
+def merge_rounds(rows: list[dict]) -> list[dict]:
+    """One row per (implementation, config, pass) out of --rounds repeats: the median time of the rounds that ran
+    (ms_rounds lists them all), or, where a round did not run ok, that round's row (its status and reason)."""
+    groups: dict = {}
+    for r in rows:
+        key = tuple(r[k] for k in ("impl", "pass", *Config.__dataclass_fields__))
+        groups.setdefault(key, []).append(r)
+    merged = []
+    for group in groups.values():
+        bad = [r for r in group if r["status"] != "ok"]
+        row = dict(bad[0] if bad else group[0])
+        times = [r["ms"] for r in group if r["status"] == "ok"]
+        if times:
+            row["ms_rounds"] = times
+        if not bad:
+            row["ms"] = statistics.median(times)
+            row["tflops"] = row["flops"] / (row["ms"] * 1e-3) / 1e12
+        merged.append(row)
+    return merged
+
 
 def fmt_rate(r, unit):
     if r is None:
@@ -601,6 +634,15 @@ def main(argv=None):
     p.add_argument("--mem-dim", type=int)
     p.add_argument("--warmup-ms", type=float)
     p.add_argument("--rep-ms", type=float)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time each config's implementations this many times back to back, the order reversed every "
+                        "other round (a, b, c, c, b, a, ...), and report the median round: one cell's peers then "
+                        "share the GPU's state (clock, temperature) and a single noisy call counts less")
+    p.add_argument("--cooldown", type=float, default=0.0,
+                   help="seconds the GPU idles before each timed measurement. Without it a kernel's burst is timed in "
+                        "whatever state the one before left the GPU in: on the H200 a kernel run right after a slow "
+                        "one (torch-fa2) ran faster than after a fast one, by a median 2-3%% and up to 9%% (forward "
+                        "bursts of 20 ms, S >= 2k: attention_h200-20261201e.json's rounds)")
     p.add_argument("--time-budget", type=float, default=0,
                    help="seconds; once spent, the remaining measurements are recorded as skipped (0 = no limit)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -671,11 +713,9 @@ def main(argv=None):
                             continue
                         configs.append(Config(dtype, D, S, max(1, args.tokens // S), max(1, args.hidden // D),
                                               causal, mask))
-    # flex jobs last: each new shape is a compilation, the slowest part of the run; under a time budget the
-    # kernels that need none are measured first.
-    jobs = [(c, i) for i in impls if i != "flex" for c in configs]
-    jobs.sort(key=lambda j: configs.index(j[0]))
-    jobs += [(c, "flex") for c in configs if "flex" in impls]
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    jobs = ordered_jobs(configs, impls, args.rounds)
 
     t_start = time.monotonic()
     deadline = t_start + args.time_budget if args.time_budget > 0 else math.inf
@@ -701,7 +741,7 @@ def main(argv=None):
                 rows += [dict(impl=impl, **asdict(cfg), **{"pass": p_}, status="skipped", reason="time budget")
                          for p_ in passes]
             else:
-                got = run_job(cfg, impl, passes, fa2_mod, device, args.warmup_ms, args.rep_ms)
+                got = run_job(cfg, impl, passes, fa2_mod, device, args.warmup_ms, args.rep_ms, args.cooldown)
                 rows += got
                 if impl == "flex" and any(r["status"] != "ok" or "error" in r.get("check", {}) for r in got):
                     reset_flex()
@@ -713,12 +753,17 @@ def main(argv=None):
         if bar is not None:
             bar.close()
 
+    if args.rounds > 1:
+        rows = merge_rounds(rows)
     env["elapsed_s"] = round(time.monotonic() - t_start, 1)
     result = {"kind": "attention", "tag": tag, "env": env, "unit_note": "tflops = flops / seconds / 1e12",
               "flops": "fwd = 4*B*H*Sq*Sk*D (/2 causal); bwd = 2.5*fwd; fwdbwd = 3.5*fwd",
               "timing": ("triton.testing.do_bench median" if device.type == "cuda" and _do_bench else
                          "CUDA events median" if device.type == "cuda" else "time.perf_counter median")
-              + f", warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+              + f", warmup {args.warmup_ms} ms, rep {args.rep_ms} ms"
+              + (f"; {args.cooldown} s idle before each" if args.cooldown > 0 else "")
+              + (f"; median of {args.rounds} rounds, implementations in alternating order (ms_rounds)"
+                 if args.rounds > 1 else ""),
               "grid": dict(dims=dims, seqlens=seqlens, dtypes=dtypes, causal=args.causal, masks=masks, passes=passes,
                            impls=impls, tokens=args.tokens, hidden=args.hidden,
                            full_bias_max_seqlen=args.full_bias_max_seqlen),

@@ -1,0 +1,46 @@
+"""The benchmark grid's bookkeeping (benchmarks/bench_attention.py): the order implementations run in and how --rounds
+are merged. CPU only, no kernels."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
+bench = pytest.importorskip("bench_attention")
+
+
+def _cfg(seqlen):
+    return bench.Config("bf16", 64, seqlen, 1, 2, False, "none")
+
+
+def test_rounds_alternate_the_implementations_within_a_config():
+    a, b = _cfg(128), _cfg(256)
+    jobs = bench.ordered_jobs([a, b], ["fa2", "flex", "cudnn"], rounds=3)
+    assert jobs == [(a, "fa2"), (a, "cudnn"), (a, "cudnn"), (a, "fa2"), (a, "fa2"), (a, "cudnn"),
+                    (b, "fa2"), (b, "cudnn"), (b, "cudnn"), (b, "fa2"), (b, "fa2"), (b, "cudnn"),
+                    (a, "flex"), (a, "flex"), (a, "flex"), (b, "flex"), (b, "flex"), (b, "flex")]
+    assert bench.ordered_jobs([a], ["fa2", "cudnn"]) == [(a, "fa2"), (a, "cudnn")]
+
+
+def _row(cfg, impl, ms, status="ok", pass_="fwd"):
+    row = dict(impl=impl, **bench.asdict(cfg), **{"pass": pass_, "status": status})
+    if status == "ok":
+        row.update(ms=ms, flops=2e9, tflops=2e9 / (ms * 1e-3) / 1e12)
+    else:
+        row.update(reason="out of memory")
+    return row
+
+
+def test_merge_rounds_takes_the_median_round_and_keeps_failures():
+    a, b = _cfg(128), _cfg(256)
+    rows = [_row(a, "fa2", 3.0), _row(a, "fa2", 1.0), _row(a, "fa2", 2.0), _row(a, "fa2", 5.0, pass_="bwd"),
+            _row(b, "fa2", 1.0), _row(b, "fa2", None, status="oom"), _row(a, "cudnn", 4.0)]
+    merged = {(r["impl"], r["seqlen"], r["pass"]): r for r in bench.merge_rounds(rows)}
+    assert len(merged) == 4
+    fwd = merged[("fa2", 128, "fwd")]
+    assert fwd["ms"] == 2.0 and fwd["ms_rounds"] == [3.0, 1.0, 2.0]
+    assert fwd["tflops"] == pytest.approx(1.0)  # 2e9 FLOP in 2 ms
+    assert merged[("fa2", 128, "bwd")]["ms"] == 5.0
+    failed = merged[("fa2", 256, "fwd")]
+    assert failed["status"] == "oom" and failed["ms_rounds"] == [1.0] and "ms" not in failed
+    assert merged[("cudnn", 128, "fwd")]["ms_rounds"] == [4.0]
