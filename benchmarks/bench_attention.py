@@ -18,6 +18,11 @@ fwd+bwd. Mask variants (non-causal only, as SDPA cannot combine attn_mask with i
   full:    a (B, H, S, S) random float bias (relative-position-style), seqlen <= --full-bias-max-seqlen.
 Memory: peak GPU memory of one fwd+bwd call vs seqlen (batch 1, 16 heads, D 128, S up to 64k), fa2 vs math.
 
+Timing: triton's do_bench median (CUDA events around each call, the L2 flushed before it). On a GPU each cell's
+implementations are timed in two rounds, the second in reverse order, each measurement after 0.1 s with the GPU idle,
+and the median round is reported (--rounds, --cooldown: otherwise a short burst is timed in the state the kernel before
+left the GPU in, which moved the H200's ratios by a median 2-3%).
+
 Every failure (unsupported shape or dtype, OOM, missing backend, a wrong result) is recorded with its reason
 and the run goes on. Each implementation's first output (and its gradients) is compared with an fp32 reference
 on the first batch and first two heads; a mismatch is flagged with '!' in the table and kept in the JSON.
@@ -112,21 +117,22 @@ PROFILES = {
                           masks="none,padding,full", passes="fwd,bwd,fwdbwd",
                           impls="fa2,torch-fa2,cudnn,efficient,math,flex", tokens=16384, hidden=2048,
                           mem_seqlens="1k,2k,4k,8k,16k,32k,64k", mem_impls="fa2,math,torch-fa2",
-                          mem_heads=16, mem_dim=128, full_bias_max_seqlen=4096, warmup_ms=25, rep_ms=100),
+                          mem_heads=16, mem_dim=128, full_bias_max_seqlen=4096, warmup_ms=25, rep_ms=100,
+                          rounds=2, cooldown=0.1),
     ("cuda", True): dict(dims="64,128", seqlens="1k,4k", dtypes="bf16", causal="both", masks="none",
                          passes="fwd,fwdbwd", impls="fa2,torch-fa2,cudnn,efficient,math,flex", tokens=16384,
                          hidden=2048, mem_seqlens="1k,4k,16k,64k", mem_impls="fa2,math", mem_heads=16, mem_dim=128,
-                         full_bias_max_seqlen=4096, warmup_ms=25, rep_ms=100),
+                         full_bias_max_seqlen=4096, warmup_ms=25, rep_ms=100, rounds=2, cooldown=0.1),
     # CPU section: fa2's CPU kernel against PyTorch's CPU SDPA (its FLASH_ATTENTION backend is a CPU flash kernel).
     ("cpu", False): dict(dims="64,128", seqlens="256,512,1k", dtypes="fp32,bf16", causal="both",
                          masks="none,padding", passes="fwd,bwd,fwdbwd", impls="fa2,torch-fa2,math", tokens=2048,
                          hidden=512, mem_seqlens="256,512,1k,2k", mem_impls="fa2,math", mem_heads=4, mem_dim=64,
-                         full_bias_max_seqlen=1024, warmup_ms=50, rep_ms=300),
+                         full_bias_max_seqlen=1024, warmup_ms=50, rep_ms=300, rounds=1, cooldown=0.0),
     # The GPU quick grid's code paths with tiny sizes (a smoke test, also what CI runs).
     ("cpu", True): dict(dims="64,128", seqlens="128,256", dtypes="fp32", causal="both", masks="none",
                         passes="fwd,fwdbwd", impls="fa2,torch-fa2,cudnn,efficient,math,flex", tokens=512,
                         hidden=256, mem_seqlens="128,256,512", mem_impls="fa2,math", mem_heads=2, mem_dim=64,
-                        full_bias_max_seqlen=256, warmup_ms=5, rep_ms=30),
+                        full_bias_max_seqlen=256, warmup_ms=5, rep_ms=30, rounds=1, cooldown=0.0),
 }
 
 
@@ -634,15 +640,17 @@ def main(argv=None):
     p.add_argument("--mem-dim", type=int)
     p.add_argument("--warmup-ms", type=float)
     p.add_argument("--rep-ms", type=float)
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int,
                    help="time each config's implementations this many times back to back, the order reversed every "
                         "other round (a, b, c, c, b, a, ...), and report the median round: one cell's peers then "
-                        "share the GPU's state (clock, temperature) and a single noisy call counts less")
-    p.add_argument("--cooldown", type=float, default=0.0,
+                        "share the GPU's state (clock, temperature) and a single noisy call counts less (default: 2 on "
+                        "a GPU, 1 on the CPU)")
+    p.add_argument("--cooldown", type=float,
                    help="seconds the GPU idles before each timed measurement. Without it a kernel's burst is timed in "
                         "whatever state the one before left the GPU in: on the H200 a kernel run right after a slow "
                         "one (torch-fa2) ran faster than after a fast one, by a median 2-3%% and up to 9%% (forward "
-                        "bursts of 20 ms, S >= 2k: attention_h200-20261201e.json's rounds)")
+                        "bursts of 20 ms, S >= 2k: attention_h200-20261201e.json's rounds). Default: 0.1 on a GPU, "
+                        "0 on the CPU")
     p.add_argument("--time-budget", type=float, default=0,
                    help="seconds; once spent, the remaining measurements are recorded as skipped (0 = no limit)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))

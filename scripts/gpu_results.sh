@@ -23,7 +23,7 @@ export FA2_CUDA_ARCHS=${FA2_CUDA_ARCHS:-90;90a}
 PY=${PYTHON:-python3}
 BENCH_ARGS=${FA2_BENCH_ARGS:---dtypes bf16,fp16 --dims 64,128,256 --seqlens 512,1k,2k,4k,8k,16k --causal both \
 --masks none,padding --pass fwd,bwd,fwdbwd --impls fa2,torch-fa2,cudnn,fa2-sm80 --mem-seqlens "" \
---warmup-ms 5 --rep-ms 20 --time-budget 200}
+--warmup-ms 5 --rep-ms 20 --rounds 1 --time-budget 250}
 STEP_LOGS=$LOGS
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
