@@ -285,7 +285,9 @@ __device__ __forceinline__ void scores_to_p_ds(float (&s)[kMTiles][kNTiles][4], 
               x = qk * p.scale;
             }
             if constexpr (!std::is_same_v<B, NoBias>) {
-              if (row < p.seqlen_q && col < p.seqlen_k) x += bias_at(bias, p.bias_row_stride, p.bias_col_stride, row, col);
+              if (row < p.seqlen_q && col < p.seqlen_k) {
+                x += bias_at(bias, p.bias_row_stride, p.bias_col_stride, row, col);
+              }
             }
             prob = exp2_ftz(fmaf(x - row_shift, kLog2e, -lse2[r]));
           } else {
@@ -387,7 +389,8 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
 
 // Plain path, step 2: dp -> dS = P (dP - D) in place.
 template <typename T, int kMTiles, int kNTiles>
-__device__ __forceinline__ void dp_to_ds(float (&dp)[kMTiles][kNTiles][4], const uint32_t (&p_packed)[kMTiles][kNTiles][2],
+__device__ __forceinline__ void dp_to_ds(float (&dp)[kMTiles][kNTiles][4],
+                                         const uint32_t (&p_packed)[kMTiles][kNTiles][2],
                                          const float (&dsum)[2 * kMTiles]) {
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)

@@ -9,9 +9,10 @@
 //                                                                       |   dK_1 += dS^T Q[:, 128:256] (registers)
 //                                                                       |   dV_1 += P^T dO[:, 128:256] (P^T smem)
 //                waits for dS^T; dK_0 += dS^T Q[:, 0:128] (dS^T smem)   |
-//   both: dQ[:, 128 w:128 w + 128] = dS K[:, 128 w:] (two passes of 64 columns), staged in the stage's Q / dO column blocks this warpgroup's
-//   products read (Q[:, 128 w:], dO[:, 128 w:]: every other product that reads them has completed by then) and added
-//   to dq_accum by the TMA; the stage goes back to the producer once the reduce-add has read the staging.
+//   both: dQ[:, 128 w:128 w + 128] = dS K[:, 128 w:] (two passes of 64 columns), staged in the stage's Q / dO column
+//   blocks this warpgroup's products read (Q[:, 128 w:], dO[:, 128 w:]: every other product that reads them has
+//   completed by then) and added to dq_accum by the TMA; the stage goes back to the producer once the reduce-add has
+//   read the staging.
 // P^T and dS^T have two buffers each (alternating query blocks), so that one warpgroup may write the next while the
 // other's products still read the last; the handshakes are two named barriers (P^T ready, dS^T ready), each
 // arrived at by its writer and waited on by its reader. The plain path and its key-row bias variant (kKeyBias, padding

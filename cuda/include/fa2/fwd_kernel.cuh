@@ -56,9 +56,10 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const T* gmem, in
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
 #pragma unroll
     for (int j = 0; j < kChunksPerRow / kThreadsPerRow; ++j) {
-      const bool pred = (!kCheckRows || row + i * kRowsPerPass < rows_valid) && (chunk + j * kThreadsPerRow) * 8 < headdim;
-      ptx::cp_async_16(dst + Tile::const_bytes(i * kRowsPerPass, j * kThreadsPerRow), pred ? src + j * kThreadsPerRow * 8 : gmem,
-                       pred);
+      const bool pred =
+          (!kCheckRows || row + i * kRowsPerPass < rows_valid) && (chunk + j * kThreadsPerRow) * 8 < headdim;
+      ptx::cp_async_16(dst + Tile::const_bytes(i * kRowsPerPass, j * kThreadsPerRow),
+                       pred ? src + j * kThreadsPerRow * 8 : gmem, pred);
     }
     src += pass_stride;
   }
@@ -266,7 +267,8 @@ __device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4]
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           const int col = col0 + nt * 8;
-          acc[mt][nt][half * 2] = row_ok && (!kCheckCols || col < seqlen_k) ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
+          acc[mt][nt][half * 2] =
+              row_ok && (!kCheckCols || col < seqlen_k) ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
           acc[mt][nt][half * 2 + 1] =
               row_ok && (!kCheckCols || col + 1 < seqlen_k) ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
           ptr += step8;
@@ -460,7 +462,8 @@ constexpr int fwd_kernel_threads() {
          (kWarpSpecialized ? kWsProducerThreads : 0);
 }
 
-// kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build (cmake/Kernels.cmake):
+// kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build
+// (cmake/Kernels.cmake):
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,

@@ -27,7 +27,9 @@ FwdKernel fwd_kernel_for_bias(BiasType bias_type) {
     case BiasType::kFloat32:
     case BiasType::kBool:
       if constexpr (kMode != fwd::ScoreMode::kPlain) {
-        if (bias_type == BiasType::kSameAsInput) return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kSameAsInput>;
+        if (bias_type == BiasType::kSameAsInput) {
+          return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kSameAsInput>;
+        }
         if (bias_type == BiasType::kFloat32) return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kFloat32>;
         return &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, BiasType::kBool>;
       }

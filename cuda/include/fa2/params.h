@@ -39,7 +39,8 @@ struct AttentionParams {
   float softcap = 0.f;     // 0 = off; else s = softcap * tanh(s * scale / softcap)
   // Derived by the forward's launcher (fwd_launch_template.cuh), not the caller: 1 / scale (what a bias is folded
   // by) and -kHeavyRowLog2 / scale_log2 (softmax.cuh's heavy-row bound). Divisions in the kernel (IEEE, with a
-  // slow-path call) cost the 128-register d 64 kernels spills in their key loop (ptxas); on the host they round the same.
+  // slow-path call) cost the 128-register d 64 kernels spills in their key loop (ptxas); on the host they round the
+  // same.
   float inv_scale = 0.f;
   float heavy_score = 0.f;
   bool is_causal = false;  // informational; already folded into window_right

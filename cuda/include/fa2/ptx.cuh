@@ -193,7 +193,9 @@ struct SwizzledTile {
   static constexpr int kElems = kRows * kCols;
   static constexpr int kBytes = kElems * 2;
 
-  __host__ __device__ static constexpr int swizzle_bits(int row) { return kBlockCols == 64 ? (row & 7) : ((row >> 1) & 3); }
+  __host__ __device__ static constexpr int swizzle_bits(int row) {
+    return kBlockCols == 64 ? (row & 7) : ((row >> 1) & 3);
+  }
 
   // Element offset of the 16-byte chunk `chunk` (= column / 8) of row `row`.
   __host__ __device__ static constexpr int offset(int row, int chunk) {
@@ -209,7 +211,9 @@ struct SwizzledTile {
   __host__ __device__ static constexpr uint32_t lane_bytes(int row_l, int chunk_l) {
     return uint32_t(row_l * kBlockCols * 2 + ((chunk_l ^ swizzle_bits(row_l)) << 4));
   }
-  __host__ __device__ static constexpr uint32_t xor_bytes(int chunk_c) { return uint32_t((chunk_c % kChunksPerBlock) << 4); }
+  __host__ __device__ static constexpr uint32_t xor_bytes(int chunk_c) {
+    return uint32_t((chunk_c % kChunksPerBlock) << 4);
+  }
   __host__ __device__ static constexpr uint32_t const_bytes(int row_c, int chunk_c) {
     return uint32_t((chunk_c / kChunksPerBlock) * (kRows * kBlockCols * 2) + row_c * kBlockCols * 2);
   }
