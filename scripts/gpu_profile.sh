@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute on the main fa2 kernels of scripts/profile_cases.py's cases (the third, profiled call of each), for
 # the questions the timings cannot answer (why d 64 with a padding mask runs at 0.8-0.9x of d 64 without; where
-# the backward's time goes): speed of light, occupancy, warp-state (stall) statistics, compute and memory workload,
-# launch statistics. Logs (CSV, one file per case) in $OUT/profile; a few headline metrics printed per case.
+# the backward's time goes), and the same calls through cuDNN (SDPA) beside them: speed of light, occupancy,
+# warp-state (stall) statistics, compute and memory workload, launch statistics. Logs (CSV, one file per case) in $OUT/profile; a few headline metrics printed per case.
 # ncu runs with --clock-control none (the device notes: leave the clocks alone). Needs a build (gpu_check.sh / the
 # "build" step of gpu_validate.sh).
 # Usage (repository root, GPU machine): bash scripts/gpu_profile.sh [cases...]   (default: all)
@@ -16,7 +16,13 @@ export PYTHONPATH=python
 for case in "$@"; do
   # two warm-up calls launch the kernel twice before the profiled one (the backward cases' forward launch is not
   # counted: each case's own direction only)
-  kernel=$([[ $case == fwd* ]] && echo fwd_kernel || echo bwd_kernel)
+  # (fa2's backward main kernels: bwd_kernel, bwd_ws_kernel, bwd_ws_dsplit_kernel; cuDNN's: *_fprop_* / *_bprop_*)
+  case $case in
+    fwd*) kernel=fwd_kernel ;;
+    bwd*) kernel="bwd_(ws_(dsplit_)?)?kernel" ;;
+    cudnn-fwd*) kernel=fprop ;;
+    cudnn-bwd*) kernel=bprop ;;
+  esac
   timeout 120 ncu --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
