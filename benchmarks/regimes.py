@@ -3,7 +3,8 @@ GPU is timed in:
   cold      single calls, each after 150 ms with the GPU idle (CUDA events around the call: the GPU's clock ramps up
             from idle, and the host's launch is inside the interval)
   do_bench  triton's do_bench median (an L2 flush before each call; the grid's timing, bench_attention.py)
-  b2b       calls back to back (CUDA events around 50 of them; no flush)
+  b2b       calls back to back (host_overhead.gpu_us: CUDA events around 50 of them queued behind a short GPU
+            sleep, so that the host runs ahead; no flush)
 Implementations alternate (fa2, cudnn, fa2, cudnn) so that each is timed twice. sustained.py covers seconds at the
 power cap. FLOPs: 4 B H S^2 D (halved when causal).
 Usage: python benchmarks/regimes.py [--seqlens 4096,16384] [--dim 128] [--causal] [--grad] [--out FILE.json]
@@ -17,7 +18,7 @@ import time
 
 import torch
 
-from host_overhead import make_call
+from host_overhead import gpu_us, make_call
 
 
 def cold_ms(fn, n=8, idle_s=0.15):
@@ -32,18 +33,6 @@ def cold_ms(fn, n=8, idle_s=0.15):
         torch.cuda.synchronize()
         times.append(start.elapsed_time(stop))
     return statistics.median(times)
-
-
-def back_to_back_ms(fn, n=50):
-    fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / n
 
 
 def main() -> None:
@@ -67,7 +56,7 @@ def main() -> None:
         flops = 4 * batch * nheads * seqlen * seqlen * args.dim / (2 if args.causal else 1)
         for impl in ("fa2", "cudnn", "fa2", "cudnn"):
             fn = make_call(impl, q, k, v, args.causal)
-            ms = {"cold": cold_ms(fn), "do_bench": do_bench(fn, warmup=5, rep=20), "b2b": back_to_back_ms(fn)}
+            ms = {"cold": cold_ms(fn), "do_bench": do_bench(fn, warmup=5, rep=20), "b2b": gpu_us(fn, 50) / 1e3}
             row = {"impl": impl, "seqlen": seqlen, "headdim": args.dim, "causal": args.causal, "grad": args.grad,
                    "ms": ms, "tflops": {k: flops / t / 1e9 for k, t in ms.items()}}
             results.append(row)

@@ -2,7 +2,8 @@
 # Nsight Compute on the main fa2 kernels of scripts/profile_cases.py's cases (the third, profiled call of each), for
 # the questions the timings cannot answer (why d 64 with a padding mask runs at 0.8-0.9x of d 64 without; where
 # the backward's time goes), and the same calls through cuDNN (SDPA) beside them: speed of light, occupancy,
-# warp-state (stall) statistics, compute and memory workload, launch statistics. Logs (CSV, one file per case) in $OUT/profile; a few headline metrics printed per case.
+# warp-state (stall) statistics, compute and memory workload, launch statistics. Logs (CSV, one file per case) in
+# $OUT/profile; a few headline metrics printed per case.
 # ncu runs with --clock-control none (the device notes: leave the clocks alone). Needs a build (gpu_check.sh / the
 # "build" step of gpu_validate.sh).
 # Usage (repository root, GPU machine): bash scripts/gpu_profile.sh [cases...]   (default: all)

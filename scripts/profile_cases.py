@@ -35,30 +35,27 @@ def main():
     if case.endswith("-pad"):
         bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=torch.bfloat16)
         bias[..., s - 300:] = -float("inf")  # the last 300 keys padded
-    if case.startswith("cudnn"):
+    if case.startswith("cudnn"):  # SDPA's cuDNN backend on (B, H, S, D) views of the same leaves
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        backward = case.startswith("cudnn-bwd")
-        for t in (q, k, v):
-            t.requires_grad_(backward)
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (B, H, S, D) views (of the leaves)
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            if not backward:
-                for _ in range(3):
-                    F.scaled_dot_product_attention(qt, kt, vt)
-            else:
-                out = F.scaled_dot_product_attention(qt, kt, vt)
-                dout = torch.randn_like(out)
-                for _ in range(3):
-                    torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    elif case.startswith("fwd"):
+
+        def attention(q, k, v):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+    else:
+        def attention(q, k, v):
+            return fa2.attention(q, k, v)
+    if "fwd" in case:
         for _ in range(3):
-            torch.ops.fa2.fwd(q, k, v, bias)
+            if case.startswith("cudnn"):
+                attention(q, k, v)
+            else:
+                torch.ops.fa2.fwd(q, k, v, bias)
     else:
         fa2._C.set_sm90_backward(not case.startswith("bwd80"))
         for t in (q, k, v):
             t.requires_grad_()
-        out = fa2.attention(q, k, v)
+        out = attention(q, k, v)
         dout = torch.randn_like(out)
         for _ in range(3):
             torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
