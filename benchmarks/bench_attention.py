@@ -53,7 +53,7 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from bench_common import environment, import_fa2, is_oom, proc_status_kib, short_error, sync
+from bench_common import attention_flops, environment, import_fa2, is_oom, proc_status_kib, short_error, sync
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -92,22 +92,6 @@ MASKS = ("none", "padding", "full")
 # Relative error (||out - ref|| / ||ref||, ref in fp32) above which a result is flagged as wrong. Loose on
 # purpose: it catches garbage (error ~1), not rounding (bf16 ~4e-3, fp16 ~5e-4, naive bf16 math ~1e-2).
 TOLERANCE = {torch.bfloat16: 0.05, torch.float16: 0.02, torch.float32: 1e-3, torch.float64: 1e-6}
-
-
-# ---- FLOPs (the FA-2 paper's count) --------------------------------------------------------------------------
-
-def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headdim: int, causal: bool,
-                    pass_: str) -> float:
-    """Forward: Q·Kᵀ and P·V, each 2·Sq·Sk·D per (batch, head) -> 4·B·H·Sq·Sk·D; causal does half the work.
-    Backward: five matmuls of the same size (recomputed S, dV, dP, dQ, dK) = 2.5 x forward. fwd+bwd = 3.5 x.
-    Masked-out (padding) keys are still counted, as work done: the peers compute them (additive bias); fa2's sm_90a
-    forward skips the key tiles whose bias is all -inf (headdims above 64 and the warp-specialized kernels), so its
-    padding-mask TFLOP/s count work it did not do (at most the padded 10% of keys, in whole 64/128-key tiles); so
-    do its backward ones (the key-row variant skips key blocks whose keys are all padded)."""
-    fwd = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
-    if causal:
-        fwd /= 2
-    return {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_] * fwd
 
 
 # ---- defaults: (device, quick) -> grid ----------------------------------------------------------------------

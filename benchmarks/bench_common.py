@@ -89,3 +89,28 @@ def environment(device: torch.device, fa2_mod, fa2_err, **extra) -> dict:
         env["threads"] = torch.get_num_threads()
     env["fa2"] = dict(fa2_mod.build_info(), file=fa2_mod.__file__) if fa2_mod is not None else {"error": fa2_err}
     return env
+
+
+# ---- FLOPs (the FA-2 paper's count) ------------------------------------------------------------------------------
+
+def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headdim: int, causal: bool,
+                    pass_: str) -> float:
+    """Forward: Q·Kᵀ and P·V, each 2·Sq·Sk·D per (batch, head) -> 4·B·H·Sq·Sk·D; causal does half the work.
+    Backward: five matmuls of the same size (recomputed S, dV, dP, dQ, dK) = 2.5 x forward. fwd+bwd = 3.5 x.
+    Masked-out (padding) keys are still counted, as work done: the peers compute them (additive bias); fa2's sm_90a
+    forward skips the key tiles whose bias is all -inf (headdims above 64 and the warp-specialized kernels), so its
+    padding-mask TFLOP/s count work it did not do (at most the padded 10% of keys, in whole 64/128-key tiles); so
+    do its backward ones (the key-row variant skips key blocks whose keys are all padded)."""
+    fwd = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
+    if causal:
+        fwd /= 2
+    return {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_] * fwd
+
+
+def grid_inputs(seqlen: int, headdim: int, tokens: int, hidden: int, requires_grad: bool = False):
+    """The grid's shapes at one seqlen: batch = tokens // seqlen, heads = hidden // headdim; random bf16 q, k, v on the
+    GPU in (batch, heads, seqlen, headdim). Returns (q, k, v, batch, nheads)."""
+    batch, nheads = tokens // seqlen, hidden // headdim
+    q, k, v = (torch.randn(batch, nheads, seqlen, headdim, device="cuda", dtype=torch.bfloat16)
+               .requires_grad_(requires_grad) for _ in range(3))
+    return q, k, v, batch, nheads

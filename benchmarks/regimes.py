@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from bench_common import attention_flops, grid_inputs
 from host_overhead import gpu_us, make_call
 
 
@@ -50,10 +51,8 @@ def main() -> None:
     from triton.testing import do_bench
     results = []
     for seqlen in (int(s) for s in args.seqlens.split(",")):
-        batch, nheads = args.tokens // seqlen, args.hidden // args.dim
-        q, k, v = (torch.randn(batch, nheads, seqlen, args.dim, device="cuda", dtype=torch.bfloat16)
-                   .requires_grad_(args.grad) for _ in range(3))
-        flops = 4 * batch * nheads * seqlen * seqlen * args.dim / (2 if args.causal else 1)
+        q, k, v, batch, nheads = grid_inputs(seqlen, args.dim, args.tokens, args.hidden, requires_grad=args.grad)
+        flops = attention_flops(batch, nheads, seqlen, seqlen, args.dim, args.causal, "fwd")
         for impl in ("fa2", "cudnn", "fa2", "cudnn"):
             fn = make_call(impl, q, k, v, args.causal)
             ms = {"cold": cold_ms(fn), "do_bench": do_bench(fn, warmup=5, rep=20), "b2b": gpu_us(fn, 50) / 1e3}

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from bench_common import attention_flops, grid_inputs
 from host_overhead import make_call
 
 SMI_FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -62,9 +63,8 @@ def main() -> None:
         raise SystemExit("sustained.py needs a CUDA GPU")
     results = []
     for seqlen in (int(s) for s in args.seqlens.split(",")):
-        batch, nheads = args.tokens // seqlen, args.hidden // args.dim
-        q, k, v = (torch.randn(batch, nheads, seqlen, args.dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        flops = 4 * batch * nheads * seqlen * seqlen * args.dim / (2 if args.causal else 1)
+        q, k, v, batch, nheads = grid_inputs(seqlen, args.dim, args.tokens, args.hidden)
+        flops = attention_flops(batch, nheads, seqlen, seqlen, args.dim, args.causal, "fwd")
         for impl in args.impls.split(","):
             ms, rows = settled(make_call(impl, q, k, v, args.causal), args.secs)
             row = {"impl": impl, "seqlen": seqlen, "batch": batch, "nheads": nheads, "headdim": args.dim,
