@@ -383,18 +383,33 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
             const acc_t* do_tile = rows_for_blas(dout_rows.row(b, q_begin, h), dout_rows.stride_s, rows, headdim,
                                                  dout_pack.data(), lddo);
 
+            // (query i's visible keys all lie in this key block)
+            auto sees_only_this_block = [&](int64_t i) {
+              return window.first_key(i) >= k_begin && window.last_key(i) < k_begin + cols;
+            };
             // -- recompute S = scale · Q Kᵀ (softcap, bias, mask) and P = exp(S - lse)   (rows, cols)
             gemm_abt<acc_t>(rows, cols, headdim, scale, q_tile, ldq, k_tile, ldk, acc_t(0), pt, block_k);
             mods.apply(pt, block_k, b, h, q_begin, rows, k_begin, cols, dtanh);
             for (int64_t r = 0; r < rows; ++r) {
               // lse = +inf (row sees no key) gives P = 0, hence zero gradients for the row
               const int64_t row = (b * nheads + h) * seqlen_q + q_begin + r;
+              acc_t* p_row = pt + r * block_k;
               if (exact_row.empty() || !exact_row[row]) {
                 const float row_lse = lse_data[b * lse_stride_b + h * lse_stride_h + (q_begin + r) * lse_stride_q];
-                exp_sub_sum(pt + r * block_k, cols, static_cast<acc_t>(row_lse));
-              } else {  // see inexact_rows above
-                exp_sub_sum(pt + r * block_k, cols, exact_max[row]);
-                scale_row(pt + r * block_k, cols, exact_inv_sum[row]);
+                exp_sub_sum(p_row, cols, static_cast<acc_t>(row_lse));
+              } else if (sees_only_this_block(q_begin + r)) {
+                // (see inexact_rows above) the statistics from this tile's own S: inexact_rows' recomputation sums
+                // in another order, and at |S| ~ 1e4 (a key padded by -1e4) one float spacing is 1e-3, so a row that
+                // sees a single key got P = 1 +- 1e-3 and dS = P dP (1 - P) != 0 (CI: dq 2.5e-4-8.9e-4 where it is 0)
+                const acc_t m = row_max(p_row, cols);
+                if (m > -std::numeric_limits<acc_t>::infinity()) {
+                  scale_row(p_row, cols, acc_t(1) / exp_sub_sum(p_row, cols, m));
+                } else {
+                  std::fill(p_row, p_row + cols, acc_t(0));  // sees no key
+                }
+              } else {
+                exp_sub_sum(p_row, cols, exact_max[row]);
+                scale_row(p_row, cols, exact_inv_sum[row]);
               }
             }
 
@@ -411,8 +426,7 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
               // D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij. When all keys row i sees lie in this block, take the second
               // form from this tile: it carries dP's own rounding, so dS is exactly 0 where P is one-hot (a row that
               // sees a single key), as in exact arithmetic, instead of the difference of two roundings.
-              const bool row_within_block = window.first_key(i) >= k_begin && window.last_key(i) < k_begin + cols;
-              softmax_grad_row(ds_row, p_row, cols, row_within_block ? dot_row(p_row, ds_row, cols) : row_d[r]);
+              softmax_grad_row(ds_row, p_row, cols, sees_only_this_block(i) ? dot_row(p_row, ds_row, cols) : row_d[r]);
             }
             if (dbias_data != nullptr) {  // the bias enters after softcap: its gradient is dS itself
               for (int64_t r = 0; r < rows; ++r) {
