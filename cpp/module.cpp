@@ -26,6 +26,8 @@ inline void set_bwd_small_tiles(bool) {}
 inline bool bwd_small_tiles() { return false; }
 inline void set_persistent_forward_ctas(int) {}
 inline int persistent_forward_ctas() { return 0; }
+inline void set_tile_order_tail(bool) {}
+inline bool tile_order_tail_enabled() { return false; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
   *schedule = Sm90Schedule::kAuto;
   return nullptr;
@@ -78,6 +80,9 @@ PYBIND11_MODULE(_C, m) {
   // n > 0 at most n CTAs (tests)
   m.def("set_persistent_forward_ctas", &fa2::set_persistent_forward_ctas, py::arg("ctas"));
   m.def("persistent_forward_ctas", &fa2::persistent_forward_ctas);
+  // causal launches' longest-first tail (fa2/tile_order.h): on by default, off = head by head (tests, A/B timing)
+  m.def("set_tile_order_tail", &fa2::set_tile_order_tail, py::arg("enabled"));
+  m.def("tile_order_tail", &fa2::tile_order_tail_enabled);
   m.def("set_sm90_schedule", [](const std::string& name) {
     if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
   }, py::arg("name"), "auto, pipelined, ws, pingpong, overlap or pingpong-overlap (FA2_SM90_SCHEDULE)");

@@ -260,6 +260,44 @@ def test_sm90_tile_counter_forward_with_blocks_that_see_no_key():
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_tile_order_tail_changes_no_result(d):
+    """Launches whose blocks have causal lengths start the blocks of their last (batch, head) pairs longest first
+    across those heads (fa2/tile_order.h: rank-major, where the rest of the launch goes head by head), so that the
+    longest blocks do not start last. The order changes which CTA runs which tile, never a tile's arithmetic: out,
+    lse, dK and dV are bitwise those of the head-major order throughout (fa2._C.set_tile_order_tail(False)); dQ, fp32
+    sums added by the key blocks' CTAs in another order, within a rounding of its bf16 / fp16 result. Shapes with a
+    tail that covers some heads and leaves others head-major (64 (batch, head) pairs of 8-16 blocks: tails of 32-59;
+    fewer blocks than SMs), bottom-right causal with seqlen_q != seqlen_k, a window bounded on the right only, GQA;
+    the sm_90a forward kernels (d 128: the tile-counter one) and the warp-specialized backward (the tail at d 128 /
+    256; the d 64 one keeps blockIdx's order, where the switch must change nothing either)."""
+    assert fa2._C.tile_order_tail(), "on by default (FA2_NO_TILE_ORDER_TAIL unset)"
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    cases = [((4, 1000, 1000, 16, 16), dict(causal=True), torch.bfloat16),
+             ((2, 1500, 700, 32, 8), dict(causal=True), torch.float16),  # (query blocks that see no key)
+             ((4, 900, 1100, 16, 4), dict(window_left=-1, window_right=64), torch.bfloat16)]
+    for (b, sq, sk, h, hk), kw, dtype in cases:
+        q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=gen, requires_grad=True)
+        dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=gen)
+
+        def run():
+            out, lse = torch.ops.fa2.fwd(q.detach(), k.detach(), v.detach(), None, None, kw.get("causal", False),
+                                         kw.get("window_left", -1), kw.get("window_right", -1), 0.0)
+            grads = torch.autograd.grad(fa2.attention(q, k, v, **kw), (q, k, v), dout)
+            return (out, lse) + grads
+
+        with switch("tile_order_tail", False):
+            want = run()
+        got = run()
+        what = f"d {d} {(b, sq, sk, h, hk)} {kw}"
+        for name, x, y in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+            if name == "dq":
+                tol = 2 ** -6 * y.float().abs().max().item()
+                assert (x.float() - y.float()).abs().max().item() <= tol, (what, name)
+            else:
+                assert torch.equal(x, y), (what, name, (x.float() - y.float()).abs().max().item())
+
+
 def test_sm90_schedule_setting():
     """set_sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
     before = fa2._C.sm90_schedule()

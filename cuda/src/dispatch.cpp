@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fa2/launch.h"  // the switches defined here
+#include "fa2/tile_order.h"
 
 namespace fa2 {
 namespace {
@@ -57,6 +58,9 @@ Switch g_sm90_ws_backward{"FA2_DISABLE_SM90_WS_BACKWARD", /*when_set=*/false};
 // e.g. to time the general bias path on the same build).
 Switch g_key_bias_backward{"FA2_DISABLE_KEY_BIAS_BWD", /*when_set=*/false};
 Switch g_bwd_small_tiles{"FA2_BWD_SMALL_TILES", /*when_set=*/true};
+// Whether causal-length launches end with tile_order.h's rank-major tail (launch.h; FA2_NO_TILE_ORDER_TAIL=1 turns it
+// off).
+Switch g_tile_order_tail{"FA2_NO_TILE_ORDER_TAIL", /*when_set=*/false};
 // The warp-specialized forward's persistent grid (launch.h): at most this many CTAs, -1 one per SM, 0 not
 // persistent; kUnread until FA2_PERSISTENT_FWD_CTAS is read.
 constexpr int kPersistentUnread = -2;
@@ -205,6 +209,16 @@ int64_t persistent_forward_grid(int64_t tiles) {
   if (sms > 0 && sms < ctas) ctas = sms;
   if (setting > 0 && setting < ctas) ctas = setting;
   return ctas;
+}
+
+void set_tile_order_tail(bool enabled) { g_tile_order_tail.set(enabled); }
+bool tile_order_tail_enabled() { return g_tile_order_tail.on(); }
+
+int launch_tile_order_tail(const AttentionParams& p, int blocks) {
+  const bool causal_lengths = p.window_left < 0 && p.window_right >= 0;  // (causal is folded into window_right)
+  const int64_t heads = int64_t(p.batch) * p.nheads;
+  if (!causal_lengths || p.deterministic || heads * blocks > 0x7fffffff || !g_tile_order_tail.on()) return 0;
+  return tile_order_tail(blocks, int(heads), device_sm_count());
 }
 
 int device_cc_major() {

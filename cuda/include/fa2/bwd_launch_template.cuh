@@ -118,7 +118,9 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, 
   const dim3 grid(num_n_blocks, p.nheads, p.batch);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+  AttentionParams kernel_params = p;  // (with the launch's tile order, params.h)
+  kernel_params.tile_order_tail = Cfg::kTileOrderTail ? launch_tile_order_tail(p, num_n_blocks) : 0;
+  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(kernel_params, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -209,6 +209,11 @@ struct BwdWsTileConfig {
   // while dV runs: at 128-query blocks S^T and dP^T take 64 registers each, and keeping the fp32 P beside the packed
   // one spilled 48 B
   static constexpr bool kDsBeforeDv = kBlockM == 128;
+  // Causal launches' tile order with a tail (tile_order.h) at d 128 only: at d 64 (128 queries a step) its -3..+2%
+  // causal did not pay for what the code did to ptxas's schedule of the kernel (H200, bf16, harness, two builds,
+  // 2026-12-02: -0.5..-3% without a causal mask, where the order is unchanged), so the d 64 kernel is compiled
+  // without it (its SASS is then main's)
+  static constexpr bool kTileOrderTail = kHeadDim > 64;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
   // start at one (both shapes give kDqCols 64)
@@ -256,6 +261,7 @@ struct BwdWsSplitTileConfig {
   static constexpr int kStages = 2;    // Q / dO / lse / D ring
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kDCols = kHeadDim / kConsumerWarpgroups;  // dK, dV, dQ columns per warpgroup
+  static constexpr bool kTileOrderTail = true;  // (tile_order.h; see BwdWsTileConfig)
   static constexpr int kDqRows = kBlockM;
   static constexpr int kBlockCols = 64;  // column blocks of Q, dO, K, V (128-byte swizzle)
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;

@@ -28,7 +28,7 @@
 #include <type_traits>
 
 #include "fa2/block_info.cuh"
-#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e
+#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e, bwd_tile_of_cta
 #include "fa2/bwd_tile_config.h"
 #include "fa2/cta_trace.cuh"
 #include "fa2/params.h"
@@ -164,7 +164,8 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
   }
 }
 
-// The CTA's key block (blockIdx.x of (key blocks, heads, batch)) and the query blocks that see it, in both ws kernels.
+// The CTA's key block (blockIdx.x of (key blocks, heads, batch), or with a tail tile_order.h's order) and the query
+// blocks that see it, in both ws kernels.
 struct WsKeyBlock {
   int n_block, head, batch, n0, m_lo, m_hi;
   int64_t bh;    // batch * nheads + head
@@ -180,7 +181,11 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
                                                const Ring& ring, uint32_t sK, uint32_t sV) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   WsKeyBlock blk;
-  blk.n_block = blockIdx.x, blk.head = blockIdx.y, blk.batch = blockIdx.z;
+  if constexpr (Cfg::kTileOrderTail) {
+    bwd_tile_of_cta(p, blk.n_block, blk.head, blk.batch);
+  } else {
+    blk.n_block = blockIdx.x, blk.head = blockIdx.y, blk.batch = blockIdx.z;
+  }
   blk.n0 = blk.n_block * kBlockN;
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};

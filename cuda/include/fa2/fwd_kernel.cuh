@@ -28,6 +28,7 @@
 
 #include "fa2/softmax.cuh"
 #include "fa2/tile_config.h"  // (and FA2_SM90_TMA's default)
+#include "fa2/tile_order.h"
 
 namespace fa2 {
 namespace fwd {
@@ -471,7 +472,8 @@ template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBia
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
-                                                         kMode == ScoreMode::kKeyBiasFold))
+                                                         kMode == ScoreMode::kKeyBiasFold ||
+                                                         kMode == ScoreMode::kPlain))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
   constexpr bool kWgmma = kArchTag == 901;
   constexpr bool kTma = kWgmma && FA2_SM90_TMA;
@@ -615,8 +617,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // epilogue between tiles); elsewhere one tile per CTA, in a loop the compiler sees run once (with the loop, the d 256
   // kernels ran 2-3% slower: d94fbd9). Tile t is query block num_m_blocks - 1 - t % num_m_blocks of head (t /
   // num_m_blocks) % nheads, batch t / (num_m_blocks nheads): the blocks of one head together (their K/V shared in L2),
-  // the longest (causal) rows first. The other kernels: one tile per CTA, the same order from a (query blocks, heads,
-  // batch) grid.
+  // the longest (causal) rows first; with causal lengths the last heads' blocks go longest first across those heads
+  // (tile_order.h, p.tile_order_tail). The other kernels: one tile per CTA, the same order from a (query blocks,
+  // heads, batch) grid.
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   constexpr bool kPersistent = kWs && fwd_persistent_headdim(kHeadDim);
@@ -625,17 +628,26 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
   const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
   const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;
+  // (tile_order.h: a head's longest block, rank 0, is its last query block. The warp-specialized kernels' tiles
+  //  number at most 2^30 - 1 (the launcher checks); a (query blocks, heads, batch) grid's tiles start in linear
+  //  blockIdx order, and with a tail, which the launcher sets only where batch * nheads * blocks fits an int, go
+  //  through the same order. The sm80-path kernels keep blockIdx: the order's code cost the d 128 ones 50-110 B more
+  //  spills, not timed on an sm80 GPU; their launcher sets no tail.)
   auto tile_at = [&](int t, int& m_block, int& head, int& batch) {
+    int bh = 0, rank = 0;
     if constexpr (kWs) {
-      const int bh = t / num_m_blocks;
-      m_block = num_m_blocks - 1 - (t - bh * num_m_blocks);
-      head = bh % p.nheads;
-      batch = bh / p.nheads;
+      TileOrder{num_m_blocks, p.nheads * p.batch, p.tile_order_tail}.at(t, bh, rank);
     } else {
       m_block = gridDim.x - 1 - blockIdx.x;
       head = blockIdx.y;
       batch = blockIdx.z;
+      if (!kWgmma || p.tile_order_tail == 0) return;
+      TileOrder{num_m_blocks, p.nheads * p.batch, p.tile_order_tail}.at(
+          int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), bh, rank);
     }
+    m_block = num_m_blocks - 1 - rank;
+    head = bh % p.nheads;
+    batch = bh / p.nheads;
   };
 
   // TMA path: the mbarriers' initialization, then a CTA barrier. A warp-specialized kernel runs it once, before its

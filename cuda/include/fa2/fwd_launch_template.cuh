@@ -213,6 +213,8 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   kernel_params.workspace = use_tile_counter ? p.workspace : nullptr;
   kernel_params.inv_scale = 1.f / p.scale;
   kernel_params.heavy_score = -kHeavyRowLog2 / p.scale_log2;
+  // (tile_order.h; the sm80-path kernels keep blockIdx's order: fwd_kernel.cuh)
+  kernel_params.tile_order_tail = kArch == 901 ? launch_tile_order_tail(p, num_m_blocks) : 0;
   launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(kernel_params, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

@@ -68,6 +68,11 @@ struct AttentionParams {
   bool deterministic = false;
 
   void* workspace = nullptr;    // scratch given by the caller (allocated by torch's caching allocator)
+
+  // Derived by the launchers (launch.h, launch_tile_order_tail), not the caller: how many of the last (batch, head)
+  // pairs start their blocks longest first across heads (tile_order.h); 0: head by head throughout. (Last in the
+  // struct: the other fields keep their offsets in the kernels' parameter space.)
+  int tile_order_tail = 0;
 };
 
 // Whether the backward recomputes scores through softcap / bias (its score-mod path, which needs row_lse and

@@ -207,10 +207,11 @@ struct FwdTileConfig {
   static constexpr int kNWarps = kShape.warps;
   static constexpr int kStages = kShape.stages;
   static constexpr int kNThreads = kNWarps * 32;
-  // CTAs per SM the register allocation must allow (__launch_bounds__'s minimum), for the lean variants (a key-row
-  // bias): sm_90a at d <= 64 asks for 2, i.e. <= 128 registers a thread, which two CTAs' 82 KB of shared memory
-  // allow (ptxas, bf16, bias staged and folded in shared memory: 128 registers, 48 bytes spilled for a bool bias,
-  // 72-76 for float ones, mostly around the loop's setup; unbounded: 129-141).
+  // CTAs per SM the register allocation must allow (__launch_bounds__'s minimum), for the lean variants (the plain
+  // one and a key-row bias): sm_90a at d <= 64 asks for 2, i.e. <= 128 registers a thread, which two CTAs' 82 KB of
+  // shared memory allow (ptxas, bf16, bias staged and folded in shared memory: 128 registers, 48 bytes spilled for a
+  // bool bias, 72-76 for float ones, mostly around the loop's setup; unbounded: 129-141. The plain variant: 126, 0
+  // spilled; unbounded it took 128 until the tile order's tail (tile_order.h) made it 130, one CTA per SM: 0.73-0.80x).
   // 0 (everything else) leaves the compiler free: an explicit 1 is not the same (the plain variant then took 152).
   static constexpr int min_blocks_per_sm(bool lean) { return lean && kWgmma && kHeadDim_ <= 64 ? 2 : 0; }
 

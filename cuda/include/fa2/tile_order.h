@@ -1,0 +1,80 @@
+// The order in which a launch's tiles start: `blocks` blocks (query blocks in the forward, key blocks in the
+// backward) of each of `heads` (batch, head) pairs, numbered t = 0, 1, .. in the order they start (a grid's CTAs by
+// their linear blockIdx, x fastest, as the hardware starts them; the persistent forward's tiles as its CTAs take
+// them). Plain C++ (host and device), no torch.
+//
+// Head-major (all blocks of one head, longest first, then the next head) keeps the CTAs that run at once on a few
+// heads, which then share that head's K / V (forward) or Q / dO (backward) in L2. With blocks of unequal length
+// (causal: the forward's last query block sees every key, its first one key block; the backward's first key block
+// is seen by every query block) it starts the last heads' longest blocks among the last tiles of the launch, and
+// they run on after the rest of the GPU has run out of work: a greedy model of the H200's 132 SMs loses 5-7% at
+// d 128 / 256, S 1k-8k, 16k tokens (one CTA per SM). So the last `tail` heads go rank-major instead (their longest
+// blocks first, all of those heads at once), the tail sized so that its work outlasts its longest block
+// (tile_order_tail); the same model then loses 0.2-1.5%. rank: a block's place in its head by length, 0 the longest.
+// Measured (H200, bf16, causal, 16k tokens, scripts/fwd_variant_bench.cu against head-major throughout;
+// benchmarks/results/variants_h200-20261202-tile-order-tail.json, -2.json): forward +2.2..+4.9% at S 2k-8k (d 64 /
+// 128 / 256), backward +0.5..+4.5% (d 128 / 256; 64 blocks a head and fewer); at 128 blocks a head (d 256 forward and
+// d 128 backward at S 16k, d 256 backward at 8k), where the model's loss is under 0.5%, the tail lost 2-8% (its
+// heads' K / V or Q / dO no longer shared in L2 by the CTAs running at once, we think; not measured), so above half as
+// many blocks as slots there is none (between 64 and 128 blocks: not measured). The d 64 backward kernel is compiled
+// without it (bwd_tile_config.h, kTileOrderTail).
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FA2_TILE_ORDER_FN __host__ __device__ constexpr
+#else
+#define FA2_TILE_ORDER_FN constexpr
+#endif
+
+namespace fa2 {
+
+struct TileOrder {
+  int blocks;  // per head
+  int heads;   // batch * nheads
+  int tail;    // the last `tail` heads rank-major (0: head-major throughout); <= heads
+
+  template <typename Index>
+  FA2_TILE_ORDER_FN void at(Index t, int& bh, int& rank) const {
+    const Index head_major = Index(heads - tail) * blocks;
+    if (t < head_major) {
+      bh = int(t / blocks);
+      rank = int(t - Index(bh) * blocks);
+    } else {
+      const Index u = t - head_major;
+      rank = int(u / tail);
+      bh = heads - tail + int(u - Index(rank) * tail);
+    }
+  }
+};
+
+// The tail for `blocks` blocks per head of causal lengths (rank r: about blocks - r units) on `slots` CTAs at once:
+// its work, tail * blocks (blocks + 1) / 2 units, twice the slots' share of the longest block (slots * blocks); none
+// above slots / 2 blocks a head (see above).
+FA2_TILE_ORDER_FN int tile_order_tail(int blocks, int heads, int slots) {
+  if (blocks <= 1 || slots <= 0 || 2 * blocks > slots) return 0;
+  const int64_t tail = (4 * int64_t(slots) + blocks) / (int64_t(blocks) + 1);  // ceil(4 slots / (blocks + 1))
+  return tail < heads ? int(tail) : heads;
+}
+
+// (compile-time check: every (head, block) pair exactly once, for a few shapes)
+constexpr bool tile_order_is_a_permutation(int blocks, int heads, int tail) {
+  bool seen[64] = {};
+  const TileOrder order{blocks, heads, tail};
+  for (int t = 0; t < blocks * heads; ++t) {
+    int bh = -1, rank = -1;
+    order.at(t, bh, rank);
+    if (bh < 0 || bh >= heads || rank < 0 || rank >= blocks || seen[bh * blocks + rank]) return false;
+    seen[bh * blocks + rank] = true;
+  }
+  return true;
+}
+static_assert(tile_order_is_a_permutation(5, 7, 0) && tile_order_is_a_permutation(5, 7, 3) &&
+                  tile_order_is_a_permutation(5, 7, 7) && tile_order_is_a_permutation(8, 8, 1) &&
+                  tile_order_is_a_permutation(1, 9, 9),
+              "TileOrder::at visits every tile once");
+static_assert(tile_order_tail(16, 128, 132) == 32 && tile_order_tail(64, 8, 132) == 8 &&
+                  tile_order_tail(1, 4, 132) == 0 && tile_order_tail(67, 64, 132) == 0,
+              "tile_order_tail");
+
+}  // namespace fa2
