@@ -40,7 +40,6 @@
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/softmax.cuh"  // exp2_ftz
-#include "fa2/tile_order.h"
 #include "fa2/sm90/wgmma.cuh"  // only instantiated by sm_90a instances (BwdTileConfig::kWgmma)
 
 namespace fa2 {
@@ -200,26 +199,6 @@ __device__ __forceinline__ void product(float (&acc)[kMTiles][kNTiles][4], uint3
   } else {
     if constexpr (kOverwrite) ptx::zero(acc);
     warp_gemm<T, kMTiles, kNTiles, kKSteps, kATrans, kBTrans, ATile, BTile>(acc, sA, a_m0, sB, b_n0, lane);
-  }
-}
-
-// The (key block, head, batch) of this CTA of a (key blocks, heads, batch) grid: blockIdx, except for the CTAs of
-// the last p.tile_order_tail (batch, head) pairs, which tile_order.h's order (the grid's CTAs start in linear
-// blockIdx order) sends rank-major: a head's longest block, rank 0, is its first key block (causal lengths: key block
-// n is seen by the query blocks from its diagonal on). (The launcher sets a tail only where the grid's CTAs fit an
-// int.) The head-major CTAs keep blockIdx as it is: the order's division runs only in the tail's branch. Used by the
-// warp-specialized kernels (bwd_ws_kernel.cuh's ws_start) at d 128 / 256 only (bwd_tile_config.h, kTileOrderTail;
-// this file's kernel keeps blockIdx: not timed with it).
-__device__ __forceinline__ void bwd_tile_of_cta(const AttentionParams& p, int& n_block, int& head, int& batch) {
-  n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  if (p.tile_order_tail == 0) return;
-  const int heads = p.nheads * p.batch, bh = int(blockIdx.y + gridDim.y * blockIdx.z);
-  if (bh >= heads - p.tile_order_tail) {
-    int tail_bh, rank;
-    TileOrder{int(gridDim.x), heads, p.tile_order_tail}.at(int(blockIdx.x + gridDim.x * bh), tail_bh, rank);
-    n_block = rank;
-    head = tail_bh % p.nheads;
-    batch = tail_bh / p.nheads;
   }
 }
 
@@ -482,7 +461,6 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
 
   // -- which (key block, head, batch): the grid's, or in deterministic mode the order in which CTAs start
-  //    (tile_order.h's tail: the warp-specialized kernels' only)
   int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int* turns = nullptr;
   if (p.deterministic) {

@@ -28,7 +28,7 @@
 #include <type_traits>
 
 #include "fa2/block_info.cuh"
-#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e, bwd_tile_of_cta
+#include "fa2/bwd_kernel.cuh"  // QueryBlockRange, st_shared_pair, unpack2, kLog2e
 #include "fa2/bwd_tile_config.h"
 #include "fa2/cta_trace.cuh"
 #include "fa2/params.h"
@@ -36,6 +36,7 @@
 #include "fa2/sm90/tma.cuh"
 #include "fa2/sm90/wgmma.cuh"
 #include "fa2/softmax.cuh"  // exp2_ftz
+#include "fa2/tile_order.h"
 
 // Knobs kept for A/Bs (scripts/fwd_variant_bench.cu), the defaults measured faster on the H200:
 // FA2_BWD_STMATRIX: P^T / dS^T stored to shared memory by stmatrix (1) or 32-bit stores (0) (ws_store_a_fragments,
@@ -161,6 +162,25 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
     sm90::tma_load_1d(ring.stat(s, 0), &maps.lse, ring.full(s), at);
     sm90::tma_load_1d(ring.stat(s, 1), &maps.dsum, ring.full(s), at);
     if constexpr (kShift) sm90::tma_load_1d(ring.stat(s, 2), &maps.shift, ring.full(s), at);
+  }
+}
+
+// The (key block, head, batch) of this CTA of a (key blocks, heads, batch) grid: blockIdx, except for the CTAs of
+// the last p.tile_order_tail (batch, head) pairs, which tile_order.h's order (the grid's CTAs start in linear
+// blockIdx order) sends rank-major: a head's longest block, rank 0, is its first key block (causal lengths: key block
+// n is seen by the query blocks from its diagonal on). (The launcher sets a tail only where the grid's CTAs fit an
+// int.) The head-major CTAs keep blockIdx as it is: the order's division runs only in the tail's branch. At d 128 / 256
+// only (bwd_tile_config.h, kTileOrderTail); bwd_kernel.cuh's kernel keeps blockIdx (not timed with the tail).
+__device__ __forceinline__ void bwd_tile_of_cta(const AttentionParams& p, int& n_block, int& head, int& batch) {
+  n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  if (p.tile_order_tail == 0) return;
+  const int heads = p.nheads * p.batch, bh = int(blockIdx.y + gridDim.y * blockIdx.z);
+  if (bh >= heads - p.tile_order_tail) {
+    int tail_bh, rank;
+    TileOrder{int(gridDim.x), heads, p.tile_order_tail}.at(int(blockIdx.x + gridDim.x * bh), tail_bh, rank);
+    n_block = rank;
+    head = tail_bh % p.nheads;
+    batch = tail_bh / p.nheads;
   }
 }
 
