@@ -91,9 +91,10 @@ PYBIND11_MODULE(_C, m) {
     if (const char* error = fa2::sm90_schedule(&schedule)) throw py::value_error(error);
     return std::string(fa2::sm90_schedule_name(schedule));
   });
-  m.def("sm90_default_schedule", [](int headdim) {  // what "auto" runs at an instantiated headdim
-    return std::string(fa2::sm90_schedule_name(fa2::sm90_default_schedule(headdim)));
-  }, py::arg("headdim"));
+  // what "auto" runs at an instantiated headdim on the plain path; windowed: a causal mask or a window
+  m.def("sm90_default_schedule", [](int headdim, bool windowed) {
+    return std::string(fa2::sm90_schedule_name(fa2::sm90_default_schedule(headdim, windowed)));
+  }, py::arg("headdim"), py::arg("windowed"));
   m.def("sm90_key_bias_schedule", [](int headdim) {  // what a key-row bias (padding mask) runs under "auto"
     return std::string(fa2::sm90_schedule_name(fa2::sm90_key_bias_schedule(headdim)));
   }, py::arg("headdim"));

@@ -137,11 +137,12 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
     assert len(calls) > 30
     with switch("sm90_schedule", schedule):
         scheduled = [torch.ops.fa2.fwd(*args) for args, _, _ in calls]
-        plain_by_headdim, key_bias = {}, []
+        plain_by_headdim, key_bias = {}, []  # plain: by (headdim, windowed: causal or a window)
         for args, _, flags in calls:
             d = -(-args[0].shape[-1] // 32) * 32  # the instantiated headdim that serves it (32 .. 256)
-            if args[3] is None and d not in plain_by_headdim:
-                plain_by_headdim[d] = args
+            windowed = bool(args[5]) or args[6] >= 0 or args[7] >= 0
+            if args[3] is None and (d, windowed) not in plain_by_headdim:
+                plain_by_headdim[(d, windowed)] = args
             elif "bias" in flags:
                 key_bias.append((d, flags["bias"][1], args))
         names = {d: cuda_kernel_names(lambda a=a: torch.ops.fa2.fwd(*a)) for d, a in plain_by_headdim.items()}
@@ -149,10 +150,11 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
                       for d, misaligned, a in key_bias]
     with switch("sm90_schedule", "pipelined"):
         pipelined = [torch.ops.fa2.fwd(*args) for args, _, _ in calls]
-    assert len(names) >= 5, sorted(names)
-    for d, kernels in names.items():
-        want = KERNEL_SUFFIX[fa2._C.sm90_default_schedule(d) if schedule == "auto" else schedule]
-        assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, kernels)
+    assert {d for d, _ in names} >= {32, 64, 96, 128, 192, 256}, sorted(names)
+    assert {(128, False), (128, True)} <= set(names), sorted(names)  # (d 128's two defaults)
+    for (d, windowed), kernels in names.items():
+        want = KERNEL_SUFFIX[fa2._C.sm90_default_schedule(d, windowed) if schedule == "auto" else schedule]
+        assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, windowed, kernels)
     # key-row biases: each headdim's key-bias schedule, except that a forced "ws" at d <= 64 (default pipelined) runs
     # the wide warp-specialized kernel; misaligned rows the pipelined kernel
     for d, misaligned, kernels in bias_names:
@@ -310,13 +312,18 @@ def test_sm90_schedule_setting():
         assert fa2._C.sm90_schedule() == "auto"
     finally:
         fa2._C.set_sm90_schedule(before)
-    assert fa2._C.sm90_default_schedule(64) == "pipelined"
-    assert fa2._C.sm90_default_schedule(128) in KERNEL_SUFFIX
+    for windowed in (False, True):
+        assert fa2._C.sm90_default_schedule(64, windowed) == "pipelined"
+    # d 128: ping-pong-overlap where a causal mask or window makes query blocks' key ranges unequal, the overlap alone
+    # where they are all the keys (tile_config.h)
+    assert fa2._C.sm90_default_schedule(128, True) == "pingpong-overlap"
+    assert fa2._C.sm90_default_schedule(128, False) == "overlap"
     assert fa2._C.sm90_key_bias_schedule(128) == "overlap"  # (the tiles a padding mask hides are skipped)
     # d 192 (96-key tiles) and 256 (80-key tiles): the overlap schedules (d 256 with ping-pong), whose two K/V stages
     # need K and V on barriers of their own (the staged-bias kernels keep one pair: warp-specialized there)
     for d, schedule in ((192, "overlap"), (256, "pingpong-overlap")):
-        assert fa2._C.sm90_default_schedule(d) == schedule, d
+        for windowed in (False, True):
+            assert fa2._C.sm90_default_schedule(d, windowed) == schedule, d
         assert fa2._C.sm90_key_bias_schedule(d) == "ws", d
 
 

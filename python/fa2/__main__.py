@@ -44,8 +44,11 @@ def main() -> int:
                                  f"backward {backward} (fp16/bf16)")
                 else:
                     paths.append(f"cuda:{i} sm80-instruction kernels (fp16/bf16)")
+            def default(d):  # causal / windowed calls' default, and the other one where they differ
+                windowed, full = _C.sm90_default_schedule(d, True), _C.sm90_default_schedule(d, False)
+                return f"d{d} {windowed}" + (f" ({full} without a causal mask or window)" if full != windowed else "")
             rows.append(("sm_90a forward schedule", f"{schedule} (FA2_SM90_SCHEDULE; auto: "
-                         + ", ".join(f"d{d} {_C.sm90_default_schedule(d)}" for d in (64, 128, 192, 256)) + ")"))
+                         + ", ".join(default(d) for d in (64, 128, 192, 256)) + ")"))
             rows.append(("padding-mask backward", ("key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)"
                                                    if _C.key_bias_backward()
                                                    else "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)")))

@@ -104,14 +104,17 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // and a key-row bias (the headdim's sm90_key_bias_schedule only: fewer instantiations; at d <= 64, whose default is
   // pipelined, also the wide warp-specialized kernel: by default at d 64 from kWideKeyBiasMinKeys keys
   // (tile_config.h), and whenever "ws" is forced); the rest runs pipelined.
+  // (kDefault: the default of causal / windowed calls, the one the tile-counter and key-bias kernels are built for;
+  // calls that no causal mask or window bounds may default to another, sm90_default_schedule)
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
-  constexpr Sm90Schedule kDefault = kTma ? sm90_default_schedule(kHeadDim) : Sm90Schedule::kPipelined;
+  constexpr Sm90Schedule kDefault =
+      kTma ? sm90_default_schedule(kHeadDim, /*windowed=*/true) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = kDefault;
   bool schedule_forced = false;
   if constexpr (kTma) {
     if (const char* e = sm90_schedule(&schedule)) return e;
     schedule_forced = schedule != Sm90Schedule::kAuto;
-    if (!schedule_forced) schedule = kDefault;
+    if (!schedule_forced) schedule = sm90_default_schedule(kHeadDim, p.window_left >= 0 || p.window_right >= 0);
   }
   // a bias with one value per key (padding masks): its own variant; on sm_90a its key tiles are loaded by the TMA,
   // which needs 16-byte aligned rows (else the general bias-fold variant reads it)

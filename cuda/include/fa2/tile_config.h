@@ -122,7 +122,7 @@ constexpr bool fwd_wide_key_bias_by_default(int headdim, int seqlen_k) {
 //   kPingpongOverlap  both (FA-3's d 128 schedule): each consumer warpgroup issues Q K^T of tile n and P V of tile
 //                     n-1 in its turn, so the tensor cores alternate between the warpgroups' pairs of products while
 //                     the other one runs its softmax.
-// kAuto (a runtime setting only: set_sm90_schedule) means sm90_default_schedule(headdim).
+// kAuto (a runtime setting only: set_sm90_schedule) means sm90_default_schedule(headdim, windowed).
 enum class Sm90Schedule : int {
   kAuto = 0, kPipelined = 1, kWarpSpecialized = 2, kPingpong = 3, kOverlap = 4, kPingpongOverlap = 5
 };
@@ -160,9 +160,16 @@ constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
 // d 256 ping-pong-overlap over overlap +1.4 / +1.8 / +0.1% at S 1k / 4k / 16k (causal +1.0 / +0.6 / +0.2%), so d 256
 // takes it; d 192 +1.3 / +0.5 / -1.9% (causal +2.4 / +0.6 / -0.2%) keeps overlap; d 128 overlap over
 // ping-pong-overlap +1.2 / +0.5 / +0.3% at S 2k / 4k / 16k but -9.3 / -5.9 / -2.7% causal, plain ping-pong -8..-12%.
-constexpr Sm90Schedule sm90_default_schedule(int headdim) {
+// So d 128 takes the overlap alone where no causal mask or window bounds the keys (`windowed` false: every query
+// block sees every key, the persistent kernel's tiles all of one length) and ping-pong-overlap otherwise. Measured
+// again after the causal tile order (H200, bf16, scripts/fwd_variant_bench.cu, one binary, FA2_SM90_SCHEDULE forced,
+// 3 rounds, variants_h200-20261202-fwd-schedules-d128-d256.json; means, ping-pong-overlap's 6 runs as "auto" and
+// forced): non-causal overlap over ping-pong-overlap +0.3 / +1.3 / +0.2 / +0.1 / +0.3% at S 1k / 2k / 4k / 8k / 16k
+// (at 2k 592-602 TFLOP/s against 587-593), causal -12.3 / -8.8 / -5.3 / -3.2 / -2.2%; d 256 overlap -1.4..+0.2%
+// non-causal, -0.3..-2.4% causal (d 256 keeps ping-pong-overlap throughout).
+constexpr Sm90Schedule sm90_default_schedule(int headdim, bool windowed) {
   return headdim <= 96    ? Sm90Schedule::kPipelined
-         : headdim <= 128 ? Sm90Schedule::kPingpongOverlap
+         : headdim <= 128 ? (windowed ? Sm90Schedule::kPingpongOverlap : Sm90Schedule::kOverlap)
          : headdim <= 192 ? Sm90Schedule::kOverlap
                           : Sm90Schedule::kPingpongOverlap;
 }
@@ -172,7 +179,7 @@ constexpr Sm90Schedule sm90_default_schedule(int headdim) {
 // two stages: the staged-bias kernels keep K, V and the bias tile on one barrier pair (a skipped tile releases all
 // three), which two stages starve under the overlap schedules (see kSplitKV).
 constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
-  const Sm90Schedule schedule = sm90_default_schedule(headdim);
+  const Sm90Schedule schedule = sm90_default_schedule(headdim, /*windowed=*/true);
   const bool two_stages = fwd_ws_stages(fwd_tile_shape_wgmma(headdim), headdim) == 2;
   return schedule == Sm90Schedule::kPingpong || (sm90_schedule_overlap(schedule) && two_stages)
              ? Sm90Schedule::kWarpSpecialized
