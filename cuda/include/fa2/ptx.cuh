@@ -49,25 +49,31 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const
 }
 
 // ---- ldmatrix: four (or two) 8x8 b16 matrices from shared memory ----------------------------------------
+// ("memory": they read shared memory other threads wrote, so no shared-memory access of this thread may be moved
+// across them; without it only the barriers around them kept the order)
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr));
+               : "r"(smem_addr)
+               : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr));
+               : "r"(smem_addr)
+               : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr));
+               : "r"(smem_addr)
+               : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr));
+               : "r"(smem_addr)
+               : "memory");
 }
 
 // ---- cp.async: 16-byte global -> shared copies, in commit groups ------------------------------------------
