@@ -106,6 +106,9 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   // (tile_config.h), and whenever "ws" is forced); the rest runs pipelined.
   // (kDefault: the default of causal / windowed calls, the one the tile-counter and key-bias kernels are built for;
   // calls that no causal mask or window bounds may default to another, sm90_default_schedule)
+  // Every query block sees the same key range: no causal mask or window (causal is folded into window_right). Picks
+  // d 128's default schedule here and whether the persistent grid applies by default (below).
+  const bool equal_blocks = p.window_left < 0 && p.window_right < 0;
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
   constexpr Sm90Schedule kDefault =
       kTma ? sm90_default_schedule(kHeadDim, /*windowed=*/true) : Sm90Schedule::kPipelined;
@@ -114,7 +117,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   if constexpr (kTma) {
     if (const char* e = sm90_schedule(&schedule)) return e;
     schedule_forced = schedule != Sm90Schedule::kAuto;
-    if (!schedule_forced) schedule = sm90_default_schedule(kHeadDim, p.window_left >= 0 || p.window_right >= 0);
+    if (!schedule_forced) schedule = sm90_default_schedule(kHeadDim, /*windowed=*/!equal_blocks);
   }
   // a bias with one value per key (padding masks): its own variant; on sm_90a its key tiles are loaded by the TMA,
   // which needs 16-byte aligned rows (else the general bias-fold variant reads it)
@@ -177,7 +180,6 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     // With a zeroed int of workspace (fwd_workspace_ints) and a tile-counter kernel, the CTAs take the next block
     // from a counter there instead (fwd_kernel.cuh), which balances blocks of unequal length as the hardware's block
     // scheduling would.
-    const bool equal_blocks = p.window_left < 0 && p.window_right < 0;
     const bool tile_counter = p.workspace != nullptr && launch.tile_counter_kernel != nullptr;
     if (fwd_persistent_headdim(kHeadDim) && (setting > 0 || (setting < 0 && (equal_blocks || tile_counter)))) {
       ctas = persistent_forward_grid(tiles);
