@@ -923,7 +923,35 @@ __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_
   }
 }
 
-// dq = scale * dq_accum, to T; same row order as the preprocessing.
+// dq_accum's fragment order (the d 256 ws backward's, bwd_ws_dsplit_kernel.cuh: FA-3's layout there): within each
+// whole block of kRows queries (kCols fp32 columns, the block's kRows x kCols floats where row-major has them),
+// warpgroup w's dQ pass `pass` (columns 128 w + 64 pass ..), n8 tile nt, is 512 floats, thread t's (of 128) four at
+// 4 t: fragment element (nt, 2 half + e) of warp t / 32, lane 4 group + tig, which holds query 16 warp + group +
+// 8 half, column 128 w + 64 pass + 8 nt + 2 tig + e. One warp's red.v4 covers 512 contiguous bytes.
+struct DqFragmentOrder {
+  static constexpr int kRows = 64, kCols = 256;
+  __host__ __device__ static constexpr int offset(int row, int col) {
+    const int w = col / 128, pass = (col / 64) % 2, nt = (col / 8) % 8, tig = (col / 2) % 4, e = col % 2;
+    const int warp = row / 16, group = row % 8, half = (row / 8) % 2;
+    return ((w * 2 + pass) * 8 + nt) * 512 + (warp * 32 + group * 4 + tig) * 4 + 2 * half + e;
+  }
+};
+// (compile-time check: every (row, column) of a block at its own place in the block)
+constexpr bool dq_fragment_order_is_a_permutation() {
+  bool seen[DqFragmentOrder::kRows * DqFragmentOrder::kCols] = {};
+  for (int r = 0; r < DqFragmentOrder::kRows; ++r) {
+    for (int c = 0; c < DqFragmentOrder::kCols; ++c) {
+      const int o = DqFragmentOrder::offset(r, c);
+      if (o < 0 || o >= DqFragmentOrder::kRows * DqFragmentOrder::kCols || seen[o]) return false;
+      seen[o] = true;
+    }
+  }
+  return true;
+}
+static_assert(dq_fragment_order_is_a_permutation(), "DqFragmentOrder::offset is a permutation of a block");
+
+// dq = scale * dq_accum, to T; same row order as the preprocessing. (p.dq_accum_fragment_order: whole blocks of
+// DqFragmentOrder::kRows queries read in that order)
 template <typename T, int kHeadDim, int kNThreads>
 __global__ void __launch_bounds__(kNThreads) bwd_convert_dq_kernel(const __grid_constant__ AttentionParams p) {
   constexpr int kGroup = row_group_threads<kHeadDim>(), kRowsPerCta = kNThreads / kGroup;
@@ -934,9 +962,29 @@ __global__ void __launch_bounds__(kNThreads) bwd_convert_dq_kernel(const __grid_
   const int64_t head = row_id % p.nheads;
   const int64_t row = (row_id / p.nheads) % p.seqlen_q;
   const int64_t batch = row_id / (int64_t(p.nheads) * p.seqlen_q);
-  const float4* acc = reinterpret_cast<const float4*>(
-      p.dq_accum + ((batch * p.nheads + head) * p.seqlen_q + row) * kHeadDim + chunk * 8);
-  const float4 a = acc[0], b = acc[1];
+  const float* const row_acc = p.dq_accum + ((batch * p.nheads + head) * p.seqlen_q + row) * kHeadDim + chunk * 8;
+  float4 a, b;
+  if constexpr (kHeadDim == DqFragmentOrder::kCols) {
+    using Order = DqFragmentOrder;
+    const int64_t block_row0 = row / Order::kRows * Order::kRows;
+    if (p.dq_accum_fragment_order && block_row0 + Order::kRows <= p.seqlen_q) {
+      const float* block = row_acc - (row - block_row0) * kHeadDim - chunk * 8;
+      const int r = int(row - block_row0), c = chunk * 8;
+      // (columns c, c + 1 are adjacent in the order, as are c + 2 tig, c + 2 tig + 1)
+      const float2 v0 = *reinterpret_cast<const float2*>(block + Order::offset(r, c));
+      const float2 v1 = *reinterpret_cast<const float2*>(block + Order::offset(r, c + 2));
+      const float2 v2 = *reinterpret_cast<const float2*>(block + Order::offset(r, c + 4));
+      const float2 v3 = *reinterpret_cast<const float2*>(block + Order::offset(r, c + 6));
+      a = make_float4(v0.x, v0.y, v1.x, v1.y);
+      b = make_float4(v2.x, v2.y, v3.x, v3.y);
+    } else {
+      a = reinterpret_cast<const float4*>(row_acc)[0];
+      b = reinterpret_cast<const float4*>(row_acc)[1];
+    }
+  } else {
+    a = reinterpret_cast<const float4*>(row_acc)[0];
+    b = reinterpret_cast<const float4*>(row_acc)[1];
+  }
   const float s = p.scale;
   uint4 packed;
   packed.x = ptx::pack2<T>(a.x * s, a.y * s);

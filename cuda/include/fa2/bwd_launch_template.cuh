@@ -110,7 +110,9 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, 
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, kKeyBias ? p.row_lse : p.lse, rows, kStatBox);
   if (e == nullptr && kKeyBias) e = sm90::make_flat_f32_tensor_map(&maps.shift, p.row_shift, rows, kStatBox);
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, kStatBox);
-  if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
+  if constexpr (!kSplit) {  // (the headdim-split kernel adds dQ from its registers: no map)
+    if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
+  }
   if (e == nullptr) e = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes);
   if (e != nullptr) return nullptr;  // (not launched: the caller falls back)
   *launched = true;
@@ -181,8 +183,13 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   }
   if (e != nullptr) return e;
 
-  // -- 3. dq = scale * dq_accum
-  bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(p);
+  // -- 3. dq = scale * dq_accum (where the headdim-split ws kernel ran, its whole query blocks in its fragment order:
+  //    bwd_kernel.cuh, DqFragmentOrder)
+  AttentionParams convert = p;
+  if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
+    convert.dq_accum_fragment_order = ws && std::is_same_v<BwdWsConfig<kHeadDim>, BwdWsSplitTileConfig<kHeadDim>>;
+  }
+  bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(convert);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -17,6 +17,18 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
+// *addr += (a.x, a.y, a.z, a.w) for four adjacent floats (addr 16-byte aligned), one vector reduction on sm90 (the d
+// 256 ws backward's fragment-order dQ), two pairs before that.
+__device__ __forceinline__ void red_add_f32x4(float* addr, float4 a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a.x), "f"(a.y), "f"(a.z), "f"(a.w)
+               : "memory");
+#else
+  red_add_f32x2(addr, a.x, a.y);
+  red_add_f32x2(addr + 2, a.z, a.w);
+#endif
+}
+
 // 4-byte global -> shared copy (cp.async.ca); when !pred nothing is read and the 4 bytes become 0.
 __device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void* gmem, bool pred) {
   const int src_size = pred ? 4 : 0;

@@ -249,8 +249,9 @@ struct BwdWsTileConfig {
 // dK, dV columns 128 w .. 128 w + 127 (2 x 64 registers). The two products over the whole headdim are split instead:
 // warpgroup 0 computes S^T = K Q^T (then P^T), warpgroup 1 dP^T = V dO^T (then dS^T, with P^T from shared memory);
 // each passes its result to the other through shared memory (P^T, dS^T: the other's dV / dK take it as a shared-memory
-// operand). dQ = dS K: each warpgroup half of the columns (64 registers), staged for the TMA's reduce-add in the
-// stage's own Q / dO buffers (their halves this warpgroup's products read; released after the reduce-add's reads).
+// operand). dQ = dS K: each warpgroup half of the columns (64 registers, two passes), added into dq_accum from the
+// registers with red.global.add.v4.f32 in its fragment order (DqFragmentOrder, bwd_kernel.cuh), warpgroup 1's a
+// query block late (bwd_ws_dsplit_kernel.cuh).
 // Shared memory: K, V 2 x 32 KB + 2 stages x (Q, dO 2 x 32 KB + lse, D, shift 3 x 384 B) + P^T, dS^T 2 x 2 buffers x
 //   8 KB = 226.3 KB (of 227).
 template <int kHeadDim_>
@@ -262,7 +263,6 @@ struct BwdWsSplitTileConfig {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kDCols = kHeadDim / kConsumerWarpgroups;  // dK, dV, dQ columns per warpgroup
   static constexpr bool kTileOrderTail = true;  // (tile_order.h; see BwdWsTileConfig)
-  static constexpr int kDqRows = kBlockM;
   static constexpr int kBlockCols = 64;  // column blocks of Q, dO, K, V (128-byte swizzle)
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = kWsProducerThreads + kConsumerThreads;
@@ -277,9 +277,6 @@ struct BwdWsSplitTileConfig {
   static constexpr int kSmemBarrierBytes = 8 * (1 + 2 * kStages);  // K/V, then full and empty per stage
   static constexpr int kSmemBytes = 2 * kSmemKVBytes + kStages * 2 * kSmemQBytes + 4 * kSmemPBytes +
                                     kStages * kSmemStatsBytes + kSmemBarrierBytes;
-  // a warpgroup's dQ staging: (kDqRows, kDCols) fp32 in 32-column boxes of kDqRows x 128 bytes, half of them in its
-  // Q columns' column blocks and half in its dO columns'
-  static_assert(kDqRows * kDCols * 4 == 2 * (kSmemQBytes / kConsumerWarpgroups), "dQ staging = its Q + dO halves");
   static_assert(kDCols % kBlockCols == 0, "a warpgroup's columns start at a column block");
   static_assert(kSmemBytes <= 227 * 1024, "the H100 / H200's opt-in shared memory per block");
   static_assert(kProducerRegs * kWsProducerThreads + kConsumerRegs * kConsumerThreads <=

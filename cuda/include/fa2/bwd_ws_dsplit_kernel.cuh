@@ -1,6 +1,6 @@
 // FlashAttention-2 backward, sm_90a warp-specialized main kernel for large headdims (d 256; BwdWsSplitTileConfig,
 // bwd_tile_config.h): bwd_ws_kernel.cuh's structure (a producer thread streams Q, dO, lse, D by the TMA through a
-// kStages ring; K, V loaded once; the transposed scores, keys as the wgmma M; dQ added by the TMA's reduce-add), with
+// kStages ring; K, V loaded once; the transposed scores, keys as the wgmma M), with
 // the headdim split between the two consumer warpgroups instead of the keys, because one warpgroup cannot hold dK and
 // dV of 64 keys at d 256. Both own the CTA's 64 keys; per query block:
 //   warpgroup 0: S^T = K Q^T -> P^T (registers) -> shared memory          | warpgroup 1: dP^T = V dO^T
@@ -9,10 +9,14 @@
 //                                                                       |   dK_1 += dS^T Q[:, 128:256] (registers)
 //                                                                       |   dV_1 += P^T dO[:, 128:256] (P^T smem)
 //                waits for dS^T; dK_0 += dS^T Q[:, 0:128] (dS^T smem)   |
-//   both: dQ[:, 128 w:128 w + 128] = dS K[:, 128 w:] (two passes of 64 columns), staged in the stage's Q / dO column
-//   blocks this warpgroup's products read (Q[:, 128 w:], dO[:, 128 w:]: every other product that reads them has
-//   completed by then) and added to dq_accum by the TMA; the stage goes back to the producer once the reduce-add has
-//   read the staging.
+//   warpgroup 0, at the end of its part: dQ[:, 0:128] = dS K[:, 0:128]; warpgroup 1 the same for columns 128:256 a
+//   query block late (its first pass behind its next dP^T, where it would wait idle for warpgroup 0's P^T; the
+//   second behind that block's dS^T); each in two passes of 64 columns, added into dq_accum from the registers with
+//   red.global.add.v4.f32 in dq_accum's fragment order (DqFragmentOrder, bwd_kernel.cuh: each warp's reduction 512
+//   contiguous bytes; a partial last query block row-major with red.v2), which bwd_convert_dq_kernel reads back.
+//   Against dQ staged in the stage's Q / dO columns for the TMA's reduce-add (the kernel before 2026-12-02; harness,
+//   backward alone, bf16): +0.6..+8.4% from S=2k, -0.8..+3.1% at 1k; without the deferral -1.5..+4.5%; row-major
+//   red.v2 -11..-20% (variants_h200-20261202c-bwd-d256-dq-fragment.json, variants_h200-20261202-bwd-dq-red.json).
 // P^T and dS^T have two buffers each (alternating query blocks), so that one warpgroup may write the next while the
 // other's products still read the last; the handshakes are two named barriers (P^T ready, dS^T ready), each
 // arrived at by its writer and waited on by its reader. The plain path and its key-row bias variant (kKeyBias, padding
@@ -23,7 +27,8 @@
 #include <cstdint>
 
 #include "fa2/block_info.cuh"
-#include "fa2/bwd_kernel.cuh"  // st_shared_pair, unpack2, kLog2e, bias_value
+#include "fa2/bwd_kernel.cuh"  // st_shared_pair, unpack2, kLog2e, bias_value, DqFragmentOrder
+#include "fa2/bwd_ptx.cuh"     // red_add_f32x2, red_add_f32x4
 #include "fa2/bwd_tile_config.h"
 #include "fa2/bwd_ws_kernel.cuh"  // pack_k16_fragments, WsRing, ws_start and the other ws_ pieces
 #include "fa2/params.h"
@@ -44,6 +49,25 @@ __device__ __forceinline__ uint32_t ld_shared_pair(uint32_t sTile, int row, int 
   return packed;
 }
 
+// A warp's dQ fragments of 16 queries added into dq_accum row-major (rows bh seqlen_q + query, kHeadDim fp32 columns)
+// with red.global.add.v2.f32 from the registers: element (nt, 2 half + e) at query q0 + 8 half, column col0 + 8 nt + e
+// (col0 with the lane's 2 tig). Queries past seqlen_q are not added (their dS^T is 0, and their rows are another
+// head's). (A partial last query block's; whole blocks go in the fragment order.)
+template <int kHeadDim, int kNTiles>
+__device__ __forceinline__ void ws_red_dq(const AttentionParams& p, const float (&dq_frag)[kNTiles][4], int64_t bh,
+                                          int q0, int col0) {
+  float* const row0 = p.dq_accum + (bh * p.seqlen_q + q0) * int64_t(kHeadDim) + col0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (q0 + 8 * half >= p.seqlen_q) continue;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      ptx::red_add_f32x2(row0 + 8 * half * int64_t(kHeadDim) + 8 * nt, dq_frag[nt][2 * half],
+                         dq_frag[nt][2 * half + 1]);
+    }
+  }
+}
+
 template <typename T, typename Cfg, bool kKeyBias>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     bwd_ws_dsplit_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
@@ -57,7 +81,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   constexpr int kQHalfBytes = Cfg::kSmemQBytes / 2;  // a warpgroup's kDCols columns of a Q / dO tile
   static_assert(kBlockN == 64 && kBlockM % 16 == 0 && Cfg::kConsumerWarpgroups == 2, "one m64 of keys, two halves");
   static_assert(kQHalfBytes == (kDCols / kBlockCols) * kBlockM * kBlockCols * 2, "a half is whole column blocks");
-  static_assert(kStages >= 2, "the issuer warp releases a stage one query block late");
+  static_assert(kStages >= 2, "the producer loads the next query block while the consumers work on this one");
 
   // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] [Q1] [dO1].. [P^T 0] [P^T 1] [dS^T 0] [dS^T 1]
   //       [lse, D (, shift)]0 [lse, D (, shift)]1.. [mbarriers: K/V, full per stage, empty per stage]
@@ -95,37 +119,45 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     if (wg == 0) ws_load_key_bias<T>(p, batch, head, n0 + key0, key_bias);
   }
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  // the dQ reduce-adds of this warpgroup: issued (and their shared memory's reads waited for) by its first thread,
-  // whose warp releases the stage only after that wait
-  const bool dq_issuer = (ctid & 127) == 0;
 
   float acc_dk[kDCols / 2], acc_dv[kDCols / 2];  // (this warp's 16 keys, the warpgroup's kDCols columns)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
 
+  // dQ[:, col0:col0 + kDCols] = dS K[:, col0:] in two passes of kDCols / 2 columns (all kDCols beside dK, dV and the A
+  // fragment made ptxas serialize the wgmmas). Fragment element (nt, 2 half + e): query 16 warp + group + 8 half,
+  // column 8 nt + 2 tig + e of the pass.
+  constexpr int kDqPassCols = kDCols / 2, kDqPassTiles = kDqPassCols / 8;
+  static_assert(kBlockM == DqFragmentOrder::kRows && kHeadDim == DqFragmentOrder::kCols && kDqPassTiles == 8,
+                "the fragment order is of this kernel's tiles: 64 queries, two warpgroups' two passes of 8 n8 tiles");
+  // this thread's dQ fragments of pass `pass` of the query block at m0_of added into dq_accum: in its fragment order
+  // where the block is whole (the launcher tells the conversion), else row-major (ws_red_dq)
+  auto red_dq = [&](const float (&acc)[kDqPassCols / 2], int m0_of, int pass) {
+    if (m0_of + kBlockM <= p.seqlen_q) {
+      float* const base = p.dq_accum + (bh * p.seqlen_q + m0_of) * int64_t(kHeadDim) +
+                          ((wg * 2 + pass) * kDqPassTiles) * 512 + (ctid & 127) * 4;
+#pragma unroll
+      for (int nt = 0; nt < kDqPassTiles; ++nt) {
+        ptx::red_add_f32x4(base + nt * 512, make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
+      }
+    } else {
+      ws_red_dq<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc), bh,
+                          m0_of + warp_in_wg * 16 + group, col0 + pass * kDqPassCols + 2 * tig);
+    }
+  };
+  // the dQ product of pass `pass`: dS^T (keys, queries) of buffer `ds_buffer` as the MN-major A (queries = M)
+  auto issue_dq = [&](float (&acc_dq)[kDqPassCols / 2], int ds_buffer, int pass) {
+    sm90::gemm_ss<T, kDqPassCols, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, PTile, KTile,
+                  /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, sDs(ds_buffer), 0, sK, col0 + pass * kDqPassCols);
+  };
+
   if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
-  int stage_to_release = -1;  // the issuer warp's stage of the previous query block, released once its dQ was read
   for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
     const int s = it % kStages, b = it & 1, m0 = m * kBlockM;
     sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
     const int stats_off = ws_stats_offset(ws_stats_row(bh, p.seqlen_q, m0));
     auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
     const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
-    // the stage's dQ staging of this warpgroup: boxes of 32 columns (kBlockM rows x 128 bytes), 0 and 1 in its Q
-    // column blocks, 2 and 3 in its dO column blocks
-    auto dq_box = [&](int box) {
-      return (box < 2 ? ring.q(s) : ring.dout(s)) + wg * kQHalfBytes + (box % 2) * (kBlockM * 128);
-    };
-    static_assert(kDCols == 128, "four 32-column boxes per warpgroup");
-
-    // (the issuer warp's release of the previous query block's stage, once the reduce-add has read its staging:
-    //  after this block's first product is issued)
-    auto release_previous_stage = [&] {
-      if (stage_to_release < 0 || warp_in_wg != 0) return;
-      if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(ring.empty(stage_to_release));
-    };
     float acc_sdp[kBlockM / 2];  // S^T (warpgroup 0) or dP^T (warpgroup 1)
     auto& sdp_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_sdp);
     uint32_t a_frag[kBlockM / 16][4];  // P^T (warpgroup 0) or dS^T (warpgroup 1): register-A of dV_0 / dK_1
@@ -133,7 +165,6 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       // -- S^T = K Q^T
       sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
           acc_sdp, sK, 0, ring.q(s), 0);
-      release_previous_stage();
       sm90::wait_hold<0>(acc_sdp);
       // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
       if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
@@ -151,12 +182,28 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       ptx::named_barrier_sync<2, 256>();
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
           acc_dk, sDs(b), 0, ring.q(s), 0);
+      // -- this block's dQ[:, 0:kDCols] (dS^T of both warpgroups' keys: warpgroup 1 stored it all before the handshake)
+      float acc_dq[kDqPassCols / 2];  // (this warp's 16 queries, one pass's columns)
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        issue_dq(acc_dq, b, pass);
+        if (pass == 0) {
+          sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
+          sm90::hold_fragments(a_frag);
+        } else {
+          sm90::wait_hold<0>(acc_dq);
+        }
+        red_dq(acc_dq, m0, pass);
+      }
     } else {
+      float acc_dq_prev[kDqPassCols / 2];  // the previous query block's dQ[:, kDCols:], one pass
       // -- dP^T = V dO^T
       sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
           acc_sdp, sV, 0, ring.dout(s), 0);
-      release_previous_stage();
-      sm90::wait_hold<0>(acc_sdp);
+      // the previous query block's first dQ pass behind dP^T (issued unconditionally, as every wgmma here: in the
+      // first iteration it reads a dS^T buffer nothing wrote and its result is dropped)
+      issue_dq(acc_dq_prev, b ^ 1, 0);
+      sm90::wait_hold<1>(acc_sdp);
       // -- dS^T = P^T (dP^T - D), P^T (as rounded for dV_0) from warpgroup 0
       ptx::named_barrier_sync<1, 256>();
 #pragma unroll
@@ -174,61 +221,39 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       ws_store_a_fragments<PTile>(sDs(b), a_frag, key0, tig);
       sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
       ptx::named_barrier_arrive<2, 256>();
+      sm90::wait_hold<0>(acc_dq_prev);
+      if (it > 0) red_dq(acc_dq_prev, m0 - kBlockM, 0);
+      issue_dq(acc_dq_prev, b ^ 1, 1);
       // -- dK_1 += dS^T Q[:, kDCols:], dV_1 += P^T dO[:, kDCols:] (P^T from shared memory)
       sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, ring.q(s) + kQHalfBytes);
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
           acc_dv, sP(b), 0, ring.dout(s), kDCols);
-      // (dQ below reads every key of dS^T for each warp's queries: all four warps' stores, not only this warp's;
-      //  warpgroup 0 has them through the handshake)
+      // (this block's dQ, in the next iteration, reads every key of dS^T for each warp's queries: all four warps'
+      //  stores, not only this warp's; warpgroup 0 has them through the handshake)
       ptx::named_barrier_sync<5, 128>();
+      sm90::wait_hold<2>(acc_dq_prev);  // (the second pass, committed before dK_1 and dV_1)
+      if (it > 0) red_dq(acc_dq_prev, m0 - kBlockM, 1);
+      sm90::wait_hold<0>(acc_dv, acc_dk);
+      sm90::hold_fragments(a_frag);
     }
-    // -- dQ[:, col0:col0 + kDCols] = dS K[:, col0:], dS^T (keys, queries) as the MN-major A (queries = M), in two
-    //    passes of kDCols / 2 columns (all kDCols beside dK, dV and the A fragment made ptxas serialize the wgmmas),
-    //    each into the staging (128-byte swizzle: row r's 16-byte chunk c at c ^ r % 8; boxes 2 pass, 2 pass + 1).
-    //    Every product that reads this warpgroup's Q / dO columns has completed by then (its own at the first wait:
-    //    one warp's wait_group covers the warpgroup's whole wgmma, as the stage release of bwd_ws_kernel.cuh and
-    //    CUTLASS's consumer release assume; the other warpgroup's S^T or dP^T, which read all columns, before the
-    //    handshake above). Fragment element
-    //    (nt, 2 half + e): row 16 warp + group + 8 half, column 8 nt + 2 tig + e of the pass.
-    constexpr int kDqPassCols = kDCols / 2, kDqPassTiles = kDqPassCols / 8;
-    float acc_dq[kDqPassCols / 2];  // (this warp's 16 queries, one pass's columns)
-    auto& dq_frag = reinterpret_cast<float(&)[kDqPassTiles][4]>(acc_dq);
+    // -- every product of this warpgroup that read the stage has completed (at its waits above: one warp's
+    //    wait_group covers the warpgroup's whole wgmma, as the stage release of bwd_ws_kernel.cuh and CUTLASS's consumer
+    //    release assume; the other warpgroup's S^T or dP^T, which read all columns, before the handshakes): release it
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+  }
+  // -- warpgroup 1's dQ of the last query block (none without query blocks: K was never waited for; the range is the
+  //    CTA's, so the branch is uniform)
+  if (wg == 1 && m_lo <= m_hi) {
+    const int last_b = (m_hi - m_lo) & 1;
+    float acc_dq_last[kDqPassCols / 2];
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
-      sm90::gemm_ss<T, kDqPassCols, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, PTile, KTile,
-                    /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, sDs(b), 0, sK, col0 + pass * kDqPassCols);
-      if (pass == 0) {
-        sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
-        sm90::hold_fragments(a_frag);
-      } else {
-        sm90::wait_hold<0>(acc_dq);
-      }
-      ws_stage_dq(dq_frag, [&](int box) { return dq_box(2 * pass + box); }, warp_in_wg * 16 + group, tig);
+      issue_dq(acc_dq_last, last_b, pass);
+      sm90::wait_hold<0>(acc_dq_last);
+      red_dq(acc_dq_last, m_hi * kBlockM, pass);
     }
-    sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
-    if (wg == 0) {
-      ptx::named_barrier_sync<3, 128>();
-    } else {
-      ptx::named_barrier_sync<4, 128>();
-    }
-    if (dq_issuer) {
-      const int row = int(bh * p.seqlen_q + m0);
-#pragma unroll
-      for (int box = 0; box < kDCols / 32; ++box) {
-        sm90::tma_reduce_add_2d(&maps.dq_accum, dq_box(box), col0 + 32 * box, row);
-      }
-      sm90::bulk_commit_group();
-    }
-    // -- release the stage: warps other than the issuer's now (their stores are in the staging, their products have
-    //    completed), the issuer's once the reduce-add has read the staging (at the next query block's first product,
-    //    or below)
-    if (warp_in_wg != 0) {
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
-    }
-    stage_to_release = s;
   }
-  if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
 
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.

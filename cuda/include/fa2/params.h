@@ -73,6 +73,10 @@ struct AttentionParams {
   // pairs start their blocks longest first across heads (tile_order.h); 0: head by head throughout. (Last in the
   // struct: the other fields keep their offsets in the kernels' parameter space.)
   int tile_order_tail = 0;
+  // Set by the backward launcher for its dQ conversion only: dq_accum's whole blocks of DqFragmentOrder::kRows
+  // queries are in DqFragmentOrder (bwd_kernel.cuh: the headdim-split ws backward's, bwd_ws_dsplit_kernel.cuh), the
+  // rest row-major.
+  bool dq_accum_fragment_order = false;
 };
 
 // Whether the backward recomputes scores through softcap / bias (its score-mod path, which needs row_lse and
