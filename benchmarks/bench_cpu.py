@@ -167,7 +167,9 @@ def main():
         for causal in (False, True):
             cases += [(1, 8, 2048, 64, causal, torch.float32, False), (4, 8, 512, 64, causal, torch.float32, False),
                       (1, 8, 1024, 128, causal, torch.float32, False), (1, 8, 2048, 64, causal, torch.bfloat16, False),
-                      (1, 8, 2048, 64, causal, torch.float32, True), (1, 8, 1024, 128, causal, torch.float32, True)]
+                      (4, 8, 512, 64, causal, torch.bfloat16, False), (1, 8, 1024, 128, causal, torch.bfloat16, False),
+                      (1, 8, 2048, 64, causal, torch.float32, True), (1, 8, 1024, 128, causal, torch.float32, True),
+                      (1, 8, 2048, 64, causal, torch.bfloat16, True)]
         reps, warmup, mem_seqlens = args.reps or 7, 2, [4096, 8192]
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fa2 via {fa2_path}, "

@@ -47,6 +47,43 @@ def test_forward_matches_reference(device, dtype):
         assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=lse_tol, rtol=lse_tol), s
 
 
+@pytest.mark.parametrize("bf16_gemm", [True, False], ids=["bf16-products", "fp32-products"])
+def test_cpu_bf16_forward_follows_the_rule_on_both_product_paths(bf16_gemm):
+    """The CPU bf16 forward's tile products on bf16 operands (MKL's gemm_bf16bf16f32 where the CPU has AMX or
+    AVX512-BF16: P rounded to bf16 for P V) and on fp32-converted tiles (sgemm): both within the rule on every sample
+    (flags, biases, layouts), and on a row whose scores jump by more than 80 from one 512-key tile to the next (the
+    forward recomputes that row's scores, a one-row product). Where the bf16 products are supported the two paths
+    round differently, so their outputs differ: the switch reached the kernel."""
+    supported = fa2._C.cpu_bf16_gemm_supported()
+    if bf16_gemm and not supported:
+        pytest.skip("no bf16 tile products here (MKL's gemm_bf16bf16f32 or AMX / AVX512-BF16 missing)")
+    samples = sample_inputs("cpu", torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    d, sk = 64, 1100
+    q = 0.02 * torch.randn(1, 40, 2, d, generator=gen)
+    k = 0.02 * torch.randn(1, sk, 2, d, generator=gen)
+    q[..., 0] = 1.0
+    k[:, 512:, :, 0] = 100.0 * d ** 0.5  # keys of the second tile score ~100 above the first's
+    v = torch.randn(1, sk, 2, d, generator=gen)
+    jump = [t.to(torch.bfloat16) for t in (q, k, v)]
+    outs = []
+    with switch("cpu_bf16_gemm", bf16_gemm):
+        assert fa2._C.cpu_bf16_gemm() == bf16_gemm
+        for s in samples:
+            out, _ = torch.ops.fa2.fwd(*s.args())
+            out_hi, _, out_naive = _refs(s)
+            assert_close_rule(f"out {s}", out, out_hi, out_naive, factor=2)
+            outs.append(out)
+        out, lse = torch.ops.fa2.fwd(*jump, None, None, False, -1, -1, 0.0)
+    out_hi, lse_hi = attention_ref(*(t.double() for t in jump), return_lse=True)
+    assert_close_rule("out (score jump > 80)", out, out_hi, attention_ref(*jump, upcast=False), factor=2)
+    assert torch.allclose(lse, lse_hi.float(), atol=1e-3, rtol=1e-3)
+    if supported:
+        with switch("cpu_bf16_gemm", not bf16_gemm):
+            others = [torch.ops.fa2.fwd(*s.args())[0] for s in samples]
+        assert any(not torch.equal(a, b) for a, b in zip(outs, others)), "both switch settings gave the same bits"
+
+
 # Rises of the scores' max from one 64-key chunk to the next, in the order the forward visits key tiles (the highest
 # first), in units of a row's gain (0.6-1.4 log2 units). 128-key tiles (d <= 128) see pairs of them: 3, 6, 7, 13, 7,
 # 6, 22, 7, so rises of 2-10 log2 units (kept as a stale max by most rows, up to p = 256, taken by some), 8-18 (both)

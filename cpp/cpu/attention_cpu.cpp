@@ -1,5 +1,5 @@
 // CPU implementation of fa2::fwd and fa2::bwd: the FlashAttention-2 algorithm on tiles, with the tile products on
-// BLAS (cpu/blas.h), the softmax in vectorized row loops (cpu/row_ops.h), tile sizes from cpu/tile_config.h.
+// BLAS (cpu/blas.h; the bf16 forward's on bf16 operands where MKL and the CPU have bf16 products), the softmax in vectorized row loops (cpu/row_ops.h), tile sizes from cpu/tile_config.h.
 //
 // Forward:  tasks (batch, head, query block); each loops over the key blocks its window reaches with the online
 //           softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one
@@ -71,6 +71,20 @@ const acc_t* rows_for_blas(const scalar_t* first, int64_t row_stride, int64_t ro
   return scratch;
 }
 
+// The same for the bf16 tile products (cpu/blas.h, gemm_*_bf16): the rows as bf16 bits, the tensor's own memory when
+// its leading dim is legal, else copied into `scratch`.
+inline const uint16_t* bf16_rows_for_blas(const at::BFloat16* first, int64_t row_stride, int64_t rows, int64_t headdim,
+                                          uint16_t* scratch, int64_t& ld) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(first);
+  if (rows == 1 || (row_stride >= headdim && row_stride <= kMaxBlasLd)) {
+    ld = rows == 1 ? headdim : row_stride;
+    return bits;
+  }
+  for (int64_t r = 0; r < rows; ++r) std::copy(bits + r * row_stride, bits + r * row_stride + headdim, scratch + r * headdim);
+  ld = headdim;
+  return scratch;
+}
+
 template <typename scalar_t, typename acc_t>
 void store_row(scalar_t* dst, const acc_t* src, int64_t n, acc_t factor) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<scalar_t>(src[d] * factor);
@@ -106,11 +120,21 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
   const HeadRows<scalar_t> q_rows(q), k_rows(k), v_rows(v);
   scalar_t* out_data = out.data_ptr<scalar_t>();  // (batch, seqlen_q, nheads, headdim), contiguous
   float* lse_data = lse.data_ptr<float>();        // (batch, nheads, seqlen_q), contiguous
+  // bf16 with bf16_gemm_available(): both products on bf16 operands (no conversion of Q, K, V; P rounded to bf16 for
+  // P V, as the GPU kernels do; fp32 accumulation, softmax and O as before). Else every tile converted to acc_t for
+  // sgemm / dgemm.
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
+  const bool bf16_products = kBf16 && bf16_gemm_available();
 
   parallel_for(0, p.batch * nheads * num_q_blocks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
-    std::vector<acc_t> q_pack(block_q * headdim);      // (block_q, headdim) when q needs converting
-    std::vector<acc_t> k_pack(block_k * headdim);      // (block_k, headdim)
-    std::vector<acc_t> v_pack(block_k * headdim);      // (block_k, headdim)
+    const int64_t pack_rows_q = bf16_products ? 0 : block_q, pack_rows_k = bf16_products ? 0 : block_k;
+    std::vector<acc_t> q_pack(pack_rows_q * headdim);  // (block_q, headdim) when q needs converting
+    std::vector<acc_t> k_pack(pack_rows_k * headdim);  // (block_k, headdim)
+    std::vector<acc_t> v_pack(pack_rows_k * headdim);  // (block_k, headdim)
+    // bf16_products: Q, K, V rows copied where their leading dim is not BLAS's, and P rounded
+    const int64_t bits_rows_q = bf16_products ? block_q : 0, bits_rows_k = bf16_products ? block_k : 0;
+    std::vector<uint16_t> q_bits_pack(bits_rows_q * headdim), k_bits_pack(bits_rows_k * headdim);
+    std::vector<uint16_t> v_bits_pack(bits_rows_k * headdim), p_bits(bits_rows_q * block_k);
     std::vector<acc_t> scores(block_q * block_k);      // (block_q, block_k): S, then P in place
     std::vector<acc_t> o_acc(block_q * headdim);       // (block_q, headdim): unnormalized O
     std::vector<acc_t> m(block_q), l(block_q);         // running reference max, row sum of exp(S - m)
@@ -123,7 +147,16 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
       const int64_t q_begin = balanced_block_order(task % num_q_blocks, num_q_blocks) * block_q;
       const int64_t rows = std::min(block_q, seqlen_q - q_begin);
       int64_t ldq;
-      const acc_t* q_tile = rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_pack.data(), ldq);
+      const acc_t* q_tile = nullptr;
+      const uint16_t* q_bits = nullptr;
+      if constexpr (kBf16) {
+        if (bf16_products) {
+          q_bits = bf16_rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_bits_pack.data(), ldq);
+        }
+      }
+      if (q_bits == nullptr) {
+        q_tile = rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_pack.data(), ldq);
+      }
       std::fill(o, o + rows * headdim, acc_t(0));
       std::fill(m.begin(), m.begin() + rows, kNegInfinity);
       std::fill(l.begin(), l.begin() + rows, acc_t(0));
@@ -133,11 +166,34 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
       for (int64_t k_begin = k_first; k_begin <= k_last; k_begin += block_k) {
         const int64_t cols = std::min(block_k, k_last + 1 - k_begin);
         int64_t ldk, ldv;
-        const acc_t* k_tile = rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_pack.data(), ldk);
-        const acc_t* v_tile = rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_pack.data(), ldv);
+        const acc_t* k_tile = nullptr;
+        const acc_t* v_tile = nullptr;
+        const uint16_t* k_bits = nullptr;
+        const uint16_t* v_bits = nullptr;
+        if constexpr (kBf16) {
+          if (bf16_products) {
+            k_bits = bf16_rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_bits_pack.data(), ldk);
+            v_bits = bf16_rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_bits_pack.data(), ldv);
+          }
+        }
+        if (k_bits == nullptr) {
+          k_tile = rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_pack.data(), ldk);
+          v_tile = rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_pack.data(), ldv);
+        }
+        // S rows [r0, r0 + n) = scale · Q Kᵀ                                  (n, cols), row stride block_k
+        auto scores = [&](int64_t r0, int64_t n) {
+          if constexpr (kBf16) {
+            if (k_bits != nullptr) {
+              gemm_abt_bf16(n, cols, headdim, scale, q_bits + r0 * ldq, ldq, k_bits, ldk, 0.f, s + r0 * block_k, block_k);
+              return;
+            }
+          }
+          gemm_abt<acc_t>(n, cols, headdim, scale, q_tile + r0 * ldq, ldq, k_tile, ldk, acc_t(0), s + r0 * block_k,
+                          block_k);
+        };
 
         // -- S = scale · Q Kᵀ, then softcap, bias, mask                     (rows, cols)
-        gemm_abt<acc_t>(rows, cols, headdim, scale, q_tile, ldq, k_tile, ldk, acc_t(0), s, block_k);
+        scores(0, rows);
         mods.apply(s, block_k, b, h, q_begin, rows, k_begin, cols, /*dtanh=*/nullptr);
 
         // -- P = exp(S - m), update m and l, rescale O by exp(m_old - m_new) when m moves
@@ -172,7 +228,7 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
                 p_sum *= shift_p;
               } else {
                 // exp(S - m_old) overflowed: recompute this row of S (rare: a jump of > 80 in the logits)
-                gemm_abt<acc_t>(1, cols, headdim, scale, q_tile + r * ldq, ldq, k_tile, ldk, acc_t(0), s_row, block_k);
+                scores(r, 1);
                 mods.apply(s_row, block_k, b, h, q_begin + r, 1, k_begin, cols, /*dtanh=*/nullptr);
                 p_sum = exp_sub_sum(s_row, cols, m_new);
               }
@@ -186,7 +242,15 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
         }
 
         // -- O += P V                                                          (rows, headdim)
-        gemm_ab<acc_t>(rows, headdim, cols, acc_t(1), s, block_k, v_tile, ldv, acc_t(1), o, headdim);
+        bool pv_done = false;
+        if constexpr (kBf16) {
+          if (v_bits != nullptr) {
+            for (int64_t r = 0; r < rows; ++r) float_to_bf16_bits(s + r * block_k, p_bits.data() + r * block_k, cols);
+            gemm_ab_bf16(rows, headdim, cols, 1.f, p_bits.data(), block_k, v_bits, ldv, 1.f, o, headdim);
+            pv_done = true;
+          }
+        }
+        if (!pv_done) gemm_ab<acc_t>(rows, headdim, cols, acc_t(1), s, block_k, v_tile, ldv, acc_t(1), o, headdim);
       }
 
       // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN.

@@ -4,8 +4,11 @@
 // plain loops below take over (correct, slower). Inside at::parallel_for the BLAS runs single-threaded (it sees
 // the OpenMP region), which is what we want: parallelism comes from our own tasks.
 #pragma once
+#include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 extern "C" {
@@ -15,6 +18,11 @@ void sgemm_(const char* transa, const char* transb, const int* m, const int* n, 
 void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const double* alpha,
             const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
             const int* ldc) __attribute__((weak));
+// MKL's bf16 x bf16 -> fp32 product (bf16 as its bits; fp32 accumulation), on AMX / AVX512-BF16 where the CPU has
+// them. Absent from other BLAS: weak, and then the bf16 forward converts to fp32 for sgemm_ as before.
+void gemm_bf16bf16f32_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const uint16_t* a, const int* lda, const uint16_t* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc) __attribute__((weak));
 }
 
 namespace fa2::cpu {
@@ -78,6 +86,52 @@ template <typename T>
 void gemm_atb(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
               T* c, int64_t ldc) {
   blas_detail::gemm_colmajor<T>('N', 'T', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
+
+// bf16 tile products (bf16 given as bits, fp32 C), where bf16_gemm_available(): MKL's gemm_bf16bf16f32 and a CPU
+// with bf16 dot-product instructions (AVX512-BF16 or AMX; elsewhere MKL emulates them, slower than converting to
+// fp32 for sgemm), and the switch on (fa2._C.set_cpu_bf16_gemm; FA2_CPU_BF16_GEMM=0 in the environment starts it
+// off): for A/B timing and for the tests of both paths.
+inline bool bf16_gemm_supported() {
+  static const bool supported = [] {
+    if (gemm_bf16bf16f32_ == nullptr) return false;
+#if defined(__GNUC__) && defined(__x86_64__)
+    return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+#else
+    return false;
+#endif
+  }();
+  return supported;
+}
+inline std::atomic<bool>& bf16_gemm_switch() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("FA2_CPU_BF16_GEMM");
+    return env == nullptr || std::string(env) != "0";
+  }()};
+  return on;
+}
+inline bool bf16_gemm_available() { return bf16_gemm_supported() && bf16_gemm_switch().load(std::memory_order_relaxed); }
+
+namespace blas_detail {
+inline void gemm_bf16_colmajor(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
+                               const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c,
+                               int64_t ldc) {
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int ldai = static_cast<int>(lda), ldbi = static_cast<int>(ldb), ldci = static_cast<int>(ldc);
+  gemm_bf16bf16f32_(&transa, &transb, &mi, &ni, &ki, &alpha, a, &ldai, b, &ldbi, &beta, c, &ldci);
+}
+}  // namespace blas_detail
+
+// C (m x n) = alpha * A (m x k) · B (n x k)ᵀ + beta * C          S = Q Kᵀ
+inline void gemm_abt_bf16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                          const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  blas_detail::gemm_bf16_colmajor('T', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
+
+// C (m x n) = alpha * A (m x k) · B (k x n) + beta * C            O += P V
+inline void gemm_ab_bf16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                         const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  blas_detail::gemm_bf16_colmajor('N', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 
 }  // namespace fa2::cpu

@@ -315,5 +315,19 @@ bool half_bits_to_float(const uint16_t* src, float* dst, int64_t n) {
   return false;
 }
 
+// ---- float32 -> bfloat16 ----------------------------------------------------------------------------------------
+// P rounded for the bf16 P V product (the GPU kernels round it the same way): round to nearest even on the bits
+// (the high half after adding 0x7fff plus the kept half's lowest bit), NaN kept a quiet NaN (the addition could
+// carry a NaN's mantissa into the sign). Integer-only and branch-free, so -O3 vectorizes it on every target.
+FA2_CPU_MULTIVERSION void float_to_bf16_bits(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, src + j, sizeof(bits));
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    dst[j] = static_cast<uint16_t>(nan ? 0x7fc0u : rounded);
+  }
+}
+
 }  // namespace
 }  // namespace fa2::cpu
