@@ -1,5 +1,6 @@
 // CPU implementation of fa2::fwd and fa2::bwd: the FlashAttention-2 algorithm on tiles, with the tile products on
-// BLAS (cpu/blas.h; the bf16 forward's on bf16 operands where MKL and the CPU have bf16 products), the softmax in vectorized row loops (cpu/row_ops.h), tile sizes from cpu/tile_config.h.
+// BLAS (cpu/blas.h; the bf16 forward's on bf16 operands where MKL and the CPU have bf16 products), the softmax in
+// vectorized row loops (cpu/row_ops.h), tile sizes from cpu/tile_config.h.
 //
 // Forward:  tasks (batch, head, query block); each loops over the key blocks its window reaches with the online
 //           softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one
@@ -80,7 +81,9 @@ inline const uint16_t* bf16_rows_for_blas(const at::BFloat16* first, int64_t row
     ld = rows == 1 ? headdim : row_stride;
     return bits;
   }
-  for (int64_t r = 0; r < rows; ++r) std::copy(bits + r * row_stride, bits + r * row_stride + headdim, scratch + r * headdim);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(bits + r * row_stride, bits + r * row_stride + headdim, scratch + r * headdim);
+  }
   ld = headdim;
   return scratch;
 }
@@ -172,8 +175,10 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
         const uint16_t* v_bits = nullptr;
         if constexpr (kBf16) {
           if (bf16_products) {
-            k_bits = bf16_rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_bits_pack.data(), ldk);
-            v_bits = bf16_rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_bits_pack.data(), ldv);
+            k_bits = bf16_rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim,
+                                        k_bits_pack.data(), ldk);
+            v_bits = bf16_rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim,
+                                        v_bits_pack.data(), ldv);
           }
         }
         if (k_bits == nullptr) {
@@ -184,7 +189,8 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
         auto scores = [&](int64_t r0, int64_t n) {
           if constexpr (kBf16) {
             if (k_bits != nullptr) {
-              gemm_abt_bf16(n, cols, headdim, scale, q_bits + r0 * ldq, ldq, k_bits, ldk, 0.f, s + r0 * block_k, block_k);
+              gemm_abt_bf16(n, cols, headdim, scale, q_bits + r0 * ldq, ldq, k_bits, ldk, 0.f, s + r0 * block_k,
+                            block_k);
               return;
             }
           }

@@ -110,7 +110,9 @@ inline std::atomic<bool>& bf16_gemm_switch() {
   }()};
   return on;
 }
-inline bool bf16_gemm_available() { return bf16_gemm_supported() && bf16_gemm_switch().load(std::memory_order_relaxed); }
+inline bool bf16_gemm_available() {
+  return bf16_gemm_supported() && bf16_gemm_switch().load(std::memory_order_relaxed);
+}
 
 namespace blas_detail {
 inline void gemm_bf16_colmajor(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
