@@ -54,15 +54,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_check_compute_capability", [](int major, int minor, const std::string& device, const std::string& name) {
     fa2::check_compute_capability(major, minor, device, name);
   });
-  // Development switches (benchmarks/bench_attention.py's "fa2-sm80", "fa2-pipe", "fa2-ws", ..., tests/test_hopper.py):
-  // whether sm_90a instances may run; which schedule the sm_90a forward runs (fa2/launch.h). With getters, so that
-  // a benchmark or test can restore them.
-  m.def("set_arch_specific_kernels", &fa2::set_arch_specific_kernels);
   // the CPU bf16 forward's tile products on bf16 operands (MKL's gemm_bf16bf16f32 on AMX / AVX512-BF16; off: fp32
   // sgemm on converted tiles); the switch only matters where cpu_bf16_gemm_supported()
   m.def("set_cpu_bf16_gemm", [](bool enabled) { fa2::cpu::bf16_gemm_switch().store(enabled); });
   m.def("cpu_bf16_gemm", &fa2::cpu::bf16_gemm_available);
   m.def("cpu_bf16_gemm_supported", &fa2::cpu::bf16_gemm_supported);
+  // Development switches (benchmarks/bench_attention.py's "fa2-sm80", "fa2-pipe", "fa2-ws", ..., tests/test_hopper.py):
+  // whether sm_90a instances may run; which schedule the sm_90a forward runs (fa2/launch.h). With getters, so that
+  // a benchmark or test can restore them.
+  m.def("set_arch_specific_kernels", &fa2::set_arch_specific_kernels);
   m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
   m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd80": off)
   m.def("sm90_backward", &fa2::sm90_backward);

@@ -72,20 +72,10 @@ const acc_t* rows_for_blas(const scalar_t* first, int64_t row_stride, int64_t ro
   return scratch;
 }
 
-// The same for the bf16 tile products (cpu/blas.h, gemm_*_bf16): the rows as bf16 bits, the tensor's own memory when
-// its leading dim is legal, else copied into `scratch`.
-inline const uint16_t* bf16_rows_for_blas(const at::BFloat16* first, int64_t row_stride, int64_t rows, int64_t headdim,
-                                          uint16_t* scratch, int64_t& ld) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(first);
-  if (rows == 1 || (row_stride >= headdim && row_stride <= kMaxBlasLd)) {
-    ld = rows == 1 ? headdim : row_stride;
-    return bits;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    std::copy(bits + r * row_stride, bits + r * row_stride + headdim, scratch + r * headdim);
-  }
-  ld = headdim;
-  return scratch;
+// The same rows as bf16 bits for the bf16 tile products (cpu/blas.h, gemm_*_bf16): rows_for_blas without a conversion.
+inline const uint16_t* bf16_bits_for_blas(const at::BFloat16* first, int64_t row_stride, int64_t rows, int64_t headdim,
+                                          at::BFloat16* scratch, int64_t& ld) {
+  return reinterpret_cast<const uint16_t*>(rows_for_blas(first, row_stride, rows, headdim, scratch, ld));
 }
 
 template <typename scalar_t, typename acc_t>
@@ -136,8 +126,9 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
     std::vector<acc_t> v_pack(pack_rows_k * headdim);  // (block_k, headdim)
     // bf16_products: Q, K, V rows copied where their leading dim is not BLAS's, and P rounded
     const int64_t bits_rows_q = bf16_products ? block_q : 0, bits_rows_k = bf16_products ? block_k : 0;
-    std::vector<uint16_t> q_bits_pack(bits_rows_q * headdim), k_bits_pack(bits_rows_k * headdim);
-    std::vector<uint16_t> v_bits_pack(bits_rows_k * headdim), p_bits(bits_rows_q * block_k);
+    std::vector<at::BFloat16> q_bits_pack(bits_rows_q * headdim), k_bits_pack(bits_rows_k * headdim);
+    std::vector<at::BFloat16> v_bits_pack(bits_rows_k * headdim);
+    std::vector<uint16_t> p_bits(bits_rows_q * block_k);
     std::vector<acc_t> scores(block_q * block_k);      // (block_q, block_k): S, then P in place
     std::vector<acc_t> o_acc(block_q * headdim);       // (block_q, headdim): unnormalized O
     std::vector<acc_t> m(block_q), l(block_q);         // running reference max, row sum of exp(S - m)
@@ -154,7 +145,8 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
       const uint16_t* q_bits = nullptr;
       if constexpr (kBf16) {
         if (bf16_products) {
-          q_bits = bf16_rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_bits_pack.data(), ldq);
+          q_bits = bf16_bits_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_bits_pack.data(),
+                                      ldq);
         }
       }
       if (q_bits == nullptr) {
@@ -175,9 +167,9 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
         const uint16_t* v_bits = nullptr;
         if constexpr (kBf16) {
           if (bf16_products) {
-            k_bits = bf16_rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim,
+            k_bits = bf16_bits_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim,
                                         k_bits_pack.data(), ldk);
-            v_bits = bf16_rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim,
+            v_bits = bf16_bits_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim,
                                         v_bits_pack.data(), ldv);
           }
         }

@@ -80,7 +80,7 @@ template <typename T, int kHeadDim, bool kKeyBias>
 const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
   using Cfg = BwdWsConfig<kHeadDim>;
-  constexpr bool kSplit = std::is_same_v<Cfg, BwdWsSplitTileConfig<kHeadDim>>;  // (bwd_ws_dsplit_kernel.cuh)
+  constexpr bool kSplit = kBwdWsSplit<kHeadDim>;
   void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
   if constexpr (kSplit) {
     kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
@@ -187,7 +187,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   //    bwd_kernel.cuh, DqFragmentOrder)
   AttentionParams convert = p;
   if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
-    convert.dq_accum_fragment_order = ws && std::is_same_v<BwdWsConfig<kHeadDim>, BwdWsSplitTileConfig<kHeadDim>>;
+    convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim>;
   }
   bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(convert);
   err = cudaGetLastError();

@@ -285,5 +285,8 @@ struct BwdWsSplitTileConfig {
 // The warp-specialized backward's tile config of a headdim (bwd_ws_headdim).
 template <int kHeadDim>
 using BwdWsConfig = std::conditional_t<(kHeadDim > 128), BwdWsSplitTileConfig<kHeadDim>, BwdWsTileConfig<kHeadDim>>;
+// Whether a headdim's warp-specialized backward is the headdim-split kernel (bwd_ws_dsplit_kernel.cuh).
+template <int kHeadDim>
+constexpr bool kBwdWsSplit = std::is_same_v<BwdWsConfig<kHeadDim>, BwdWsSplitTileConfig<kHeadDim>>;
 
 }  // namespace fa2
