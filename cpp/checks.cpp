@@ -166,6 +166,20 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
   return p;
 }
 
+at::Tensor empty_grad_like(const at::Tensor& input) {
+  // the orders of (batch, seqlen, heads) tried, outermost first: the first that the input is contiguous in wins
+  static constexpr int64_t kOrders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+  for (const auto& o : kOrders) {
+    if (input.permute({o[0], o[1], o[2], 3}).is_contiguous()) {
+      int64_t inverse[3];
+      for (int64_t i = 0; i < 3; ++i) inverse[o[i]] = i;
+      return at::empty({input.size(o[0]), input.size(o[1]), input.size(o[2]), input.size(3)}, input.options())
+          .permute({inverse[0], inverse[1], inverse[2], 3});
+    }
+  }
+  return at::empty(input.sizes(), input.options());
+}
+
 at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bias) {
   // Sum over every dim the bias was broadcast along, then restore the bias's own shape and dtype.
   const int64_t offset = 4 - attn_bias.dim();

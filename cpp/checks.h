@@ -36,6 +36,13 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
 // otherwise. (The CUDA forward asks the runtime; fa2._C._check_compute_capability lets tests reach the message.)
 void check_compute_capability(int major, int minor, const std::string& device, const std::string& device_name);
 
+// The buffer of the gradient of a 4-d q, k or v (input): in input's memory order where input is contiguous in some
+// order of its first three dims with headdim innermost (e.g. (batch, nheads, seqlen, headdim) storage passed as a
+// transposed view, as SDPA-layout callers have it: its gradient then comes back in that storage order, what autograd's
+// accumulation and the caller's next backward op read fastest), else contiguous. The fake kernel
+// (python/fa2/_ops_impl.py, _grad_like) follows the same rule, orders tried in the same sequence.
+at::Tensor empty_grad_like(const at::Tensor& input);
+
 // Reduces a full (batch, nheads, seqlen_q, seqlen_k) float32 gradient to the shape/dtype of the bias as given.
 at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bias);
 

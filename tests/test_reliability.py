@@ -300,6 +300,48 @@ def test_expanded_inputs_with_zero_strides(device):
         assert torch.allclose(g.double(), g_ref, atol=5 * tol)
 
 
+def _bhsd(t):
+    """t's values in (B, H, S, D)-contiguous memory, seen again in fa2's (B, S, H, D) order."""
+    return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("headdim", [64, 59])
+def test_gradients_come_back_in_the_layout_of_their_inputs(device, headdim):
+    """dq, dk, dv have the strides of q, k, v where those are dense (here (B, H, S, D)-, (B, S, H, D)- and
+    (S, B, H, D)-contiguous storage: each on its own), so that accumulating into .grad or the producer's backward reads them
+    contiguously; a non-dense input (a slice of a packed qkv) gets a contiguous gradient. Values by the DESIGN rule
+    against the fp64 / naive references, for GQA, causal, and a headdim that is not a multiple of 8 (the CUDA glue's
+    padded copies); the bwd op's fake kernel gives the same strides (opcheck)."""
+    from numerics import assert_close_rule, hi_dtype
+    dt = _dtype(device)
+    q0, k0, v0 = make_qkv(2, 70, 45, 4, 4, headdim, dtype=dt, device=device)
+    _, kg, vg = make_qkv(2, 70, 45, 4, 2, headdim, dtype=dt, device=device)  # (GQA: two K/V heads)
+    packed = torch.stack([q0.detach()] * 3, dim=2).requires_grad_()  # (B, S, 3, H, D): q below is its slice 0
+    sbhd = v0.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()  # (S, B, H, D) storage
+    cases = {"bhsd q, sbhd v": (_bhsd(q0), k0.detach().clone().requires_grad_(), sbhd),
+             "packed q, GQA": (packed[:, :, 0], _bhsd(kg), vg.detach().clone().requires_grad_())}
+    for name, (q, k, v) in cases.items():
+        out = fa2.attention(q, k, v, causal=True)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        for g, t in zip(grads, (q, k, v)):
+            dense = any(t.transpose(*dims).is_contiguous() for dims in ((1, 1), (1, 2), (0, 1)))
+            expected = t.stride() if dense else torch.empty(t.shape).stride()
+            assert g.stride() == expected, f"{name}: gradient strides {g.stride()}, input {t.stride()}"
+        hi = hi_dtype(dt)
+        leaves_hi = [t.detach().to(hi).requires_grad_() for t in (q, k, v)]
+        grads_hi = torch.autograd.grad(attention_ref(*leaves_hi, causal=True), leaves_hi, dout.to(hi))
+        leaves_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads_lo = torch.autograd.grad(attention_ref(*leaves_lo, causal=True, upcast=False), leaves_lo, dout)
+        for gname, g, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+            assert_close_rule(f"{name} {gname}", g, g_hi, g_lo, factor=3)
+        with torch.no_grad():
+            out, lse = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
+        torch.library.opcheck(torch.ops.fa2.bwd.default, (dout, q.detach(), k.detach(), v.detach(), out, lse, None,
+                                                          None, True, -1, -1, 0.0, False, False))
+
+
 @needs_cuda
 def test_cuda_batch_beyond_the_grid_limit_is_a_clear_error():
     """65536 sequences (a CUDA grid's y/z limit is 65535): a message with the numbers, not "invalid argument"; the

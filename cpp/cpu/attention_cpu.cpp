@@ -407,7 +407,7 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
   const BwdPartition part = BwdPartition::make(num_groups, num_k_blocks, block_k, block_q, seqlen_k, window);
   const int64_t group_dq_size = group * seqlen_q * headdim;
   std::vector<acc_t> dq_acc(part.splits * num_groups * group_dq_size, acc_t(0));
-  scalar_t* dk_data = dk.data_ptr<scalar_t>();  // (batch, seqlen_k, nheads_k, headdim), contiguous
+  scalar_t* dk_data = dk.data_ptr<scalar_t>();  // (batch, seqlen_k, nheads_k, headdim), each by its strides
   scalar_t* dv_data = dv.data_ptr<scalar_t>();
 
   parallel_for(0, num_groups * part.splits, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
@@ -511,9 +511,11 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
 
         // -- store dK, dV of this key block (summed over the group's query heads)
         for (int64_t r = 0; r < cols; ++r) {
-          const int64_t offset = ((b * seqlen_k + k_begin + r) * nheads_k + h_k) * headdim;
-          store_row(dk_data + offset, dk_acc.data() + r * headdim, headdim, acc_t(1));
-          store_row(dv_data + offset, dv_acc.data() + r * headdim, headdim, acc_t(1));
+          const int64_t key = k_begin + r;
+          store_row(dk_data + b * dk.stride(0) + key * dk.stride(1) + h_k * dk.stride(2), dk_acc.data() + r * headdim,
+                    headdim, acc_t(1));
+          store_row(dv_data + b * dv.stride(0) + key * dv.stride(1) + h_k * dv.stride(2), dv_acc.data() + r * headdim,
+                    headdim, acc_t(1));
         }
       }
     }
@@ -531,7 +533,7 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
         const acc_t* src = dq_acc.data() + (split * num_groups + group_index) * group_dq_size + (g * seqlen_q + i) * headdim;
         for (int64_t d = 0; d < headdim; ++d) sum[d] += src[d];
       }
-      store_row(dq_data + row * headdim, sum.data(), headdim, acc_t(1));
+      store_row(dq_data + b * dq.stride(0) + i * dq.stride(1) + h * dq.stride(2), sum.data(), headdim, acc_t(1));
     }
   });
 }
@@ -559,9 +561,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
   (void)deterministic;
   const AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
                                               window_right, softcap, bias_requires_grad);
-  at::Tensor dq = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim}, q.options());
-  at::Tensor dk = at::empty({p.batch, p.seqlen_k, p.nheads_k, p.headdim}, q.options());
-  at::Tensor dv = at::empty({p.batch, p.seqlen_k, p.nheads_k, p.headdim}, q.options());
+  at::Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);  // (written by strides)
   // dS with respect to the bias, full size (the one O(N²) buffer), in the accumulation dtype; zero where masked.
   const auto acc_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor dbias_full;

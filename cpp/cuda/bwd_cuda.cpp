@@ -32,9 +32,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   const int64_t batch = prob.batch, seqlen_q = prob.seqlen_q, seqlen_k = prob.seqlen_k;
   const int64_t nheads = prob.nheads, nheads_k = prob.nheads_k, headdim = prob.headdim;
 
-  Tensor dq = at::empty({batch, seqlen_q, nheads, headdim}, q.options());
-  Tensor dk = at::empty({batch, seqlen_k, nheads_k, headdim}, k.options());
-  Tensor dv = at::empty({batch, seqlen_k, nheads_k, headdim}, v.options());
+  Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);  // (the kernels take strides)
   if (batch == 0 || nheads == 0 || seqlen_q == 0 || seqlen_k == 0) {  // nothing attends: all gradients are 0
     dq.zero_();
     dk.zero_();

@@ -63,14 +63,26 @@ def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1,
     return out, lse
 
 
+_GRAD_ORDERS = ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
+
+
+def _grad_like(t):
+    # The gradient's layout: t's memory order where t is contiguous in some order of its first three dims (headdim
+    # innermost), the first such order of _GRAD_ORDERS, else contiguous: the real kernels' rule (empty_grad_like,
+    # cpp/checks.cpp), orders tried in the same sequence.
+    for order in _GRAD_ORDERS:
+        if t.permute(*order, 3).is_contiguous():
+            inverse = [order.index(i) for i in range(3)]
+            return t.new_empty([t.shape[i] for i in order] + [t.shape[3]]).permute(*inverse, 3)
+    return t.new_empty(t.shape)
+
+
 @torch.library.register_fake("fa2::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, attn_bias=None, scale=None, causal=False, window_left=-1,
               window_right=-1, softcap=0.0, bias_requires_grad=False, deterministic=False):
     _check_ranks(q, k, v)
     _check_devices(q, "fa2.bwd", dout=dout, k=k, v=v, out=out, lse=lse, attn_bias=attn_bias)
-    dq = q.new_empty(q.shape)
-    dk = k.new_empty(k.shape)
-    dv = v.new_empty(v.shape)
+    dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
     if bias_requires_grad:
         dbias = attn_bias.new_empty(attn_bias.shape)
     else:
