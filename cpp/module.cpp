@@ -76,6 +76,14 @@ PYBIND11_MODULE(_C, m) {
     }
     return dims;
   });
+  // those of them whose dQ conversion is launched to overlap the main kernel's last CTAs (kOverlapDqConversion)
+  m.def("sm90_ws_backward_dq_overlap_headdims", []() {
+    py::list dims;
+    if (fa2::bwd_ws_overlaps_dq_conversion<64>()) dims.append(64);
+    if (fa2::bwd_ws_overlaps_dq_conversion<128>()) dims.append(128);
+    if (fa2::bwd_ws_overlaps_dq_conversion<256>()) dims.append(256);
+    return dims;
+  });
   // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)
   m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
   m.def("key_bias_backward", &fa2::key_bias_backward);

@@ -251,7 +251,15 @@ int main(int argc, char** argv) {
   #if FA2_BWD
         {  // the backward of this forward (out, lse as computed above), dout random
           fa2::AttentionParams pb = p;
-          pb.workspace = nullptr;  // (the forward's tile counter; the backward's deterministic mode is off)
+          // (not the forward's tile counter: the backward's finished-CTA counts, batch * nheads ints (bwd_launch.h,
+          // bwd_workspace_ints), with which its dQ conversion overlaps the main kernel; FA2_BWD_NO_DQ_OVERLAP=1: none,
+          // the conversion after it)
+          pb.workspace = nullptr;
+          int* bwd_workspace = nullptr;
+          if (std::getenv("FA2_BWD_NO_DQ_OVERLAP") == nullptr) {
+            CHECK_CUDA(cudaMalloc(&bwd_workspace, size_t(pb.batch) * pb.nheads * sizeof(int)));
+            pb.workspace = bwd_workspace;
+          }
           for (auto& x : host) x = __float2bfloat16(uniform());
           __nv_bfloat16* dout = device_copy(host);
           __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
@@ -279,7 +287,7 @@ int main(int argc, char** argv) {
           dump_trace("bwd");  // the last backward launch's
 #endif
           for (void* t : {(void*)dout, (void*)dq, (void*)dk, (void*)dv, (void*)softmax_d, (void*)dq_accum,
-                          (void*)row_lse, (void*)row_shift})
+                          (void*)row_lse, (void*)row_shift, (void*)bwd_workspace})
             CHECK_CUDA(cudaFree(t));
         }
   #endif

@@ -28,8 +28,8 @@ def cuda_kernel_names(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def cuda_kernel_grids(fn):
-    """(name, grid) of each CUDA kernel fn() launches, the grid as [x, y, z] (torch.profiler's trace)."""
+def _cuda_kernel_events(fn):
+    """The kernel events of torch.profiler's chrome trace of fn(), in launch order."""
     import json
     import tempfile
 
@@ -41,4 +41,15 @@ def cuda_kernel_grids(fn):
         prof.export_chrome_trace(f.name)
         with open(f.name) as trace:
             events = json.load(trace)["traceEvents"]
-    return [(e["name"], e.get("args", {}).get("grid")) for e in events if e.get("cat") == "kernel"]
+    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+
+def cuda_kernel_grids(fn):
+    """(name, grid) of each CUDA kernel fn() launches, the grid as [x, y, z] (torch.profiler's trace)."""
+    return [(e["name"], e.get("args", {}).get("grid")) for e in _cuda_kernel_events(fn)]
+
+
+def cuda_kernel_spans(fn):
+    """(name, start, end) of each CUDA kernel fn() launches, in microseconds on the GPU's clock (torch.profiler's
+    trace), in launch order."""
+    return [(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in _cuda_kernel_events(fn)]

@@ -10,7 +10,7 @@ import torch
 
 import fa2
 from fa2.reference import attention_ref
-from kernels import cuda_kernel_grids, cuda_kernel_names, switch
+from kernels import cuda_kernel_grids, cuda_kernel_names, cuda_kernel_spans, switch
 from numerics import assert_close_rule
 from samples import make_qkv, sample_inputs
 
@@ -416,6 +416,63 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             assert torch.isfinite(g_ws).all(), f"{name} {case}"
             assert_close_rule(f"ws {name} {case}", g_ws, g_hi, g_lo, factor=3)
             assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
+
+
+@pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
+def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_each_head(d):
+    """Behind the warp-specialized backward, at the headdims that take it (sm90_ws_backward_dq_overlap_headdims:
+    bwd_tile_config.h, kOverlapDqConversion), the dQ conversion is a programmatic dependent launch: it may start while
+    the main kernel's last CTAs run, and converts a head's rows once every main-kernel CTA of that head has counted
+    itself finished (ws_key_block_done; bwd_launch_template.cuh). The gradients follow the rule where a conversion
+    CTA's rows span several heads (seqlen_q 1, 5, 17 with 8 heads, 3 batches; GQA), where some main-kernel CTAs have
+    no query block (a window) or every key padded (they count too), and on a grid of several waves (4 x 16 heads x 1k:
+    512 CTAs at d 128), where the conversion is seen to start before the main kernel ends (torch.profiler's spans; at
+    the other headdims after it), as do those of the deterministic mode's kernels (conversion after them)."""
+    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
+    if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0"):
+        pytest.skip("FA2_DISABLE_SM90_WS_BACKWARD is set")
+    overlap_dims = fa2._C.sm90_ws_backward_dq_overlap_headdims()
+    assert overlap_dims == [128], overlap_dims  # (what was measured to pay: bwd_tile_config.h)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    cases = [  # (batch, seqlen_q, seqlen_k, heads, heads_k, causal, window_left, window_right, padded keys)
+        (3, 1, 300, 8, 8, False, -1, -1, None),
+        (3, 5, 300, 8, 2, True, -1, -1, None),     # (causal)
+        (3, 17, 40, 8, 4, False, -1, -1, None),
+        (2, 200, 700, 8, 8, False, 60, 0, None),   # (a window: key blocks no query sees)
+        (2, 130, 520, 4, 4, False, -1, -1, (128, 384)),  # (every key of key blocks 1-2 padded)
+        (4, 1024, 1024, 16, 16, False, -1, -1, None),
+    ]
+    for b, sq, sk, h, hk, causal, wl, wr, padded in cases:
+        q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=torch.bfloat16, device="cuda", requires_grad=True, generator=g)
+        dout = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        bias = None
+        if padded is not None:
+            bias = torch.ones(b, 1, 1, sk, device="cuda", dtype=torch.bool)
+            bias[..., padded[0]:padded[1]] = False
+        kw = dict(attn_bias=bias, causal=causal, window_left=wl, window_right=wr)
+        case = f"{(b, sq, sk, h, hk, d, causal, wl, wr, padded)}"
+        out = fa2.attention(q, k, v, **kw)
+        spans = cuda_kernel_spans(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+        main = [s for s in spans if "bwd_ws_" in s[0]]
+        convert = [s for s in spans if "bwd_convert_dq_kernel" in s[0]]
+        assert len(main) == 1 and len(convert) == 1, (case, [s[0] for s in spans])
+        if d not in overlap_dims:
+            ended = f"{case}: the conversion started before the main kernel ended {spans}"
+            assert convert[0][1] >= main[0][2] - 1.0, ended
+        elif b * h * sq * sk >= 4 * 16 * 1024 * 1024:  # (several waves of main-kernel CTAs)
+            assert convert[0][1] < main[0][2], f"{case}: the conversion started after the main kernel's end {spans}"
+        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        with fa2.deterministic():
+            grads_after = torch.autograd.grad(out, (q, k, v), dout)
+        leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, **kw), leaf_hi, dout.float())
+        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, **kw, upcast=False), leaf_lo, dout)
+        for name, g_ws, g_after, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_after, grads_hi, grads_lo):
+            assert torch.isfinite(g_ws).all(), f"{name} {case}"
+            assert_close_rule(f"overlapped {name} {case}", g_ws, g_hi, g_lo, factor=3)
+            assert_close_rule(f"after {name} {case}", g_after, g_hi, g_lo, factor=3)
 
 
 @pytest.mark.parametrize("hk", [2, 4])

@@ -100,7 +100,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   }
   params.deterministic = deterministic;
   const int64_t workspace_ints = bwd_workspace_ints(params);
-  Tensor workspace = workspace_ints > 0 ? at::zeros({workspace_ints}, q.options().dtype(at::kInt)) : Tensor();
+  // (zeroed here for the deterministic mode's counters; the other mode's are zeroed by the backward: bwd_launch.h)
+  const auto int_options = q.options().dtype(at::kInt);
+  Tensor workspace = workspace_ints <= 0 ? Tensor()
+                     : deterministic     ? at::zeros({workspace_ints}, int_options)
+                                         : at::empty({workspace_ints}, int_options);
   params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
 
   const char* err = run_bwd(params, c10::cuda::getCurrentCUDAStream().stream());

@@ -15,7 +15,8 @@
 //      exp2 runs meanwhile), and dQ first, then dV and dK, so that dQ's reduction overlaps them (H200, bf16, bwd
 //      alone, S 1k/4k/16k: +5-8% at d 64 and 128, +2% at d 256; padding masks unchanged).
 //      The softmax scale multiplies dK here and dQ in kernel 3 (dS is w.r.t. s = scale q.k).
-//   3. bwd_convert_dq_kernel: dq = scale * dq_accum, to f16/bf16.
+//   3. bwd_convert_dq_kernel: dq = scale * dq_accum, to f16/bf16 (behind the sm_90a warp-specialized kernel, started
+//      while that one's last CTAs run: bwd_launch_template.cuh).
 //
 // deterministic: the CTAs take their (key block, head) in the order they start (a ticket counter), and each query
 // block's dQ reductions happen in increasing key-block order: CTA n waits until the per-(batch, head, query block)
@@ -28,7 +29,8 @@
 //
 // Buffers the caller provides (cpp/cuda/bwd_cuda.cpp): softmax_d (batch, nheads, seqlen_q) fp32; dq_accum
 // (batch, nheads, seqlen_q, headdim_rounded) fp32; in deterministic mode workspace = bwd_workspace_ints(params)
-// zeroed int32s: [ticket counter] [turn counter per (batch, head, query block)] (bwd_launch.h).
+// zeroed int32s: [ticket counter] [turn counter per (batch, head, query block)] (bwd_launch.h); otherwise a
+// finished-CTA count per (batch, head) for the warp-specialized kernel (params.h, key_blocks_done).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -914,6 +916,11 @@ __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_
   for (int offset = kGroup / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (row_id < num_rows) {
     const int64_t bh_row = (batch * p.nheads + head) * p.seqlen_q + row;
+    // (the main kernel's finished-CTA counts where the dQ conversion overlaps it: batch * nheads ints, fewer than
+    // the grid's threads)
+    if (p.key_blocks_done != nullptr && row_id < int64_t(p.batch) * p.nheads && chunk == 0) {
+      p.key_blocks_done[row_id] = 0;
+    }
     if (chunk == 0) p.softmax_d[bh_row] = sum;
     if (chunk < kHeadDim / 8) {
       float4* acc = reinterpret_cast<float4*>(p.dq_accum + bh_row * kHeadDim + chunk * 8);
@@ -950,20 +957,50 @@ constexpr bool dq_fragment_order_is_a_permutation() {
 }
 static_assert(dq_fragment_order_is_a_permutation(), "DqFragmentOrder::offset is a permutation of a block");
 
-// dq = scale * dq_accum, to T; same row order as the preprocessing. (p.dq_accum_fragment_order: whole blocks of
-// DqFragmentOrder::kRows queries read in that order)
-template <typename T, int kHeadDim, int kNThreads>
+// dq = scale * dq_accum, to T; rows in the preprocessing's order. kAfterHeads (launched to overlap the
+// warp-specialized main kernel's last CTAs, p.key_blocks_done: bwd_launch_template.cuh): rows in (batch, head, query)
+// order instead, the order in which the main kernel's CTAs finish their heads, and a CTA first waits until every
+// main-kernel CTA of its rows' heads has counted itself finished; dq_accum is then read through the L2
+// (ld.global.cg). (p.dq_accum_fragment_order: whole blocks of DqFragmentOrder::kRows queries read in that order)
+template <typename T, int kHeadDim, int kNThreads, bool kAfterHeads = false>
 __global__ void __launch_bounds__(kNThreads) bwd_convert_dq_kernel(const __grid_constant__ AttentionParams p) {
   constexpr int kGroup = row_group_threads<kHeadDim>(), kRowsPerCta = kNThreads / kGroup;
-  const int64_t row_id = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kGroup;
-  const int chunk = threadIdx.x % kGroup;
   const int64_t num_rows = int64_t(p.batch) * p.seqlen_q * p.nheads;
+  const int64_t first_row = int64_t(blockIdx.x) * kRowsPerCta;
+  if constexpr (kAfterHeads) {
+    if (threadIdx.x == 0) {
+      const int64_t last_row = min(first_row + kRowsPerCta, num_rows) - 1;
+      for (int64_t bh = first_row / p.seqlen_q; bh <= last_row / p.seqlen_q; ++bh) {
+        while (ptx::ld_acquire_gpu(p.key_blocks_done + bh) < p.key_blocks_per_head) __nanosleep(256);
+      }
+    }
+    __syncthreads();  // (the acquire above, then every thread's reads)
+  }
+  const int64_t row_id = first_row + threadIdx.x / kGroup;
+  const int chunk = threadIdx.x % kGroup;
   if (row_id >= num_rows || chunk * 8 >= p.headdim) return;
-  const int64_t head = row_id % p.nheads;
-  const int64_t row = (row_id / p.nheads) % p.seqlen_q;
-  const int64_t batch = row_id / (int64_t(p.nheads) * p.seqlen_q);
-  const float* const row_acc = p.dq_accum + ((batch * p.nheads + head) * p.seqlen_q + row) * kHeadDim + chunk * 8;
+  int64_t batch, head, row, acc_row;  // (acc_row: the row of dq_accum, (batch, head, query))
+  if constexpr (kAfterHeads) {
+    const int64_t bh = row_id / p.seqlen_q;
+    row = row_id - bh * p.seqlen_q;
+    head = bh % p.nheads;
+    batch = bh / p.nheads;
+    acc_row = row_id;
+  } else {
+    head = row_id % p.nheads;
+    row = (row_id / p.nheads) % p.seqlen_q;
+    batch = row_id / (int64_t(p.nheads) * p.seqlen_q);
+    acc_row = (batch * p.nheads + head) * p.seqlen_q + row;
+  }
+  const float* const row_acc = p.dq_accum + acc_row * kHeadDim + chunk * 8;
+  auto load2 = [](const float* at) {
+    return kAfterHeads ? __ldcg(reinterpret_cast<const float2*>(at)) : *reinterpret_cast<const float2*>(at);
+  };
+  auto load4 = [](const float* at) {
+    return kAfterHeads ? __ldcg(reinterpret_cast<const float4*>(at)) : *reinterpret_cast<const float4*>(at);
+  };
   float4 a, b;
+  bool row_major = true;
   if constexpr (kHeadDim == DqFragmentOrder::kCols) {
     using Order = DqFragmentOrder;
     const int64_t block_row0 = row / Order::kRows * Order::kRows;
@@ -971,19 +1008,16 @@ __global__ void __launch_bounds__(kNThreads) bwd_convert_dq_kernel(const __grid_
       const float* block = row_acc - (row - block_row0) * kHeadDim - chunk * 8;
       const int r = int(row - block_row0), c = chunk * 8;
       // (columns c, c + 1 are adjacent in the order, as are c + 2 tig, c + 2 tig + 1)
-      const float2 v0 = *reinterpret_cast<const float2*>(block + Order::offset(r, c));
-      const float2 v1 = *reinterpret_cast<const float2*>(block + Order::offset(r, c + 2));
-      const float2 v2 = *reinterpret_cast<const float2*>(block + Order::offset(r, c + 4));
-      const float2 v3 = *reinterpret_cast<const float2*>(block + Order::offset(r, c + 6));
+      const float2 v0 = load2(block + Order::offset(r, c)), v1 = load2(block + Order::offset(r, c + 2));
+      const float2 v2 = load2(block + Order::offset(r, c + 4)), v3 = load2(block + Order::offset(r, c + 6));
       a = make_float4(v0.x, v0.y, v1.x, v1.y);
       b = make_float4(v2.x, v2.y, v3.x, v3.y);
-    } else {
-      a = reinterpret_cast<const float4*>(row_acc)[0];
-      b = reinterpret_cast<const float4*>(row_acc)[1];
+      row_major = false;
     }
-  } else {
-    a = reinterpret_cast<const float4*>(row_acc)[0];
-    b = reinterpret_cast<const float4*>(row_acc)[1];
+  }
+  if (row_major) {
+    a = load4(row_acc);
+    b = load4(row_acc + 4);
   }
   const float s = p.scale;
   uint4 packed;

@@ -11,9 +11,11 @@ namespace fa2 {
 // The instantiated backward headdim that serves a (multiple-of-8) headdim, or -1 when this build has none.
 int bwd_headdim_rounded(int headdim);
 
-// int32s of zeroed scratch the backward needs in params.workspace: 0 unless params.deterministic, then
-// 1 (ticket counter) + batch * nheads * ceil(seqlen_q / block_m) (one turn counter per query block; block_m the
-// smaller of the sm80 shapes', bwd_min_block_m).
+// int32s of scratch the backward needs in params.workspace. params.deterministic: 1 (ticket counter) + batch *
+// nheads * ceil(seqlen_q / block_m) (one turn counter per query block; block_m the smaller of the sm80 shapes',
+// bwd_min_block_m), zeroed by the caller. Otherwise batch * nheads, which the backward zeroes itself (the sm_90a
+// warp-specialized kernel's finished-CTA counts per head, with which its dQ conversion overlaps its last CTAs:
+// params.h, key_blocks_done); without them (workspace nullptr) the conversion runs after the main kernel.
 int64_t bwd_workspace_ints(const AttentionParams& params);
 
 // Whether the backward prefers its sm_90a instances on a compute capability 9.0 GPU (wgmma products where the
@@ -56,7 +58,7 @@ bool bwd_small_tiles();
 //   elements, or is not used: bwd_ws_applies), else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for
 //   the caller to sum over each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q,
 //   seqlen_k) contiguous, zeroed (only the visible blocks are written);  workspace: bwd_workspace_ints(params)
-//   zeroed int32s.
+//   int32s (zeroed when deterministic) or nullptr when not deterministic.
 const char* run_bwd(const AttentionParams& params, cudaStream_t stream);
 
 }  // namespace fa2

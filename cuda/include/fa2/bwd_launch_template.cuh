@@ -134,13 +134,21 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   if (const char* e = check_grid_batch_heads("backward", p.batch, p.nheads)) return e;
 
-  // -- 1. D = rowsum(dO * O), dq_accum = 0
+  // Without the deterministic mode the workspace (bwd_workspace_ints) holds the counts of finished main-kernel CTAs
+  // per (batch, head) that let the dQ conversion overlap the warp-specialized kernel's last CTAs (step 3), at the
+  // headdims where that pays (bwd_tile_config.h, kOverlapDqConversion)
+  constexpr bool kOverlapCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_overlaps_dq_conversion<kHeadDim>();
+  int* const key_blocks_done = kOverlapCapable && !p.deterministic ? static_cast<int*>(p.workspace) : nullptr;
+
+  // -- 1. D = rowsum(dO * O), dq_accum = 0 (and those counts)
   constexpr int kRowThreads = 256;
   constexpr int kRowsPerCta = kRowThreads / bwd::row_group_threads<kHeadDim>();
   const int64_t num_rows = int64_t(p.batch) * p.seqlen_q * p.nheads;
   const int64_t row_ctas = (num_rows + kRowsPerCta - 1) / kRowsPerCta;
   if (row_ctas > 0x7fffffff) return "fa2: batch * seqlen_q * nheads is too large for the CUDA backward";
-  bwd::bwd_preprocess_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(p);
+  AttentionParams preprocess = p;
+  preprocess.key_blocks_done = key_blocks_done;
+  bwd::bwd_preprocess_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(preprocess);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
@@ -170,8 +178,10 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
          bwd_ws_applies(p, BwdWsConfig<kHeadDim>::kBlockM, key_bias);
     if (ws) {
-      e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(p, stream, &ws)
-                   : launch_bwd_ws_kernel<T, kHeadDim, false>(p, stream, &ws);
+      AttentionParams main = p;
+      main.key_blocks_done = key_blocks_done;
+      e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(main, stream, &ws)
+                   : launch_bwd_ws_kernel<T, kHeadDim, false>(main, stream, &ws);
     }
   }
   if constexpr (kKeyBiasFits) {
@@ -184,13 +194,39 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   if (e != nullptr) return e;
 
   // -- 3. dq = scale * dq_accum (where the headdim-split ws kernel ran, its whole query blocks in its fragment order:
-  //    bwd_kernel.cuh, DqFragmentOrder)
+  //    bwd_kernel.cuh, DqFragmentOrder). Behind the ws kernel, with its finished-CTA counts, as a programmatic
+  //    dependent launch: its CTAs may start on the SMs that the main kernel's last wave leaves idle (they cannot share
+  //    an SM with a main-kernel CTA, which takes all its registers), each converting a head's rows once the head's
+  //    main-kernel CTAs have all counted themselves finished (ws_key_block_done); ~0.5 of a wave at the grid's end
+  //    when the CTAs do not divide evenly over the SMs.
   AttentionParams convert = p;
   if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
     convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim>;
   }
-  bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(convert);
-  err = cudaGetLastError();
+  bool overlapped = false;
+  if constexpr (kOverlapCapable) {
+    if (ws && key_blocks_done != nullptr) {
+      overlapped = true;
+      convert.key_blocks_done = key_blocks_done;
+      convert.key_blocks_per_head =
+          (p.seqlen_k + BwdWsConfig<kHeadDim>::kBlockN - 1) / BwdWsConfig<kHeadDim>::kBlockN;
+      cudaLaunchAttribute attribute{};
+      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attribute.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t launch{};
+      launch.gridDim = dim3(unsigned(row_ctas));
+      launch.blockDim = dim3(kRowThreads);
+      launch.stream = stream;
+      launch.attrs = &attribute;
+      launch.numAttrs = 1;
+      err = cudaLaunchKernelEx(&launch, &bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads, /*kAfterHeads=*/true>,
+                               convert);
+    }
+  }
+  if (!overlapped) {
+    bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads><<<unsigned(row_ctas), kRowThreads, 0, stream>>>(convert);
+    err = cudaGetLastError();
+  }
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 

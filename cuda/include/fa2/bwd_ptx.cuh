@@ -45,5 +45,20 @@ __device__ __forceinline__ void st_release_gpu(int* addr, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
 }
 
+// *addr += v after everything this thread has written, and what other threads wrote before a barrier with it, is
+// visible at GPU scope (a release fence, then a relaxed reduction: a counter of finished CTAs).
+__device__ __forceinline__ void red_add_release_gpu(int* addr, int v) {
+  asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
+}
+
+// Programmatic dependent launch (sm90; nothing before): the grid launched next on the stream with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of this one has issued this (or
+// exited). It orders no memory: the dependent grid waits for what it reads by its own means.
+__device__ __forceinline__ void launch_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace ptx
 }  // namespace fa2

@@ -259,6 +259,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   //    sees stores zeros.
   ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
                     batch, head, n0 + key0, col0, tig);
+  // (barrier 6: 1, 2 and 5 are the handshakes' above)
+  ws_key_block_done<Cfg, 6>(p, bh, ctid);
 }
 
 }  // namespace bwd

@@ -200,6 +200,10 @@ template <typename T, typename Cfg, bool kKeyBias, class Ring>
 __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                                const Ring& ring, uint32_t sK, uint32_t sV) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  // (the dQ conversion, launched behind this kernel, may take the SMs its last CTAs leave: ws_key_block_done)
+  if constexpr (Cfg::kOverlapDqConversion) {
+    if (threadIdx.x == 0) ptx::launch_dependent_grids();
+  }
   WsKeyBlock blk;
   if constexpr (Cfg::kTileOrderTail) {
     bwd_tile_of_cta(p, blk.n_block, blk.head, blk.batch);
@@ -229,6 +233,21 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
     sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
   }
   return blk;
+}
+
+// A consumer CTA's last step where the dQ conversion overlaps the kernel (p.key_blocks_done, bwd_launch_template.cuh):
+// once every consumer's global writes are performed (dK, dV; the dQ reduce-adds, which their issuers waited for in
+// full, bulk_wait_group<0, false>, or red.global's), its (batch, head)'s count of finished key blocks goes up by one,
+// with release semantics: a conversion CTA that acquires the count at key_blocks_per_head reads the head's whole dQ.
+// Every CTA counts, those without query blocks too. kBarrier: a named barrier of the consumers only. (Compiled only
+// where the tile config overlaps the conversion, Cfg::kOverlapDqConversion.)
+template <class Cfg, int kBarrier>
+__device__ __forceinline__ void ws_key_block_done(const AttentionParams& p, int64_t bh, int ctid) {
+  if constexpr (!Cfg::kOverlapDqConversion) return;
+  if (p.key_blocks_done == nullptr) return;
+  sm90::fence_proxy_async_global();  // (the TMA's reduce-adds before the generic release)
+  ptx::named_barrier_sync<kBarrier, Cfg::kConsumerThreads>();
+  if (ctid == 0) ptx::red_add_release_gpu(p.key_blocks_done + bh, 1);
 }
 
 // A stage's row statistics as the consumers read them: the query block's row r at lse[r], dsum[r], shift[r]
@@ -668,6 +687,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     }
   }
   if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
+  ws_key_block_done<Cfg, 1>(p, bh, ctid);
   FA2_CTA_MARK(kTraceEnd, ctid == 0);
   FA2_CTA_MARK(trace::kExitNs, ctid == 0);
 }

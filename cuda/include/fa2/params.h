@@ -77,6 +77,12 @@ struct AttentionParams {
   // queries are in DqFragmentOrder (bwd_kernel.cuh: the headdim-split ws backward's, bwd_ws_dsplit_kernel.cuh), the
   // rest row-major.
   bool dq_accum_fragment_order = false;
+  // Set by the backward launcher (bwd_launch_template.cuh) where its dQ conversion overlaps the warp-specialized main
+  // kernel's last CTAs (programmatic dependent launch): per (batch, head), how many of the main kernel's CTAs have
+  // finished (params.workspace, zeroed by bwd_preprocess_kernel); the conversion of a head's rows waits until that
+  // is key_blocks_per_head. nullptr: the conversion runs after the main kernel, as the stream orders it.
+  int* key_blocks_done = nullptr;
+  int key_blocks_per_head = 0;
 };
 
 // Whether the backward recomputes scores through softcap / bias (its score-mod path, which needs row_lse and

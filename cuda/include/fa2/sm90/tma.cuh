@@ -228,6 +228,11 @@ __device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, uint32
                "r"(col), "r"(row), "r"(src)
                : "memory");
 }
+// Orders this thread's completed async-proxy global writes (the reduce-adds, after bulk_wait_group<0, false>) before
+// its later generic-proxy accesses (a release that other CTAs acquire before reading what was added).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until at most kPending of this thread's bulk groups are still reading their shared memory (kRead), or are
 // still in flight at all.
