@@ -216,8 +216,9 @@ struct BwdWsTileConfig {
   static constexpr bool kTileOrderTail = kHeadDim > 64;
   // The dQ conversion launched to overlap the kernel's last CTAs (bwd_launch_template.cuh; each CTA counts itself
   // finished at its end, ws_key_block_done) at d 128 only. H200, bf16, backward alone (preprocess + kernel +
-  // conversion), harness, two runs of two rounds, against the conversion after the kernel: d 128 +0.7..+2.4% (S 1k-16k,
-  // median +1.3%); d 64 -1.4..-3.0% at S 1k-2k, -0.7..+0.3% from 4k. (d 256: BwdWsSplitTileConfig)
+  // conversion), harness, non-causal, two runs of two rounds, against the conversion after the kernel
+  // (variants_h200-20261203-bwd-dq-overlap.json): d 128 -0.7..+2.9% (S 1k-16k, median +0.9%); d 64 median -1.4%
+  // (S 1k -2.2..-3.3%). (d 256: BwdWsSplitTileConfig)
   static constexpr bool kOverlapDqConversion = kHeadDim == 128;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
@@ -268,7 +269,7 @@ struct BwdWsSplitTileConfig {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kDCols = kHeadDim / kConsumerWarpgroups;  // dK, dV, dQ columns per warpgroup
   static constexpr bool kTileOrderTail = true;  // (tile_order.h; see BwdWsTileConfig)
-  // (see BwdWsTileConfig) not here: -7.4..-8.4% at S 1k, -3.2..-3.4% at 2k, -1.8..+0.5% from 4k (the CTA's end waits
+  // (see BwdWsTileConfig) not here: -7.4..-8.4% at S 1k, -2.6..-4.1% at 2k, -1.8..+0.7% from 4k (the CTA's end waits
   // for its last red.global.add of dQ before it counts itself finished)
   static constexpr bool kOverlapDqConversion = false;
   static constexpr int kBlockCols = 64;  // column blocks of Q, dO, K, V (128-byte swizzle)
