@@ -78,6 +78,44 @@ inline const uint16_t* bf16_bits_for_blas(const at::BFloat16* first, int64_t row
   return reinterpret_cast<const uint16_t*>(rows_for_blas(first, row_stride, rows, headdim, scratch, ld));
 }
 
+// One operand tile of the forward's products, with BLAS's leading dimension: bf16 bits for the bf16 products
+// (cpu/blas.h, gemm_*_bf16), else acc_t values. Exactly one of values / bits is set.
+template <typename acc_t>
+struct ProductTile {
+  const acc_t* values = nullptr;
+  const uint16_t* bits = nullptr;
+  int64_t ld = 0;
+};
+
+// Rows [first, + rows) of q, k or v as a product tile: their bf16 bits when bf16_products (bf16_bits_for_blas, into
+// bits_scratch where needed), else converted (rows_for_blas, into scratch).
+template <typename scalar_t, typename acc_t>
+ProductTile<acc_t> product_tile(const scalar_t* first, int64_t row_stride, int64_t rows, int64_t headdim,
+                                bool bf16_products, acc_t* scratch, at::BFloat16* bits_scratch) {
+  ProductTile<acc_t> tile;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (bf16_products) {
+      tile.bits = bf16_bits_for_blas(first, row_stride, rows, headdim, bits_scratch, tile.ld);
+      return tile;
+    }
+  }
+  tile.values = rows_for_blas(first, row_stride, rows, headdim, scratch, tile.ld);
+  return tile;
+}
+
+// c (m, n) = alpha a[r0 .. r0 + m) b^T on either kind of tile (both of one kind: product_tile with one flag).
+template <typename acc_t>
+void product_abt(int64_t m, int64_t n, int64_t k, acc_t alpha, const ProductTile<acc_t>& a, int64_t r0,
+                 const ProductTile<acc_t>& b, acc_t* c, int64_t ldc) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if (a.bits != nullptr) {
+      gemm_abt_bf16(m, n, k, alpha, a.bits + r0 * a.ld, a.ld, b.bits, b.ld, 0.f, c, ldc);
+      return;
+    }
+  }
+  gemm_abt<acc_t>(m, n, k, alpha, a.values + r0 * a.ld, a.ld, b.values, b.ld, acc_t(0), c, ldc);
+}
+
 template <typename scalar_t, typename acc_t>
 void store_row(scalar_t* dst, const acc_t* src, int64_t n, acc_t factor) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<scalar_t>(src[d] * factor);
@@ -140,18 +178,8 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
       const int64_t b = bh / nheads, h = bh % nheads, h_k = h / group;
       const int64_t q_begin = balanced_block_order(task % num_q_blocks, num_q_blocks) * block_q;
       const int64_t rows = std::min(block_q, seqlen_q - q_begin);
-      int64_t ldq;
-      const acc_t* q_tile = nullptr;
-      const uint16_t* q_bits = nullptr;
-      if constexpr (kBf16) {
-        if (bf16_products) {
-          q_bits = bf16_bits_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_bits_pack.data(),
-                                      ldq);
-        }
-      }
-      if (q_bits == nullptr) {
-        q_tile = rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_pack.data(), ldq);
-      }
+      const ProductTile<acc_t> q_tile = product_tile(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim,
+                                                     bf16_products, q_pack.data(), q_bits_pack.data());
       std::fill(o, o + rows * headdim, acc_t(0));
       std::fill(m.begin(), m.begin() + rows, kNegInfinity);
       std::fill(l.begin(), l.begin() + rows, acc_t(0));
@@ -160,34 +188,13 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
       const int64_t k_first = window.first_key(q_begin), k_last = window.last_key(q_begin + rows - 1);
       for (int64_t k_begin = k_first; k_begin <= k_last; k_begin += block_k) {
         const int64_t cols = std::min(block_k, k_last + 1 - k_begin);
-        int64_t ldk, ldv;
-        const acc_t* k_tile = nullptr;
-        const acc_t* v_tile = nullptr;
-        const uint16_t* k_bits = nullptr;
-        const uint16_t* v_bits = nullptr;
-        if constexpr (kBf16) {
-          if (bf16_products) {
-            k_bits = bf16_bits_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim,
-                                        k_bits_pack.data(), ldk);
-            v_bits = bf16_bits_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim,
-                                        v_bits_pack.data(), ldv);
-          }
-        }
-        if (k_bits == nullptr) {
-          k_tile = rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_pack.data(), ldk);
-          v_tile = rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_pack.data(), ldv);
-        }
+        const ProductTile<acc_t> k_tile = product_tile(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim,
+                                                       bf16_products, k_pack.data(), k_bits_pack.data());
+        const ProductTile<acc_t> v_tile = product_tile(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim,
+                                                       bf16_products, v_pack.data(), v_bits_pack.data());
         // S rows [r0, r0 + n) = scale · Q Kᵀ                                  (n, cols), row stride block_k
         auto scores = [&](int64_t r0, int64_t n) {
-          if constexpr (kBf16) {
-            if (k_bits != nullptr) {
-              gemm_abt_bf16(n, cols, headdim, scale, q_bits + r0 * ldq, ldq, k_bits, ldk, 0.f, s + r0 * block_k,
-                            block_k);
-              return;
-            }
-          }
-          gemm_abt<acc_t>(n, cols, headdim, scale, q_tile + r0 * ldq, ldq, k_tile, ldk, acc_t(0), s + r0 * block_k,
-                          block_k);
+          product_abt(n, cols, headdim, scale, q_tile, r0, k_tile, s + r0 * block_k, block_k);
         };
 
         // -- S = scale · Q Kᵀ, then softcap, bias, mask                     (rows, cols)
@@ -240,15 +247,14 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
         }
 
         // -- O += P V                                                          (rows, headdim)
-        bool pv_done = false;
-        if constexpr (kBf16) {
-          if (v_bits != nullptr) {
+        if (v_tile.bits != nullptr) {
+          if constexpr (kBf16) {  // (P rounded to bf16, as the GPU kernels do)
             for (int64_t r = 0; r < rows; ++r) float_to_bf16_bits(s + r * block_k, p_bits.data() + r * block_k, cols);
-            gemm_ab_bf16(rows, headdim, cols, 1.f, p_bits.data(), block_k, v_bits, ldv, 1.f, o, headdim);
-            pv_done = true;
+            gemm_ab_bf16(rows, headdim, cols, 1.f, p_bits.data(), block_k, v_tile.bits, v_tile.ld, 1.f, o, headdim);
           }
+        } else {
+          gemm_ab<acc_t>(rows, headdim, cols, acc_t(1), s, block_k, v_tile.values, v_tile.ld, acc_t(1), o, headdim);
         }
-        if (!pv_done) gemm_ab<acc_t>(rows, headdim, cols, acc_t(1), s, block_k, v_tile, ldv, acc_t(1), o, headdim);
       }
 
       // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN.
