@@ -79,9 +79,9 @@ PYBIND11_MODULE(_C, m) {
   // those of them whose dQ conversion is launched to overlap the main kernel's last CTAs (kOverlapDqConversion)
   m.def("sm90_ws_backward_dq_overlap_headdims", []() {
     py::list dims;
-    if (fa2::bwd_ws_overlaps_dq_conversion<64>()) dims.append(64);
-    if (fa2::bwd_ws_overlaps_dq_conversion<128>()) dims.append(128);
-    if (fa2::bwd_ws_overlaps_dq_conversion<256>()) dims.append(256);
+    for (int d : {32, 64, 96, 128, 192, 256}) {
+      if (fa2::bwd_ws_overlaps_dq_conversion_at(d)) dims.append(d);
+    }
     return dims;
   });
   // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)

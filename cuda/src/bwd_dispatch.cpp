@@ -13,7 +13,9 @@ constexpr int kNumBwdInstances = sizeof(kBwdInstances) / sizeof(kBwdInstances[0]
 int bwd_headdim_rounded(int headdim) { return rounded_headdim(kBwdInstances, kNumBwdInstances, headdim); }
 
 int64_t bwd_workspace_ints(const AttentionParams& p) {
-  if (!p.deterministic) return int64_t(p.batch) * p.nheads;  // (the finished-CTA counts, params.h key_blocks_done)
+  if (!p.deterministic) {  // the finished-CTA counts (params.h, key_blocks_done) where the headdim overlaps
+    return bwd_ws_overlaps_dq_conversion_at(p.headdim_rounded) ? int64_t(p.batch) * p.nheads : 0;
+  }
   const int64_t block_m = bwd_min_block_m(p.headdim_rounded);  // (whichever tiles run: bwd_launch_template.cuh)
   const int64_t num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   return 1 + int64_t(p.batch) * p.nheads * num_m_blocks;

@@ -13,9 +13,10 @@ int bwd_headdim_rounded(int headdim);
 
 // int32s of scratch the backward needs in params.workspace. params.deterministic: 1 (ticket counter) + batch *
 // nheads * ceil(seqlen_q / block_m) (one turn counter per query block; block_m the smaller of the sm80 shapes',
-// bwd_min_block_m), zeroed by the caller. Otherwise batch * nheads, which the backward zeroes itself (the sm_90a
-// warp-specialized kernel's finished-CTA counts per head, with which its dQ conversion overlaps its last CTAs:
-// params.h, key_blocks_done); without them (workspace nullptr) the conversion runs after the main kernel.
+// bwd_min_block_m), zeroed by the caller. Otherwise, at the headdims whose sm_90a warp-specialized kernel has its dQ
+// conversion overlap its last CTAs (bwd_tile_config.h, kOverlapDqConversion: d 128), batch * nheads, which the
+// backward zeroes itself (that kernel's finished-CTA counts per head: params.h, key_blocks_done), else 0; without
+// them (workspace nullptr) the conversion runs after the main kernel.
 int64_t bwd_workspace_ints(const AttentionParams& params);
 
 // Whether the backward prefers its sm_90a instances on a compute capability 9.0 GPU (wgmma products where the

@@ -306,5 +306,14 @@ constexpr bool bwd_ws_overlaps_dq_conversion() {
     return false;
   }
 }
+// The same for an instantiated headdim given at run time (bwd_workspace_ints, the Python module's list).
+constexpr bool bwd_ws_overlaps_dq_conversion_at(int headdim) {
+  return headdim == 64    ? bwd_ws_overlaps_dq_conversion<64>()
+         : headdim == 128 ? bwd_ws_overlaps_dq_conversion<128>()
+         : headdim == 256 ? bwd_ws_overlaps_dq_conversion<256>()
+                          : false;
+}
+static_assert(!bwd_ws_headdim(32) && !bwd_ws_headdim(96) && !bwd_ws_headdim(192),
+              "bwd_ws_overlaps_dq_conversion_at lists every headdim with a warp-specialized backward");
 
 }  // namespace fa2
