@@ -937,10 +937,14 @@ __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_
 // 8 half, column 128 w + 64 pass + 8 nt + 2 tig + e. One warp's red.v4 covers 512 contiguous bytes.
 struct DqFragmentOrder {
   static constexpr int kRows = 64, kCols = 256;
+  // where thread `thread` (of 128) of warpgroup w puts its four floats of pass `pass`, n8 tile nt
+  __host__ __device__ static constexpr int fragment_offset(int w, int pass, int nt, int thread) {
+    return ((w * 2 + pass) * 8 + nt) * 512 + thread * 4;
+  }
   __host__ __device__ static constexpr int offset(int row, int col) {
     const int w = col / 128, pass = (col / 64) % 2, nt = (col / 8) % 8, tig = (col / 2) % 4, e = col % 2;
     const int warp = row / 16, group = row % 8, half = (row / 8) % 2;
-    return ((w * 2 + pass) * 8 + nt) * 512 + (warp * 32 + group * 4 + tig) * 4 + 2 * half + e;
+    return fragment_offset(w, pass, nt, warp * 32 + group * 4 + tig) + 2 * half + e;
   }
 };
 // (compile-time check: every (row, column) of a block at its own place in the block)

@@ -134,11 +134,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   // where the block is whole (the launcher tells the conversion), else row-major (ws_red_dq)
   auto red_dq = [&](const float (&acc)[kDqPassCols / 2], int m0_of, int pass) {
     if (m0_of + kBlockM <= p.seqlen_q) {
+      // (n8 tile 0's place, then each tile's distance from it: one base register for the eight)
       float* const base = p.dq_accum + (bh * p.seqlen_q + m0_of) * int64_t(kHeadDim) +
-                          ((wg * 2 + pass) * kDqPassTiles) * 512 + (ctid & 127) * 4;
+                          DqFragmentOrder::fragment_offset(wg, pass, 0, ctid & 127);
 #pragma unroll
       for (int nt = 0; nt < kDqPassTiles; ++nt) {
-        ptx::red_add_f32x4(base + nt * 512, make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
+        ptx::red_add_f32x4(base + DqFragmentOrder::fragment_offset(0, 0, nt, 0),
+                           make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
       }
     } else {
       ws_red_dq<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc), bh,
