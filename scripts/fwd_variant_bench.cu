@@ -252,8 +252,8 @@ int main(int argc, char** argv) {
         {  // the backward of this forward (out, lse as computed above), dout random
           fa2::AttentionParams pb = p;
           // (not the forward's tile counter: the backward's finished-CTA counts, batch * nheads ints (bwd_launch.h,
-          // bwd_workspace_ints), with which its dQ conversion overlaps the main kernel; FA2_BWD_NO_DQ_OVERLAP=1: none,
-          // the conversion after it)
+          // bwd_workspace_ints), with which its dQ conversion overlaps the main kernel at the headdims that do
+          // (kOverlapDqConversion; unused at the others); FA2_BWD_NO_DQ_OVERLAP=1: none, the conversion after it)
           pb.workspace = nullptr;
           int* bwd_workspace = nullptr;
           if (std::getenv("FA2_BWD_NO_DQ_OVERLAP") == nullptr) {

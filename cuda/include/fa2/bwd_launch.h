@@ -59,7 +59,8 @@ bool bwd_small_tiles();
 //   elements, or is not used: bwd_ws_applies), else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for
 //   the caller to sum over each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q,
 //   seqlen_k) contiguous, zeroed (only the visible blocks are written);  workspace: bwd_workspace_ints(params)
-//   int32s (zeroed when deterministic) or nullptr when not deterministic.
+//   int32s (zeroed by the caller when deterministic), or nullptr where that is 0 (and, when not deterministic, to
+//   run the dQ conversion after the main kernel).
 const char* run_bwd(const AttentionParams& params, cudaStream_t stream);
 
 }  // namespace fa2
