@@ -7,8 +7,10 @@ its power draw allows. The ratio of two kernels can differ between the two regim
 For each implementation and seqlen: calls back to back for --secs seconds (CUDA events around all of them), while
 nvidia-smi samples the SM clock, the power draw and the throttle reasons every 100 ms; the last three quarters of the
 samples count (the first quarter is the clock settling). FLOPs as the grid's: 4 B H S^2 D (halved when causal).
+--pass bwd times the backward alone (one forward, its graph retained, the backward replayed), --pass fwdbwd the
+forward and backward together, as the grid's passes (FLOPs 2.5x and 3.5x the forward's).
 Usage: python benchmarks/sustained.py [--dim 128] [--seqlens 2048,4096] [--causal] [--impls fa2,cudnn,fa2]
-       [--secs 4] [--out FILE.json]
+       [--dtypes bf16,fp16] [--passes fwd,bwd,fwdbwd] [--secs 4] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -48,12 +50,27 @@ def settled(fn, secs: float) -> tuple[float, list[list[str]]]:
     return start.elapsed_time(stop) / calls, rows[len(rows) // 4:]
 
 
+def pass_call(impl, pass_, q, k, v, causal):
+    """f() running one pass of impl on the (B, H, S, D) tensors q, k, v (leaves that require grad unless pass_ is
+    fwd), with a fixed random output gradient."""
+    f = make_call(impl, q, k, v, causal)
+    if pass_ == "fwd":
+        return f
+    dout = torch.randn_like(q)
+    if pass_ == "bwd":
+        out = f()
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    return lambda: torch.autograd.grad(f(), (q, k, v), dout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--seqlens", default="2048,4096")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--impls", default="fa2,cudnn,fa2", help="in this order (a repeat shows drift)")
+    ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--passes", default="fwd", help="fwd, bwd, fwdbwd: any of them, comma-separated")
     ap.add_argument("--secs", type=float, default=4.0)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
@@ -62,23 +79,29 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("sustained.py needs a CUDA GPU")
     results = []
-    for seqlen in (int(s) for s in args.seqlens.split(",")):
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    for dtype, pass_, seqlen in ((d, p, int(s)) for d in args.dtypes.split(",") for p in args.passes.split(",")
+                                 for s in args.seqlens.split(",")):
         q, k, v, batch, nheads = grid_inputs(seqlen, args.dim, args.tokens, args.hidden)
-        flops = attention_flops(batch, nheads, seqlen, seqlen, args.dim, args.causal, "fwd")
+        q, k, v = (t.detach().to(dtypes[dtype]).requires_grad_(pass_ != "fwd") for t in (q, k, v))
+        flops = attention_flops(batch, nheads, seqlen, seqlen, args.dim, args.causal, pass_)
         for impl in args.impls.split(","):
-            ms, rows = settled(make_call(impl, q, k, v, args.causal), args.secs)
+            ms, rows = settled(pass_call(impl, pass_, q, k, v, args.causal), args.secs)
             row = {"impl": impl, "seqlen": seqlen, "batch": batch, "nheads": nheads, "headdim": args.dim,
-                   "causal": args.causal, "dtype": "bf16", "ms": ms, "tflops": flops / ms / 1e9,
+                   "causal": args.causal, "dtype": dtype, "pass": pass_, "ms": ms, "tflops": flops / ms / 1e9,
                    "sm_clock_mhz": statistics.median(float(r[0]) for r in rows),
                    "power_w": statistics.median(float(r[1]) for r in rows),
                    "throttle_reasons": sorted({r[3] for r in rows if len(r) > 3})}
             results.append(row)
-            print(f"{impl:6s} S {seqlen:5d}: {row['tflops']:6.1f} TFLOP/s back to back, SM clock {row['sm_clock_mhz']:.0f} "
-                  f"MHz, power {row['power_w']:.0f} W, throttle {row['throttle_reasons']}", flush=True)
+            print(f"{impl:6s} {dtype} {pass_:6s} S {seqlen:5d}: {row['tflops']:6.1f} TFLOP/s back to back, "
+                  f"SM clock {row['sm_clock_mhz']:.0f} MHz, power {row['power_w']:.0f} W, "
+                  f"throttle {row['throttle_reasons']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
             json.dump({"kind": "sustained", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "argv": vars(args), "results": results}, f, indent=1)
+                       "git_commit": commit, "argv": vars(args), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
