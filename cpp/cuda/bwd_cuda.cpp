@@ -101,13 +101,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   params.deterministic = deterministic;
   const int64_t workspace_ints = bwd_workspace_ints(params);
   // (zeroed here for the deterministic mode's counters; the other mode's are zeroed by the backward: bwd_launch.h)
-  const auto int_options = q.options().dtype(at::kInt);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   Tensor workspace = workspace_ints <= 0 ? Tensor()
-                     : deterministic     ? at::zeros({workspace_ints}, int_options)
-                                         : at::empty({workspace_ints}, int_options);
+                     : deterministic     ? cuda_glue::zeroed_ints(workspace_ints, q.options(), stream)
+                                         : at::empty({workspace_ints}, q.options().dtype(at::kInt));
   params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
 
-  const char* err = run_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
+  const char* err = run_bwd(params, stream);
   TORCH_CHECK(err == nullptr, "fa2 backward (CUDA) failed: ", err);
 
   if (padded) dq.copy_(dq_k.narrow(3, 0, headdim));

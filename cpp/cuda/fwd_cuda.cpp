@@ -75,13 +75,14 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   params.out_head_stride = out_k.stride(2);
   params.lse = lse.data_ptr<float>();
   // the persistent sm_90a forward's tile counter (causal / windows), zeroed on the stream
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   at::Tensor workspace;
   if (const int64_t ints = real_strides ? fwd_workspace_ints(params) : 0; ints > 0) {
-    workspace = at::zeros({ints}, q.options().dtype(at::kInt));
+    workspace = cuda_glue::zeroed_ints(ints, q.options(), stream);
     params.workspace = workspace.data_ptr();
   }
 
-  const char* err = run_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
+  const char* err = run_fwd(params, stream);
   TORCH_CHECK(err == nullptr, "fa2 forward (CUDA) failed: ", err);
   if (!out_k.is_same(out)) out.copy_(out_k.narrow(3, 0, headdim));
   return {out, lse};
