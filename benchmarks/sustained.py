@@ -4,11 +4,11 @@ cuDNN (SDPA).
 Why: the grid (bench_attention.py) times single calls after an L2 flush (triton's do_bench), with the GPU idle between
 them; in training the kernels run back to back, where an H200 sits at its power cap and each kernel gets the clock
 its power draw allows. The ratio of two kernels can differ between the two regimes, and this says by how much.
-For each implementation and seqlen: calls back to back for --secs seconds (CUDA events around all of them), while
-nvidia-smi samples the SM clock, the power draw and the throttle reasons every 100 ms; the last three quarters of the
-samples count (the first quarter is the clock settling). FLOPs as the grid's: 4 B H S^2 D (halved when causal).
---pass bwd times the backward alone (one forward, its graph retained, the backward replayed), --pass fwdbwd the
-forward and backward together, as the grid's passes (FLOPs 2.5x and 3.5x the forward's).
+For each dtype, pass, seqlen and implementation: calls back to back for --secs seconds (CUDA events around all of
+them), while nvidia-smi samples the SM clock, the power draw and the throttle reasons every 100 ms; the last three
+quarters of the samples count (the first quarter is the clock settling). FLOPs as the grid's: 4 B H S^2 D (halved
+when causal). --passes bwd times the backward alone (one forward, its graph retained, the backward replayed),
+--passes fwdbwd the forward and backward together, as the grid's passes (FLOPs 2.5x and 3.5x the forward's).
 Usage: python benchmarks/sustained.py [--dim 128] [--seqlens 2048,4096] [--causal] [--impls fa2,cudnn,fa2]
        [--dtypes bf16,fp16] [--passes fwd,bwd,fwdbwd] [--secs 4] [--out FILE.json]
 """
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bench_common import attention_flops, grid_inputs
+from bench_common import attention_flops, environment, grid_inputs
 from host_overhead import make_call
 
 SMI_FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -98,10 +98,10 @@ def main() -> None:
                   f"throttle {row['throttle_reasons']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip()
+            import fa2
             json.dump({"kind": "sustained", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "git_commit": commit, "argv": vars(args), "results": results}, f, indent=1)
+                       "env": environment(torch.device("cuda"), fa2, None), "argv": vars(args), "results": results},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
