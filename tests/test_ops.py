@@ -49,14 +49,14 @@ def test_forward_matches_reference(device, dtype):
 
 @pytest.mark.parametrize("bf16_gemm", [True, False], ids=["bf16-products", "fp32-products"])
 def test_cpu_bf16_forward_follows_the_rule_on_both_product_paths(bf16_gemm):
-    """The CPU bf16 forward's tile products on bf16 operands (MKL's gemm_bf16bf16f32 where the CPU has AMX or
-    AVX512-BF16: P rounded to bf16 for P V) and on fp32-converted tiles (sgemm): both within the rule on every sample
-    (flags, biases, layouts), and on a row whose scores jump by more than 80 from one 512-key tile to the next (the
-    forward recomputes that row's scores, a one-row product). Where the bf16 products are supported the two paths
+    """The CPU bf16 forward's tile products on bf16 operands (MKL's gemm_bf16bf16f32 where the CPU has AMX, our own
+    AVX512-BF16 ones where it has only that: P rounded to bf16 for P V) and on fp32-converted tiles (sgemm): both
+    within the rule on every sample (flags, biases, layouts), and on a row whose scores jump by more than 80 from one
+    512-key tile to the next (the forward recomputes that row's scores, a one-row product). Where the bf16 products are supported the two paths
     round differently, so their outputs differ: the switch reached the kernel."""
     supported = fa2._C.cpu_bf16_gemm_supported()
     if bf16_gemm and not supported:
-        pytest.skip("no bf16 tile products here (MKL's gemm_bf16bf16f32 or AMX / AVX512-BF16 missing)")
+        pytest.skip("no bf16 tile products here (AMX / AVX512-BF16, or MKL's gemm_bf16bf16f32 on AMX, missing)")
     samples = sample_inputs("cpu", torch.bfloat16)
     gen = torch.Generator().manual_seed(3)
     d, sk = 64, 1100
@@ -82,6 +82,33 @@ def test_cpu_bf16_forward_follows_the_rule_on_both_product_paths(bf16_gemm):
         with switch("cpu_bf16_gemm", not bf16_gemm):
             others = [torch.ops.fa2.fwd(*s.args())[0] for s in samples]
         assert any(not torch.equal(a, b) for a, b in zip(outs, others)), "both switch settings gave the same bits"
+
+
+@pytest.mark.parametrize("headdim,seqlen_q,seqlen_k", [(1, 1, 1), (7, 9, 31), (33, 17, 100), (64, 9, 513),
+                                                       (96, 130, 47), (128, 8, 1)])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_cpu_bf16_products_at_ragged_tile_edges(headdim, seqlen_q, seqlen_k, layout):
+    """The CPU bf16 tile products (bf16_dot.h's AVX512-BF16 ones where the CPU has no AMX, else MKL's) at shapes whose
+    tiles end inside a micro tile: an odd headdim (the last bf16 pair of Q K^T holds one element), seqlen_k not a
+    multiple of 16 or 32 (Q K^T's packed columns, P V's odd pair), fewer query rows than a micro tile, and rows read
+    through a transposed view (leading dims other than headdim). Within the rule against fp64, and close to the fp32
+    products of the same inputs."""
+    if not fa2._C.cpu_bf16_gemm_supported():
+        pytest.skip("no bf16 tile products here (AMX / AVX512-BF16, or MKL's gemm_bf16bf16f32 on AMX, missing)")
+    gen = torch.Generator().manual_seed(headdim * 1000 + seqlen_k)
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 3, 3, headdim, dtype=torch.bfloat16, device="cpu", layout=layout,
+                       generator=gen)
+    for causal in (False, True):
+        with switch("cpu_bf16_gemm", True):
+            out, lse = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
+        with switch("cpu_bf16_gemm", False):
+            out_fp32, _ = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
+        out_hi, lse_hi = attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+        naive = attention_ref(q, k, v, causal=causal, upcast=False)
+        assert_close_rule(f"out d{headdim} sq{seqlen_q} sk{seqlen_k} {layout} causal={causal}", out, out_hi, naive,
+                          factor=2)
+        assert torch.allclose(lse, lse_hi.float(), atol=1e-2, rtol=1e-3)
+        assert (out.float() - out_fp32.float()).abs().max() <= 0.05
 
 
 # Rises of the scores' max from one 64-key chunk to the next, in the order the forward visits key tiles (the highest

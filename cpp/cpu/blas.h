@@ -11,6 +11,8 @@
 #include <string>
 #include <type_traits>
 
+#include "cpu/bf16_dot.h"
+
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
             const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
@@ -88,12 +90,25 @@ void gemm_atb(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
   blas_detail::gemm_colmajor<T>('N', 'T', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 
-// bf16 tile products (bf16 given as bits, fp32 C), where bf16_gemm_available(): MKL's gemm_bf16bf16f32 and a CPU
-// with bf16 dot-product instructions (AVX512-BF16 or AMX; elsewhere MKL emulates them, slower than converting to
-// fp32 for sgemm), and the switch on (fa2._C.set_cpu_bf16_gemm; FA2_CPU_BF16_GEMM=0 in the environment starts it
-// off): for A/B timing and for the tests of both paths.
+// bf16 tile products (bf16 given as bits, fp32 C), where bf16_gemm_available(): a CPU with bf16 dot-product
+// instructions (AVX512-BF16 or AMX; without them MKL emulates bf16, slower than converting to fp32 for sgemm) and the
+// switch on (fa2._C.set_cpu_bf16_gemm; FA2_CPU_BF16_GEMM=0 in the environment starts it off): for A/B timing and for
+// the tests of both paths. On AMX CPUs with MKL, MKL's gemm_bf16bf16f32; with AVX512-BF16 alone our own (bf16_dot.h),
+// since MKL's there ran no faster than sgemm.
+inline bool bf16_products_are_ours() {
+  static const bool ours = [] {
+    if (!bf16_dot_supported()) return false;
+#if defined(__GNUC__) && defined(__x86_64__)
+    return !(gemm_bf16bf16f32_ != nullptr && __builtin_cpu_supports("amx-bf16"));
+#else
+    return true;
+#endif
+  }();
+  return ours;
+}
 inline bool bf16_gemm_supported() {
   static const bool supported = [] {
+    if (bf16_products_are_ours()) return true;
     if (gemm_bf16bf16f32_ == nullptr) return false;
 #if defined(__GNUC__) && defined(__x86_64__)
     return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
@@ -127,12 +142,18 @@ inline void gemm_bf16_colmajor(char transa, char transb, int64_t m, int64_t n, i
 // C (m x n) = alpha * A (m x k) · B (n x k)ᵀ + beta * C          S = Q Kᵀ
 inline void gemm_abt_bf16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
                           const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if FA2_BF16_DOT
+  if (bf16_products_are_ours()) return bf16_dot_abt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
   blas_detail::gemm_bf16_colmajor('T', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 
 // C (m x n) = alpha * A (m x k) · B (k x n) + beta * C            O += P V
 inline void gemm_ab_bf16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
                          const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if FA2_BF16_DOT
+  if (bf16_products_are_ours()) return bf16_dot_ab(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
   blas_detail::gemm_bf16_colmajor('N', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 
