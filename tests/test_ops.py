@@ -91,20 +91,32 @@ def test_cpu_bf16_products_at_ragged_tile_edges(headdim, seqlen_q, seqlen_k, lay
     """The CPU bf16 tile products (bf16_dot.h's AVX512-BF16 ones where the CPU has no AMX, else MKL's) at shapes whose
     tiles end inside a micro tile: an odd headdim (the last bf16 pair of Q K^T holds one element), seqlen_k not a
     multiple of 16 or 32 (Q K^T's packed columns, P V's odd pair), fewer query rows than a micro tile, and rows read
-    through a transposed view (leading dims other than headdim). Within the rule against fp64, and close to the fp32
-    products of the same inputs."""
+    through a transposed view (leading dims other than headdim). Forward and backward (whose five products take
+    P, dS and their transposes rounded to bf16), on both switch settings: within the rule against fp64, and the
+    forward close to the fp32 products of the same inputs."""
     if not fa2._C.cpu_bf16_gemm_supported():
         pytest.skip("no bf16 tile products here (AMX / AVX512-BF16, or MKL's gemm_bf16bf16f32 on AMX, missing)")
     gen = torch.Generator().manual_seed(headdim * 1000 + seqlen_k)
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 3, 3, headdim, dtype=torch.bfloat16, device="cpu", layout=layout,
-                       generator=gen)
+                       generator=gen, requires_grad=True)
+    dout = torch.randn(q.shape, generator=gen).to(torch.bfloat16)
     for causal in (False, True):
+        leaf_hi = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.double())
+        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, causal=causal, upcast=False), leaf_lo, dout)
+        for products in (True, False):
+            with switch("cpu_bf16_gemm", products):
+                grads = torch.autograd.grad(fa2.attention(q, k, v, causal=causal), (q, k, v), dout)
+            for name, g, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+                assert_close_rule(f"{name} d{headdim} sq{seqlen_q} sk{seqlen_k} {layout} causal={causal} "
+                                  f"bf16 products {products}", g, g_hi, g_lo, factor=3)
         with switch("cpu_bf16_gemm", True):
-            out, lse = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
+            out, lse = torch.ops.fa2.fwd(q.detach(), k.detach(), v.detach(), None, None, causal, -1, -1, 0.0)
         with switch("cpu_bf16_gemm", False):
-            out_fp32, _ = torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)
-        out_hi, lse_hi = attention_ref(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
-        naive = attention_ref(q, k, v, causal=causal, upcast=False)
+            out_fp32, _ = torch.ops.fa2.fwd(q.detach(), k.detach(), v.detach(), None, None, causal, -1, -1, 0.0)
+        out_hi, lse_hi = attention_ref(*leaf_hi, causal=causal, return_lse=True)
+        naive = attention_ref(q.detach(), k.detach(), v.detach(), causal=causal, upcast=False)
         assert_close_rule(f"out d{headdim} sq{seqlen_q} sk{seqlen_k} {layout} causal={causal}", out, out_hi, naive,
                           factor=2)
         assert torch.allclose(lse, lse_hi.float(), atol=1e-2, rtol=1e-3)

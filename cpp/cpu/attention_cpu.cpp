@@ -1,6 +1,6 @@
 // CPU implementation of fa2::fwd and fa2::bwd: the FlashAttention-2 algorithm on tiles, with the tile products on
-// BLAS (cpu/blas.h; the bf16 forward's on bf16 operands where MKL and the CPU have bf16 products), the softmax in
-// vectorized row loops (cpu/row_ops.h), tile sizes from cpu/tile_config.h.
+// BLAS (cpu/blas.h; bf16's on bf16 operands where the CPU has bf16 products: cpu/bf16_dot.h or MKL), the softmax
+// in vectorized row loops (cpu/row_ops.h), tile sizes from cpu/tile_config.h.
 //
 // Forward:  tasks (batch, head, query block); each loops over the key blocks its window reaches with the online
 //           softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one
@@ -78,7 +78,7 @@ inline const uint16_t* bf16_bits_for_blas(const at::BFloat16* first, int64_t row
   return reinterpret_cast<const uint16_t*>(rows_for_blas(first, row_stride, rows, headdim, scratch, ld));
 }
 
-// One operand tile of the forward's products, with BLAS's leading dimension: bf16 bits for the bf16 products
+// One operand tile of the tile products, with BLAS's leading dimension: bf16 bits for the bf16 products
 // (cpu/blas.h, gemm_*_bf16), else acc_t values. Exactly one of values / bits is set.
 template <typename acc_t>
 struct ProductTile {
@@ -125,6 +125,14 @@ void store_row(scalar_t* dst, const acc_t* src, int64_t n, acc_t factor) {
 // contiguous task range, and with a causal mask the block cost grows with its index; pairing cheap and costly
 // blocks keeps the threads' shares equal.
 int64_t balanced_block_order(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
+
+// dst (cols x rows, row stride ld_dst) = src (rows x cols, row stride ld_src)ᵀ: bf16 bits, for the backward's products
+// that take Pᵀ or dSᵀ as their left operand.
+void transpose_bits(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, uint16_t* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Forward
@@ -338,6 +346,11 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
   const acc_t scale = static_cast<acc_t>(p.scale);
   const HeadRows<scalar_t> q_rows(q), k_rows(k), v_rows(v), out_rows(out), dout_rows(dout);
   const float* lse_data = lse.const_data_ptr<float>();
+  // bf16 with bf16_gemm_available(): the five tile products on bf16 operands, as the forward's (Q, K, V, dO as their
+  // bits; P and dS rounded to bf16 for the products that take them, as the GPU kernels do; fp32 accumulation, softmax
+  // gradient and dQ / dK / dV as before). Else every tile converted to acc_t for sgemm / dgemm.
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
+  const bool bf16_products = kBf16 && bf16_gemm_available();
   const int64_t lse_stride_b = lse.stride(0), lse_stride_h = lse.stride(1), lse_stride_q = lse.stride(2);
   acc_t* dbias_data = dbias_full.defined() ? dbias_full.data_ptr<acc_t>() : nullptr;  // (batch, nheads, sq, sk)
 
@@ -417,8 +430,15 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
   scalar_t* dv_data = dv.data_ptr<scalar_t>();
 
   parallel_for(0, num_groups * part.splits, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
-    std::vector<acc_t> q_pack(block_q * headdim), dout_pack(block_q * headdim);  // (block_q, headdim)
-    std::vector<acc_t> k_pack(block_k * headdim), v_pack(block_k * headdim);     // (block_k, headdim)
+    const int64_t pack_q = bf16_products ? 0 : block_q, pack_k = bf16_products ? 0 : block_k;
+    std::vector<acc_t> q_pack(pack_q * headdim), dout_pack(pack_q * headdim);  // (block_q, headdim) to convert
+    std::vector<acc_t> k_pack(pack_k * headdim), v_pack(pack_k * headdim);     // (block_k, headdim)
+    // bf16_products: Q, dO, K, V rows copied where their leading dim is not BLAS's; P, dS rounded (rows, cols) and
+    // their transposes (cols, rows)
+    const int64_t bits_q = bf16_products ? block_q : 0, bits_k = bf16_products ? block_k : 0;
+    std::vector<at::BFloat16> q_bits_pack(bits_q * headdim), dout_bits_pack(bits_q * headdim);
+    std::vector<at::BFloat16> k_bits_pack(bits_k * headdim), v_bits_pack(bits_k * headdim);
+    std::vector<uint16_t> scores_bits(bits_q * block_k), scores_bits_t(bits_k * block_q);
     std::vector<acc_t> dk_acc(block_k * headdim), dv_acc(block_k * headdim);     // (block_k, headdim)
     std::vector<acc_t> p_tile(block_q * block_k);                                // (block_q, block_k): S, then P
     std::vector<acc_t> ds_tile(block_q * block_k);                               // (block_q, block_k): dP, then dS
@@ -434,9 +454,10 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
 
       for (int64_t kb = part.split_begin[split]; kb < part.split_begin[split + 1]; ++kb) {
         const int64_t k_begin = kb * block_k, cols = std::min(block_k, seqlen_k - k_begin);
-        int64_t ldk, ldv;
-        const acc_t* k_tile = rows_for_blas(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim, k_pack.data(), ldk);
-        const acc_t* v_tile = rows_for_blas(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim, v_pack.data(), ldv);
+        const ProductTile<acc_t> k_tile = product_tile(k_rows.row(b, k_begin, h_k), k_rows.stride_s, cols, headdim,
+                                                       bf16_products, k_pack.data(), k_bits_pack.data());
+        const ProductTile<acc_t> v_tile = product_tile(v_rows.row(b, k_begin, h_k), v_rows.stride_s, cols, headdim,
+                                                       bf16_products, v_pack.data(), v_bits_pack.data());
         std::fill(dk_acc.begin(), dk_acc.begin() + cols * headdim, acc_t(0));
         std::fill(dv_acc.begin(), dv_acc.begin() + cols * headdim, acc_t(0));
 
@@ -446,17 +467,28 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
           const int64_t h = h_k * group + g;
           for (int64_t q_begin = q_first; q_begin <= q_last; q_begin += block_q) {
             const int64_t rows = std::min(block_q, q_last + 1 - q_begin);
-            int64_t ldq, lddo;
-            const acc_t* q_tile = rows_for_blas(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim, q_pack.data(), ldq);
-            const acc_t* do_tile = rows_for_blas(dout_rows.row(b, q_begin, h), dout_rows.stride_s, rows, headdim,
-                                                 dout_pack.data(), lddo);
+            const ProductTile<acc_t> q_tile = product_tile(q_rows.row(b, q_begin, h), q_rows.stride_s, rows, headdim,
+                                                           bf16_products, q_pack.data(), q_bits_pack.data());
+            const ProductTile<acc_t> do_tile = product_tile(dout_rows.row(b, q_begin, h), dout_rows.stride_s, rows,
+                                                            headdim, bf16_products, dout_pack.data(),
+                                                            dout_bits_pack.data());
+            // (bf16_products) x (rows, cols; row stride block_k) rounded to bf16 into scores_bits, and its transpose
+            // (cols, rows; row stride block_q) into scores_bits_t
+            auto round_to_bits = [&](const acc_t* x, bool transposed) {
+              if constexpr (kBf16) {
+                for (int64_t r = 0; r < rows; ++r) {
+                  float_to_bf16_bits(x + r * block_k, scores_bits.data() + r * block_k, cols);
+                }
+                if (transposed) transpose_bits(scores_bits.data(), block_k, rows, cols, scores_bits_t.data(), block_q);
+              }
+            };
 
             // (query i's visible keys all lie in this key block)
             auto sees_only_this_block = [&](int64_t i) {
               return window.first_key(i) >= k_begin && window.last_key(i) < k_begin + cols;
             };
             // -- recompute S = scale · Q Kᵀ (softcap, bias, mask) and P = exp(S - lse)   (rows, cols)
-            gemm_abt<acc_t>(rows, cols, headdim, scale, q_tile, ldq, k_tile, ldk, acc_t(0), pt, block_k);
+            product_abt(rows, cols, headdim, scale, q_tile, 0, k_tile, pt, block_k);
             mods.apply(pt, block_k, b, h, q_begin, rows, k_begin, cols, dtanh);
             for (int64_t r = 0; r < rows; ++r) {
               // lse = +inf (row sees no key) gives P = 0, hence zero gradients for the row
@@ -482,10 +514,19 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
             }
 
             // -- dV += Pᵀ dO                                                       (cols, headdim)
-            gemm_atb<acc_t>(cols, headdim, rows, acc_t(1), pt, block_k, do_tile, lddo, acc_t(1), dv_acc.data(), headdim);
+            if (bf16_products) {
+              if constexpr (kBf16) {  // (acc_t is float)
+                round_to_bits(pt, /*transposed=*/true);
+                gemm_ab_bf16(cols, headdim, rows, 1.f, scores_bits_t.data(), block_q, do_tile.bits, do_tile.ld, 1.f,
+                             dv_acc.data(), headdim);
+              }
+            } else {
+              gemm_atb<acc_t>(cols, headdim, rows, acc_t(1), pt, block_k, do_tile.values, do_tile.ld, acc_t(1),
+                              dv_acc.data(), headdim);
+            }
 
             // -- dP = dO Vᵀ, dS = P ∘ (dP - D)                                      (rows, cols)
-            gemm_abt<acc_t>(rows, cols, headdim, acc_t(1), do_tile, lddo, v_tile, ldv, acc_t(0), ds, block_k);
+            product_abt(rows, cols, headdim, acc_t(1), do_tile, 0, v_tile, ds, block_k);
             const acc_t* row_d = dout_dot_out.data() + (b * nheads + h) * seqlen_q + q_begin;
             for (int64_t r = 0; r < rows; ++r) {
               const int64_t i = q_begin + r;
@@ -508,10 +549,22 @@ void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Ten
             }
 
             // -- dK += scale · dSᵀ Q                                                (cols, headdim)
-            gemm_atb<acc_t>(cols, headdim, rows, scale, ds, block_k, q_tile, ldq, acc_t(1), dk_acc.data(), headdim);
             // -- dQ += scale · dS K                                                 (rows, headdim)
-            gemm_ab<acc_t>(rows, headdim, cols, scale, ds, block_k, k_tile, ldk, acc_t(1),
-                           dq_split + (g * seqlen_q + q_begin) * headdim, headdim);
+            acc_t* dq_rows = dq_split + (g * seqlen_q + q_begin) * headdim;
+            if (bf16_products) {
+              if constexpr (kBf16) {
+                round_to_bits(ds, /*transposed=*/true);
+                gemm_ab_bf16(cols, headdim, rows, scale, scores_bits_t.data(), block_q, q_tile.bits, q_tile.ld, 1.f,
+                             dk_acc.data(), headdim);
+                gemm_ab_bf16(rows, headdim, cols, scale, scores_bits.data(), block_k, k_tile.bits, k_tile.ld, 1.f,
+                             dq_rows, headdim);
+              }
+            } else {
+              gemm_atb<acc_t>(cols, headdim, rows, scale, ds, block_k, q_tile.values, q_tile.ld, acc_t(1),
+                              dk_acc.data(), headdim);
+              gemm_ab<acc_t>(rows, headdim, cols, scale, ds, block_k, k_tile.values, k_tile.ld, acc_t(1), dq_rows,
+                             headdim);
+            }
           }
         }
 
