@@ -52,8 +52,8 @@ def test_cpu_bf16_forward_follows_the_rule_on_both_product_paths(bf16_gemm):
     """The CPU bf16 forward's tile products on bf16 operands (MKL's gemm_bf16bf16f32 where the CPU has AMX, our own
     AVX512-BF16 ones where it has only that: P rounded to bf16 for P V) and on fp32-converted tiles (sgemm): both
     within the rule on every sample (flags, biases, layouts), and on a row whose scores jump by more than 80 from one
-    512-key tile to the next (the forward recomputes that row's scores, a one-row product). Where the bf16 products are supported the two paths
-    round differently, so their outputs differ: the switch reached the kernel."""
+    512-key tile to the next (the forward recomputes that row's scores, a one-row product). Where the bf16 products
+    are supported the two paths round differently, so their outputs differ: the switch reached the kernel."""
     supported = fa2._C.cpu_bf16_gemm_supported()
     if bf16_gemm and not supported:
         pytest.skip("no bf16 tile products here (AMX / AVX512-BF16, or MKL's gemm_bf16bf16f32 on AMX, missing)")

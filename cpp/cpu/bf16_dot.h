@@ -37,6 +37,11 @@ constexpr int kRows = 8, kCols = 32;
 
 inline uint32_t pair_word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
 
+// The mask of a 16-lane vector's first `count` lanes (count <= 0: none; >= 16: all).
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
+}
+
 // A's pair p of row r as a word; the last pair of an odd k holds one element (the other 0, never read past the row:
 // a NaN there would turn 0 · NaN into NaN).
 inline uint32_t a_word(const uint16_t* a_row, int64_t p, int64_t k) {
@@ -65,8 +70,7 @@ FA2_BF16_DOT_TARGET void micro_tile(const uint16_t* a, int64_t lda, int64_t k, c
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w, b1);
     }
   }
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  const __mmask16 m0 = first_lanes(cols), m1 = first_lanes(cols - 16);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   for (int r = 0; r < kR; ++r) {
     float* row = c + r * ldc;
@@ -123,7 +127,7 @@ FA2_BF16_DOT_TARGET inline void pack_transposed(const uint16_t* b, int64_t ldb, 
                                                _mm512_set1_epi32(int(gather ? ldb * 2 : 0)));
   for (int64_t j0 = 0; j0 < ldbp; j0 += 16) {
     const int64_t rows = j0 >= n ? 0 : (n - j0 < 16 ? n - j0 : 16);
-    const __mmask16 valid = rows >= 16 ? __mmask16(0xffff) : __mmask16((1u << rows) - 1);
+    const __mmask16 valid = first_lanes(rows);
     for (int64_t p = 0; p < pairs; ++p) {
       uint32_t* dst = bp + p * ldbp + j0;
       if (rows > 0 && gather && p < full_pairs) {
@@ -147,8 +151,7 @@ FA2_BF16_DOT_TARGET inline void pack_rows(const uint16_t* b, int64_t ldb, int64_
     const uint16_t* lo = b + 2 * p * ldb;
     const uint16_t* hi = 2 * p + 1 < k ? lo + ldb : nullptr;
     for (int64_t j0 = 0; j0 < ldbp; j0 += 16) {
-      const int64_t cols = j0 >= n ? 0 : (n - j0 < 16 ? n - j0 : 16);
-      const __mmask16 valid = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
+      const __mmask16 valid = first_lanes(n - j0);
       // (the maskz forms with every lane set: the plain intrinsics' undefined pass-through trips GCC 12's
       // -Wmaybe-uninitialized inside its own headers)
       const __mmask16 all = 0xffff;
