@@ -25,6 +25,8 @@ inline void set_key_bias_backward(bool) {}
 inline bool key_bias_backward() { return false; }
 inline void set_bwd_small_tiles(bool) {}
 inline bool bwd_small_tiles() { return false; }
+inline void set_bwd_gqa_grouping(int) {}
+inline int bwd_gqa_grouping() { return 0; }
 inline void set_persistent_forward_ctas(int) {}
 inline int persistent_forward_ctas() { return 0; }
 inline void set_tile_order_tail(bool) {}
@@ -91,6 +93,10 @@ PYBIND11_MODULE(_C, m) {
   // the sm80-path backward's small-shared-memory tiles (sm86 / sm89 take them by themselves): forced, for testing
   m.def("set_bwd_small_tiles", &fa2::set_bwd_small_tiles);
   m.def("bwd_small_tiles", &fa2::bwd_small_tiles);
+  // GQA backward: each CTA sums a whole group into dK, dV (sm_90a ws kernel, d 64 / 128): -1 where the grouped grid
+  // keeps enough waves (default), 0 never (fp32 partials per query head), 1 wherever that kernel runs (tests)
+  m.def("set_bwd_gqa_grouping", &fa2::set_bwd_gqa_grouping, py::arg("mode"));
+  m.def("bwd_gqa_grouping", &fa2::bwd_gqa_grouping);
   // the warp-specialized sm_90a forward's persistent grid: -1 one CTA per SM (default), 0 off ("fa2-nopers"),
   // n > 0 at most n CTAs (tests)
   m.def("set_persistent_forward_ctas", &fa2::set_persistent_forward_ctas, py::arg("ctas"));

@@ -3,7 +3,8 @@
 #   1. the sm90 building-block probes (wgmma descriptors/fragments, TMA tiles), when the GPU is compute capability 9.0
 #   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones; not the zoo)
-#   3. compute-sanitizer memcheck on the small grid with the default sm_90a schedules (and with each warp-specialized
+#   3. compute-sanitizer memcheck on the small grid with the default sm_90a schedules (memcheck + racecheck "gqa" with
+#      the GQA backward's groups summed in its CTAs, FA2_BWD_GQA_GROUPING=1; and with each warp-specialized
 #      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", "overlap" and
 #      "pingpong-overlap"; "ws", "overlap" and "pingpong-overlap" with at most 3 persistent CTAs)
 #   4. the sm80-path backward on the same build, FA2_DISABLE_SM90_BACKWARD=1 (the default is its sm_90a wgmma
@@ -19,8 +20,8 @@
 #      IMPLS=fa2,fa2-bwd80,torch-fa2,cudnn to time the backward against its sm80-path kernels)
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
-#   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov
-#   sanitize-wsppov tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench
+#   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-gqa sanitize-ws sanitize-wspp
+#   sanitize-wsov sanitize-wsppov tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench
 #   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
 #   in another invocation with its own OUT: both only read the built extension)
 set -uo pipefail
@@ -34,8 +35,8 @@ STEP_LOGS=$OUT
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
 
-all_steps=(probes tests tests-ws memcheck sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov tests-bwd80
-  sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench)
+all_steps=(probes tests tests-ws memcheck sanitize-gqa sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov
+  tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench)
 [ $# -eq 0 ] && set -- "${all_steps[@]}"
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
@@ -64,6 +65,10 @@ unset PYTEST_ADDOPTS
 want_step tests-ws && step tests-ws 150 env PYTHONPATH=python "$PY" scripts/gpu_pytest.py tests/test_hopper.py \
   -k "sm90_schedule or padding_tiles"
 want_step memcheck && step memcheck 90 env PYTHONPATH=python "$PY" scripts/sanitizer_check.py --tools memcheck
+# the GQA backward with every group summed in its CTAs where the ws kernel runs (FA2_BWD_GQA_GROUPING=1; by default
+# the grid's small calls keep fp32 partials): memcheck + racecheck
+want_step sanitize-gqa && step sanitize-gqa 120 env PYTHONPATH=python FA2_BWD_GQA_GROUPING=1 "$PY" \
+  scripts/sanitizer_check.py --tools memcheck,racecheck
 # each warp-specialized sm_90a schedule forced (FA2_SM90_SCHEDULE) under racecheck: its producer/consumer barriers
 # are what a race would come from
 # (FA2_PERSISTENT_FWD_CTAS=3: at most three CTAs, so that the small grid's query blocks run several to a CTA: the

@@ -52,6 +52,10 @@ CASES = [
     dict(shape=(2, 133, 200, 4, 2, 256), flags=dict(causal=True)),  # (d 256: the headdim-split kernel)
     dict(shape=(1, 200, 330, 2, 2, 256), flags={}),  # (d 256 without GQA: T dK, dV, not fp32 partials; a key tail)
     dict(shape=(3, 131, 150, 2, 1, 64), flags={}),
+    # GQA 4:1 with a padding mask (gpu_validate's sanitize-gqa step has each CTA sum the group: the ring runs on
+    # across the group's heads), and causal 3:1 with more queries than keys
+    dict(shape=(2, 140, 300, 8, 2, 64), flags={}, padding=True),
+    dict(shape=(2, 200, 150, 6, 2, 128), flags=dict(causal=True)),
     # the backward's key-row variant on the sm80 tiles (d 96: no wgmma config; the default)
     dict(shape=(2, 70, 300, 2, 2, 96), flags={}, padding=True),
 ]

@@ -365,6 +365,18 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
 WS_BACKWARD_HEADDIMS = tuple(fa2._C.sm90_ws_backward_headdims())  # (bwd_tile_config.h, bwd_ws_headdim)
 
 
+def require_ws_backward(d):
+    """Skips unless the warp-specialized backward runs at headdim d here: this build has the sm_90a backward instance
+    and neither FA2_DISABLE_SM90_BACKWARD (gpu_validate.sh's tests-bwd80 step) nor FA2_DISABLE_SM90_WS_BACKWARD
+    (tests-bwd-nows) is set; then both switches must be on (their defaults)."""
+    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
+    for var in ("FA2_DISABLE_SM90_BACKWARD", "FA2_DISABLE_SM90_WS_BACKWARD"):
+        if os.environ.get(var, "0") not in ("", "0"):
+            pytest.skip(f"{var} is set")
+    assert fa2._C.sm90_backward() and fa2._C.sm90_ws_backward()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
 def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
@@ -376,11 +388,7 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
     a headdim below the instance's (d - 8),
     causal with more queries than keys (rows that see nothing), sliding windows (key blocks no query sees), one query
     block, many stages of the ring (1000)."""
-    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
-        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
-    if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0"):
-        pytest.skip("FA2_DISABLE_SM90_WS_BACKWARD is set")
-    assert fa2._C.sm90_ws_backward()
+    require_ws_backward(d)
     g = torch.Generator(device="cuda").manual_seed(5)
     cases = [  # (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, causal, window_left, window_right)
         (2, 332, 461, 4, 2, d, False, -1, -1),
@@ -418,6 +426,117 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
 
 
+def _ws_backward_grid_and_peak(out, inputs, dout, mode):
+    """With fa2._C.set_bwd_gqa_grouping(mode): the gradients of one backward, the grid of its warp-specialized kernel
+    (None where another ran) and the backward's peak memory above what was allocated before it."""
+    with switch("bwd_gqa_grouping", mode):
+        grids = cuda_kernel_grids(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        grads = torch.autograd.grad(out, inputs, dout, retain_graph=True)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    ws = [grid for name, grid in grids if "bwd_ws_" in name]
+    return grads, (ws[0] if ws else None), peak
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
+def test_sm90_ws_backward_sums_gqa_groups_in_its_ctas(d, dtype):
+    """GQA / MQA on the warp-specialized backward. With set_bwd_gqa_grouping(1) each CTA at d 64 / 128 takes a (key
+    block, kv head) and runs the query blocks of its group's heads one after another (bwd_ws_kernel.cuh,
+    ws_groups_gqa): its grid has nheads_k heads, dK and dV are summed in its registers and stored like k, and the
+    backward allocates no fp32 partials per query head (its peak memory is below the partials' by at least 90% of their
+    2 B Sk H d 4 bytes). With 0, and at d 256 (the headdim-split kernel takes one head per CTA) or with a bias that
+    differs per head either way, the grid has nheads heads and the partials are there. Both modes follow the rule
+    against the fp32 reference on: ratios 2 / 3 / 4 / 8 / 16 and MQA, query / key tails, causal with more queries than
+    keys, a sliding window (key blocks no query sees), a headdim below the instance's, few query rows (1 and 5: the
+    statistics boxes and dQ rows span heads), a padding mask shared by the heads ((B, 1, 1, Sk): the key-row bias
+    variant, a whole padded key block) and a bias per head ((B, H, 1, Sk))."""
+    require_ws_backward(d)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    cases = [  # (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, causal, window_left, window_right, bias)
+        (2, 332, 461, 4, 2, d, False, -1, -1, None),
+        (2, 332, 461, 8, 2, d, True, -1, -1, None),
+        (1, 700, 900, 8, 1, d, False, 100, 0, None),
+        (3, 255, 200, 6, 2, d, True, -1, -1, None),
+        (3, 5, 300, 8, 1, d, False, -1, -1, None),
+        (1, 1, 129, 16, 1, d, False, -1, -1, None),
+        (1, 460, 333, 4, 2, d - 8, True, -1, -1, None),
+        (2, 261, 656, 8, 2, d, False, -1, -1, "shared"),
+        (2, 261, 656, 8, 1, d, True, -1, -1, "shared"),
+        (2, 200, 300, 4, 2, d, False, -1, -1, "per_head"),
+    ]
+    for b, sq, sk, h, hk, hd, causal, wl, wr, bias_kind in cases:
+        q, k, v = make_qkv(b, sq, sk, h, hk, hd, dtype=dtype, device="cuda", requires_grad=True, generator=g)
+        dout = torch.randn(b, sq, h, hd, device="cuda", dtype=dtype, generator=g)
+        bias = None
+        if bias_kind is not None:
+            shape = (b, 1, 1, sk) if bias_kind == "shared" else (b, h, 1, sk)
+            keep = torch.rand(shape, device="cuda", generator=g) > 0.2
+            keep[..., :8] = True          # (every row sees a key: the reference has no NaN rows)
+            keep[..., 128:256] = False    # a whole key block of the kernel
+            bias = torch.randn(shape, device="cuda", generator=g).to(dtype).masked_fill(~keep, float("-inf"))
+        kw = dict(causal=causal, window_left=wl, window_right=wr)
+        out = fa2.attention(q, k, v, bias, **kw)
+        case = f"{(b, sq, sk, h, hk, hd, causal, wl, wr, bias_kind)}"
+        grads_1, grid_1, peak_1 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 1)
+        grads_0, grid_0, peak_0 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0)
+        assert grid_1 is not None and grid_0 is not None, case
+        partials = 2 * b * sk * h * (-(-hd // 8) * 8) * 4
+        assert grid_0[1] == h, (case, grid_0)
+        if d != 256 and bias_kind != "per_head":
+            assert grid_1[1] == hk, (case, grid_1)
+            assert peak_1 + 0.9 * partials <= peak_0, (case, peak_1, peak_0, partials)
+        else:
+            assert grid_1[1] == h, (case, grid_1)
+        leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        ref_bias = None if bias is None else bias.float()
+        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, ref_bias, **kw), leaf_hi, dout.float())
+        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, bias, **kw, upcast=False), leaf_lo, dout)
+        for name, g_1, g_0, g_hi, g_lo in zip(("dq", "dk", "dv"), grads_1, grads_0, grads_hi, grads_lo):
+            assert torch.isfinite(g_1).all(), f"{name} {case}"
+            assert_close_rule(f"grouped {name} {case}", g_1, g_hi, g_lo, factor=3)
+            assert_close_rule(f"partials {name} {case}", g_0, g_hi, g_lo, factor=3)
+
+
+def test_gqa_backward_groups_by_default_where_the_grouped_grid_fills_the_gpu():
+    """By default (bwd_gqa_grouping -1) a GQA backward at d 128 sums each group in its CTAs where the grouped grid
+    (ceil(seqlen_k / 128) x nheads_k x batch CTAs) still fills the GPU (bwd_tile_config.h): without a causal mask its
+    waves at least 95% full (CTAs / (waves x SMs), kBwdGqaGroupMinWaveFill), with one at least 6 CTAs per SM
+    (kBwdGqaGroupMinWavesCausal); elsewhere one CTA per query head with fp32 partials. The cases cover both outcomes
+    on an H100 / H200 (132 SMs): 256 CTAs in two 97% full waves, 18 CTAs, causal 1024 and 256 CTAs."""
+    require_ws_backward(128)
+    assert fa2._C.bwd_gqa_grouping() == -1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = [(2, 2048, 32, 8, False), (1, 2304, 16, 1, False), (4, 4096, 32, 8, True), (2, 2048, 32, 8, True)]
+    outcomes = []
+    for b, s, h, hk, causal in cases:
+        ctas = b * -(-s // 128) * hk
+        waves = -(-ctas // sms)
+        grouped = ctas >= 6 * sms if causal else ctas >= 0.95 * waves * sms
+        outcomes.append(grouped)
+        q, k, v = make_qkv(b, s, s, h, hk, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        dout = torch.randn_like(q)
+        out = fa2.attention(q, k, v, causal=causal)
+        grads, grid, peak = _ws_backward_grid_and_peak(out, (q, k, v), dout, -1)
+        grads_0, _, peak_0 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0)
+        case = (b, s, h, hk, causal, ctas, sms)
+        assert grid[1] == (hk if grouped else h), (case, grid)
+        partials = 2 * b * s * h * 128 * 4
+        if grouped:
+            assert peak + 0.9 * partials <= peak_0, (case, peak, peak_0, partials)
+        else:
+            assert abs(peak - peak_0) < 0.1 * partials, (case, peak, peak_0, partials)
+        for name, g_auto, g_0 in zip(("dq", "dk", "dv"), grads, grads_0):
+            # (the two differ in the order of dK / dV's fp32 sums over the group only, then one rounding)
+            torch.testing.assert_close(g_auto.float(), g_0.float(), atol=1e-2, rtol=1e-2, msg=f"{name} {case}")
+    if sms == 132:
+        assert outcomes == [True, False, True, False]
+
+
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
 def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_each_head(d):
     """Behind the warp-specialized backward, at the headdims that take it (sm90_ws_backward_dq_overlap_headdims:
@@ -428,10 +547,7 @@ def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_ea
     no query block (a window) or every key padded (they count too), and on a grid of several waves (4 x 16 heads x 1k:
     512 CTAs at d 128), where the conversion is seen to start before the main kernel ends (torch.profiler's spans; at
     the other headdims after it), as do those of the deterministic mode's kernels (conversion after them)."""
-    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
-        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
-    if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0"):
-        pytest.skip("FA2_DISABLE_SM90_WS_BACKWARD is set")
+    require_ws_backward(d)
     overlap_dims = fa2._C.sm90_ws_backward_dq_overlap_headdims()
     assert overlap_dims == [128], overlap_dims  # (what was measured to pay: bwd_tile_config.h)
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -485,10 +601,9 @@ def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind, hk):
     variant (set_sm90_ws_backward(False)), causal or not, with a whole padded key block (keys 128-255), a padded tail,
     scattered padding, finite bias values ("same" / "fp32"), GQA and not (hk 4: dK, dV staged in shared memory); a
     batch whose every key is padded gets zero gradients from both."""
-    if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
-        pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
-    if os.environ.get("FA2_DISABLE_SM90_WS_BACKWARD", "0") not in ("", "0") or not fa2._C.key_bias_backward():
-        pytest.skip("the warp-specialized backward or the key-row bias variant is switched off")
+    require_ws_backward(d)
+    if not fa2._C.key_bias_backward():
+        pytest.skip("the key-row bias variant is switched off (FA2_DISABLE_KEY_BIAS_BWD)")
     g = torch.Generator(device="cuda").manual_seed(7)
     b, sq, sk, h = 3, 261, 700, 4  # (seqlen_q odd: the statistics' boxes start below the block)
     keep = torch.rand(b, 1, 1, sk, device="cuda", generator=g) > 0.3

@@ -59,13 +59,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   const bool gqa = nheads != nheads_k;
   const auto f32 = q.options().dtype(at::kFloat);
   Tensor dq_k = padded ? at::empty({batch, seqlen_q, nheads, headdim_padded}, q.options()) : dq;
-  // GQA/MQA: fp32 partials per query head, summed over each group below (a fixed-order reduction).
-  Tensor dk_k = gqa      ? at::empty({batch, seqlen_k, nheads, headdim_padded}, f32)
-                : padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, k.options())
-                         : dk;
-  Tensor dv_k = gqa      ? at::empty({batch, seqlen_k, nheads, headdim_padded}, f32)
-                : padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, v.options())
-                         : dv;
+  // GQA/MQA: first asked of the kernels with the group summed in them (into dk, dv like k); where none can
+  // (kBwdNeedsGqaPartials), fp32 partials per query head, summed over each group below (a fixed-order reduction).
+  Tensor dk_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, k.options()) : dk;
+  Tensor dv_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, v.options()) : dv;
   Tensor softmax_d = at::empty({batch, nheads, seqlen_q}, f32);
   Tensor dq_accum = at::empty({batch, nheads, seqlen_q, headdim_rounded}, f32);  // zeroed by the kernels
   // Only the blocks the mask lets through are written: the rest of the gradient is 0.
@@ -83,10 +80,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   params.dout_head_stride = doutk.stride(2);
   params.dq = dq_k.data_ptr();
   params.dq_batch_stride = dq_k.stride(0), params.dq_row_stride = dq_k.stride(1), params.dq_head_stride = dq_k.stride(2);
-  params.dk = dk_k.data_ptr();
-  params.dk_batch_stride = dk_k.stride(0), params.dk_row_stride = dk_k.stride(1), params.dk_head_stride = dk_k.stride(2);
-  params.dv = dv_k.data_ptr();
-  params.dv_batch_stride = dv_k.stride(0), params.dv_row_stride = dv_k.stride(1), params.dv_head_stride = dv_k.stride(2);
+  auto set_dk_dv = [&] {
+    params.dk = dk_k.data_ptr();
+    params.dk_batch_stride = dk_k.stride(0), params.dk_row_stride = dk_k.stride(1);
+    params.dk_head_stride = dk_k.stride(2);
+    params.dv = dv_k.data_ptr();
+    params.dv_batch_stride = dv_k.stride(0), params.dv_row_stride = dv_k.stride(1);
+    params.dv_head_stride = dv_k.stride(2);
+  };
+  set_dk_dv();
+  params.gqa_dkv_partials = false;
   params.softmax_d = softmax_d.data_ptr<float>();
   params.dq_accum = dq_accum.data_ptr<float>();
   params.dbias = bias_requires_grad ? dbias_full.data_ptr<float>() : nullptr;
@@ -108,10 +111,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
 
   const char* err = run_bwd(params, stream);
+  if (gqa && err == kBwdNeedsGqaPartials) {  // (nothing was launched)
+    dk_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
+    dv_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
+    set_dk_dv();
+    params.gqa_dkv_partials = true;
+    err = run_bwd(params, stream);
+  }
   TORCH_CHECK(err == nullptr, "fa2 backward (CUDA) failed: ", err);
 
   if (padded) dq.copy_(dq_k.narrow(3, 0, headdim));
-  if (gqa) {
+  if (gqa && params.gqa_dkv_partials) {
     const int64_t group = nheads / nheads_k;
     dk.copy_(dk_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));
     dv.copy_(dv_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));

@@ -65,6 +65,10 @@ Switch g_tile_order_tail{"FA2_NO_TILE_ORDER_TAIL", /*when_set=*/false};
 // persistent; kUnread until FA2_PERSISTENT_FWD_CTAS is read.
 constexpr int kPersistentUnread = -2;
 std::atomic<int> g_persistent_ctas{kPersistentUnread};
+// Whether a GQA backward's CTAs may each sum a group (bwd_launch.h): -1 auto, 0 never, 1 always; kGroupingUnread
+// until FA2_BWD_GQA_GROUPING is read.
+constexpr int kGroupingUnread = -2;
+std::atomic<int> g_bwd_gqa_grouping{kGroupingUnread};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
@@ -145,6 +149,19 @@ int persistent_forward_ctas() {
   }
   return state;
 }
+void set_bwd_gqa_grouping(int mode) {
+  g_bwd_gqa_grouping.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
+}
+int bwd_gqa_grouping() {
+  int state = g_bwd_gqa_grouping.load(std::memory_order_relaxed);
+  if (state == kGroupingUnread) {  // the environment is read once: "0" never, "1" always, anything else auto
+    const char* env = std::getenv("FA2_BWD_GQA_GROUPING");
+    const int from_env = env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
+    // a concurrent set_bwd_gqa_grouping wins over the environment
+    state = g_bwd_gqa_grouping.compare_exchange_strong(state, from_env, std::memory_order_relaxed) ? from_env : state;
+  }
+  return state;
+}
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 const char* set_sm90_schedule(const char* name) {
   const int index = schedule_index(name);
@@ -214,9 +231,9 @@ int64_t persistent_forward_grid(int64_t tiles) {
 void set_tile_order_tail(bool enabled) { g_tile_order_tail.set(enabled); }
 bool tile_order_tail_enabled() { return g_tile_order_tail.on(); }
 
-int launch_tile_order_tail(const AttentionParams& p, int blocks) {
+int launch_tile_order_tail(const AttentionParams& p, int blocks, int heads_per_batch) {
   const bool causal_lengths = p.window_left < 0 && p.window_right >= 0;  // (causal is folded into window_right)
-  const int64_t heads = int64_t(p.batch) * p.nheads;
+  const int64_t heads = int64_t(p.batch) * (heads_per_batch < 0 ? p.nheads : heads_per_batch);
   if (!causal_lengths || p.deterministic || heads * blocks > 0x7fffffff || !g_tile_order_tail.on()) return 0;
   return tile_order_tail(blocks, int(heads), device_sm_count());
 }

@@ -49,15 +49,29 @@ bool key_bias_backward();
 void set_bwd_small_tiles(bool enabled);
 bool bwd_small_tiles();
 
+// Whether a GQA / MQA backward (params.gqa_dkv_partials false) may have each CTA sum a whole group of query heads
+// into dK, dV (the sm_90a warp-specialized kernel at d 64 / 128): 1 wherever that kernel runs, 0 never (the caller's
+// fp32 partials per query head), -1 (the default) where the grouped grid still fills the GPU (bwd_tile_config.h,
+// kBwdGqaGroupMinWaveFill / kBwdGqaGroupMinWavesCausal). For A/B timing and tests; FA2_BWD_GQA_GROUPING=0 / 1 in the
+// environment until set.
+void set_bwd_gqa_grouping(int mode);
+int bwd_gqa_grouping();
+
+// run_bwd's answer, with nothing launched, to a GQA / MQA call that asks for dK, dV summed over each group in the
+// kernel (params.gqa_dkv_partials false, dk / dv like k) where no kernel that runs can: the caller gives fp32 partials
+// per query head (gqa_dkv_partials true) and calls again.
+extern const char* const kBwdNeedsGqaPartials;
+
 // Backward: fills dq, dk, dv (and dbias when params.dbias != nullptr). Needs, besides the forward's conditions
 // (launch.h: headdim a multiple of 8, 16-byte aligned tensors, strides multiples of 8 elements, non-empty sizes):
 //   params.headdim_rounded == bwd_headdim_rounded(params.headdim);
 //   lse (batch, nheads, seqlen_q) contiguous; softmax_d: (batch, nheads, seqlen_q) fp32 scratch;
 //   dq_accum: (batch, nheads, seqlen_q, headdim_rounded) fp32 scratch (zeroed by the backward itself);
 //   dq (and dout, out) with the forward's alignment; dk/dv: f16/bf16 (batch, seqlen_k, nheads_k, d) when
-//   h_h_k_ratio == 1 (the sm_90a warp-specialized kernel needs them 16-byte aligned, strides multiples of 8
-//   elements, or is not used: bwd_ws_applies), else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for
-//   the caller to sum over each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q,
+//   h_h_k_ratio == 1 or gqa_dkv_partials is false (the sm_90a warp-specialized kernel needs them 16-byte aligned,
+//   strides multiples of 8 elements, or is not used: bwd_ws_applies; a GQA call without partials that no kernel can
+//   serve returns kBwdNeedsGqaPartials), else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for the
+//   caller to sum over each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q,
 //   seqlen_k) contiguous, zeroed (only the visible blocks are written);  workspace: bwd_workspace_ints(params)
 //   int32s (zeroed by the caller when deterministic), or nullptr where that is 0 (and, when not deterministic, to
 //   run the dQ conversion after the main kernel).

@@ -53,10 +53,10 @@ inline bool bshd_tma_addressable(const void* base, int64_t batch, int64_t seqlen
 // key-row bias bwd_row_stats_kernel's lse and shift) from flat (batch, heads, seqlen_q) fp32 buffers (16-byte aligned
 // bases; the boxes start at multiples of 4 values, ws_stat_box_elems), q / dout / k / v in tiles
 // (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q rows and a box
-// past the last block's); and without GQA it stores dK, dV in 16-byte pieces (FA2_BWD_STAGED_DKV: the same 16-byte
-// aligned bases and strides in multiples of 8 elements).
+// past the last block's); and unless they are GQA's fp32 partials it stores dK, dV in 16-byte pieces
+// (FA2_BWD_STAGED_DKV: the same 16-byte aligned bases and strides in multiples of 8 elements).
 inline bool bwd_ws_applies(const AttentionParams& p, int block_m, bool key_bias) {
-  const bool dkv_16b = p.h_h_k_ratio > 1 ||
+  const bool dkv_16b = (p.h_h_k_ratio > 1 && p.gqa_dkv_partials) ||
                        (bshd_tma_addressable(p.dk, p.batch, p.seqlen_k, p.nheads_k, p.dk_batch_stride, p.dk_row_stride,
                                              p.dk_head_stride) &&
                         bshd_tma_addressable(p.dv, p.batch, p.seqlen_k, p.nheads_k, p.dv_batch_stride, p.dv_row_stride,
@@ -72,56 +72,80 @@ inline bool bwd_ws_applies(const AttentionParams& p, int block_m, bool key_bias)
          bshd_tma_addressable(p.v, p.batch, p.seqlen_k, p.nheads_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
 }
 
-// The sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh), where bwd_ws_applies: its TMA maps (q, dout in query
-// blocks, k, v in key blocks, the row statistics, dq_accum), then one CTA per (key block, head, batch) as
-// launch_bwd_kernel's. *launched = false (and nothing done) when a tensor map cannot be built or its shared memory is
-// not available: the caller runs bwd_kernel.cuh's kernel instead.
+// The sm_90a warp-specialized main kernel's TMA maps (q, dout in query blocks, k, v in key blocks, the row statistics,
+// dq_accum) and its shared memory, checked before anything is launched: false where a map cannot be built or the
+// shared memory is not available (bwd_kernel.cuh's kernel runs instead).
 template <typename T, int kHeadDim, bool kKeyBias>
-const char* launch_bwd_ws_kernel(const AttentionParams& p, cudaStream_t stream, bool* launched) {
-  *launched = false;
+bool make_bwd_ws_maps(const AttentionParams& p, sm90::BwdTensorMaps* maps) {
   using Cfg = BwdWsConfig<kHeadDim>;
-  constexpr bool kSplit = kBwdWsSplit<kHeadDim>;
-  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
-  if constexpr (kSplit) {
-    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
-  } else {
-    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
-  }
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-  sm90::BwdTensorMaps maps{};
   constexpr int kCols = Cfg::kBlockCols;
-  const char* e = sm90::make_bshd_tensor_map(&maps.q, p.q, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
+  const char* e = sm90::make_bshd_tensor_map(&maps->q, p.q, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
                                              p.q_batch_stride, p.q_row_stride, p.q_head_stride, Cfg::kBlockM, kCols);
   if (e == nullptr) {
-    e = sm90::make_bshd_tensor_map(&maps.dout, p.dout, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
+    e = sm90::make_bshd_tensor_map(&maps->dout, p.dout, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
                                    p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride, Cfg::kBlockM, kCols);
   }
   if (e == nullptr) {
-    e = sm90::make_bshd_tensor_map(&maps.k, p.k, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.k_batch_stride,
-                                   p.k_row_stride, p.k_head_stride, Cfg::kBlockN, kCols);
+    e = sm90::make_bshd_tensor_map(&maps->k, p.k, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim,
+                                   p.k_batch_stride, p.k_row_stride, p.k_head_stride, Cfg::kBlockN, kCols);
   }
   if (e == nullptr) {
-    e = sm90::make_bshd_tensor_map(&maps.v, p.v, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim, p.v_batch_stride,
-                                   p.v_row_stride, p.v_head_stride, Cfg::kBlockN, kCols);
+    e = sm90::make_bshd_tensor_map(&maps->v, p.v, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim,
+                                   p.v_batch_stride, p.v_row_stride, p.v_head_stride, Cfg::kBlockN, kCols);
   }
   const int64_t rows = int64_t(p.batch) * p.nheads * p.seqlen_q;  // of lse, D and dq_accum
   // (the key-row bias variant takes P against bwd_row_stats_kernel's statistics: its lse and the row shift)
   constexpr int kStatBox = bwd::ws_stat_box_elems<Cfg::kBlockM>();
-  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.lse, kKeyBias ? p.row_lse : p.lse, rows, kStatBox);
-  if (e == nullptr && kKeyBias) e = sm90::make_flat_f32_tensor_map(&maps.shift, p.row_shift, rows, kStatBox);
-  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps.dsum, p.softmax_d, rows, kStatBox);
-  if constexpr (!kSplit) {  // (the headdim-split kernel adds dQ from its registers: no map)
-    if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps.dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
+  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps->lse, kKeyBias ? p.row_lse : p.lse, rows, kStatBox);
+  if (e == nullptr && kKeyBias) e = sm90::make_flat_f32_tensor_map(&maps->shift, p.row_shift, rows, kStatBox);
+  if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps->dsum, p.softmax_d, rows, kStatBox);
+  if constexpr (!kBwdWsSplit<kHeadDim>) {  // (the headdim-split kernel adds dQ from its registers: no map)
+    if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps->dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
   }
   if (e == nullptr) e = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes);
-  if (e != nullptr) return nullptr;  // (not launched: the caller falls back)
-  *launched = true;
+  return e == nullptr;
+}
+
+// Whether a GQA call's warp-specialized CTAs each take a whole group (dK, dV summed in the kernel, no fp32 partials:
+// bwd_ws_kernel.cuh, ws_groups_gqa) where the kernel can (not the d 256 headdim-split one; with a key-row bias, one
+// that every head shares, whose values the consumers keep in registers): bwd_gqa_grouping() 1 always, 0 never, -1
+// (auto) where the grouped grid still fills the GPU (bwd_tile_config.h: kBwdGqaGroupMinWaveFill, and with causal
+// lengths kBwdGqaGroupMinWavesCausal).
+template <int kHeadDim>
+bool bwd_ws_groups_gqa(const AttentionParams& p, bool key_bias) {
+  if (kBwdWsSplit<kHeadDim> || p.h_h_k_ratio == 1 || (key_bias && p.bias_head_stride != 0)) return false;
+  const int mode = bwd_gqa_grouping();
+  if (mode >= 0) return mode == 1;
+  const int64_t ctas = int64_t((p.seqlen_k + BwdWsConfig<kHeadDim>::kBlockN - 1) / BwdWsConfig<kHeadDim>::kBlockN) *
+                       p.nheads_k * p.batch;
+  const int64_t sms = device_sm_count();
+  if (sms <= 0) return false;
+  const bool causal_lengths = p.window_left < 0 && p.window_right >= 0;  // (as launch_tile_order_tail's)
+  if (causal_lengths) return ctas >= kBwdGqaGroupMinWavesCausal * sms;
+  const int64_t waves = (ctas + sms - 1) / sms;
+  return double(ctas) >= kBwdGqaGroupMinWaveFill * double(waves * sms);
+}
+
+// Launches the sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh; maps: make_bwd_ws_maps'): one CTA per
+// (key block, head, batch) as launch_bwd_kernel's, the heads being the kv heads where each CTA sums a GQA group
+// (ws_groups_gqa).
+template <typename T, int kHeadDim, bool kKeyBias>
+const char* launch_bwd_ws_kernel(const AttentionParams& p, const sm90::BwdTensorMaps& maps, cudaStream_t stream) {
+  using Cfg = BwdWsConfig<kHeadDim>;
+  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
+  if constexpr (kBwdWsSplit<kHeadDim>) {
+    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
+  } else {
+    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
+  }
   const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const dim3 grid(num_n_blocks, p.nheads, p.batch);
+  const int grid_heads = p.h_h_k_ratio > 1 && !p.gqa_dkv_partials ? p.nheads_k : p.nheads;
+  const dim3 grid(num_n_blocks, grid_heads, p.batch);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   AttentionParams kernel_params = p;  // (with the launch's tile order, params.h)
-  kernel_params.tile_order_tail = Cfg::kTileOrderTail ? launch_tile_order_tail(p, num_n_blocks) : 0;
+  kernel_params.tile_order_tail = Cfg::kTileOrderTail ? launch_tile_order_tail(p, num_n_blocks, grid_heads) : 0;
   kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(kernel_params, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
@@ -140,6 +164,33 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   constexpr bool kOverlapCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_overlaps_dq_conversion<kHeadDim>();
   int* const key_blocks_done = kOverlapCapable && !p.deterministic ? static_cast<int*>(p.workspace) : nullptr;
 
+  // The main kernel is chosen before anything is launched (a GQA call that asks for the group summed in the kernel
+  // gets kBwdNeedsGqaPartials back where it cannot be):
+  // the plain variant folds scale*log2(e) into the exp2 FMA on raw q.k; softcap or a bias need the recomputed score,
+  // and its row statistics (bwd_kernel.cuh). A key-row bias without dbias may take the plain path's schedule and tiles
+  // (key_bias_backward(), the default) where its extra shared memory fits the instance's GPU (A100: 163 KB).
+  const bool score_mod = bwd_uses_score_mod(p);
+  constexpr bool kKeyBiasFits = kArch >= 900 || bwd_key_bias_smem_bytes<Cfg>() <= 163 * 1024;
+  const bool key_bias = kKeyBiasFits && key_bias_backward() && p.bias_type != BiasType::kNone &&
+                        p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr;
+  // sm_90a, plain path or its key-row bias variant (bwd_uses_score_mod is true for any bias), not deterministic: the
+  // warp-specialized kernel where its tiles are defined, switched on (sm90_ws_backward), its TMA can address
+  // everything (bwd_ws_applies) and its maps and shared memory are to be had (make_bwd_ws_maps)
+  bool ws = false;
+  sm90::BwdTensorMaps ws_maps{};
+  constexpr bool kWsCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim);
+  if constexpr (kWsCapable) {
+    ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
+         bwd_ws_applies(p, BwdWsConfig<kHeadDim>::kBlockM, key_bias) &&
+         (key_bias ? make_bwd_ws_maps<T, kHeadDim, true>(p, &ws_maps)
+                   : make_bwd_ws_maps<T, kHeadDim, false>(p, &ws_maps));
+  }
+  if (p.h_h_k_ratio > 1 && !p.gqa_dkv_partials) {  // (only the ws kernel's CTAs can sum a group)
+    bool grouped = false;
+    if constexpr (kWsCapable) grouped = ws && bwd_ws_groups_gqa<kHeadDim>(p, key_bias);
+    if (!grouped) return kBwdNeedsGqaPartials;
+  }
+
   // -- 1. D = rowsum(dO * O), dq_accum = 0 (and those counts)
   constexpr int kRowThreads = 256;
   constexpr int kRowsPerCta = kRowThreads / bwd::row_group_threads<kHeadDim>();
@@ -152,14 +203,8 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
-  // -- 2. dK, dV, dQ partials: one CTA per (key block, head, batch). The plain variant folds scale*log2(e) into the
-  //    exp2 FMA on raw q.k; softcap or a bias need the recomputed score, and its row statistics (bwd_kernel.cuh).
-  //    A key-row bias without dbias may take the plain path's schedule and tiles (key_bias_backward(), the default)
-  //    where its extra shared memory fits the instance's GPU (A100: 163 KB).
-  const bool score_mod = bwd_uses_score_mod(p);
-  constexpr bool kKeyBiasFits = kArch >= 900 || bwd_key_bias_smem_bytes<Cfg>() <= 163 * 1024;
-  const bool key_bias = kKeyBiasFits && key_bias_backward() && p.bias_type != BiasType::kNone &&
-                        p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr;
+  // -- 2. dK, dV, dQ partials: one CTA per (key block, head, batch), or with the group summed in the kernel per (key
+  //    block, kv head, batch)
   if (score_mod || key_bias) {  // (a key-row bias is a bias: the glue allocates the buffers for both)
     if (p.row_lse == nullptr || p.row_shift == nullptr) return "fa2: the CUDA backward needs row_lse/row_shift buffers";
     constexpr int kStatsRowsPerCta = 8;
@@ -170,18 +215,12 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   const char* e = nullptr;
-  // sm_90a, plain path or its key-row bias variant (bwd_uses_score_mod is true for any bias), not deterministic: the
-  // warp-specialized kernel where its tiles are defined, switched on (sm90_ws_backward) and its TMA can address
-  // everything (bwd_ws_applies)
-  bool ws = false;
-  if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
-    ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
-         bwd_ws_applies(p, BwdWsConfig<kHeadDim>::kBlockM, key_bias);
+  if constexpr (kWsCapable) {
     if (ws) {
       AttentionParams main = p;
       main.key_blocks_done = key_blocks_done;
-      e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(main, stream, &ws)
-                   : launch_bwd_ws_kernel<T, kHeadDim, false>(main, stream, &ws);
+      e = key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(main, ws_maps, stream)
+                   : launch_bwd_ws_kernel<T, kHeadDim, false>(main, ws_maps, stream);
     }
   }
   if constexpr (kKeyBiasFits) {

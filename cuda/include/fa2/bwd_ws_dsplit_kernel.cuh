@@ -98,6 +98,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                                                                    sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
+  // (its consumers take one query head: the launcher never has a CTA sum a GQA group here, bwd_ws_groups_gqa)
+  if (ws_groups_gqa(p)) __trap();
   const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, ring, sK, sV);
   if (blk.producer) return;
   const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
@@ -262,7 +264,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
                     batch, head, n0 + key0, col0, tig);
   // (barrier 6: 1, 2 and 5 are the handshakes' above)
-  ws_key_block_done<Cfg, 6>(p, bh, ctid);
+  ws_key_block_done<Cfg, 6>(p, bh, 1, ctid);
 }
 
 }  // namespace bwd

@@ -1,7 +1,9 @@
 // FlashAttention-2 backward, sm_90a warp-specialized main kernel (FA-3's structure; the step 2 of bwd_kernel.cuh's
 // three for the plain path and its key-row bias variant: no softcap, no dbias, not deterministic). One CTA = kBlockN
-// keys of one (batch, query head), as there; what differs is how a query block is processed (BwdWsTileConfig,
-// bwd_tile_config.h):
+// keys of one (batch, query head), as there, or with GQA where the launcher has a CTA sum its group (ws_groups_gqa) of
+// one (batch, kv head): its query blocks then come head after head of the group through the same ring and loop, and
+// dK, dV, summed in the registers, are stored once like k. What differs is how a query block is processed
+// (BwdWsTileConfig, bwd_tile_config.h):
 //   - a producer thread loads K, V once and streams each query block's Q, dO, lse and D (all by the TMA) into a
 //     kStages ring of shared memory, on full / empty mbarriers: the consumers never wait for a CTA barrier;
 //   - consumer warpgroup w owns keys 64 w .. 64 w + 63 and computes the transposed scores, keys as the wgmma M:
@@ -107,7 +109,8 @@ struct WsRing {
 
 // The CTA's only barrier (the producer warpgroup leaves after it). With kKeyBias it also tells whether every key of
 // the block (kBlockN from n0) is padded (-inf / False, or past seqlen_k): then the block's query range is emptied
-// (returns m_lo - 1: dK = dV = 0 and nothing is added to dQ); else it returns m_hi.
+// (returns m_lo - 1: dK = dV = 0 and nothing is added to dQ); else it returns m_hi. (A CTA that sums a GQA group
+// has one bias for all its heads: ws_start.)
 template <typename T, bool kKeyBias, int kBlockN>
 __device__ __forceinline__ int ws_cta_barrier(const AttentionParams& p, int n0, int batch, int head, int m_lo,
                                               int m_hi) {
@@ -135,15 +138,17 @@ __device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int b
   }
 }
 
-// The producer thread: K, V of the key block (kBlockN rows from n0) once, then for query blocks m_lo .. m_hi their
-// Q, dO and row statistics (lse, D, and with kShift the row shift: bwd_row_stats_kernel's) into stage it % kStages,
-// each once every consumer warp has released the stage's previous block (it - kStages). lse / D / shift come from the
-// flat (batch, heads, seqlen_q) views in ws_stat_box_elems boxes, which start up to 3 values before the block (never
-// read; rows past seqlen_q read the next head's, past the buffers' end zeros).
+// The producer thread: K, V of the key block (kBlockN rows from n0, kv head head_k) once, then for each of the CTA's
+// query heads head .. head + heads - 1 (bh: the first's batch * nheads + head) and its query blocks m_lo .. m_hi
+// their Q, dO and row statistics (lse, D, and with kShift the row shift: bwd_row_stats_kernel's) into stage
+// it % kStages (it counting over heads and blocks), each once every consumer warp has released the stage's previous
+// block (it - kStages). lse / D / shift come from the flat (batch, heads, seqlen_q) views in ws_stat_box_elems boxes,
+// which start up to 3 values before the block (never read; rows past seqlen_q read the next head's, past the buffers'
+// end zeros).
 template <int kBlockM, int kBlockN, int kHeadDim, int kBlockCols, bool kShift, class Ring>
 __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, const Ring& ring, uint32_t sK, uint32_t sV,
-                                           int64_t seqlen_q, int m_lo, int m_hi, int n0, int head, int head_k,
-                                           int batch, int64_t bh) {
+                                           int64_t seqlen_q, int m_lo, int m_hi, int n0, int head, int heads,
+                                           int head_k, int batch, int64_t bh) {
   constexpr int kKVBytes = kBlockN * kHeadDim * 2, kQBytes = kBlockM * kHeadDim * 2;
   constexpr int kBoxElems = ws_stat_box_elems<kBlockM>();
   constexpr int kStatsBytes = (kShift ? 3 : 2) * kBoxElems * 4;
@@ -151,46 +156,59 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
   sm90::mbarrier_arrive_expect_tx(ring.bar_kv, 2 * kKVBytes);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sK, &maps.k, ring.bar_kv, n0, head_k, batch);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(sV, &maps.v, ring.bar_kv, n0, head_k, batch);
-  for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
-    const int s = it % Ring::kNumStages, m0 = m * kBlockM;
-    if (it >= Ring::kNumStages) sm90::mbarrier_wait(ring.empty(s), ((it / Ring::kNumStages) - 1) & 1);
-    sm90::mbarrier_arrive_expect_tx(ring.full(s), 2 * kQBytes + kStatsBytes);
-    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.q(s), &maps.q, ring.full(s), m0, head, batch);
-    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.dout(s), &maps.dout, ring.full(s), m0, head, batch);
-    // (the launcher checks that batch * nheads * seqlen_q fits an int)
-    const int at = ws_stats_row(bh, seqlen_q, m0) & ~3;
-    sm90::tma_load_1d(ring.stat(s, 0), &maps.lse, ring.full(s), at);
-    sm90::tma_load_1d(ring.stat(s, 1), &maps.dsum, ring.full(s), at);
-    if constexpr (kShift) sm90::tma_load_1d(ring.stat(s, 2), &maps.shift, ring.full(s), at);
+  int it = 0;
+  for (int g = 0; g < heads; ++g) {
+    for (int m = m_lo; m <= m_hi; ++m, ++it) {
+      const int s = it % Ring::kNumStages, m0 = m * kBlockM;
+      if (it >= Ring::kNumStages) sm90::mbarrier_wait(ring.empty(s), ((it / Ring::kNumStages) - 1) & 1);
+      sm90::mbarrier_arrive_expect_tx(ring.full(s), 2 * kQBytes + kStatsBytes);
+      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.q(s), &maps.q, ring.full(s), m0, head + g, batch);
+      sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(ring.dout(s), &maps.dout, ring.full(s), m0, head + g,
+                                                         batch);
+      // (the launcher checks that batch * nheads * seqlen_q fits an int)
+      const int at = ws_stats_row(bh + g, seqlen_q, m0) & ~3;
+      sm90::tma_load_1d(ring.stat(s, 0), &maps.lse, ring.full(s), at);
+      sm90::tma_load_1d(ring.stat(s, 1), &maps.dsum, ring.full(s), at);
+      if constexpr (kShift) sm90::tma_load_1d(ring.stat(s, 2), &maps.shift, ring.full(s), at);
+    }
   }
 }
 
-// The (key block, head, batch) of this CTA of a (key blocks, heads, batch) grid: blockIdx, except for the CTAs of
-// the last p.tile_order_tail (batch, head) pairs, which tile_order.h's order (the grid's CTAs start in linear
-// blockIdx order) sends rank-major: a head's longest block, rank 0, is its first key block (causal lengths: key block
-// n is seen by the query blocks from its diagonal on). (The launcher sets a tail only where the grid's CTAs fit an
-// int.) The head-major CTAs keep blockIdx as it is: the order's division runs only in the tail's branch. At d 128 / 256
-// only (bwd_tile_config.h, kTileOrderTail); bwd_kernel.cuh's kernel keeps blockIdx (not timed with the tail).
+// The (key block, head, batch) of this CTA of a (key blocks, heads, batch) grid (heads: nheads, or nheads_k where a
+// CTA takes a whole GQA group): blockIdx, except for the CTAs of the last p.tile_order_tail (batch, head) pairs, which
+// tile_order.h's order (the grid's CTAs start in linear blockIdx order) sends rank-major: a head's longest block,
+// rank 0, is its first key block (causal lengths: key block n is seen by the query blocks from its diagonal on). (The
+// launcher sets a tail only where the grid's CTAs fit an int.) The head-major CTAs keep blockIdx as it is: the order's
+// division runs only in the tail's branch. At d 128 / 256 only (bwd_tile_config.h, kTileOrderTail); bwd_kernel.cuh's
+// kernel keeps blockIdx (not timed with the tail).
 __device__ __forceinline__ void bwd_tile_of_cta(const AttentionParams& p, int& n_block, int& head, int& batch) {
   n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   if (p.tile_order_tail == 0) return;
-  const int heads = p.nheads * p.batch, bh = int(blockIdx.y + gridDim.y * blockIdx.z);
+  const int heads = int(gridDim.y * gridDim.z), bh = int(blockIdx.y + gridDim.y * blockIdx.z);
   if (bh >= heads - p.tile_order_tail) {
     int tail_bh, rank;
     TileOrder{int(gridDim.x), heads, p.tile_order_tail}.at(int(blockIdx.x + gridDim.x * bh), tail_bh, rank);
     n_block = rank;
-    head = tail_bh % p.nheads;
-    batch = tail_bh / p.nheads;
+    head = tail_bh % int(gridDim.y);
+    batch = tail_bh / int(gridDim.y);
   }
 }
 
 // The CTA's key block (blockIdx.x of (key blocks, heads, batch), or with a tail tile_order.h's order) and the query
 // blocks that see it, in both ws kernels.
+// Its query heads: head (the first) .. head + heads - 1, of kv head head_k: one (heads 1), or where the CTA takes a
+// whole GQA group (ws_groups_gqa: the launch's grid has nheads_k heads) its h_h_k_ratio heads.
 struct WsKeyBlock {
-  int n_block, head, batch, n0, m_lo, m_hi;
+  int n_block, head, heads, head_k, batch, n0, m_lo, m_hi;
   int64_t bh;    // batch * nheads + head
   bool producer;  // this thread is in the producer warpgroup, whose part is done: the kernel returns
 };
+
+// Whether dK, dV are the GQA group's sums, stored like k (the launch's CTAs each take a whole group), rather than one
+// query head's fp32 partials or (without GQA) that head's. (AttentionParams::gqa_dkv_partials)
+__device__ __forceinline__ bool ws_groups_gqa(const AttentionParams& p) {
+  return p.h_h_k_ratio > 1 && !p.gqa_dkv_partials;
+}
 
 // The ws kernels' start once their shared memory is laid out: the key block and its query range, the ring's
 // barriers, the CTA's only barrier (ws_cta_barrier: with kKeyBias an all-padded key block empties the range), then
@@ -205,10 +223,19 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
     if (threadIdx.x == 0) ptx::launch_dependent_grids();
   }
   WsKeyBlock blk;
+  int grid_head;  // (a query head, or with ws_groups_gqa a kv head)
   if constexpr (Cfg::kTileOrderTail) {
-    bwd_tile_of_cta(p, blk.n_block, blk.head, blk.batch);
+    bwd_tile_of_cta(p, blk.n_block, grid_head, blk.batch);
   } else {
-    blk.n_block = blockIdx.x, blk.head = blockIdx.y, blk.batch = blockIdx.z;
+    blk.n_block = blockIdx.x, grid_head = blockIdx.y, blk.batch = blockIdx.z;
+  }
+  if (ws_groups_gqa(p)) {
+    // (with kKeyBias the consumers keep one head's bias for the whole group: the launcher groups only a bias that is
+    // the same for every head, bwd_ws_groups_gqa)
+    if (kKeyBias && p.bias_head_stride != 0) __trap();
+    blk.head_k = grid_head, blk.heads = p.h_h_k_ratio, blk.head = grid_head * p.h_h_k_ratio;
+  } else {
+    blk.head = grid_head, blk.heads = 1, blk.head_k = grid_head / p.h_h_k_ratio;
   }
   blk.n0 = blk.n_block * kBlockN;
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
@@ -226,7 +253,7 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0 && blk.m_lo <= blk.m_hi) {
       ws_produce<kBlockM, kBlockN, Cfg::kHeadDim, Cfg::kBlockCols, kKeyBias>(
-          maps, ring, sK, sV, p.seqlen_q, blk.m_lo, blk.m_hi, blk.n0, blk.head, blk.head / p.h_h_k_ratio, blk.batch,
+          maps, ring, sK, sV, p.seqlen_q, blk.m_lo, blk.m_hi, blk.n0, blk.head, blk.heads, blk.head_k, blk.batch,
           blk.bh);
     }
   } else {
@@ -237,17 +264,18 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
 
 // A consumer CTA's last step where the dQ conversion overlaps the kernel (p.key_blocks_done, bwd_launch_template.cuh):
 // once every consumer's global writes are performed (dK, dV; the dQ reduce-adds, which their issuers waited for in
-// full, bulk_wait_group<0, false>, or red.global's), its (batch, head)'s count of finished key blocks goes up by one,
-// with release semantics: a conversion CTA that acquires the count at key_blocks_per_head reads the head's whole dQ.
-// Every CTA counts, those without query blocks too. kBarrier: a named barrier of the consumers only. (Compiled only
-// where the tile config overlaps the conversion, Cfg::kOverlapDqConversion.)
+// full, bulk_wait_group<0, false>, or red.global's), the count of finished key blocks of each of its (batch, query
+// head)s (bh .. bh + heads - 1) goes up by one, with release semantics: a conversion CTA that acquires a head's count
+// at key_blocks_per_head reads the head's whole dQ. Every CTA counts, those without query blocks too. kBarrier: a
+// named barrier of the consumers only. (Compiled only where the tile config overlaps the conversion,
+// Cfg::kOverlapDqConversion.)
 template <class Cfg, int kBarrier>
-__device__ __forceinline__ void ws_key_block_done(const AttentionParams& p, int64_t bh, int ctid) {
+__device__ __forceinline__ void ws_key_block_done(const AttentionParams& p, int64_t bh, int heads, int ctid) {
   if constexpr (!Cfg::kOverlapDqConversion) return;
   if (p.key_blocks_done == nullptr) return;
   sm90::fence_proxy_async_global();  // (the TMA's reduce-adds before the generic release)
   ptx::named_barrier_sync<kBarrier, Cfg::kConsumerThreads>();
-  if (ctid == 0) ptx::red_add_release_gpu(p.key_blocks_done + bh, 1);
+  for (int h = ctid; h < heads; h += Cfg::kConsumerThreads) ptx::red_add_release_gpu(p.key_blocks_done + bh + h, 1);
 }
 
 // A stage's row statistics as the consumers read them: the query block's row r at lse[r], dsum[r], shift[r]
@@ -361,14 +389,16 @@ __device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], 
 
 // The epilogue: one thread's dK = scale dS^T Q and dV fragments (keys key_first + 8 half, columns
 // col_first + 8 nt + 2 tig + e)
-// to global memory; keys past seqlen_k and dims past headdim are not stored. With GQA fp32 partials per query head,
-// summed over the group by the caller. Without, FA2_BWD_QUAD_STORES: each quad's fragments transposed
-// (ptx::quad_transpose) into whole n8 tiles per lane, stored 16 bytes at a time (every lane of the warp calls this).
+// to global memory; keys past seqlen_k and dims past headdim are not stored. head: the query head whose fp32 partials
+// they are (GQA with p.gqa_dkv_partials: summed over the group by the caller), else the kv head. Without partials,
+// FA2_BWD_QUAD_STORES: each quad's fragments transposed (ptx::quad_transpose) into whole n8 tiles per lane, stored 16
+// bytes at a time (every lane of the warp calls this).
 template <typename T, int kDTiles>
 __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const float (&dk_frag)[kDTiles][4],
                                                const float (&dv_frag)[kDTiles][4], int batch, int head, int key_first,
                                                int col_first, int tig) {
-  if (FA2_BWD_QUAD_STORES && kDTiles % 4 == 0 && p.h_h_k_ratio == 1) {
+  const bool partials = p.h_h_k_ratio > 1 && p.gqa_dkv_partials;
+  if (FA2_BWD_QUAD_STORES && kDTiles % 4 == 0 && !partials) {
     T* dk_bh = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
     T* dv_bh = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
 #pragma unroll
@@ -407,7 +437,7 @@ __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const f
       if (col >= p.headdim) continue;
       const float dk0 = dk_frag[nt][half * 2] * p.scale, dk1 = dk_frag[nt][half * 2 + 1] * p.scale;
       const float dv0 = dv_frag[nt][half * 2], dv1 = dv_frag[nt][half * 2 + 1];
-      if (p.h_h_k_ratio > 1) {
+      if (partials) {
         float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
                     int64_t(key) * p.dk_row_stride + col;
         float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
@@ -473,6 +503,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
   const int64_t bh = blk.bh;
   const int lane = threadIdx.x & 31;
+  // the loop's steps: query blocks m_lo .. m_hi of query head head, then (a CTA that sums a GQA group) of each next
+  // head of the group in turn
+  const int steps = m_hi >= m_lo ? (m_hi - m_lo + 1) * blk.heads : 0;
 
   // -- the consumer warpgroups
   const int ctid = int(threadIdx.x) - kWsProducerThreads;
@@ -481,7 +514,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, ctid >> 7, 0);
   const int warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
   const int key0 = wg * 64 + warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block)
-  // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked)
+  // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked), the same for
+  // every head of a GQA group the CTA sums (ws_start)
   float key_bias[2] = {0.f, 0.f};
   if constexpr (kKeyBias) ws_load_key_bias<T>(p, batch, head, n0 + key0, key_bias);
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
@@ -519,7 +553,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   //  block no query sees, and the last query block, issue one S^T of an idle stage whose result is never read. And
   //  each is waited for within the iteration that issued it: in flight across the loop's back edge, ptxas serialized
   //  them again (C7514).)
-  if (m_lo <= m_hi) {
+  if (steps > 0) {
     sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
     if constexpr (kPrefetchScores) sm90::mbarrier_wait_untimed(ring.full(0), 0);
   }
@@ -528,14 +562,17 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     issue_s(0);
     sm90::wait_hold<0>(acc_s);
   }
-  for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
+  // this step's query block, and the flat row (batch, head, query) of its head's first query (the launcher checks that
+  // batch * nheads * seqlen_q fits an int)
+  int m = m_lo, head_row0 = int(bh * p.seqlen_q);
+  for (int it = 0; it < steps; ++it) {
     const int s = it % kStages, m0 = m * kBlockM;
     if constexpr (!kPrefetchScores) {
       sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
       issue_s(s);
     }
     issue_dp(s);
-    const int stats_off = ws_stats_offset(ws_stats_row(bh, p.seqlen_q, m0));
+    const int stats_off = ws_stats_offset(head_row0 + m0);
     auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
     const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
     sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
@@ -610,7 +647,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
     if constexpr (kPrefetchScores) {
       const int next = (it + 1) % kStages;
-      if (m < m_hi) sm90::mbarrier_wait_untimed(ring.full(next), ((it + 1) / kStages) & 1);
+      if (it + 1 < steps) sm90::mbarrier_wait_untimed(ring.full(next), ((it + 1) / kStages) & 1);
       issue_s(next);
       sm90::wait_hold<1>(acc_dq);
     }
@@ -625,7 +662,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
     warpgroup_sync();
     if (dq_issuer) {
-      const int row = int(bh * p.seqlen_q + m0 + dq_row0);
+      const int row = head_row0 + m0 + dq_row0;
 #pragma unroll
       for (int box = 0; box < kDqCols / 32; ++box) {
         sm90::tma_reduce_add_2d(&maps.dq_accum, s_dq + box * (kDqRows * 128), dq_col0 + 32 * box, row);
@@ -634,14 +671,16 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     }
     if constexpr (kPrefetchScores) sm90::wait_hold<0>(acc_s);  // the next block's S^T (the last block's: unread)
     FA2_CTA_MARK(kTraceBlock0 + it, ctid == 0 && it < kTraceBlocks);
+    if (++m > m_hi) m = m_lo, head_row0 += p.seqlen_q;  // (the group's next head)
   }
   FA2_CTA_MARK(kTraceLoopEnd, ctid == 0);
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.
   auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
   auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
-  if (!FA2_BWD_STAGED_DKV || p.h_h_k_ratio > 1) {
-    ws_store_dk_dv<T>(p, dk_frag, dv_frag, batch, head, n0 + key0, 0, tig);
+  const bool partials = p.h_h_k_ratio > 1 && p.gqa_dkv_partials;  // (per query head; else stored at the kv head)
+  if (!FA2_BWD_STAGED_DKV || partials) {
+    ws_store_dk_dv<T>(p, dk_frag, dv_frag, batch, partials ? head : blk.head_k, n0 + key0, 0, tig);
   } else {
     // FA2_BWD_STAGED_DKV: through shared memory to 16-byte global stores. Straight from the fragments (each warp's
     // 32-bit stores writing 16-byte pieces of 8 rows) a CTA's epilogue took ~11k cycles, 14% of a key block's time at
@@ -669,8 +708,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       }
     }
     warpgroup_sync();
-    T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
-    T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+    T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + blk.head_k * p.dk_head_stride;
+    T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + blk.head_k * p.dv_head_stride;
     constexpr int kIters = 64 * kDTiles / 128;
     static_assert(64 * kDTiles % 128 == 0, "the 16-byte chunks split evenly over the warpgroup");
 #pragma unroll
@@ -687,7 +726,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     }
   }
   if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
-  ws_key_block_done<Cfg, 1>(p, bh, ctid);
+  ws_key_block_done<Cfg, 1>(p, bh, blk.heads, ctid);
   FA2_CTA_MARK(kTraceEnd, ctid == 0);
   FA2_CTA_MARK(trace::kExitNs, ctid == 0);
 }

@@ -55,12 +55,13 @@ int persistent_forward_ctas();
 // The CTAs of a persistent forward grid over `tiles` query blocks: at most one per SM (where CUDA can say) and at
 // most persistent_forward_ctas() when that is > 0 (the launcher and fwd_workspace_ints both size it so).
 int64_t persistent_forward_grid(int64_t tiles);
-// The tail of a launch's tile order (tile_order.h) over `blocks` blocks per (batch, head): tile_order_tail of the
+// The tail of a launch's tile order (tile_order.h) over `blocks` blocks per (batch, head) (heads: the grid's heads per
+// batch, nheads unless given; the GQA-grouped backward's grid has nheads_k): tile_order_tail of the
 // device's SMs where the blocks have causal lengths (a causal mask or a window bounded on the right only; not in
 // deterministic mode, whose CTAs take their tiles in start order), else 0. Set by the launchers of the kernels that
 // follow it: the sm_90a forward ones and the warp-specialized backward at d 128 / 256. set_tile_order_tail(false) (or
 // FA2_NO_TILE_ORDER_TAIL=1 in the environment) makes it 0 everywhere: head by head, as before (A/B timing, tests).
-int launch_tile_order_tail(const AttentionParams& params, int blocks);
+int launch_tile_order_tail(const AttentionParams& params, int blocks, int heads = -1);
 void set_tile_order_tail(bool enabled);
 bool tile_order_tail_enabled();
 // nullptr when batch and nheads fit the grid's y and z dimensions (at most 65535 each), else a message.

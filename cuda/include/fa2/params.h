@@ -58,6 +58,11 @@ struct AttentionParams {
   int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  // GQA / MQA (h_h_k_ratio > 1): dk / dv are fp32 partials per query head, (batch, seqlen_k, nheads, headdim), which
+  // the caller sums over each group of h_h_k_ratio heads (true); or f16 / bf16 like k, (batch, seqlen_k, nheads_k,
+  // headdim), the group summed in the kernel (false: only the kernels that can run; where none can, run_bwd launches
+  // nothing and returns kBwdNeedsGqaPartials, bwd_launch.h). Ignored without GQA.
+  bool gqa_dkv_partials = true;
   float* softmax_d = nullptr;   // D = rowsum(dout * out), fp32 (batch, nheads, seqlen_q), contiguous
   float* dq_accum = nullptr;    // fp32 accumulator for dq, layout chosen by the backward launcher
   float* dbias = nullptr;       // fp32 (batch, nheads, seqlen_q, seqlen_k) when the bias needs a gradient
