@@ -93,7 +93,7 @@ PYBIND11_MODULE(_C, m) {
   // the sm80-path backward's small-shared-memory tiles (sm86 / sm89 take them by themselves): forced, for testing
   m.def("set_bwd_small_tiles", &fa2::set_bwd_small_tiles);
   m.def("bwd_small_tiles", &fa2::bwd_small_tiles);
-  // GQA backward: each CTA sums a whole group into dK, dV (sm_90a ws kernel, d 64 / 128): -1 where the grouped grid
+  // GQA backward: each CTA sums a whole group into dK, dV (sm_90a ws kernels, d 64 / 128 / 256): -1 where the grid
   // keeps enough waves (default), 0 never (fp32 partials per query head), 1 wherever that kernel runs (tests)
   m.def("set_bwd_gqa_grouping", &fa2::set_bwd_gqa_grouping, py::arg("mode"));
   m.def("bwd_gqa_grouping", &fa2::bwd_gqa_grouping);

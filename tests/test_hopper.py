@@ -444,12 +444,13 @@ def _ws_backward_grid_and_peak(out, inputs, dout, mode):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
 def test_sm90_ws_backward_sums_gqa_groups_in_its_ctas(d, dtype):
-    """GQA / MQA on the warp-specialized backward. With set_bwd_gqa_grouping(1) each CTA at d 64 / 128 takes a (key
-    block, kv head) and runs the query blocks of its group's heads one after another (bwd_ws_kernel.cuh,
+    """GQA / MQA on the warp-specialized backward. With set_bwd_gqa_grouping(1) each CTA takes a (key block, kv
+    head) and runs the query blocks of its group's heads one after another (bwd_ws_kernel.cuh, and at d 256
+    bwd_ws_dsplit_kernel.cuh, whose warpgroup 1 adds its dQ a step late: across a head change the previous head's;
     ws_groups_gqa): its grid has nheads_k heads, dK and dV are summed in its registers and stored like k, and the
     backward allocates no fp32 partials per query head (its peak memory is below the partials' by at least 90% of their
-    2 B Sk H d 4 bytes). With 0, and at d 256 (the headdim-split kernel takes one head per CTA) or with a bias that
-    differs per head either way, the grid has nheads heads and the partials are there. Both modes follow the rule
+    2 B Sk H d 4 bytes). With 0, or with a bias that differs per head either way, the grid has nheads heads and the
+    partials are there. Both modes follow the rule
     against the fp32 reference on: ratios 2 / 3 / 4 / 8 / 16 and MQA, query / key tails, causal with more queries than
     keys, a sliding window (key blocks no query sees), a headdim below the instance's, few query rows (1 and 5: the
     statistics boxes and dQ rows span heads), a padding mask shared by the heads ((B, 1, 1, Sk): the key-row bias
@@ -486,7 +487,7 @@ def test_sm90_ws_backward_sums_gqa_groups_in_its_ctas(d, dtype):
         assert grid_1 is not None and grid_0 is not None, case
         partials = 2 * b * sk * h * (-(-hd // 8) * 8) * 4
         assert grid_0[1] == h, (case, grid_0)
-        if d != 256 and bias_kind != "per_head":
+        if bias_kind != "per_head":
             assert grid_1[1] == hk, (case, grid_1)
             assert peak_1 + 0.9 * partials <= peak_0, (case, peak_1, peak_0, partials)
         else:

@@ -50,7 +50,7 @@ void set_bwd_small_tiles(bool enabled);
 bool bwd_small_tiles();
 
 // Whether a GQA / MQA backward (params.gqa_dkv_partials false) may have each CTA sum a whole group of query heads
-// into dK, dV (the sm_90a warp-specialized kernel at d 64 / 128): 1 wherever that kernel runs, 0 never (the caller's
+// into dK, dV (the sm_90a warp-specialized kernels, d 64 / 128 / 256): 1 wherever they run, 0 never (the caller's
 // fp32 partials per query head), -1 (the default) where the grouped grid still fills the GPU (bwd_tile_config.h,
 // kBwdGqaGroupMinWaveFill / kBwdGqaGroupMinWavesCausal). For A/B timing and tests; FA2_BWD_GQA_GROUPING=0 / 1 in the
 // environment until set.

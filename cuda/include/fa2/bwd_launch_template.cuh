@@ -108,13 +108,13 @@ bool make_bwd_ws_maps(const AttentionParams& p, sm90::BwdTensorMaps* maps) {
 }
 
 // Whether a GQA call's warp-specialized CTAs each take a whole group (dK, dV summed in the kernel, no fp32 partials:
-// bwd_ws_kernel.cuh, ws_groups_gqa) where the kernel can (not the d 256 headdim-split one; with a key-row bias, one
-// that every head shares, whose values the consumers keep in registers): bwd_gqa_grouping() 1 always, 0 never, -1
+// bwd_ws_kernel.cuh / bwd_ws_dsplit_kernel.cuh, ws_groups_gqa) where the kernel can (with a key-row bias, one that
+// every head shares, whose values the consumers keep in registers): bwd_gqa_grouping() 1 always, 0 never, -1
 // (auto) where the grouped grid still fills the GPU (bwd_tile_config.h: kBwdGqaGroupMinWaveFill, and with causal
 // lengths kBwdGqaGroupMinWavesCausal).
 template <int kHeadDim>
 bool bwd_ws_groups_gqa(const AttentionParams& p, bool key_bias) {
-  if (kBwdWsSplit<kHeadDim> || p.h_h_k_ratio == 1 || (key_bias && p.bias_head_stride != 0)) return false;
+  if (p.h_h_k_ratio == 1 || (key_bias && p.bias_head_stride != 0)) return false;
   const int mode = bwd_gqa_grouping();
   if (mode >= 0) return mode == 1;
   const int64_t ctas = int64_t((p.seqlen_k + BwdWsConfig<kHeadDim>::kBlockN - 1) / BwdWsConfig<kHeadDim>::kBlockN) *
@@ -185,7 +185,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
          (key_bias ? make_bwd_ws_maps<T, kHeadDim, true>(p, &ws_maps)
                    : make_bwd_ws_maps<T, kHeadDim, false>(p, &ws_maps));
   }
-  if (p.h_h_k_ratio > 1 && !p.gqa_dkv_partials) {  // (only the ws kernel's CTAs can sum a group)
+  if (p.h_h_k_ratio > 1 && !p.gqa_dkv_partials) {  // (only the ws kernels' CTAs can sum a group)
     bool grouped = false;
     if constexpr (kWsCapable) grouped = ws && bwd_ws_groups_gqa<kHeadDim>(p, key_bias);
     if (!grouped) return kBwdNeedsGqaPartials;

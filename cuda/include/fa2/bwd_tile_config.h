@@ -297,7 +297,7 @@ using BwdWsConfig = std::conditional_t<(kHeadDim > 128), BwdWsSplitTileConfig<kH
 // Whether a headdim's warp-specialized backward is the headdim-split kernel (bwd_ws_dsplit_kernel.cuh).
 template <int kHeadDim>
 constexpr bool kBwdWsSplit = std::is_same_v<BwdWsConfig<kHeadDim>, BwdWsSplitTileConfig<kHeadDim>>;
-// GQA / MQA with the warp-specialized backward at d 64 / 128 (bwd_ws_kernel.cuh, ws_groups_gqa): each CTA takes a
+// GQA / MQA with the warp-specialized backward (d 64 / 128 / 256, ws_groups_gqa): each CTA takes a
 // (key block, kv head) and loops over the group's query heads, so that dK and dV are summed in its registers and
 // stored once like k, instead of fp32 partials per query head (the caller's (batch, seqlen_k, nheads, d) buffers,
 // read back and summed by torch). Its grid has h_h_k_ratio times fewer, longer CTAs, so by default
@@ -310,7 +310,9 @@ constexpr bool kBwdWsSplit = std::is_same_v<BwdWsConfig<kHeadDim>, BwdWsSplitTil
 // (benchmarks/results/gqa_backward_h200-20261203*.json): no mask, 8 / 2 / 1 kv heads (1024 / 256 / 128 CTAs, waves
 // 97% full): 1.01-1.37x at d 128, 1.02-1.31x at d 64 (largest at 1k); 1 kv head at S 17.5k (140 CTAs, 53% full) 0.61x,
 // at 14.9k (119 CTAs, 90%) 0.97x. Causal: 16 kv heads (15.5 CTAs per SM) 1.04-1.49x; 8 (7.8) 0.96-1.24x at d 128,
-// 1.03-1.36x at d 64; 4 (3.9) 0.91-1.22x, below 1 from 4k; 2 (1.9) 0.75-1.03x; 1 (1.0) 0.53-0.90x.
+// 1.03-1.36x at d 64; 4 (3.9) 0.91-1.22x, below 1 from 4k; 2 (1.9) 0.75-1.03x; 1 (1.0) 0.53-0.90x. d 256 (64-key CTAs),
+// 16 query heads, S 1k / 4k / 16k (-d256.json): 8 kv heads (15.5 CTAs per SM) 1.02-1.24x, causal 1.03-1.28x; 2 (3.9)
+// 1.02-1.19x, causal 0.66-0.87x.
 constexpr double kBwdGqaGroupMinWaveFill = 0.95;
 constexpr int kBwdGqaGroupMinWavesCausal = 6;
 // Whether a headdim's warp-specialized backward has its dQ conversion overlap it (kOverlapDqConversion).

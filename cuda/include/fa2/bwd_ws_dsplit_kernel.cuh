@@ -21,7 +21,9 @@
 // other's products still read the last; the handshakes are two named barriers (P^T ready, dS^T ready), each
 // arrived at by its writer and waited on by its reader. The plain path and its key-row bias variant (kKeyBias, padding
 // masks: as bwd_ws_kernel.cuh's, the bias of warpgroup 0's keys in its registers, all-padded key blocks skipped); rows
-// past seqlen_q are masked (P = 0) as there (their lse / D are another row's).
+// past seqlen_q are masked (P = 0) as there (their lse / D are another row's). With GQA where the launcher has a CTA
+// sum its group (ws_groups_gqa) the query blocks come head after head of the group, as in bwd_ws_kernel.cuh
+// (warpgroup 1's late dQ then that of the previous step: the previous head's last block where the head changed).
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
 #pragma once
 #include <cstdint>
@@ -98,13 +100,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                                                                    sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
   auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
-  // (its consumers take one query head: the launcher never has a CTA sum a GQA group here, bwd_ws_groups_gqa)
-  if (ws_groups_gqa(p)) __trap();
   const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, ring, sK, sV);
   if (blk.producer) return;
   const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
   const int64_t bh = blk.bh;
   const int lane = threadIdx.x & 31;
+  // the loop's steps: query blocks m_lo .. m_hi of query head head, then (a CTA that sums a GQA group) of each next
+  // head of the group in turn
+  const int steps = m_hi >= m_lo ? (m_hi - m_lo + 1) * blk.heads : 0;
 
   // -- the consumer warpgroups
   const int ctid = int(threadIdx.x) - kWsProducerThreads;
@@ -115,7 +118,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int key0 = warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block), both warpgroups
   const int col0 = wg * kDCols;              // this warpgroup's dK / dV / dQ columns
   // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked), for warpgroup
-  // 0's P^T
+  // 0's P^T (the same for every head of a GQA group the CTA sums: ws_start)
   float key_bias[2] = {0.f, 0.f};
   if constexpr (kKeyBias) {
     if (wg == 0) ws_load_key_bias<T>(p, batch, head, n0 + key0, key_bias);
@@ -132,12 +135,12 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   constexpr int kDqPassCols = kDCols / 2, kDqPassTiles = kDqPassCols / 8;
   static_assert(kBlockM == DqFragmentOrder::kRows && kHeadDim == DqFragmentOrder::kCols && kDqPassTiles == 8,
                 "the fragment order is of this kernel's tiles: 64 queries, two warpgroups' two passes of 8 n8 tiles");
-  // this thread's dQ fragments of pass `pass` of the query block at m0_of added into dq_accum: in its fragment order
-  // where the block is whole (the launcher tells the conversion), else row-major (ws_red_dq)
-  auto red_dq = [&](const float (&acc)[kDqPassCols / 2], int m0_of, int pass) {
+  // this thread's dQ fragments of pass `pass` of the query block at m0_of of (batch, head) bh_of added into dq_accum:
+  // in its fragment order where the block is whole (the launcher tells the conversion), else row-major (ws_red_dq)
+  auto red_dq = [&](const float (&acc)[kDqPassCols / 2], int64_t bh_of, int m0_of, int pass) {
     if (m0_of + kBlockM <= p.seqlen_q) {
       // (n8 tile 0's place, then each tile's distance from it: one base register for the eight)
-      float* const base = p.dq_accum + (bh * p.seqlen_q + m0_of) * int64_t(kHeadDim) +
+      float* const base = p.dq_accum + (bh_of * p.seqlen_q + m0_of) * int64_t(kHeadDim) +
                           DqFragmentOrder::fragment_offset(wg, pass, 0, ctid & 127);
 #pragma unroll
       for (int nt = 0; nt < kDqPassTiles; ++nt) {
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                            make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
       }
     } else {
-      ws_red_dq<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc), bh,
+      ws_red_dq<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc), bh_of,
                           m0_of + warp_in_wg * 16 + group, col0 + pass * kDqPassCols + 2 * tig);
     }
   };
@@ -155,11 +158,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                   /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, sDs(ds_buffer), 0, sK, col0 + pass * kDqPassCols);
   };
 
-  if (m_lo <= m_hi) sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
-  for (int m = m_lo, it = 0; m <= m_hi; ++m, ++it) {
+  if (steps > 0) sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
+  // this step's query block and (batch, head), and the previous step's (warpgroup 1 adds its dQ a step late)
+  int m = m_lo, prev_m0 = 0;
+  int64_t bh_q = bh, prev_bh = bh;
+  for (int it = 0; it < steps; ++it) {
     const int s = it % kStages, b = it & 1, m0 = m * kBlockM;
     sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
-    const int stats_off = ws_stats_offset(ws_stats_row(bh, p.seqlen_q, m0));
+    const int stats_off = ws_stats_offset(ws_stats_row(bh_q, p.seqlen_q, m0));
     auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
     const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
     float acc_sdp[kBlockM / 2];  // S^T (warpgroup 0) or dP^T (warpgroup 1)
@@ -197,7 +203,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
         } else {
           sm90::wait_hold<0>(acc_dq);
         }
-        red_dq(acc_dq, m0, pass);
+        red_dq(acc_dq, bh_q, m0, pass);
       }
     } else {
       float acc_dq_prev[kDqPassCols / 2];  // the previous query block's dQ[:, kDCols:], one pass
@@ -226,7 +232,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
       ptx::named_barrier_arrive<2, 256>();
       sm90::wait_hold<0>(acc_dq_prev);
-      if (it > 0) red_dq(acc_dq_prev, m0 - kBlockM, 0);
+      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, 0);
       issue_dq(acc_dq_prev, b ^ 1, 1);
       // -- dK_1 += dS^T Q[:, kDCols:], dV_1 += P^T dO[:, kDCols:] (P^T from shared memory)
       sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, ring.q(s) + kQHalfBytes);
@@ -236,7 +242,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       //  stores, not only this warp's; warpgroup 0 has them through the handshake)
       ptx::named_barrier_sync<5, 128>();
       sm90::wait_hold<2>(acc_dq_prev);  // (the second pass, committed before dK_1 and dV_1)
-      if (it > 0) red_dq(acc_dq_prev, m0 - kBlockM, 1);
+      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, 1);
       sm90::wait_hold<0>(acc_dv, acc_dk);
       sm90::hold_fragments(a_frag);
     }
@@ -245,26 +251,29 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     //    release assume; the other warpgroup's S^T or dP^T, which read all columns, before the handshakes): release it
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+    prev_m0 = m0, prev_bh = bh_q;
+    if (++m > m_hi) m = m_lo, ++bh_q;  // (the group's next head)
   }
-  // -- warpgroup 1's dQ of the last query block (none without query blocks: K was never waited for; the range is the
-  //    CTA's, so the branch is uniform)
-  if (wg == 1 && m_lo <= m_hi) {
-    const int last_b = (m_hi - m_lo) & 1;
+  // -- warpgroup 1's dQ of the last step's query block (none without query blocks: K was never waited for; the range
+  //    is the CTA's, so the branch is uniform)
+  if (wg == 1 && steps > 0) {
+    const int last_b = (steps - 1) & 1;
     float acc_dq_last[kDqPassCols / 2];
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
       issue_dq(acc_dq_last, last_b, pass);
       sm90::wait_hold<0>(acc_dq_last);
-      red_dq(acc_dq_last, m_hi * kBlockM, pass);
+      red_dq(acc_dq_last, prev_bh, prev_m0, pass);
     }
   }
 
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.
+  const bool partials = p.h_h_k_ratio > 1 && p.gqa_dkv_partials;  // (per query head; else stored at the kv head)
   ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
-                    batch, head, n0 + key0, col0, tig);
+                    batch, partials ? head : blk.head_k, n0 + key0, col0, tig);
   // (barrier 6: 1, 2 and 5 are the handshakes' above)
-  ws_key_block_done<Cfg, 6>(p, bh, 1, ctid);
+  ws_key_block_done<Cfg, 6>(p, bh, blk.heads, ctid);
 }
 
 }  // namespace bwd
