@@ -273,6 +273,7 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     assert ("d64 pipelined, d128 pingpong-overlap (overlap without a causal mask or window), d192 overlap, "
             "d256 pingpong-overlap)") in out, out
     assert "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)" in out, out
+    assert "GQA backward groups" in out and "(FA2_BWD_GQA_GROUPING=0 / 1)" in out, out
     for name, value in [("sm90_backward", True), ("key_bias_backward", True), ("sm90_ws_backward", True)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0

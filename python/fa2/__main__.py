@@ -52,6 +52,10 @@ def main() -> int:
             rows.append(("padding-mask backward", ("key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)"
                                                    if _C.key_bias_backward()
                                                    else "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)")))
+            grouping = {-1: "where the grouped grid fills the GPU, else fp32 partials per query head",
+                        0: "never: fp32 partials per query head", 1: "always where the ws backward runs"}
+            rows.append(("GQA backward groups", grouping.get(_C.bwd_gqa_grouping(), "?")
+                         + " (FA2_BWD_GQA_GROUPING=0 / 1)"))
         elif cuda_ok:
             paths.append("CUDA present but fa2 was built without CUDA kernels")
         rows.append(("active paths", "; ".join(paths)))
