@@ -164,8 +164,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   constexpr bool kOverlapCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_overlaps_dq_conversion<kHeadDim>();
   int* const key_blocks_done = kOverlapCapable && !p.deterministic ? static_cast<int*>(p.workspace) : nullptr;
 
-  // The main kernel is chosen before anything is launched (a GQA call that asks for the group summed in the kernel
-  // gets kBwdNeedsGqaPartials back where it cannot be):
+  // The main kernel is chosen before anything is launched (so that a GQA call can be answered kBwdNeedsGqaPartials):
   // the plain variant folds scale*log2(e) into the exp2 FMA on raw q.k; softcap or a bias need the recomputed score,
   // and its row statistics (bwd_kernel.cuh). A key-row bias without dbias may take the plain path's schedule and tiles
   // (key_bias_backward(), the default) where its extra shared memory fits the instance's GPU (A100: 163 KB).
@@ -175,21 +174,21 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
                         p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr;
   // sm_90a, plain path or its key-row bias variant (bwd_uses_score_mod is true for any bias), not deterministic: the
   // warp-specialized kernel where its tiles are defined, switched on (sm90_ws_backward), its TMA can address
-  // everything (bwd_ws_applies) and its maps and shared memory are to be had (make_bwd_ws_maps)
+  // everything (bwd_ws_applies) and its maps and shared memory are to be had (make_bwd_ws_maps, built last: only
+  // where it would run). A GQA call that asks for the group summed in the kernel takes it only where its CTAs may
+  // each take a group (bwd_ws_groups_gqa), and is otherwise answered kBwdNeedsGqaPartials: no other kernel can.
+  const bool gqa_in_kernel = p.h_h_k_ratio > 1 && !p.gqa_dkv_partials;
   bool ws = false;
   sm90::BwdTensorMaps ws_maps{};
   constexpr bool kWsCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim);
   if constexpr (kWsCapable) {
     ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
+         (!gqa_in_kernel || bwd_ws_groups_gqa<kHeadDim>(p, key_bias)) &&
          bwd_ws_applies(p, BwdWsConfig<kHeadDim>::kBlockM, key_bias) &&
          (key_bias ? make_bwd_ws_maps<T, kHeadDim, true>(p, &ws_maps)
                    : make_bwd_ws_maps<T, kHeadDim, false>(p, &ws_maps));
   }
-  if (p.h_h_k_ratio > 1 && !p.gqa_dkv_partials) {  // (only the ws kernels' CTAs can sum a group)
-    bool grouped = false;
-    if constexpr (kWsCapable) grouped = ws && bwd_ws_groups_gqa<kHeadDim>(p, key_bias);
-    if (!grouped) return kBwdNeedsGqaPartials;
-  }
+  if (gqa_in_kernel && !ws) return kBwdNeedsGqaPartials;
 
   // -- 1. D = rowsum(dO * O), dq_accum = 0 (and those counts)
   constexpr int kRowThreads = 256;
