@@ -18,15 +18,11 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from bench_attention import time_ms
+from bench_attention import parse_size, time_ms
 from bench_common import attention_flops, environment, import_fa2, short_error
 
 FA2_MODES = {"fa2": -1, "fa2-grouped": 1, "fa2-partials": 0}
 SDPA = {"cudnn": "CUDNN_ATTENTION", "torch-fa2": "FLASH_ATTENTION"}
-
-
-def parse_seqlens(text):
-    return [int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in text.split(",")]
 
 
 def attention_fn(impl, fa2, causal):
@@ -148,7 +144,7 @@ def main():
     rows = []
     for d in map(int, a.dims.split(",")):
         for hk in map(int, a.kv_heads.split(",")):
-            for s in parse_seqlens(a.seqlens):
+            for s in map(parse_size, a.seqlens.split(",")):
                 for causal in causals:
                     cell = run_cell(fa2, impls, dtype, d, s, a.tokens // s, a.nheads, hk, causal,
                                     a.passes.split(","), a.rep_ms, a.rounds)

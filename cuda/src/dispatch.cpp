@@ -80,6 +80,18 @@ int schedule_index(const char* name) {
   }
   return kScheduleInvalid;
 }
+// The int setting in `state`, read once from the environment variable `env_var` (parse: its value, nullptr when
+// unset, to the setting) while the state is `unread`; a concurrent set_...() wins over the environment.
+template <class Parse>
+int setting_read_once(std::atomic<int>& state, int unread, const char* env_var, Parse parse) {
+  int value = state.load(std::memory_order_relaxed);
+  if (value == unread) {
+    const int from_env = parse(std::getenv(env_var));
+    value = state.compare_exchange_strong(value, from_env, std::memory_order_relaxed) ? from_env : value;
+  }
+  return value;
+}
+
 std::string schedule_choices() {
   std::string all;
   for (const char* n : kSm90ScheduleNames) all += std::string(all.empty() ? "" : ", ") + n;
@@ -136,31 +148,21 @@ void set_bwd_small_tiles(bool enabled) { g_bwd_small_tiles.set(enabled); }
 bool bwd_small_tiles() { return g_bwd_small_tiles.on(); }
 void set_persistent_forward_ctas(int ctas) { g_persistent_ctas.store(ctas < 0 ? -1 : ctas, std::memory_order_relaxed); }
 int persistent_forward_ctas() {
-  int state = g_persistent_ctas.load(std::memory_order_relaxed);
-  if (state == kPersistentUnread) {  // the environment is read once
-    const char* env = std::getenv("FA2_PERSISTENT_FWD_CTAS");
+  return setting_read_once(g_persistent_ctas, kPersistentUnread, "FA2_PERSISTENT_FWD_CTAS", [](const char* env) {
     char* end = nullptr;
     const long value = env == nullptr || *env == '\0' ? -1 : std::strtol(env, &end, 10);
-    const int from_env = env != nullptr && *env != '\0' && (*end != '\0' || value < 0 || value > 1 << 30)
-                             ? -1  // (not a count: the default)
-                             : int(value);
-    // a concurrent set_persistent_forward_ctas wins over the environment
-    state = g_persistent_ctas.compare_exchange_strong(state, from_env, std::memory_order_relaxed) ? from_env : state;
-  }
-  return state;
+    return env != nullptr && *env != '\0' && (*end != '\0' || value < 0 || value > 1 << 30)
+               ? -1  // (not a count: the default)
+               : int(value);
+  });
 }
 void set_bwd_gqa_grouping(int mode) {
   g_bwd_gqa_grouping.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
 }
-int bwd_gqa_grouping() {
-  int state = g_bwd_gqa_grouping.load(std::memory_order_relaxed);
-  if (state == kGroupingUnread) {  // the environment is read once: "0" never, "1" always, anything else auto
-    const char* env = std::getenv("FA2_BWD_GQA_GROUPING");
-    const int from_env = env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
-    // a concurrent set_bwd_gqa_grouping wins over the environment
-    state = g_bwd_gqa_grouping.compare_exchange_strong(state, from_env, std::memory_order_relaxed) ? from_env : state;
-  }
-  return state;
+int bwd_gqa_grouping() {  // ("0" never, "1" always, anything else auto)
+  return setting_read_once(g_bwd_gqa_grouping, kGroupingUnread, "FA2_BWD_GQA_GROUPING", [](const char* env) {
+    return env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
+  });
 }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 const char* set_sm90_schedule(const char* name) {
@@ -173,13 +175,10 @@ const char* set_sm90_schedule(const char* name) {
 }
 
 const char* sm90_schedule(Sm90Schedule* schedule) {
-  int state = g_sm90_schedule.load(std::memory_order_relaxed);
-  if (state == kScheduleUnread) {  // the environment is read once, not on every launch
-    const char* env = std::getenv("FA2_SM90_SCHEDULE");
-    const int from_env = env == nullptr || *env == '\0' ? int(Sm90Schedule::kAuto) : schedule_index(env);
-    // a concurrent set_sm90_schedule wins over the environment
-    state = g_sm90_schedule.compare_exchange_strong(state, from_env, std::memory_order_relaxed) ? from_env : state;
-  }
+  // (the environment is read once, not on every launch)
+  const int state = setting_read_once(g_sm90_schedule, kScheduleUnread, "FA2_SM90_SCHEDULE", [](const char* env) {
+    return env == nullptr || *env == '\0' ? int(Sm90Schedule::kAuto) : schedule_index(env);
+  });
   if (state == kScheduleInvalid) {
     const char* env = std::getenv("FA2_SM90_SCHEDULE");
     return message(std::string("fa2: FA2_SM90_SCHEDULE=") + (env != nullptr ? env : "") +
@@ -232,7 +231,7 @@ void set_tile_order_tail(bool enabled) { g_tile_order_tail.set(enabled); }
 bool tile_order_tail_enabled() { return g_tile_order_tail.on(); }
 
 int launch_tile_order_tail(const AttentionParams& p, int blocks, int heads_per_batch) {
-  const bool causal_lengths = p.window_left < 0 && p.window_right >= 0;  // (causal is folded into window_right)
+  const bool causal_lengths = has_causal_lengths(p);
   const int64_t heads = int64_t(p.batch) * (heads_per_batch < 0 ? p.nheads : heads_per_batch);
   if (!causal_lengths || p.deterministic || heads * blocks > 0x7fffffff || !g_tile_order_tail.on()) return 0;
   return tile_order_tail(blocks, int(heads), device_sm_count());

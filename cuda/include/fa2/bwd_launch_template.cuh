@@ -107,6 +107,12 @@ bool make_bwd_ws_maps(const AttentionParams& p, sm90::BwdTensorMaps* maps) {
   return e == nullptr;
 }
 
+// The key blocks of the warp-specialized backward's grid (one CTA each per head and batch).
+template <int kHeadDim>
+int bwd_ws_key_blocks(const AttentionParams& p) {
+  return (p.seqlen_k + BwdWsConfig<kHeadDim>::kBlockN - 1) / BwdWsConfig<kHeadDim>::kBlockN;
+}
+
 // Whether a GQA call's warp-specialized CTAs each take a whole group (dK, dV summed in the kernel, no fp32 partials:
 // bwd_ws_kernel.cuh / bwd_ws_dsplit_kernel.cuh, ws_groups_gqa) where the kernel can (with a key-row bias, one that
 // every head shares, whose values the consumers keep in registers): bwd_gqa_grouping() 1 always, 0 never, -1
@@ -117,12 +123,10 @@ bool bwd_ws_groups_gqa(const AttentionParams& p, bool key_bias) {
   if (p.h_h_k_ratio == 1 || (key_bias && p.bias_head_stride != 0)) return false;
   const int mode = bwd_gqa_grouping();
   if (mode >= 0) return mode == 1;
-  const int64_t ctas = int64_t((p.seqlen_k + BwdWsConfig<kHeadDim>::kBlockN - 1) / BwdWsConfig<kHeadDim>::kBlockN) *
-                       p.nheads_k * p.batch;
+  const int64_t ctas = int64_t(bwd_ws_key_blocks<kHeadDim>(p)) * p.nheads_k * p.batch;
   const int64_t sms = device_sm_count();
   if (sms <= 0) return false;
-  const bool causal_lengths = p.window_left < 0 && p.window_right >= 0;  // (as launch_tile_order_tail's)
-  if (causal_lengths) return ctas >= kBwdGqaGroupMinWavesCausal * sms;
+  if (has_causal_lengths(p)) return ctas >= kBwdGqaGroupMinWavesCausal * sms;
   const int64_t waves = (ctas + sms - 1) / sms;
   return double(ctas) >= kBwdGqaGroupMinWaveFill * double(waves * sms);
 }
@@ -139,8 +143,8 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, const sm90::BwdTensor
   } else {
     kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
   }
-  const int num_n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int grid_heads = p.h_h_k_ratio > 1 && !p.gqa_dkv_partials ? p.nheads_k : p.nheads;
+  const int num_n_blocks = bwd_ws_key_blocks<kHeadDim>(p);
+  const int grid_heads = bwd::ws_groups_gqa(p) ? p.nheads_k : p.nheads;
   const dim3 grid(num_n_blocks, grid_heads, p.batch);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return cudaGetErrorString(err);
@@ -177,7 +181,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   // everything (bwd_ws_applies) and its maps and shared memory are to be had (make_bwd_ws_maps, built last: only
   // where it would run). A GQA call that asks for the group summed in the kernel takes it only where its CTAs may
   // each take a group (bwd_ws_groups_gqa), and is otherwise answered kBwdNeedsGqaPartials: no other kernel can.
-  const bool gqa_in_kernel = p.h_h_k_ratio > 1 && !p.gqa_dkv_partials;
+  const bool gqa_in_kernel = bwd::ws_groups_gqa(p);
   bool ws = false;
   sm90::BwdTensorMaps ws_maps{};
   constexpr bool kWsCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim);
@@ -238,7 +242,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   //    main-kernel CTAs have all counted themselves finished (ws_key_block_done); ~0.5 of a wave at the grid's end
   //    when the CTAs do not divide evenly over the SMs.
   AttentionParams convert = p;
-  if constexpr (kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim)) {
+  if constexpr (kWsCapable) {
     convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim>;
   }
   bool overlapped = false;
@@ -246,8 +250,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
     if (ws && key_blocks_done != nullptr) {
       overlapped = true;
       convert.key_blocks_done = key_blocks_done;
-      convert.key_blocks_per_head =
-          (p.seqlen_k + BwdWsConfig<kHeadDim>::kBlockN - 1) / BwdWsConfig<kHeadDim>::kBlockN;
+      convert.key_blocks_per_head = bwd_ws_key_blocks<kHeadDim>(p);
       cudaLaunchAttribute attribute{};
       attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attribute.val.programmaticStreamSerializationAllowed = 1;

@@ -194,21 +194,22 @@ __device__ __forceinline__ void bwd_tile_of_cta(const AttentionParams& p, int& n
   }
 }
 
+// Whether dK, dV are the GQA group's sums, stored like k (the launch's CTAs each take a whole group: its grid has
+// nheads_k heads), rather than one query head's fp32 partials or (without GQA) that head's.
+// (AttentionParams::gqa_dkv_partials; host: the launcher's grid and kernel choice)
+__host__ __device__ __forceinline__ bool ws_groups_gqa(const AttentionParams& p) {
+  return p.h_h_k_ratio > 1 && !p.gqa_dkv_partials;
+}
+
 // The CTA's key block (blockIdx.x of (key blocks, heads, batch), or with a tail tile_order.h's order) and the query
 // blocks that see it, in both ws kernels.
 // Its query heads: head (the first) .. head + heads - 1, of kv head head_k: one (heads 1), or where the CTA takes a
-// whole GQA group (ws_groups_gqa: the launch's grid has nheads_k heads) its h_h_k_ratio heads.
+// whole GQA group (ws_groups_gqa) its h_h_k_ratio heads.
 struct WsKeyBlock {
   int n_block, head, heads, head_k, batch, n0, m_lo, m_hi;
   int64_t bh;    // batch * nheads + head
   bool producer;  // this thread is in the producer warpgroup, whose part is done: the kernel returns
 };
-
-// Whether dK, dV are the GQA group's sums, stored like k (the launch's CTAs each take a whole group), rather than one
-// query head's fp32 partials or (without GQA) that head's. (AttentionParams::gqa_dkv_partials)
-__device__ __forceinline__ bool ws_groups_gqa(const AttentionParams& p) {
-  return p.h_h_k_ratio > 1 && !p.gqa_dkv_partials;
-}
 
 // The ws kernels' start once their shared memory is laid out: the key block and its query range, the ring's
 // barriers, the CTA's only barrier (ws_cta_barrier: with kKeyBias an all-padded key block empties the range), then

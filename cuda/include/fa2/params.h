@@ -90,6 +90,11 @@ struct AttentionParams {
   int key_blocks_per_head = 0;
 };
 
+// Whether the key (or query) blocks of a call have causal lengths: a causal mask or a window bounded on the right only
+// (causal is folded into window_right), so that block n is seen by the blocks from its diagonal on. (Host: the
+// launchers' tile order and the GQA backward's grouping.)
+inline bool has_causal_lengths(const AttentionParams& p) { return p.window_left < 0 && p.window_right >= 0; }
+
 // Whether the backward recomputes scores through softcap / bias (its score-mod path, which needs row_lse and
 // row_shift) rather than from raw q.k. One place for the host glue that allocates them and the launcher.
 inline bool bwd_uses_score_mod(const AttentionParams& p) {
