@@ -1,7 +1,8 @@
-"""GQA / MQA backward on the GPU: fa2 with each group summed in its CTAs (bwd_gqa_grouping 1), with fp32 partials per
-query head summed by torch afterwards (0), with its default choice (-1: grouped where the grid keeps
-kBwdGqaGroupMinWaves waves, bwd_tile_config.h), beside SDPA's cuDNN and FlashAttention backends with enable_gqa, in
-one run. Each cell: batch = tokens / seqlen, nheads query heads, nheads_k kv heads, bf16 (or fp16), causal or not.
+"""GQA / MQA backward on the GPU: fa2 with each group summed in its CTAs (fa2-grouped: bwd_gqa_grouping 1), with one CTA
+per query head adding into fp32 accumulators per kv head (fa2-accum: grouping 0, bwd_gqa_accumulate on), with fp32
+partials per query head summed by torch afterwards (fa2-partials: grouping 0, accumulate off), with its default choice
+(fa2: grouped where the grouped grid fills the GPU, bwd_tile_config.h, else accumulators), beside SDPA's cuDNN and
+FlashAttention backends with enable_gqa, in one run. Each cell: batch = tokens / seqlen, nheads query heads, nheads_k kv heads, bf16 (or fp16), causal or not.
 Time: the median of --rounds rounds, each the median over --rep-ms of calls (benchmarks/bench_attention.py's
 time_ms: CUDA events, L2 flushed where triton's do_bench is there), the impls interleaved within a round, each round
 starting at the next impl.
@@ -21,7 +22,14 @@ import torch.nn.functional as F
 from bench_attention import parse_size, time_ms
 from bench_common import attention_flops, environment, import_fa2, short_error
 
-FA2_MODES = {"fa2": -1, "fa2-grouped": 1, "fa2-partials": 0}
+FA2_MODES = {"fa2": (-1, True), "fa2-grouped": (1, True), "fa2-accum": (0, True), "fa2-partials": (0, False)}
+
+
+def set_fa2_mode(fa2, impl):
+    """fa2._C's GQA backward switches as FA2_MODES[impl] (grouping, accumulate) says."""
+    grouping, accumulate = FA2_MODES[impl]
+    fa2._C.set_bwd_gqa_grouping(grouping)
+    fa2._C.set_bwd_gqa_accumulate(accumulate)
 SDPA = {"cudnn": "CUDNN_ATTENTION", "torch-fa2": "FLASH_ATTENTION"}
 
 
@@ -65,7 +73,7 @@ def run_cell(fa2, impls, dtype, d, s, batch, h, hk, causal, passes, rep_ms, roun
         for impl in order[r % len(order):] + order[:r % len(order)]:
             f, out = fns[impl]
             if impl in FA2_MODES:
-                fa2._C.set_bwd_gqa_grouping(FA2_MODES[impl])
+                set_fa2_mode(fa2, impl)
             for p in passes:
                 if p == "bwd":
                     def fn():
@@ -77,14 +85,14 @@ def run_cell(fa2, impls, dtype, d, s, batch, h, hk, causal, passes, rep_ms, roun
     peaks = {}
     for impl, (f, out) in fns.items():
         if impl in FA2_MODES:
-            fa2._C.set_bwd_gqa_grouping(FA2_MODES[impl])
+            set_fa2_mode(fa2, impl)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         torch.cuda.synchronize()
         peaks[impl] = torch.cuda.max_memory_allocated() - base
-    fa2._C.set_bwd_gqa_grouping(-1)
+    set_fa2_mode(fa2, "fa2")
     result = []
     for (impl, p), r in rows.items():
         flops = attention_flops(batch, h, s, s, d, causal, p)
@@ -130,7 +138,7 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--causal", default="both", choices=("both", "true", "false"))
     ap.add_argument("--passes", default="bwd,fwdbwd")
-    ap.add_argument("--impls", default="fa2,fa2-grouped,fa2-partials,cudnn,torch-fa2")
+    ap.add_argument("--impls", default="fa2,fa2-grouped,fa2-accum,fa2-partials,cudnn,torch-fa2")
     ap.add_argument("--rep-ms", type=float, default=30)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", required=True)

@@ -27,6 +27,8 @@ inline void set_bwd_small_tiles(bool) {}
 inline bool bwd_small_tiles() { return false; }
 inline void set_bwd_gqa_grouping(int) {}
 inline int bwd_gqa_grouping() { return 0; }
+inline void set_bwd_gqa_accumulate(bool) {}
+inline bool bwd_gqa_accumulate() { return false; }
 inline void set_persistent_forward_ctas(int) {}
 inline int persistent_forward_ctas() { return 0; }
 inline void set_tile_order_tail(bool) {}
@@ -94,9 +96,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_bwd_small_tiles", &fa2::set_bwd_small_tiles);
   m.def("bwd_small_tiles", &fa2::bwd_small_tiles);
   // GQA backward: each CTA sums a whole group into dK, dV (sm_90a ws kernels, d 64 / 128 / 256): -1 where the grid
-  // keeps enough waves (default), 0 never (fp32 partials per query head), 1 wherever that kernel runs (tests)
+  // keeps enough waves (default), 0 never (one CTA per query head), 1 wherever that kernel runs (tests)
   m.def("set_bwd_gqa_grouping", &fa2::set_bwd_gqa_grouping, py::arg("mode"));
   m.def("bwd_gqa_grouping", &fa2::bwd_gqa_grouping);
+  // ... and where one CTA per query head runs that kernel: fp32 accumulators per kv head that its CTAs add into (on,
+  // the default) or fp32 partials per query head that torch sums (off; the only way on the other kernels)
+  m.def("set_bwd_gqa_accumulate", &fa2::set_bwd_gqa_accumulate, py::arg("enabled"));
+  m.def("bwd_gqa_accumulate", &fa2::bwd_gqa_accumulate);
   // the warp-specialized sm_90a forward's persistent grid: -1 one CTA per SM (default), 0 off ("fa2-nopers"),
   // n > 0 at most n CTAs (tests)
   m.def("set_persistent_forward_ctas", &fa2::set_persistent_forward_ctas, py::arg("ctas"));

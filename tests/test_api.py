@@ -265,7 +265,7 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
                 kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a,bwd_bf16_hdim64_sm90a,bwd_bf16_hdim128_sm90a")
     monkeypatch.setattr(fa2, "build_info", lambda: info)
     for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto"),
-                        ("key_bias_backward", False)]:
+                        ("key_bias_backward", False), ("bwd_gqa_accumulate", False)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
@@ -274,13 +274,16 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
             "d256 pingpong-overlap)") in out, out
     assert "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)" in out, out
     assert "GQA backward groups" in out and "(FA2_BWD_GQA_GROUPING=0 / 1)" in out, out
-    for name, value in [("sm90_backward", True), ("key_bias_backward", True), ("sm90_ws_backward", True)]:
+    assert "fp32 partials per query head (FA2_BWD_GQA_NO_ACCUMULATE)" in out, out
+    for name, value in [("sm90_backward", True), ("key_bias_backward", True), ("sm90_ws_backward", True),
+                        ("bwd_gqa_accumulate", True)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
     assert fa2._C.sm90_ws_backward_headdims() == [64, 128, 256]  # (bwd_tile_config.h, bwd_ws_headdim)
     assert "backward sm_90a wgmma (warp-specialized at d64, d128) (fp16/bf16)" in out, out
     assert "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
+    assert "fp32 accumulators per kv head where the ws backward runs" in out, out
     monkeypatch.setattr(fa2._C, "sm90_ws_backward", lambda: False)  # (FA2_DISABLE_SM90_WS_BACKWARD=1)
     assert report.main() == 0
     out = capsys.readouterr().out

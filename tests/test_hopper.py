@@ -426,10 +426,11 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
 
 
-def _ws_backward_grid_and_peak(out, inputs, dout, mode):
-    """With fa2._C.set_bwd_gqa_grouping(mode): the gradients of one backward, the grid of its warp-specialized kernel
-    (None where another ran) and the backward's peak memory above what was allocated before it."""
-    with switch("bwd_gqa_grouping", mode):
+def _ws_backward_grid_and_peak(out, inputs, dout, mode, accumulate=True):
+    """With fa2._C.set_bwd_gqa_grouping(mode) and set_bwd_gqa_accumulate(accumulate): the gradients of one backward,
+    the grid of its warp-specialized kernel (None where another ran) and the backward's peak memory above what was
+    allocated before it."""
+    with switch("bwd_gqa_grouping", mode), switch("bwd_gqa_accumulate", accumulate):
         grids = cuda_kernel_grids(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -449,8 +450,10 @@ def test_sm90_ws_backward_sums_gqa_groups_in_its_ctas(d, dtype):
     bwd_ws_dsplit_kernel.cuh, whose warpgroup 1 adds its dQ a step late: across a head change the previous head's;
     ws_groups_gqa): its grid has nheads_k heads, dK and dV are summed in its registers and stored like k, and the
     backward allocates no fp32 partials per query head (its peak memory is below the partials' by at least 90% of their
-    2 B Sk H d 4 bytes). With 0, or with a bias that differs per head either way, the grid has nheads heads and the
-    partials are there. Both modes follow the rule
+    2 B Sk H d 4 bytes). With 0, or with a bias that differs per head either way, the grid has nheads heads, and each
+    query head's CTAs add their dK, dV into fp32 accumulators per kv head (set_bwd_gqa_accumulate(True), the default:
+    GqaDkv::kAccumulate, red.global.add; peak memory below the partials' by 90% of the difference, 2 B Sk (H - Hk) d 4
+    bytes) or store fp32 partials per query head (False). All three follow the rule
     against the fp32 reference on: ratios 2 / 3 / 4 / 8 / 16 and MQA, query / key tails, causal with more queries than
     keys, a sliding window (key blocks no query sees), headdims below the instance's (d - 8, and d - 4: padded by the
     glue), q / k / v as transposed views of (B, H, S, D) storage, few query rows (1 and 5: the
@@ -487,10 +490,13 @@ def test_sm90_ws_backward_sums_gqa_groups_in_its_ctas(d, dtype):
         out = fa2.attention(q, k, v, bias, **kw)
         case = f"{(b, sq, sk, h, hk, hd, causal, wl, wr, bias_kind, *layout)}"
         grads_1, grid_1, peak_1 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 1)
-        grads_0, grid_0, peak_0 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0)
-        assert grid_1 is not None and grid_0 is not None, case
+        grads_a, grid_a, peak_a = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0, accumulate=True)
+        grads_0, grid_0, peak_0 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0, accumulate=False)
+        assert grid_1 is not None and grid_a is not None and grid_0 is not None, case
         partials = 2 * b * sk * h * (-(-hd // 8) * 8) * 4
-        assert grid_0[1] == h, (case, grid_0)
+        accumulators = partials // h * hk
+        assert grid_0[1] == h and grid_a[1] == h, (case, grid_0, grid_a)
+        assert peak_a + 0.9 * (partials - accumulators) <= peak_0, (case, peak_a, peak_0, partials)
         if bias_kind != "per_head":
             assert grid_1[1] == hk, (case, grid_1)
             assert peak_1 + 0.9 * partials <= peak_0, (case, peak_1, peak_0, partials)
@@ -501,9 +507,10 @@ def test_sm90_ws_backward_sums_gqa_groups_in_its_ctas(d, dtype):
         grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, ref_bias, **kw), leaf_hi, dout.float())
         leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, bias, **kw, upcast=False), leaf_lo, dout)
-        for name, g_1, g_0, g_hi, g_lo in zip(("dq", "dk", "dv"), grads_1, grads_0, grads_hi, grads_lo):
-            assert torch.isfinite(g_1).all(), f"{name} {case}"
+        for name, g_1, g_a, g_0, g_hi, g_lo in zip(("dq", "dk", "dv"), grads_1, grads_a, grads_0, grads_hi, grads_lo):
+            assert torch.isfinite(g_1).all() and torch.isfinite(g_a).all(), f"{name} {case}"
             assert_close_rule(f"grouped {name} {case}", g_1, g_hi, g_lo, factor=3)
+            assert_close_rule(f"accumulated {name} {case}", g_a, g_hi, g_lo, factor=3)
             assert_close_rule(f"partials {name} {case}", g_0, g_hi, g_lo, factor=3)
 
 
@@ -511,7 +518,8 @@ def test_gqa_backward_groups_by_default_where_the_grouped_grid_fills_the_gpu():
     """By default (bwd_gqa_grouping -1) a GQA backward at d 128 sums each group in its CTAs where the grouped grid
     (ceil(seqlen_k / 128) x nheads_k x batch CTAs) still fills the GPU (bwd_tile_config.h): without a causal mask its
     waves at least 95% full (CTAs / (waves x SMs), kBwdGqaGroupMinWaveFill), with one at least 6 CTAs per SM
-    (kBwdGqaGroupMinWavesCausal); elsewhere one CTA per query head with fp32 partials. The cases cover both outcomes
+    (kBwdGqaGroupMinWavesCausal); elsewhere one CTA per query head, adding into fp32 accumulators per kv head (by
+    default; its peak memory then that of set_bwd_gqa_accumulate(True), below the partials'). The cases cover both outcomes
     on an H100 / H200 (132 SMs): 256 CTAs in two 97% full waves, 18 CTAs, causal 1024 and 256 CTAs."""
     require_ws_backward(128)
     assert fa2._C.bwd_gqa_grouping() == -1
@@ -527,14 +535,17 @@ def test_gqa_backward_groups_by_default_where_the_grouped_grid_fills_the_gpu():
         dout = torch.randn_like(q)
         out = fa2.attention(q, k, v, causal=causal)
         grads, grid, peak = _ws_backward_grid_and_peak(out, (q, k, v), dout, -1)
-        grads_0, _, peak_0 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0)
+        grads_0, _, peak_0 = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0, accumulate=False)
+        _, _, peak_a = _ws_backward_grid_and_peak(out, (q, k, v), dout, 0, accumulate=True)
         case = (b, s, h, hk, causal, ctas, sms)
         assert grid[1] == (hk if grouped else h), (case, grid)
         partials = 2 * b * s * h * 128 * 4
+        accumulators = partials // h * hk
         if grouped:
             assert peak + 0.9 * partials <= peak_0, (case, peak, peak_0, partials)
         else:
-            assert abs(peak - peak_0) < 0.1 * partials, (case, peak, peak_0, partials)
+            assert abs(peak - peak_a) < 0.1 * partials, (case, peak, peak_a, partials)
+            assert peak + 0.9 * (partials - accumulators) <= peak_0, (case, peak, peak_0, partials)
         for name, g_auto, g_0 in zip(("dq", "dk", "dv"), grads, grads_0):
             # (the two differ in the order of fp32 sums only, then one rounding to bf16: dK / dV's over the group, dQ's
             # reduce-adds, whose order no two runs share)

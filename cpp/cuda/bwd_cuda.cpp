@@ -1,6 +1,6 @@
 // CUDA backward: torch tensors -> checks -> AttentionParams -> fa2::run_bwd. Registers only fa2::bwd for the CUDA
-// dispatch key (schemas live in cpp/ops.cpp). Scratch (dq_accum, D, the fp32 GQA partials, dbias, the deterministic
-// counters) comes from torch's caching allocator. No host synchronization.
+// dispatch key (schemas live in cpp/ops.cpp). Scratch (dq_accum, D, the GQA fp32 accumulators or partials, dbias, the
+// deterministic counters) comes from torch's caching allocator. No host synchronization.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -59,8 +59,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   const bool gqa = nheads != nheads_k;
   const auto f32 = q.options().dtype(at::kFloat);
   Tensor dq_k = padded ? at::empty({batch, seqlen_q, nheads, headdim_padded}, q.options()) : dq;
-  // GQA/MQA: first asked of the kernels with the group summed in them (into dk, dv like k); where none can
-  // (kBwdNeedsGqaPartials), fp32 partials per query head, summed over each group below (a fixed-order reduction).
+  // GQA/MQA: first asked of the kernels with the group summed in them (into dk, dv like k); where none can, fp32
+  // accumulators per kv head that one CTA per query head adds into (kBwdNeedsGqaAccumulators: rounded to dk, dv
+  // below), or else fp32 partials per query head (kBwdNeedsGqaPartials: summed over each group below, a fixed-order
+  // reduction).
   Tensor dk_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, k.options()) : dk;
   Tensor dv_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, v.options()) : dv;
   Tensor softmax_d = at::empty({batch, nheads, seqlen_q}, f32);
@@ -89,7 +91,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
     params.dv_head_stride = dv_k.stride(2);
   };
   set_dk_dv();
-  params.gqa_dkv_partials = false;
+  params.gqa_dkv = GqaDkv::kInKernel;
   params.softmax_d = softmax_d.data_ptr<float>();
   params.dq_accum = dq_accum.data_ptr<float>();
   params.dbias = bias_requires_grad ? dbias_full.data_ptr<float>() : nullptr;
@@ -111,21 +113,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
 
   const char* err = run_bwd(params, stream);
+  if (gqa && err == kBwdNeedsGqaAccumulators) {  // (nothing was launched)
+    const Tensor dkv_accum = cuda_glue::zeroed({2, batch, seqlen_k, nheads_k, headdim_padded}, f32, stream);
+    dk_k = dkv_accum[0];
+    dv_k = dkv_accum[1];
+    set_dk_dv();
+    params.gqa_dkv = GqaDkv::kAccumulate;
+    err = run_bwd(params, stream);
+  }
   if (gqa && err == kBwdNeedsGqaPartials) {  // (nothing was launched)
     dk_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
     dv_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
     set_dk_dv();
-    params.gqa_dkv_partials = true;
+    params.gqa_dkv = GqaDkv::kPartials;
     err = run_bwd(params, stream);
   }
   TORCH_CHECK(err == nullptr, "fa2 backward (CUDA) failed: ", err);
 
   if (padded) dq.copy_(dq_k.narrow(3, 0, headdim));
-  if (gqa && params.gqa_dkv_partials) {
+  if (gqa && params.gqa_dkv == GqaDkv::kPartials) {
     const int64_t group = nheads / nheads_k;
     dk.copy_(dk_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));
     dv.copy_(dv_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));
-  } else if (padded) {
+  } else if (padded || (gqa && params.gqa_dkv == GqaDkv::kAccumulate)) {
     dk.copy_(dk_k.narrow(3, 0, headdim));
     dv.copy_(dv_k.narrow(3, 0, headdim));
   }

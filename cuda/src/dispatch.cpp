@@ -61,6 +61,9 @@ Switch g_bwd_small_tiles{"FA2_BWD_SMALL_TILES", /*when_set=*/true};
 // Whether causal-length launches end with tile_order.h's rank-major tail (launch.h; FA2_NO_TILE_ORDER_TAIL=1 turns it
 // off).
 Switch g_tile_order_tail{"FA2_NO_TILE_ORDER_TAIL", /*when_set=*/false};
+// Whether a GQA backward's CTAs that do not sum a group add their dK, dV into fp32 accumulators (bwd_launch.h;
+// FA2_BWD_GQA_NO_ACCUMULATE=1 turns it off: fp32 partials per query head, e.g. to time them on the same build).
+Switch g_bwd_gqa_accumulate{"FA2_BWD_GQA_NO_ACCUMULATE", /*when_set=*/false};
 // The warp-specialized forward's persistent grid (launch.h): at most this many CTAs, -1 one per SM, 0 not
 // persistent; kUnread until FA2_PERSISTENT_FWD_CTAS is read.
 constexpr int kPersistentUnread = -2;
@@ -164,6 +167,8 @@ int bwd_gqa_grouping() {  // ("0" never, "1" always, anything else auto)
     return env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
   });
 }
+void set_bwd_gqa_accumulate(bool enabled) { g_bwd_gqa_accumulate.set(enabled); }
+bool bwd_gqa_accumulate() { return g_bwd_gqa_accumulate.on(); }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
 const char* set_sm90_schedule(const char* name) {
   const int index = schedule_index(name);

@@ -52,8 +52,10 @@ def main() -> int:
             rows.append(("padding-mask backward", ("key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)"
                                                    if _C.key_bias_backward()
                                                    else "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)")))
-            grouping = {-1: "where the grouped grid fills the GPU, else fp32 partials per query head",
-                        0: "never: fp32 partials per query head", 1: "always where the ws backward runs"}
+            ungrouped = ("fp32 accumulators per kv head where the ws backward runs, else fp32 partials per query head"
+                         if _C.bwd_gqa_accumulate() else "fp32 partials per query head (FA2_BWD_GQA_NO_ACCUMULATE)")
+            grouping = {-1: f"where the grouped grid fills the GPU, else {ungrouped}",
+                        0: f"never: {ungrouped}", 1: "always where the ws backward runs"}
             rows.append(("GQA backward groups", grouping.get(_C.bwd_gqa_grouping(), "?")
                          + " (FA2_BWD_GQA_GROUPING=0 / 1)"))
         elif cuda_ok:

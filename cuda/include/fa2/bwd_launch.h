@@ -49,17 +49,26 @@ bool key_bias_backward();
 void set_bwd_small_tiles(bool enabled);
 bool bwd_small_tiles();
 
-// Whether a GQA / MQA backward (params.gqa_dkv_partials false) may have each CTA sum a whole group of query heads
-// into dK, dV (the sm_90a warp-specialized kernels, d 64 / 128 / 256): 1 wherever they run, 0 never (the caller's
-// fp32 partials per query head), -1 (the default) where the grouped grid still fills the GPU (bwd_tile_config.h,
-// kBwdGqaGroupMinWaveFill / kBwdGqaGroupMinWavesCausal). For A/B timing and tests; FA2_BWD_GQA_GROUPING=0 / 1 in the
-// environment until set.
+// Whether a GQA / MQA backward (params.gqa_dkv kInKernel) may have each CTA sum a whole group of query heads into
+// dK, dV (the sm_90a warp-specialized kernels, d 64 / 128 / 256): 1 wherever they run, 0 never (one CTA per query
+// head: fp32 accumulators or partials, below), -1 (the default) where the grouped grid still fills the GPU
+// (bwd_tile_config.h, kBwdGqaGroupMinWaveFill / kBwdGqaGroupMinWavesCausal). For A/B timing and tests;
+// FA2_BWD_GQA_GROUPING=0 / 1 in the environment until set.
 void set_bwd_gqa_grouping(int mode);
 int bwd_gqa_grouping();
 
-// run_bwd's answer, with nothing launched, to a GQA / MQA call that asks for dK, dV summed over each group in the
-// kernel (params.gqa_dkv_partials false, dk / dv like k) where no kernel that runs can: the caller gives fp32 partials
-// per query head (gqa_dkv_partials true) and calls again.
+// Whether a GQA / MQA backward whose CTAs do not each sum a group, where the warp-specialized kernel runs, has each
+// query head's CTAs add their dK, dV into fp32 accumulators per kv head (GqaDkv::kAccumulate, converted by the
+// caller) rather than store fp32 partials per query head for the caller to sum (kPartials: h_h_k_ratio times the
+// memory, and a reduction over it). Default: yes, unless the environment has FA2_BWD_GQA_NO_ACCUMULATE=1. The
+// deterministic mode keeps the partials (a fixed-order sum). For A/B timing and tests.
+void set_bwd_gqa_accumulate(bool enabled);
+bool bwd_gqa_accumulate();
+
+// run_bwd's answers, with nothing launched, to a GQA / MQA call whose params.gqa_dkv no kernel that would run serves:
+// the caller gives fp32 accumulators per kv head, zeroed (gqa_dkv kAccumulate), or fp32 partials per query head
+// (kPartials, which every kernel serves), and calls again.
+extern const char* const kBwdNeedsGqaAccumulators;
 extern const char* const kBwdNeedsGqaPartials;
 
 // Backward: fills dq, dk, dv (and dbias when params.dbias != nullptr). Needs, besides the forward's conditions
@@ -68,10 +77,9 @@ extern const char* const kBwdNeedsGqaPartials;
 //   lse (batch, nheads, seqlen_q) contiguous; softmax_d: (batch, nheads, seqlen_q) fp32 scratch;
 //   dq_accum: (batch, nheads, seqlen_q, headdim_rounded) fp32 scratch (zeroed by the backward itself);
 //   dq (and dout, out) with the forward's alignment; dk/dv: f16/bf16 (batch, seqlen_k, nheads_k, d) when
-//   h_h_k_ratio == 1 or gqa_dkv_partials is false (the sm_90a warp-specialized kernel needs them 16-byte aligned,
-//   strides multiples of 8 elements, or is not used: bwd_ws_applies; a GQA call without partials that no kernel can
-//   serve returns kBwdNeedsGqaPartials), else fp32 (batch, seqlen_k, nheads, d) per-query-head partials for the
-//   caller to sum over each group of h_h_k_ratio heads;  dbias (optional): fp32 (batch, nheads, seqlen_q,
+//   h_h_k_ratio == 1 or gqa_dkv is kInKernel (the sm_90a warp-specialized kernel needs them 16-byte aligned,
+//   strides multiples of 8 elements, or is not used: bwd_ws_applies), else fp32 as params.h's GqaDkv says (a GQA call
+//   whose gqa_dkv no kernel that would run serves returns kBwdNeedsGqaAccumulators or kBwdNeedsGqaPartials);  dbias (optional): fp32 (batch, nheads, seqlen_q,
 //   seqlen_k) contiguous, zeroed (only the visible blocks are written);  workspace: bwd_workspace_ints(params)
 //   int32s (zeroed by the caller when deterministic), or nullptr where that is 0 (and, when not deterministic, to
 //   run the dQ conversion after the main kernel).

@@ -53,10 +53,10 @@ inline bool bshd_tma_addressable(const void* base, int64_t batch, int64_t seqlen
 // key-row bias bwd_row_stats_kernel's lse and shift) from flat (batch, heads, seqlen_q) fp32 buffers (16-byte aligned
 // bases; the boxes start at multiples of 4 values, ws_stat_box_elems), q / dout / k / v in tiles
 // (bshd_tma_addressable), adds dQ into dq_accum, all with int coordinates (batch * nheads * seqlen_q rows and a box
-// past the last block's); and unless they are GQA's fp32 partials it stores dK, dV in 16-byte pieces
+// past the last block's); and unless they are GQA's fp32 partials or accumulators it stores dK, dV in 16-byte pieces
 // (FA2_BWD_STAGED_DKV: the same 16-byte aligned bases and strides in multiples of 8 elements).
 inline bool bwd_ws_applies(const AttentionParams& p, int block_m, bool key_bias) {
-  const bool dkv_16b = (p.h_h_k_ratio > 1 && p.gqa_dkv_partials) ||
+  const bool dkv_16b = (p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel) ||
                        (bshd_tma_addressable(p.dk, p.batch, p.seqlen_k, p.nheads_k, p.dk_batch_stride, p.dk_row_stride,
                                              p.dk_head_stride) &&
                         bshd_tma_addressable(p.dv, p.batch, p.seqlen_k, p.nheads_k, p.dv_batch_stride, p.dv_row_stride,
@@ -168,7 +168,7 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   constexpr bool kOverlapCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_overlaps_dq_conversion<kHeadDim>();
   int* const key_blocks_done = kOverlapCapable && !p.deterministic ? static_cast<int*>(p.workspace) : nullptr;
 
-  // The main kernel is chosen before anything is launched (so that a GQA call can be answered kBwdNeedsGqaPartials):
+  // The main kernel is chosen before anything is launched (so that a GQA call can be answered kBwdNeedsGqa...):
   // the plain variant folds scale*log2(e) into the exp2 FMA on raw q.k; softcap or a bias need the recomputed score,
   // and its row statistics (bwd_kernel.cuh). A key-row bias without dbias may take the plain path's schedule and tiles
   // (key_bias_backward(), the default) where its extra shared memory fits the instance's GPU (A100: 163 KB).
@@ -179,20 +179,29 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
   // sm_90a, plain path or its key-row bias variant (bwd_uses_score_mod is true for any bias), not deterministic: the
   // warp-specialized kernel where its tiles are defined, switched on (sm90_ws_backward), its TMA can address
   // everything (bwd_ws_applies) and its maps and shared memory are to be had (make_bwd_ws_maps, built last: only
-  // where it would run). A GQA call that asks for the group summed in the kernel takes it only where its CTAs may
-  // each take a group (bwd_ws_groups_gqa), and is otherwise answered kBwdNeedsGqaPartials: no other kernel can.
-  const bool gqa_in_kernel = bwd::ws_groups_gqa(p);
+  // where it would run). A GQA call that asks for the group summed in the kernel (GqaDkv::kInKernel) takes it only
+  // where its CTAs may each take a group (bwd_ws_groups_gqa); otherwise, with nothing launched, it is answered
+  // kBwdNeedsGqaAccumulators where the kernel would run with one CTA per query head (and bwd_gqa_accumulate()),
+  // else kBwdNeedsGqaPartials: no other kernel adds into accumulators or sums a group (the tensor maps are built only
+  // for the call that runs; a GQA call whose maps are then rejected is answered kBwdNeedsGqaPartials).
+  const bool gqa = p.h_h_k_ratio > 1;
   bool ws = false;
   sm90::BwdTensorMaps ws_maps{};
   constexpr bool kWsCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_headdim(kHeadDim);
   if constexpr (kWsCapable) {
-    ws = sm90_ws_backward() && (!score_mod || key_bias) && !p.deterministic &&
-         (!gqa_in_kernel || bwd_ws_groups_gqa<kHeadDim>(p, key_bias)) &&
-         bwd_ws_applies(p, BwdWsConfig<kHeadDim>::kBlockM, key_bias) &&
-         (key_bias ? make_bwd_ws_maps<T, kHeadDim, true>(p, &ws_maps)
-                   : make_bwd_ws_maps<T, kHeadDim, false>(p, &ws_maps));
+    auto ws_eligible = [&](const AttentionParams& call) {
+      return sm90_ws_backward() && (!score_mod || key_bias) && !call.deterministic &&
+             bwd_ws_applies(call, BwdWsConfig<kHeadDim>::kBlockM, key_bias);
+    };
+    if (bwd::ws_groups_gqa(p) && !(ws_eligible(p) && bwd_ws_groups_gqa<kHeadDim>(p, key_bias))) {
+      AttentionParams accumulating = p;
+      accumulating.gqa_dkv = GqaDkv::kAccumulate;
+      return bwd_gqa_accumulate() && ws_eligible(accumulating) ? kBwdNeedsGqaAccumulators : kBwdNeedsGqaPartials;
+    }
+    ws = ws_eligible(p) && (key_bias ? make_bwd_ws_maps<T, kHeadDim, true>(p, &ws_maps)
+                                     : make_bwd_ws_maps<T, kHeadDim, false>(p, &ws_maps));
   }
-  if (gqa_in_kernel && !ws) return kBwdNeedsGqaPartials;
+  if (gqa && p.gqa_dkv != GqaDkv::kPartials && !ws) return kBwdNeedsGqaPartials;
 
   // -- 1. D = rowsum(dO * O), dq_accum = 0 (and those counts)
   constexpr int kRowThreads = 256;

@@ -269,9 +269,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
   // -- epilogue: dK = scale dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no query
   //    sees stores zeros.
-  const bool partials = p.h_h_k_ratio > 1 && p.gqa_dkv_partials;  // (per query head; else stored at the kv head)
+  // (GQA's fp32 partials per query head; else at the kv head: its accumulators, or stored like k)
+  const int dkv_head = p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kPartials ? head : blk.head_k;
   ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
-                    batch, partials ? head : blk.head_k, n0 + key0, col0, tig);
+                    batch, dkv_head, n0 + key0, col0, tig);
   // (barrier 6: 1, 2 and 5 are the handshakes' above)
   ws_key_block_done<Cfg, 6>(p, bh, blk.heads, ctid);
 }

@@ -196,9 +196,9 @@ __device__ __forceinline__ void bwd_tile_of_cta(const AttentionParams& p, int& n
 
 // Whether dK, dV are the GQA group's sums, stored like k (the launch's CTAs each take a whole group: its grid has
 // nheads_k heads), rather than one query head's fp32 partials or (without GQA) that head's.
-// (AttentionParams::gqa_dkv_partials; host: the launcher's grid and kernel choice)
+// (AttentionParams::gqa_dkv, GqaDkv::kInKernel; host: the launcher's grid and kernel choice)
 __host__ __device__ __forceinline__ bool ws_groups_gqa(const AttentionParams& p) {
-  return p.h_h_k_ratio > 1 && !p.gqa_dkv_partials;
+  return p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kInKernel;
 }
 
 // The CTA's key block (blockIdx.x of (key blocks, heads, batch), or with a tail tile_order.h's order) and the query
@@ -390,16 +390,17 @@ __device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], 
 
 // The epilogue: one thread's dK = scale dS^T Q and dV fragments (keys key_first + 8 half, columns
 // col_first + 8 nt + 2 tig + e)
-// to global memory; keys past seqlen_k and dims past headdim are not stored. head: the query head whose fp32 partials
-// they are (GQA with p.gqa_dkv_partials: summed over the group by the caller), else the kv head. Without partials,
-// FA2_BWD_QUAD_STORES: each quad's fragments transposed (ptx::quad_transpose) into whole n8 tiles per lane, stored 16
-// bytes at a time (every lane of the warp calls this).
+// to global memory; keys past seqlen_k and dims past headdim are not stored. GQA without the group summed in the
+// CTA (p.gqa_dkv): fp32, stored as the partials of query head `head` (kPartials: summed over the group by the
+// caller) or added into kv head `head`'s accumulators (kAccumulate: red.global.add, as the group's other heads' CTAs
+// do); else T at kv head `head`, with FA2_BWD_QUAD_STORES each quad's fragments transposed (ptx::quad_transpose) into
+// whole n8 tiles per lane, stored 16 bytes at a time (every lane of the warp calls this).
 template <typename T, int kDTiles>
 __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const float (&dk_frag)[kDTiles][4],
                                                const float (&dv_frag)[kDTiles][4], int batch, int head, int key_first,
                                                int col_first, int tig) {
-  const bool partials = p.h_h_k_ratio > 1 && p.gqa_dkv_partials;
-  if (FA2_BWD_QUAD_STORES && kDTiles % 4 == 0 && !partials) {
+  const bool fp32_dkv = p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel;
+  if (FA2_BWD_QUAD_STORES && kDTiles % 4 == 0 && !fp32_dkv) {
     T* dk_bh = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
     T* dv_bh = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
 #pragma unroll
@@ -438,13 +439,18 @@ __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const f
       if (col >= p.headdim) continue;
       const float dk0 = dk_frag[nt][half * 2] * p.scale, dk1 = dk_frag[nt][half * 2 + 1] * p.scale;
       const float dv0 = dv_frag[nt][half * 2], dv1 = dv_frag[nt][half * 2 + 1];
-      if (partials) {
+      if (fp32_dkv) {
         float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
                     int64_t(key) * p.dk_row_stride + col;
         float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
                     int64_t(key) * p.dv_row_stride + col;
-        *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
-        *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
+        if (p.gqa_dkv == GqaDkv::kAccumulate) {
+          ptx::red_add_f32x2(dk, dk0, dk1);
+          ptx::red_add_f32x2(dv, dv0, dv1);
+        } else {
+          *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
+          *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
+        }
       } else {
         T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
                 int64_t(key) * p.dk_row_stride + col;
@@ -679,9 +685,11 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   //    sees stores zeros.
   auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
   auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
-  const bool partials = p.h_h_k_ratio > 1 && p.gqa_dkv_partials;  // (per query head; else stored at the kv head)
-  if (!FA2_BWD_STAGED_DKV || partials) {
-    ws_store_dk_dv<T>(p, dk_frag, dv_frag, batch, partials ? head : blk.head_k, n0 + key0, 0, tig);
+  // (GQA's fp32 partials per query head; else at the kv head: its accumulators, or stored like k)
+  const bool fp32_dkv = p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel;
+  if (!FA2_BWD_STAGED_DKV || fp32_dkv) {
+    ws_store_dk_dv<T>(p, dk_frag, dv_frag, batch, p.gqa_dkv == GqaDkv::kPartials ? head : blk.head_k, n0 + key0, 0,
+                      tig);
   } else {
     // FA2_BWD_STAGED_DKV: through shared memory to 16-byte global stores. Straight from the fragments (each warp's
     // 32-bit stores writing 16-byte pieces of 8 rows) a CTA's epilogue took ~11k cycles, 14% of a key block's time at

@@ -8,6 +8,19 @@ namespace fa2 {
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 enum class BiasType : int { kNone = 0, kSameAsInput = 1, kFloat32 = 2, kBool = 3 };
 
+// GQA / MQA backward (h_h_k_ratio > 1): what params.dk / params.dv hold and who sums each group of query heads.
+enum class GqaDkv : int {
+  // fp32 (batch, seqlen_k, nheads, headdim): each query head's own dK, dV, which the caller sums over each group of
+  // h_h_k_ratio heads (any kernel; a fixed-order sum, so the deterministic mode's)
+  kPartials = 0,
+  // fp32 (batch, seqlen_k, nheads_k, headdim), zeroed by the caller: each query head's CTAs add theirs into their kv
+  // head's rows (red.global.add; the sm_90a warp-specialized kernels only), the caller rounds them to dk, dv
+  kAccumulate = 1,
+  // like k, (batch, seqlen_k, nheads_k, headdim): each of the kernel's CTAs sums a whole group in its registers (the
+  // sm_90a warp-specialized kernels only, ws_groups_gqa)
+  kInKernel = 2,
+};
+
 struct AttentionParams {
   // ---- forward inputs ---------------------------------------------------------------------------------
   const void* q = nullptr;  // (batch, seqlen_q, nheads, headdim)
@@ -58,11 +71,8 @@ struct AttentionParams {
   int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
-  // GQA / MQA (h_h_k_ratio > 1): dk / dv are fp32 partials per query head, (batch, seqlen_k, nheads, headdim), which
-  // the caller sums over each group of h_h_k_ratio heads (true); or f16 / bf16 like k, (batch, seqlen_k, nheads_k,
-  // headdim), the group summed in the kernel (false: only the kernels that can run; where none can, run_bwd launches
-  // nothing and returns kBwdNeedsGqaPartials, bwd_launch.h). Ignored without GQA.
-  bool gqa_dkv_partials = true;
+  // GQA / MQA (h_h_k_ratio > 1): where the dK, dV of a group's query heads are summed (GqaDkv). Ignored without GQA.
+  GqaDkv gqa_dkv = GqaDkv::kPartials;
   float* softmax_d = nullptr;   // D = rowsum(dout * out), fp32 (batch, nheads, seqlen_q), contiguous
   float* dq_accum = nullptr;    // fp32 accumulator for dq, layout chosen by the backward launcher
   float* dbias = nullptr;       // fp32 (batch, nheads, seqlen_q, seqlen_k) when the bias needs a gradient
