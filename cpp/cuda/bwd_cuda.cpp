@@ -114,9 +114,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
 
   const char* err = run_bwd(params, stream);
   if (gqa && err == kBwdNeedsGqaAccumulators) {  // (nothing was launched)
-    const Tensor dkv_accum = cuda_glue::zeroed({2, batch, seqlen_k, nheads_k, headdim_padded}, f32, stream);
-    dk_k = dkv_accum[0];
-    dv_k = dkv_accum[1];
+    // (batch, nheads_k, seqlen_k, headdim_rounded) contiguous each (bwd_launch.h), given as (batch, seqlen_k, ...)
+    const Tensor dkv_accum = cuda_glue::zeroed({2, batch, nheads_k, seqlen_k, headdim_rounded}, f32, stream);
+    dk_k = dkv_accum[0].transpose(1, 2);
+    dv_k = dkv_accum[1].transpose(1, 2);
     set_dk_dv();
     params.gqa_dkv = GqaDkv::kAccumulate;
     err = run_bwd(params, stream);

@@ -79,8 +79,9 @@ extern const char* const kBwdNeedsGqaPartials;
 //   dq (and dout, out) with the forward's alignment; dk/dv: f16/bf16 (batch, seqlen_k, nheads_k, d) when
 //   h_h_k_ratio == 1 or gqa_dkv is kInKernel (the sm_90a warp-specialized kernel needs them 16-byte aligned,
 //   strides multiples of 8 elements, or is not used: bwd_ws_applies), else fp32 as params.h's GqaDkv says (a GQA call
-//   whose gqa_dkv no kernel that would run serves returns kBwdNeedsGqaAccumulators or kBwdNeedsGqaPartials);  dbias (optional): fp32 (batch, nheads, seqlen_q,
-//   seqlen_k) contiguous, zeroed (only the visible blocks are written);  workspace: bwd_workspace_ints(params)
+//   whose gqa_dkv no kernel that would run serves returns kBwdNeedsGqaAccumulators or kBwdNeedsGqaPartials);
+//   dbias (optional): fp32 (batch, nheads, seqlen_q, seqlen_k) contiguous, zeroed (only the visible blocks are
+//   written);  workspace: bwd_workspace_ints(params)
 //   int32s (zeroed by the caller when deterministic), or nullptr where that is 0 (and, when not deterministic, to
 //   run the dQ conversion after the main kernel).
 const char* run_bwd(const AttentionParams& params, cudaStream_t stream);

@@ -102,6 +102,18 @@ bool make_bwd_ws_maps(const AttentionParams& p, sm90::BwdTensorMaps* maps) {
   if (e == nullptr) e = sm90::make_flat_f32_tensor_map(&maps->dsum, p.softmax_d, rows, kStatBox);
   if constexpr (!kBwdWsSplit<kHeadDim>) {  // (the headdim-split kernel adds dQ from its registers: no map)
     if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps->dq_accum, p.dq_accum, rows, kHeadDim, Cfg::kDqRows);
+    // GQA's dK / dV accumulators (bwd_launch.h: (batch, nheads_k, seqlen_k, kHeadDim) contiguous), added to by the
+    // TMA as dQ is (bwd_ws_kernel.cuh), each warpgroup's 64 keys a box of rows
+    if (e == nullptr && p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kAccumulate) {
+      const int64_t kv_rows = int64_t(p.batch) * p.nheads_k * p.seqlen_k;
+      const bool contiguous = p.dk_row_stride == kHeadDim && p.dk_head_stride == int64_t(p.seqlen_k) * kHeadDim &&
+                              p.dk_batch_stride == int64_t(p.nheads_k) * p.dk_head_stride &&
+                              p.dv_row_stride == p.dk_row_stride && p.dv_head_stride == p.dk_head_stride &&
+                              p.dv_batch_stride == p.dk_batch_stride;
+      if (!contiguous || kv_rows + Cfg::kBlockN > 0x7fffffff) return false;  // (the rows are int coordinates)
+      e = sm90::make_rows_f32_tensor_map(&maps->dk_accum, p.dk, kv_rows, kHeadDim, 64);
+      if (e == nullptr) e = sm90::make_rows_f32_tensor_map(&maps->dv_accum, p.dv, kv_rows, kHeadDim, 64);
+    }
   }
   if (e == nullptr) e = check_dynamic_smem("backward", kHeadDim, Cfg::kSmemBytes);
   return e == nullptr;

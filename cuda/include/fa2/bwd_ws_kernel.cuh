@@ -392,8 +392,8 @@ __device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], 
 // col_first + 8 nt + 2 tig + e)
 // to global memory; keys past seqlen_k and dims past headdim are not stored. GQA without the group summed in the
 // CTA (p.gqa_dkv): fp32, stored as the partials of query head `head` (kPartials: summed over the group by the
-// caller) or added into kv head `head`'s accumulators (kAccumulate: red.global.add, as the group's other heads' CTAs
-// do); else T at kv head `head`, with FA2_BWD_QUAD_STORES each quad's fragments transposed (ptx::quad_transpose) into
+// caller) or added into kv head `head`'s accumulators (kAccumulate, bwd_ws_dsplit_kernel.cuh: red.global.add, as the
+// group's other heads' CTAs do; bwd_ws_kernel.cuh adds them by the TMA); else T at kv head `head`, with FA2_BWD_QUAD_STORES each quad's fragments transposed (ptx::quad_transpose) into
 // whole n8 tiles per lane, stored 16 bytes at a time (every lane of the warp calls this).
 template <typename T, int kDTiles>
 __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const float (&dk_frag)[kDTiles][4],
@@ -685,9 +685,60 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   //    sees stores zeros.
   auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
   auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
-  // (GQA's fp32 partials per query head; else at the kv head: its accumulators, or stored like k)
+  // (GQA's fp32 partials per query head, or its accumulators per kv head; else stored like k)
   const bool fp32_dkv = p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel;
-  if (!FA2_BWD_STAGED_DKV || fp32_dkv) {
+  if (p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kAccumulate) {
+    // GQA with one CTA per query head: dK = scale dS^T Q and dV added into the kv head's fp32 accumulators by the
+    // TMA's reduce-add, as dQ is: each warpgroup's (64 keys, d) staged as 32-column boxes of 64 rows (ws_stage_dq's
+    // layout) in its ring stage's Q and dO buffers (free once every consumer is past its last products: the barrier;
+    // see the staged stores below), dK and dV at once where both fit (d 64), else dK, then dV once the TMA has read it
+    // (d 128). (Added from the fragments by red.global.add.v2.f32 instead, one CTA per query head ran 1.03-1.04x the
+    // fp32 partials at S 1k, against the grouped kernel's 1.3x: H200, d 128, 32 / 4 heads.) A key block no query sees
+    // adds nothing (the accumulators start at zero).
+    constexpr int kPartBytes = 64 * kHeadDim * 4;  // one warpgroup's dK (or dV)
+    constexpr bool kBothAtOnce = 2 * kPartBytes <= 2 * Cfg::kSmemQBytes;
+    static_assert(kPartBytes <= 2 * Cfg::kSmemQBytes && kStages >= Cfg::kConsumerWarpgroups && kDTiles % 4 == 0,
+                  "a warpgroup's dK (or dV) in fp32 fits its stage's Q and dO buffers, as whole 32-column boxes");
+    ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
+    if (steps > 0) {  // (uniform over the CTA)
+      const uint32_t s_part = ring.q(wg);
+      auto box_at = [](uint32_t part) { return [part](int box) { return part + box * (64 * 128); }; };
+      // (the first of this warpgroup's 64 keys as a row of the (batch, nheads_k, seqlen_k) accumulators; the keys
+      // past seqlen_k add exact zeros into the next head's first rows, as dQ's rows past seqlen_q do: P is 0 there)
+      const int row = (batch * p.nheads_k + blk.head_k) * p.seqlen_k + n0 + wg * 64;
+      auto reduce_add = [&](const CUtensorMap* map, uint32_t part) {
+#pragma unroll
+        for (int box = 0; box < kHeadDim / 32; ++box) {
+          sm90::tma_reduce_add_2d(map, part + box * (64 * 128), 32 * box, row);
+        }
+      };
+#pragma unroll
+      for (int nt = 0; nt < kDTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dk_frag[nt][i] *= p.scale;
+      }
+      ws_stage_dq(dk_frag, box_at(s_part), warp_in_wg * 16 + group, tig);
+      if constexpr (kBothAtOnce) ws_stage_dq(dv_frag, box_at(s_part + kPartBytes), warp_in_wg * 16 + group, tig);
+      sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
+      warpgroup_sync();
+      if (dq_issuer) {
+        reduce_add(&maps.dk_accum, s_part);
+        if constexpr (kBothAtOnce) reduce_add(&maps.dv_accum, s_part + kPartBytes);
+        sm90::bulk_commit_group();
+      }
+      if constexpr (!kBothAtOnce) {
+        if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
+        warpgroup_sync();
+        ws_stage_dq(dv_frag, box_at(s_part), warp_in_wg * 16 + group, tig);
+        sm90::fence_proxy_async();
+        warpgroup_sync();
+        if (dq_issuer) {
+          reduce_add(&maps.dv_accum, s_part);
+          sm90::bulk_commit_group();
+        }
+      }
+    }
+  } else if (!FA2_BWD_STAGED_DKV || fp32_dkv) {
     ws_store_dk_dv<T>(p, dk_frag, dv_frag, batch, p.gqa_dkv == GqaDkv::kPartials ? head : blk.head_k, n0 + key0, 0,
                       tig);
   } else {

@@ -13,8 +13,9 @@ enum class GqaDkv : int {
   // fp32 (batch, seqlen_k, nheads, headdim): each query head's own dK, dV, which the caller sums over each group of
   // h_h_k_ratio heads (any kernel; a fixed-order sum, so the deterministic mode's)
   kPartials = 0,
-  // fp32 (batch, seqlen_k, nheads_k, headdim), zeroed by the caller: each query head's CTAs add theirs into their kv
-  // head's rows (red.global.add; the sm_90a warp-specialized kernels only), the caller rounds them to dk, dv
+  // fp32 (batch, nheads_k, seqlen_k, headdim_rounded) contiguous (given by strides as (batch, seqlen_k, nheads_k)),
+  // zeroed by the caller: each query head's CTAs add theirs into their kv head's rows (the TMA's reduce-add, or
+  // red.global.add; the sm_90a warp-specialized kernels only), the caller rounds them to dk, dv
   kAccumulate = 1,
   // like k, (batch, seqlen_k, nheads_k, headdim): each of the kernel's CTAs sums a whole group in its registers (the
   // sm_90a warp-specialized kernels only, ws_groups_gqa)

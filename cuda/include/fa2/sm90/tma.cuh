@@ -20,9 +20,9 @@ struct FwdTensorMaps {
 };
 // The warp-specialized backward's (bwd_ws_kernel.cuh): q and dout in query blocks, k and v in key blocks, lse and
 // D (softmax_d) flat (make_flat_f32_tensor_map; with a key-row bias lse is row_lse, and shift row_shift), dq_accum as
-// (rows, headdim) fp32 for the TMA's reduce-add.
+// (rows, headdim) fp32 for the TMA's reduce-add, and so a GQA call's dK / dV accumulators (GqaDkv::kAccumulate).
 struct BwdTensorMaps {
-  CUtensorMap q, k, v, dout, lse, dsum, shift, dq_accum;
+  CUtensorMap q, k, v, dout, lse, dsum, shift, dq_accum, dk_accum, dv_accum;
 };
 
 // ---- host: a 4-D tensor map over (batch, seqlen, heads, headdim) b16 elements with any strides (in elements; the
@@ -130,7 +130,7 @@ inline const char* make_rows_f32_tensor_map(CUtensorMap* map, void* base, int64_
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected the dq accumulator (alignment)";
+  return r == CUDA_SUCCESS ? nullptr : "fa2: cuTensorMapEncodeTiled rejected an fp32 accumulator (alignment)";
 }
 
 // ---- device ---------------------------------------------------------------------------------------------------
