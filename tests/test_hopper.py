@@ -268,7 +268,9 @@ def test_tile_order_tail_changes_no_result(d):
     across those heads (fa2/tile_order.h: rank-major, where the rest of the launch goes head by head), so that the
     longest blocks do not start last. The order changes which CTA runs which tile, never a tile's arithmetic: out,
     lse, dK and dV are bitwise those of the head-major order throughout (fa2._C.set_tile_order_tail(False)); dQ, fp32
-    sums added by the key blocks' CTAs in another order, within a rounding of its bf16 / fp16 result. Shapes with a
+    sums added by the key blocks' CTAs in another order, within a rounding of its bf16 / fp16 result, and so dK, dV
+    with GQA where the group is not summed in one CTA (fp32 accumulators per kv head that each query head's CTAs add
+    into: GqaDkv::kAccumulate, params.h; the order of those additions is not fixed even in one tile order). Shapes with a
     tail that covers some heads and leaves others head-major (64 (batch, head) pairs of 8-16 blocks: tails of 32-59;
     fewer blocks than SMs), bottom-right causal with seqlen_q != seqlen_k, a window bounded on the right only, GQA;
     the sm_90a forward kernels (d 128: the tile-counter one) and the warp-specialized backward (the tail at d 128 /
@@ -293,7 +295,7 @@ def test_tile_order_tail_changes_no_result(d):
         got = run()
         what = f"d {d} {(b, sq, sk, h, hk)} {kw}"
         for name, x, y in zip(("out", "lse", "dq", "dk", "dv"), got, want):
-            if name == "dq":
+            if name == "dq" or (name in ("dk", "dv") and h != hk):
                 tol = 2 ** -6 * y.float().abs().max().item()
                 assert (x.float() - y.float()).abs().max().item() <= tol, (what, name)
             else:
