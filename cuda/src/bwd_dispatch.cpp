@@ -10,11 +10,6 @@ const InstanceEntry kBwdInstances[] = {FA2_BWD_INSTANCES(FA2_INSTANCE_ENTRY)};
 constexpr int kNumBwdInstances = sizeof(kBwdInstances) / sizeof(kBwdInstances[0]);
 }  // namespace
 
-const char* const kBwdNeedsGqaAccumulators =
-    "fa2: this GQA backward needs zeroed fp32 dK / dV accumulators per kv head (no kernel here sums the group)";
-const char* const kBwdNeedsGqaPartials =
-    "fa2: this GQA backward needs fp32 dK / dV partials per query head (no kernel here sums the group)";
-
 int bwd_headdim_rounded(int headdim) { return rounded_headdim(kBwdInstances, kNumBwdInstances, headdim); }
 
 int64_t bwd_workspace_ints(const AttentionParams& p) {

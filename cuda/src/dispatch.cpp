@@ -5,10 +5,19 @@
 #include <cstring>
 #include <string>
 
+#include "fa2/bwd_launch.h"  // the backward's switches and answers defined here
 #include "fa2/launch.h"  // the switches defined here
 #include "fa2/tile_order.h"
 
 namespace fa2 {
+
+// run_bwd's answers to a GQA call that must bring its own dK / dV buffers (bwd_launch.h; defined here, with the
+// switches, so that the kernel harness scripts/fwd_variant_bench.cu links them too)
+const char* const kBwdNeedsGqaAccumulators =
+    "fa2: this GQA backward needs zeroed fp32 dK / dV accumulators per kv head (no kernel here sums the group)";
+const char* const kBwdNeedsGqaPartials =
+    "fa2: this GQA backward needs fp32 dK / dV partials per query head (no kernel here sums the group)";
+
 namespace {
 
 const char* dtype_name(DType t) { return t == DType::kBFloat16 ? "bfloat16" : "float16"; }
