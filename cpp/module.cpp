@@ -33,6 +33,8 @@ inline void set_persistent_forward_ctas(int) {}
 inline int persistent_forward_ctas() { return 0; }
 inline void set_tile_order_tail(bool) {}
 inline bool tile_order_tail_enabled() { return false; }
+inline void set_bwd_tail_split(bool) {}
+inline bool bwd_tail_split() { return false; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
   *schedule = Sm90Schedule::kAuto;
   return nullptr;
@@ -110,6 +112,29 @@ PYBIND11_MODULE(_C, m) {
   // causal launches' longest-first tail (fa2/tile_order.h): on by default, off = head by head (tests, A/B timing)
   m.def("set_tile_order_tail", &fa2::set_tile_order_tail, py::arg("enabled"));
   m.def("tile_order_tail", &fa2::tile_order_tail_enabled);
+  // the warp-specialized backward's last partial wave split into CTAs over parts of a tile's query blocks
+  // (bwd_launch.h): on by default, off = one CTA per tile (tests, A/B timing)
+  m.def("set_bwd_tail_split", &fa2::set_bwd_tail_split, py::arg("enabled"));
+  m.def("bwd_tail_split", &fa2::bwd_tail_split);
+  // what it does on this GPU for a plain (no bias, no softcap, not deterministic) backward call: (tiles split,
+  // pieces each, the grid's tiles); (0, 1, 0) where it does not split (or this build has no CUDA kernels)
+  m.def("bwd_tail_split_plan", [](int batch, int nheads, int nheads_k, int seqlen_q, int seqlen_k, int headdim,
+                                  bool causal) {
+#if FA2_WITH_CUDA
+    fa2::AttentionParams p;
+    p.batch = batch, p.nheads = nheads, p.nheads_k = nheads_k;
+    p.h_h_k_ratio = nheads_k > 0 && nheads % nheads_k == 0 ? nheads / nheads_k : 0;
+    p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
+    p.headdim = headdim, p.headdim_rounded = fa2::bwd_headdim_rounded(headdim);
+    p.window_right = causal ? 0 : -1;
+    const fa2::BwdTailSplitPlan plan = fa2::bwd_tail_split_plan(p);
+    return py::make_tuple(plan.tiles, plan.pieces, plan.grid_tiles);
+#else
+    (void)batch, (void)nheads, (void)nheads_k, (void)seqlen_q, (void)seqlen_k, (void)headdim, (void)causal;
+    return py::make_tuple(0, 1, 0);
+#endif
+  }, py::arg("batch"), py::arg("nheads"), py::arg("nheads_k"), py::arg("seqlen_q"), py::arg("seqlen_k"),
+        py::arg("headdim"), py::arg("causal") = false);
   m.def("set_sm90_schedule", [](const std::string& name) {
     if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
   }, py::arg("name"), "auto, pipelined, ws, pingpong, overlap or pingpong-overlap (FA2_SM90_SCHEDULE)");

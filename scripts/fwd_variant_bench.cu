@@ -251,14 +251,19 @@ int main(int argc, char** argv) {
   #if FA2_BWD
         {  // the backward of this forward (out, lse as computed above), dout random
           fa2::AttentionParams pb = p;
-          // (not the forward's tile counter: the backward's finished-CTA counts, batch * nheads ints (bwd_launch.h,
-          // bwd_workspace_ints), with which its dQ conversion overlaps the main kernel at the headdims that do
-          // (kOverlapDqConversion; unused at the others); FA2_BWD_NO_DQ_OVERLAP=1: none, the conversion after it)
+          // (not the forward's tile counter: the backward's scratch, bwd_workspace_ints: the finished-CTA counts
+          // with which its dQ conversion overlaps the main kernel at the headdims that do (kOverlapDqConversion),
+          // and its last wave's split (bwd_tail_split_plan; FA2_NO_BWD_TAIL_SPLIT=1: none); FA2_BWD_NO_DQ_OVERLAP=1:
+          // no scratch: the conversion after the kernel, no split)
           pb.workspace = nullptr;
+          pb.workspace_ints = 0;
           int* bwd_workspace = nullptr;
           if (std::getenv("FA2_BWD_NO_DQ_OVERLAP") == nullptr) {
-            CHECK_CUDA(cudaMalloc(&bwd_workspace, size_t(pb.batch) * pb.nheads * sizeof(int)));
-            pb.workspace = bwd_workspace;
+            pb.workspace_ints = fa2::bwd_workspace_ints(pb);
+            if (pb.workspace_ints > 0) {
+              CHECK_CUDA(cudaMalloc(&bwd_workspace, size_t(pb.workspace_ints) * sizeof(int)));
+              pb.workspace = bwd_workspace;
+            }
           }
           for (auto& x : host) x = __float2bfloat16(uniform());
           __nv_bfloat16* dout = device_copy(host);

@@ -1,7 +1,8 @@
 """A small grid of fa2 CUDA forward+backward calls for compute-sanitizer (memcheck / racecheck / initcheck):
    python scripts/sanitizer_check.py --tools memcheck,racecheck     # re-runs itself under each tool
    compute-sanitizer --tool memcheck python scripts/sanitizer_check.py
-Sizes are small (the tools slow kernels down 10-100x) but cover tails, every flag, GQA, bias, odd headdims."""
+Sizes are small (the tools slow kernels down 10-100x) but cover tails, every flag, GQA, bias, odd headdims.
+FA2_SANITIZER_CASES="i,j": only those cases of CASES (indices)."""
 import os
 import subprocess
 import sys
@@ -52,6 +53,10 @@ CASES = [
     dict(shape=(2, 133, 200, 4, 2, 256), flags=dict(causal=True)),  # (d 256: the headdim-split kernel)
     dict(shape=(1, 200, 330, 2, 2, 256), flags={}),  # (d 256 without GQA: T dK, dV, not fp32 partials; a key tail)
     dict(shape=(3, 131, 150, 2, 1, 64), flags={}),
+    # its last wave split (fewer tiles than SMs: every tile run as pieces over its query blocks, fp32 dK / dV added
+    # into the workspace, the last piece storing the sums; bwd_tail_split_plan), a key tail in a split tile
+    dict(shape=(1, 400, 300, 2, 2, 128), flags={}),
+    dict(shape=(1, 530, 300, 2, 2, 64), flags={}),
     # GQA 4:1 with a padding mask (gpu_validate's sanitize-gqa step has each CTA sum the group: the ring runs on
     # across the group's heads), and causal 3:1 with more queries than keys
     dict(shape=(2, 140, 300, 8, 2, 64), flags={}, padding=True),
@@ -59,6 +64,9 @@ CASES = [
     # the backward's key-row variant on the sm80 tiles (d 96: no wgmma config; the default)
     dict(shape=(2, 70, 300, 2, 2, 96), flags={}, padding=True),
 ]
+# FA2_SANITIZER_CASES="i,j,..": only those cases (indices into CASES), e.g. a new one on its own under every tool
+if os.environ.get("FA2_SANITIZER_CASES"):
+    CASES = [CASES[int(i)] for i in os.environ["FA2_SANITIZER_CASES"].split(",")]
 for dtype in (torch.bfloat16, torch.float16):
     for case in CASES:
         b, sq, sk, h, hk, d = case["shape"]

@@ -428,6 +428,63 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             assert_close_rule(f"wgmma {name} {case}", g_off, g_hi, g_lo, factor=3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
+    """Where the warp-specialized backward's grid ends in a partial wave (tiles = key blocks x heads x batch not a
+    multiple of the SMs; no causal mask or window, no bias, no GQA), the last wave's tiles each run as several CTAs over
+    consecutive parts of the tile's query blocks (fa2/tile_order.h, tail_split; bwd_ws_kernel.cuh): a 1-D grid of the
+    whole tiles then the pieces, as fa2._C.bwd_tail_split_plan says; the pieces add their fp32 dK, dV into the
+    workspace and the last of a tile's pieces stores the sums. Against set_bwd_tail_split(False) (one CTA per tile, a
+    (key blocks, heads, batch) grid): dK and dV of the tiles that are not split bitwise equal, of the split ones and dQ
+    (sums in another order) within a rounding; all follow the rule against the fp32 reference. Shapes: fewer tiles than
+    SMs (every tile split), full waves then a partial one, query and key tails (the last key block's rows past seqlen_k
+    in a split tile), seqlen_q != seqlen_k."""
+    require_ws_backward(d)
+    assert fa2._C.bwd_tail_split(), "on by default (FA2_NO_BWD_TAIL_SPLIT unset)"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    block_n = 128  # (BwdWsTileConfig's keys per tile at d 64 / 128)
+    g = torch.Generator(device="cuda").manual_seed(23)
+    cases = [(1, 1000, 1000, 3), (2, 533, 461, 4), (1, 1037, 700, 5), (2, 1024, 520, sms // 10 + 6)]
+    for b, sq, sk, h in cases:
+        case = f"d {d} {(b, sq, sk, h)}"
+        tiles, pieces, grid_tiles = fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)
+        key_blocks = (sk + block_n - 1) // block_n
+        assert pieces > 1 and 0 < tiles < sms and grid_tiles == key_blocks * h * b, (case, tiles, pieces, grid_tiles)
+        q, k, v = make_qkv(b, sq, sk, h, h, d, dtype=dtype, device="cuda", requires_grad=True, generator=g)
+        dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
+        out = fa2.attention(q, k, v)
+
+        def ws_grid():
+            grids = cuda_kernel_grids(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            ws = [grid for name, grid in grids if "bwd_ws_" in name]
+            assert len(ws) == 1, (case, grids)
+            return ws[0]
+
+        assert ws_grid() == [grid_tiles - tiles + tiles * pieces, 1, 1], case
+        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        with switch("bwd_tail_split", False):
+            assert fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1
+            assert ws_grid() == [key_blocks, h, b], case
+            grads_off = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        # the split tiles' keys: tile t = key block + key_blocks (head + h batch), the last `tiles` of them
+        t = torch.arange(grid_tiles, device="cuda").view(b, h, key_blocks)
+        split_keys = (t >= grid_tiles - tiles).repeat_interleave(block_n, dim=2)[..., :sk].transpose(1, 2)  # (b, sk, h)
+        leaf_hi = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi), leaf_hi, dout.float())
+        leaf_lo = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, upcast=False), leaf_lo, dout)
+        for name, got, off, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_off, grads_hi, grads_lo):
+            assert_close_rule(f"split {name} {case}", got, g_hi, g_lo, factor=3)
+            assert_close_rule(f"unsplit {name} {case}", off, g_hi, g_lo, factor=3)
+            tol = 2 ** -6 * off.float().abs().max().item()
+            assert (got.float() - off.float()).abs().max().item() <= tol, (case, name)
+            if name != "dq":
+                assert bool(split_keys.any()) and not bool(split_keys.all()) or tiles == grid_tiles, case
+                assert torch.equal(got[~split_keys], off[~split_keys]), (case, name, "tiles not split")
+                assert not torch.equal(got[split_keys], torch.zeros_like(got[split_keys])), (case, name)
+
+
 def _ws_backward_grid_and_peak(out, inputs, dout, mode, accumulate=True):
     """With fa2._C.set_bwd_gqa_grouping(mode) and set_bwd_gqa_accumulate(accumulate): the gradients of one backward,
     the grid of its warp-specialized kernel (None where another ran) and the backward's peak memory above what was

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fa2/bwd_launch.h"  // the backward's switches and answers defined here
+#include "fa2/bwd_tile_config.h"  // the tail split's shapes (bwd_tail_split_plan)
 #include "fa2/launch.h"  // the switches defined here
 #include "fa2/tile_order.h"
 
@@ -73,6 +74,9 @@ Switch g_tile_order_tail{"FA2_NO_TILE_ORDER_TAIL", /*when_set=*/false};
 // Whether a GQA backward's CTAs that do not sum a group add their dK, dV into fp32 accumulators (bwd_launch.h;
 // FA2_BWD_GQA_NO_ACCUMULATE=1 turns it off: fp32 partials per query head, e.g. to time them on the same build).
 Switch g_bwd_gqa_accumulate{"FA2_BWD_GQA_NO_ACCUMULATE", /*when_set=*/false};
+// Whether the warp-specialized backward splits its last partial wave (bwd_launch.h; FA2_NO_BWD_TAIL_SPLIT=1 turns it
+// off).
+Switch g_bwd_tail_split{"FA2_NO_BWD_TAIL_SPLIT", /*when_set=*/false};
 // The warp-specialized forward's persistent grid (launch.h): at most this many CTAs, -1 one per SM, 0 not
 // persistent; kUnread until FA2_PERSISTENT_FWD_CTAS is read.
 constexpr int kPersistentUnread = -2;
@@ -249,6 +253,41 @@ int launch_tile_order_tail(const AttentionParams& p, int blocks, int heads_per_b
   const int64_t heads = int64_t(p.batch) * (heads_per_batch < 0 ? p.nheads : heads_per_batch);
   if (!causal_lengths || p.deterministic || heads * blocks > 0x7fffffff || !g_tile_order_tail.on()) return 0;
   return tile_order_tail(blocks, int(heads), device_sm_count());
+}
+
+void set_bwd_tail_split(bool enabled) { g_bwd_tail_split.set(enabled); }
+bool bwd_tail_split() { return g_bwd_tail_split.on(); }
+
+BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& p) {
+  BwdTailSplitPlan plan;
+  const BwdTailSplitShape shape = bwd_tail_split_shape_at(p.headdim_rounded);
+  if (shape.block_n == 0 || p.deterministic || p.window_left >= 0 || p.window_right >= 0 ||
+      p.bias_type != BiasType::kNone || p.softcap != 0.f || p.h_h_k_ratio != 1 || !g_bwd_tail_split.on() ||
+      !g_sm90_backward.on() || !g_sm90_ws_backward.on() || device_cc_major() != 9) {
+    return plan;
+  }
+  const int64_t tiles = int64_t((p.seqlen_k + shape.block_n - 1) / shape.block_n) * p.nheads * p.batch;
+  const int query_blocks = (p.seqlen_q + shape.block_m - 1) / shape.block_m;
+  if (tiles > 0x7fffffff / kBwdTailSplitTuning.max_pieces) return plan;  // (the split grid's CTAs fit an int)
+  const TailSplit split = tail_split(tiles, query_blocks, device_sm_count(), kBwdTailSplitTuning);
+  if (split.pieces <= 1) return plan;
+  plan.tiles = split.tiles, plan.pieces = split.pieces, plan.grid_tiles = int(tiles);
+  const bool overlap = bwd_ws_overlaps_dq_conversion_at(p.headdim_rounded);
+  plan.workspace_offset = overlap ? (int64_t(p.batch) * p.nheads + 3) / 4 * 4 : 0;  // (16-byte aligned: the TMA's)
+  plan.zero_ints = (plan.tiles + 3) / 4 * 4 + 2 * int64_t(plan.tiles) * shape.block_n * p.headdim_rounded;
+  return plan;
+}
+
+int64_t bwd_workspace_ints(const AttentionParams& p) {
+  if (!p.deterministic) {
+    // the finished-CTA counts (params.h, key_blocks_done) where the headdim overlaps, then the tail split's scratch
+    const BwdTailSplitPlan split = bwd_tail_split_plan(p);
+    if (split.pieces > 1) return split.workspace_offset + split.zero_ints;
+    return bwd_ws_overlaps_dq_conversion_at(p.headdim_rounded) ? int64_t(p.batch) * p.nheads : 0;
+  }
+  const int64_t block_m = bwd_min_block_m(p.headdim_rounded);  // (whichever tiles run: bwd_launch_template.cuh)
+  const int64_t num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+  return 1 + int64_t(p.batch) * p.nheads * num_m_blocks;
 }
 
 int device_cc_major() {

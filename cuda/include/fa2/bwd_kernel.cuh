@@ -1,7 +1,8 @@
 // FlashAttention-2 backward, sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async); runs on sm80..sm90.
 //
 // Three kernels, all on one stream:
-//   1. bwd_preprocess_kernel:  D = rowsum(dO * O) (fp32, (batch, nheads, seqlen_q)); zeroes dq_accum.
+//   1. bwd_preprocess_kernel:  D = rowsum(dO * O) (fp32, (batch, nheads, seqlen_q)); zeroes dq_accum (and the ws
+//      kernel's counts and scratch: params.h, key_blocks_done, bwd_tail_counts).
 //      Score-mod path also bwd_row_stats_kernel: the per-row (shift, lse) P is taken against (see there).
 //   2. bwd_kernel: one CTA = one block of kBlockN keys of one (batch, query head). K, V stay in shared memory and
 //      dK, dV in registers; Q, dO (and lse, D) of the query blocks the causal/window range allows stream through
@@ -894,6 +895,14 @@ __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_
   const int64_t row_id = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kGroup;
   const int chunk = threadIdx.x % kGroup;
   const int64_t num_rows = int64_t(p.batch) * p.seqlen_q * p.nheads;
+  // (the warp-specialized kernel's tail split's counts and fp32 dK, dV rows, params.h: bwd_tail_zero_ints ints, a
+  // multiple of 4, 16-byte aligned, over the grid's threads)
+  if (p.bwd_tail_counts != nullptr) {
+    const int64_t quads = p.bwd_tail_zero_ints / 4, stride = int64_t(gridDim.x) * kNThreads;
+    for (int64_t i = int64_t(blockIdx.x) * kNThreads + threadIdx.x; i < quads; i += stride) {
+      reinterpret_cast<int4*>(p.bwd_tail_counts)[i] = make_int4(0, 0, 0, 0);
+    }
+  }
   float sum = 0.f;
   int64_t batch = 0, row = 0, head = 0;
   if (row_id < num_rows) {

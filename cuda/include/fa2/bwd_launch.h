@@ -14,9 +14,11 @@ int bwd_headdim_rounded(int headdim);
 // int32s of scratch the backward needs in params.workspace. params.deterministic: 1 (ticket counter) + batch *
 // nheads * ceil(seqlen_q / block_m) (one turn counter per query block; block_m the smaller of the sm80 shapes',
 // bwd_min_block_m), zeroed by the caller. Otherwise, at the headdims whose sm_90a warp-specialized kernel has its dQ
-// conversion overlap its last CTAs (bwd_tile_config.h, kOverlapDqConversion: d 128), batch * nheads, which the
-// backward zeroes itself (that kernel's finished-CTA counts per head: params.h, key_blocks_done), else 0; without
-// them (workspace nullptr) the conversion runs after the main kernel.
+// conversion overlap its last CTAs (bwd_tile_config.h, kOverlapDqConversion: d 128), batch * nheads (that kernel's
+// finished-CTA counts per head: params.h, key_blocks_done), and where it splits its last wave the split's scratch
+// (bwd_tail_split_plan), all of which the backward zeroes itself; else 0. Without them (workspace nullptr) the
+// conversion runs after the main kernel and nothing is split. (Defined in dispatch.cpp, which the kernel harness
+// links.)
 int64_t bwd_workspace_ints(const AttentionParams& params);
 
 // Whether the backward prefers its sm_90a instances on a compute capability 9.0 GPU (wgmma products where the
@@ -64,6 +66,26 @@ int bwd_gqa_grouping();
 // deterministic mode keeps the partials (a fixed-order sum). For A/B timing and tests.
 void set_bwd_gqa_accumulate(bool enabled);
 bool bwd_gqa_accumulate();
+
+// The warp-specialized backward's split of its grid's last partial wave for a call (tile_order.h, tail_split, with
+// bwd_tile_config.h's kBwdTailSplitTuning; bwd_ws_kernel.cuh): pieces > 1 where it splits: switched on, not
+// deterministic, no causal mask or window, no bias or softcap, no GQA, a headdim whose kernel has it
+// (BwdWsTileConfig::kTailSplit: 64, 128), a compute capability 9.0 GPU, the sm_90a and ws backward switched on. The
+// split tiles' dK, dV are then fp32 sums added in no fixed order (as dQ's always are in this mode). Its scratch (bwd_workspace_ints counts it)
+// follows the finished-CTA counts in params.workspace: workspace_offset ints, then zero_ints ints (a count per tail
+// tile, rounded up to 4, then fp32 dK and dV rows) that bwd_preprocess_kernel zeroes. The launcher splits only where
+// params.workspace_ints holds it.
+struct BwdTailSplitPlan {
+  int tiles = 0;       // the grid's last `tiles` tiles (key block, head) are split
+  int pieces = 1;      // into this many CTAs each
+  int grid_tiles = 0;  // of this many
+  int64_t workspace_offset = 0;
+  int64_t zero_ints = 0;
+};
+BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& params);
+// On by default, unless the environment has FA2_NO_BWD_TAIL_SPLIT=1. For A/B timing and tests.
+void set_bwd_tail_split(bool enabled);
+bool bwd_tail_split();
 
 // run_bwd's answers, with nothing launched, to a GQA / MQA call whose params.gqa_dkv no kernel that would run serves:
 // the caller gives fp32 accumulators per kv head, zeroed (gqa_dkv kAccumulate), or fp32 partials per query head

@@ -143,6 +143,36 @@ bool bwd_ws_groups_gqa(const AttentionParams& p, bool key_bias) {
   return double(ctas) >= kBwdGqaGroupMinWaveFill * double(waves * sms);
 }
 
+// The split of the warp-specialized kernel's last partial wave (bwd_tail_split_plan) into q's fields, with the maps of
+// its fp32 dK and dV rows (maps->dk_accum / dv_accum, which only GQA's accumulators use otherwise): false, q
+// unchanged, where the plan has none, the workspace does not hold its scratch, or a map is rejected.
+template <int kHeadDim>
+bool set_bwd_tail_split(AttentionParams& q, sm90::BwdTensorMaps* maps) {
+  using Cfg = BwdWsConfig<kHeadDim>;
+  if constexpr (!Cfg::kTailSplit) {
+    return false;
+  } else {
+    const BwdTailSplitPlan plan = bwd_tail_split_plan(q);
+    if (plan.pieces <= 1 || q.workspace == nullptr || q.workspace_ints < plan.workspace_offset + plan.zero_ints) {
+      return false;
+    }
+    int* const counts = static_cast<int*>(q.workspace) + plan.workspace_offset;
+    float* const dkv = reinterpret_cast<float*>(counts + (plan.tiles + 3) / 4 * 4);
+    const int64_t rows = int64_t(plan.tiles) * Cfg::kBlockN;
+    if (sm90::make_rows_f32_tensor_map(&maps->dk_accum, dkv, rows, kHeadDim, 64) != nullptr ||
+        sm90::make_rows_f32_tensor_map(&maps->dv_accum, dkv + rows * kHeadDim, rows, kHeadDim, 64) != nullptr) {
+      return false;
+    }
+    q.bwd_tail_pieces = plan.pieces;
+    q.bwd_tail_tiles = plan.tiles;
+    q.bwd_tail_grid_tiles = plan.grid_tiles;
+    q.bwd_tail_counts = counts;
+    q.bwd_tail_dkv = dkv;
+    q.bwd_tail_zero_ints = plan.zero_ints;
+    return true;
+  }
+}
+
 // Launches the sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh; maps: make_bwd_ws_maps'): one CTA per
 // (key block, head, batch) as launch_bwd_kernel's, the heads being the kv heads where each CTA sums a GQA group
 // (ws_groups_gqa).
@@ -157,11 +187,15 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, const sm90::BwdTensor
   }
   const int num_n_blocks = bwd_ws_key_blocks<kHeadDim>(p);
   const int grid_heads = bwd::ws_groups_gqa(p) ? p.nheads_k : p.nheads;
-  const dim3 grid(num_n_blocks, grid_heads, p.batch);
+  // (with its last wave split, set_bwd_tail_split: a 1-D grid of the whole tiles, then the tail tiles' pieces)
+  const dim3 grid = p.bwd_tail_pieces > 1 ? dim3(unsigned(p.bwd_tail_grid_tiles - p.bwd_tail_tiles +
+                                                          int64_t(p.bwd_tail_tiles) * p.bwd_tail_pieces))
+                                          : dim3(num_n_blocks, grid_heads, p.batch);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  AttentionParams kernel_params = p;  // (with the launch's tile order, params.h)
-  kernel_params.tile_order_tail = Cfg::kTileOrderTail ? launch_tile_order_tail(p, num_n_blocks, grid_heads) : 0;
+  AttentionParams kernel_params = p;  // (with the launch's tile order, params.h; none where the tail is split)
+  kernel_params.tile_order_tail =
+      Cfg::kTileOrderTail && p.bwd_tail_pieces <= 1 ? launch_tile_order_tail(p, num_n_blocks, grid_heads) : 0;
   kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(kernel_params, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
@@ -169,7 +203,8 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, const sm90::BwdTensor
 
 // CfgScoreMod: the tile config of the score-mod variant (softcap, bias), when it differs from the plain one's.
 template <typename T, typename Cfg, int kArch, typename CfgScoreMod = Cfg>
-const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
+const char* run_bwd_with_config(const AttentionParams& call, cudaStream_t stream) {
+  AttentionParams p = call;  // (with the tail split's fields where the ws kernel splits its last wave, below)
   static_assert(Cfg::kBlockM == CfgScoreMod::kBlockM, "one deterministic-mode counter layout (bwd_workspace_ints)");
   constexpr int kHeadDim = Cfg::kHeadDim;
   if (const char* e = check_grid_batch_heads("backward", p.batch, p.nheads)) return e;
@@ -214,6 +249,10 @@ const char* run_bwd_with_config(const AttentionParams& p, cudaStream_t stream) {
                                      : make_bwd_ws_maps<T, kHeadDim, false>(p, &ws_maps));
   }
   if (gqa && p.gqa_dkv != GqaDkv::kPartials && !ws) return kBwdNeedsGqaPartials;
+  // the ws kernel's last partial wave split (set_bwd_tail_split: its scratch zeroed by the preprocess kernel below)
+  if constexpr (kWsCapable) {
+    if (ws && !key_bias) set_bwd_tail_split<kHeadDim>(p, &ws_maps);
+  }
 
   // -- 1. D = rowsum(dO * O), dq_accum = 0 (and those counts)
   constexpr int kRowThreads = 256;

@@ -51,6 +51,19 @@ __device__ __forceinline__ void red_add_release_gpu(int* addr, int v) {
   asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
 }
 
+// old = *addr, *addr += v, with acquire and release semantics at GPU scope after a release fence (as
+// red_add_release_gpu's: what this thread, and other threads before a barrier with it, wrote is visible to whoever
+// acquires the new value; and what they wrote before their own releases of it is visible to this thread, and after a
+// barrier with it to the others).
+__device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, int v) {
+  int old;
+  asm volatile("fence.acq_rel.gpu;\natom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(addr), "r"(v)
+               : "memory");
+  return old;
+}
+
 // Programmatic dependent launch (sm90; nothing before): the grid launched next on the stream with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of this one has issued this (or
 // exited). It orders no memory: the dependent grid waits for what it reads by its own means.

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "fa2/tile_config.h"  // the warp-specialized kernels' register split (ws_consumer_regs)
+#include "fa2/tile_order.h"   // TailSplitTuning
 
 namespace fa2 {
 
@@ -220,6 +221,10 @@ struct BwdWsTileConfig {
   // (variants_h200-20261203-bwd-dq-overlap.json): d 128 -0.7..+2.9% (S 1k-16k, median +0.9%); d 64 median -1.4%
   // (S 1k -2.2..-3.3%). (d 256: BwdWsSplitTileConfig)
   static constexpr bool kOverlapDqConversion = kHeadDim == 128;
+  // The grid's last partial wave split into CTAs over parts of a tile's query blocks (tile_order.h, tail_split;
+  // kBwdTailSplitTuning) without causal lengths: their fp32 dK, dV added by the TMA into the workspace as GQA's
+  // accumulators are, the last piece of a tile storing the sums (bwd_ws_kernel.cuh). (d 256: not written)
+  static constexpr bool kTailSplit = true;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
   // start at one (both shapes give kDqCols 64)
@@ -272,6 +277,7 @@ struct BwdWsSplitTileConfig {
   // (see BwdWsTileConfig) not here: -7.4..-8.4% at S 1k, -2.6..-4.1% at 2k, -1.8..+0.7% from 4k (the CTA's end waits
   // for its last red.global.add of dQ before it counts itself finished)
   static constexpr bool kOverlapDqConversion = false;
+  static constexpr bool kTailSplit = false;  // (see BwdWsTileConfig: its epilogue has no pieces)
   static constexpr int kBlockCols = 64;  // column blocks of Q, dO, K, V (128-byte swizzle)
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = kWsProducerThreads + kConsumerThreads;
@@ -323,6 +329,29 @@ constexpr bool bwd_ws_overlaps_dq_conversion() {
   } else {
     return false;
   }
+}
+// The warp-specialized backward's split of its last partial wave (tile_order.h, tail_split; BwdWsTileConfig::
+// kTailSplit): at most 16 pieces of at least 2 query blocks, a piece's own cost taken as 2 query blocks', where it
+// saves at least 0.5% of the launch. (H200 measurements: benchmarks/results/bwd_tail_split_h200-*.json.)
+constexpr TailSplitTuning kBwdTailSplitTuning{16, 2, 2.0, 0.005};
+// The tiles (block_m queries a step, block_n keys a tile) of an instantiated headdim's warp-specialized backward
+// where it splits its tail, else {0, 0} (bwd_tail_split, at run time).
+struct BwdTailSplitShape {
+  int block_m, block_n;
+};
+template <int kHeadDim>
+constexpr BwdTailSplitShape bwd_tail_split_shape() {
+  if constexpr (bwd_ws_headdim(kHeadDim)) {
+    using Cfg = BwdWsConfig<kHeadDim>;
+    if constexpr (Cfg::kTailSplit) return BwdTailSplitShape{Cfg::kBlockM, Cfg::kBlockN};
+  }
+  return BwdTailSplitShape{0, 0};
+}
+constexpr BwdTailSplitShape bwd_tail_split_shape_at(int headdim) {
+  return headdim == 64    ? bwd_tail_split_shape<64>()
+         : headdim == 128 ? bwd_tail_split_shape<128>()
+         : headdim == 256 ? bwd_tail_split_shape<256>()
+                          : BwdTailSplitShape{0, 0};
 }
 // The same for an instantiated headdim given at run time (bwd_workspace_ints, the Python module's list).
 constexpr bool bwd_ws_overlaps_dq_conversion_at(int headdim) {

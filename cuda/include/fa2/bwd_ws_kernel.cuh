@@ -211,6 +211,21 @@ struct WsKeyBlock {
   bool producer;  // this thread is in the producer warpgroup, whose part is done: the kernel returns
 };
 
+// The tile (linear index t: key block fastest, then head, then batch, the order a (key blocks, heads, batch) grid's
+// CTAs start in) and piece of this CTA of a tail-split launch (p.bwd_tail_pieces > 1: a 1-D grid of the
+// p.bwd_tail_grid_tiles - p.bwd_tail_tiles whole tiles, then each of the last p.bwd_tail_tiles tiles' pieces in turn,
+// bwd_tail_split_plan): piece -1 for a whole tile. (The kernels call it again in their epilogue rather than keep the
+// piece in registers through the loop.)
+__device__ __forceinline__ void ws_tail_tile(const AttentionParams& p, int& t, int& piece, int& tail_index) {
+  const int whole = p.bwd_tail_grid_tiles - p.bwd_tail_tiles;
+  t = int(blockIdx.x), piece = -1, tail_index = -1;
+  if (t >= whole) {
+    tail_index = (t - whole) / p.bwd_tail_pieces;
+    piece = t - whole - tail_index * p.bwd_tail_pieces;
+    t = whole + tail_index;
+  }
+}
+
 // The ws kernels' start once their shared memory is laid out: the key block and its query range, the ring's
 // barriers, the CTA's only barrier (ws_cta_barrier: with kKeyBias an all-padded key block empties the range), then
 // the producer warpgroup's whole part (its registers given back, one thread streaming the query blocks: ws_produce;
@@ -225,7 +240,15 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
   }
   WsKeyBlock blk;
   int grid_head;  // (a query head, or with ws_groups_gqa a kv head)
-  if constexpr (Cfg::kTileOrderTail) {
+  const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  int piece = -1;  // (where the launch splits its last wave, this CTA's piece of a tail tile: ws_tail_tile)
+  // (the tail split: no GQA, no causal lengths, no bias, bwd_tail_split_plan; compiled only where it may run)
+  if (Cfg::kTailSplit && !kKeyBias && p.bwd_tail_pieces > 1) {
+    int t, tail_index;
+    ws_tail_tile(p, t, piece, tail_index);
+    const int bh = t / num_n_blocks;
+    blk.n_block = t - bh * num_n_blocks, grid_head = bh % p.nheads, blk.batch = bh / p.nheads;
+  } else if constexpr (Cfg::kTileOrderTail) {
     bwd_tile_of_cta(p, blk.n_block, grid_head, blk.batch);
   } else {
     blk.n_block = blockIdx.x, grid_head = blockIdx.y, blk.batch = blockIdx.z;
@@ -243,6 +266,11 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
   const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
   blk.m_lo = range.lo(blk.n_block);
   blk.m_hi = range.hi(blk.n_block);
+  if (piece >= 0) {  // (its part of the tile's query blocks; the pieces cover them once, in order)
+    const int len = blk.m_hi - blk.m_lo + 1, lo = blk.m_lo;
+    blk.m_lo = lo + len * piece / p.bwd_tail_pieces;
+    blk.m_hi = lo + len * (piece + 1) / p.bwd_tail_pieces - 1;
+  }
   blk.bh = int64_t(blk.batch) * p.nheads + blk.head;
 
   if (threadIdx.x == 0) ring.init_barriers(4 * Cfg::kConsumerWarpgroups);
@@ -687,57 +715,95 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
   // (GQA's fp32 partials per query head, or its accumulators per kv head; else stored like k)
   const bool fp32_dkv = p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel;
-  if (p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kAccumulate) {
-    // GQA with one CTA per query head: dK = scale dS^T Q and dV added into the kv head's fp32 accumulators by the
-    // TMA's reduce-add, as dQ is: each warpgroup's (64 keys, d) staged as 32-column boxes of 64 rows (ws_stage_dq's
-    // layout) in its ring stage's Q and dO buffers (free once every consumer is past its last products: the barrier;
-    // see the staged stores below), dK and dV at once where both fit (d 64), else dK, then dV once the TMA has read it
-    // (d 128). (Added from the fragments by red.global.add.v2.f32 instead, one CTA per query head ran 1.03-1.04x the
-    // fp32 partials at S 1k, against the grouped kernel's 1.3x: H200, d 128, 32 / 4 heads.) A key block no query sees
-    // adds nothing (the accumulators start at zero).
+  // dK (times dk_scale) and dV added into fp32 rows (row .. row + 63 of each warpgroup's 64 keys, in dk_map's and
+  // dv_map's) by the TMA's reduce-add, as dQ is: GQA's accumulators per kv head where one CTA per query head runs, or
+  // a tail piece's rows (below). Each warpgroup's (64 keys, d) staged as 32-column boxes of 64 rows (ws_stage_dq's
+  // layout) in its ring stage's Q and dO buffers (free once every consumer is past its last products: the barrier;
+  // see the staged stores below), dK and dV at once where both fit (d 64), else dK, then dV once the TMA has read it
+  // (d 128). (Added from the fragments by red.global.add.v2.f32 instead, one CTA per query head ran 1.03-1.04x the
+  // fp32 partials at S 1k, against the grouped kernel's 1.3x: H200, d 128, 32 / 4 heads.) A key block no query sees
+  // adds nothing (the accumulators start at zero). The reduce-adds are committed, not waited for.
+  auto add_dkv = [&](const CUtensorMap* dk_map, const CUtensorMap* dv_map, int row, float dk_scale) {
     constexpr int kPartBytes = 64 * kHeadDim * 4;  // one warpgroup's dK (or dV)
     constexpr bool kBothAtOnce = 2 * kPartBytes <= 2 * Cfg::kSmemQBytes;
     static_assert(kPartBytes <= 2 * Cfg::kSmemQBytes && kStages >= Cfg::kConsumerWarpgroups && kDTiles % 4 == 0,
                   "a warpgroup's dK (or dV) in fp32 fits its stage's Q and dO buffers, as whole 32-column boxes");
     ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
-    if (steps > 0) {  // (uniform over the CTA)
-      const uint32_t s_part = ring.q(wg);
-      auto box_at = [](uint32_t part) { return [part](int box) { return part + box * (64 * 128); }; };
-      // (the first of this warpgroup's 64 keys as a row of the (batch, nheads_k, seqlen_k) accumulators; the keys
-      // past seqlen_k add exact zeros into the next head's first rows, as dQ's rows past seqlen_q do: P is 0 there)
-      const int row = (batch * p.nheads_k + blk.head_k) * p.seqlen_k + n0 + wg * 64;
-      auto reduce_add = [&](const CUtensorMap* map, uint32_t part) {
+    if (steps == 0) return;  // (uniform over the CTA)
+    const uint32_t s_part = ring.q(wg);
+    auto box_at = [](uint32_t part) { return [part](int box) { return part + box * (64 * 128); }; };
+    auto reduce_add = [&](const CUtensorMap* map, uint32_t part) {
 #pragma unroll
-        for (int box = 0; box < kHeadDim / 32; ++box) {
-          sm90::tma_reduce_add_2d(map, part + box * (64 * 128), 32 * box, row);
-        }
-      };
+      for (int box = 0; box < kHeadDim / 32; ++box) sm90::tma_reduce_add_2d(map, part + box * (64 * 128), 32 * box, row);
+    };
 #pragma unroll
-      for (int nt = 0; nt < kDTiles; ++nt) {
+    for (int nt = 0; nt < kDTiles; ++nt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) dk_frag[nt][i] *= p.scale;
-      }
-      ws_stage_dq(dk_frag, box_at(s_part), warp_in_wg * 16 + group, tig);
-      if constexpr (kBothAtOnce) ws_stage_dq(dv_frag, box_at(s_part + kPartBytes), warp_in_wg * 16 + group, tig);
-      sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
+      for (int i = 0; i < 4; ++i) dk_frag[nt][i] *= dk_scale;
+    }
+    ws_stage_dq(dk_frag, box_at(s_part), warp_in_wg * 16 + group, tig);
+    if constexpr (kBothAtOnce) ws_stage_dq(dv_frag, box_at(s_part + kPartBytes), warp_in_wg * 16 + group, tig);
+    sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
+    warpgroup_sync();
+    if (dq_issuer) {
+      reduce_add(dk_map, s_part);
+      if constexpr (kBothAtOnce) reduce_add(dv_map, s_part + kPartBytes);
+      sm90::bulk_commit_group();
+    }
+    if constexpr (!kBothAtOnce) {
+      if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
+      warpgroup_sync();
+      ws_stage_dq(dv_frag, box_at(s_part), warp_in_wg * 16 + group, tig);
+      sm90::fence_proxy_async();
       warpgroup_sync();
       if (dq_issuer) {
-        reduce_add(&maps.dk_accum, s_part);
-        if constexpr (kBothAtOnce) reduce_add(&maps.dv_accum, s_part + kPartBytes);
+        reduce_add(dv_map, s_part);
         sm90::bulk_commit_group();
       }
-      if constexpr (!kBothAtOnce) {
-        if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
-        warpgroup_sync();
-        ws_stage_dq(dv_frag, box_at(s_part), warp_in_wg * 16 + group, tig);
-        sm90::fence_proxy_async();
-        warpgroup_sync();
-        if (dq_issuer) {
-          reduce_add(&maps.dv_accum, s_part);
-          sm90::bulk_commit_group();
-        }
+    }
+  };
+  int tile, piece = -1, tail_index = -1;
+  if (Cfg::kTailSplit && !kKeyBias && p.bwd_tail_pieces > 1) ws_tail_tile(p, tile, piece, tail_index);
+  (void)tile;
+  if (piece >= 0) {
+    // A piece of a tail tile (the launch's last wave split, p.bwd_tail_pieces > 1): its dK, dV (unscaled) added into
+    // the tile's fp32 rows of p.bwd_tail_dkv (maps.dk_accum / dv_accum over them; rows past seqlen_k get zeros), then,
+    // once this CTA's reduce-adds (dQ's too) have completed, counted in the tile's count with release semantics
+    // (ws_key_block_done's order). The piece that counts last acquires the others' sums, reads the whole tile's
+    // (through the L2) into its fragments, and stores them as a whole tile's CTA does (and counts the key block
+    // finished for the dQ conversion); the others are done.
+    add_dkv(&maps.dk_accum, &maps.dv_accum, tail_index * kBlockN + wg * 64, 1.f);
+    if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();
+    sm90::fence_proxy_async_global();
+    ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
+    // (the flag in dS^T's first buffer, which no product reads any more)
+    volatile int* const last_piece = reinterpret_cast<volatile int*>(smem_at(sDs(0)));
+    if (ctid == 0) {
+      *last_piece = ptx::atom_add_acq_rel_gpu(p.bwd_tail_counts + tail_index, 1) == p.bwd_tail_pieces - 1;
+    }
+    ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
+    if (*last_piece == 0) return;
+    __threadfence();  // (the acquire above, then every thread's reads)
+    const int64_t tile_floats = int64_t(kBlockN) * kHeadDim;
+    const float* dk_sum = p.bwd_tail_dkv + tail_index * tile_floats;
+    const float* dv_sum = dk_sum + p.bwd_tail_tiles * tile_floats;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int nt = 0; nt < kDTiles; ++nt) {
+        const int64_t at = int64_t(key0 + 8 * half) * kHeadDim + 8 * nt + 2 * tig;
+        const float2 k2 = __ldcg(reinterpret_cast<const float2*>(dk_sum + at));
+        const float2 v2 = __ldcg(reinterpret_cast<const float2*>(dv_sum + at));
+        dk_frag[nt][half * 2] = k2.x, dk_frag[nt][half * 2 + 1] = k2.y;
+        dv_frag[nt][half * 2] = v2.x, dv_frag[nt][half * 2 + 1] = v2.y;
       }
     }
+  }
+  if (p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kAccumulate) {
+    // GQA with one CTA per query head: dK = scale dS^T Q and dV added into the kv head's fp32 accumulators (the
+    // first of this warpgroup's 64 keys as a row of the (batch, nheads_k, seqlen_k) accumulators; the keys past
+    // seqlen_k add exact zeros into the next head's first rows, as dQ's rows past seqlen_q do: P is 0 there)
+    add_dkv(&maps.dk_accum, &maps.dv_accum, (batch * p.nheads_k + blk.head_k) * p.seqlen_k + n0 + wg * 64, p.scale);
   } else if (!FA2_BWD_STAGED_DKV || fp32_dkv) {
     ws_store_dk_dv<T>(p, dk_frag, dv_frag, batch, p.gqa_dkv == GqaDkv::kPartials ? head : blk.head_k, n0 + key0, 0,
                       tig);

@@ -57,6 +57,40 @@ FA2_TILE_ORDER_FN int tile_order_tail(int blocks, int heads, int slots) {
   return tail < heads ? int(tail) : heads;
 }
 
+// The split of a launch's last partial wave (the warp-specialized backward's, bwd_launch.h, bwd_tail_split): `tiles`
+// tiles of equal length (`query_blocks` steps each: no causal lengths) on `slots` CTAs at once (one per SM) run in
+// tiles / slots full waves and a last one of rest = tiles % slots tiles, during which slots - rest SMs idle (up to a
+// wave's time: 3% of a 16k-token backward's 15.5 waves at d 128, 31.03 at d 64). Split into k CTAs of a tile's
+// query blocks each, the last `rest` tiles take ceil(rest k / slots) rounds of 1 / k of a tile, plus each piece's
+// own cost (its K / V load, the pipeline's fill, its fp32 dK / dV added and counted, the last piece's sums read
+// back), about piece_overhead_blocks steps: {tiles: rest, pieces: k} for the k that costs least, where that saves
+// at least min_gain of the launch (measured: benchmarks/results/bwd_tail_split_h200-*.json); else {0, 1}.
+struct TailSplit {
+  int tiles;
+  int pieces;
+};
+struct TailSplitTuning {
+  int max_pieces;
+  int min_piece_blocks;          // query blocks a piece has at least
+  double piece_overhead_blocks;  // a piece's own cost, in steps (query blocks)
+  double min_gain;               // of the launch's time
+};
+FA2_TILE_ORDER_FN TailSplit tail_split(int64_t tiles, int query_blocks, int slots, const TailSplitTuning& tuning) {
+  if (tiles <= 0 || slots <= 0 || query_blocks <= 0) return TailSplit{0, 1};
+  const int64_t full_waves = tiles / slots;
+  const int rest = int(tiles % slots);
+  if (rest == 0) return TailSplit{0, 1};
+  double best = 1.0;  // the last wave's time in tiles' times, unsplit
+  int best_pieces = 1;
+  for (int k = 2; k <= tuning.max_pieces && k * tuning.min_piece_blocks <= query_blocks; ++k) {
+    const int64_t rounds = (int64_t(rest) * k + slots - 1) / slots;
+    const double cost = double(rounds) / k + double(rounds) * tuning.piece_overhead_blocks / query_blocks;
+    if (cost < best) best = cost, best_pieces = k;
+  }
+  if (best_pieces == 1 || (1.0 - best) < tuning.min_gain * double(full_waves + 1)) return TailSplit{0, 1};
+  return TailSplit{rest, best_pieces};
+}
+
 // (compile-time check: every (head, block) pair exactly once, for a few shapes)
 constexpr bool tile_order_is_a_permutation(int blocks, int heads, int tail) {
   bool seen[64] = {};
@@ -76,5 +110,12 @@ static_assert(tile_order_is_a_permutation(5, 7, 0) && tile_order_is_a_permutatio
 static_assert(tile_order_tail(16, 128, 132) == 32 && tile_order_tail(64, 8, 132) == 8 &&
                   tile_order_tail(1, 4, 132) == 0 && tile_order_tail(67, 64, 132) == 0,
               "tile_order_tail");
+// d 128 at 16k tokens, S 4k (2048 tiles of 64 query blocks, 68 in the last wave on 132 SMs): 5 pieces (3 rounds of
+// a fifth); d 64 at S 4k (4096 tiles of 32, 4 left): 16; a full last wave: none
+static_assert(tail_split(2048, 64, 132, TailSplitTuning{16, 2, 2.0, 0.005}).pieces == 5 &&
+                  tail_split(2048, 64, 132, TailSplitTuning{16, 2, 2.0, 0.005}).tiles == 68 &&
+                  tail_split(4096, 32, 132, TailSplitTuning{16, 2, 2.0, 0.005}).pieces == 16 &&
+                  tail_split(132 * 4, 64, 132, TailSplitTuning{16, 2, 2.0, 0.005}).pieces == 1,
+              "tail_split");
 
 }  // namespace fa2
