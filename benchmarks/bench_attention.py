@@ -72,10 +72,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # d 64 / 128 plain calls on bwd_kernel.cuh's wgmma instances.
 # fa2-kbias-off: fa2 with the backward's key-row bias variant switched off (fa2._C.set_key_bias_backward): padding
 # masks on the general bias path, as before it became the default (--masks padding --pass bwd,fwdbwd).
-# fa2-nosplit: fa2 with the warp-specialized backward's split of its last partial wave off (fa2._C.set_bwd_tail_split):
-# one CTA per (key block, head) throughout (--causal no --pass bwd,fwdbwd at d 64 / 128).
+# fa2-nosplit / fa2-split: fa2 with the warp-specialized backward's split of its last partial wave
+# (fa2._C.set_bwd_tail_split) off (one CTA per (key block, head) throughout) / on wherever its cost model gains (the
+# default splits only where it was measured to pay; --causal no --pass bwd,fwdbwd at d 64 / 128).
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
-                "fa2-nosplit": {"bwd_tail_split": False},
+                "fa2-nosplit": {"bwd_tail_split": 0},
+                "fa2-split": {"bwd_tail_split": 1},
                 "fa2-bwd80": {"sm90_backward": False},
                 "fa2-bwdnows": {"sm90_ws_backward": False},
                 "fa2-kbias-off": {"key_bias_backward": False},
@@ -85,7 +87,7 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-wsov": {"sm90_schedule": "overlap"},
                 "fa2-wsppov": {"sm90_schedule": "pingpong-overlap"},
                 "fa2-nopers": {"persistent_forward_ctas": 0}}
-IMPLS = ("fa2", "fa2-nosplit", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov",
+IMPLS = ("fa2", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov",
          "fa2-wsppov", "fa2-nopers", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}

@@ -33,8 +33,8 @@ inline void set_persistent_forward_ctas(int) {}
 inline int persistent_forward_ctas() { return 0; }
 inline void set_tile_order_tail(bool) {}
 inline bool tile_order_tail_enabled() { return false; }
-inline void set_bwd_tail_split(bool) {}
-inline bool bwd_tail_split() { return false; }
+inline void set_bwd_tail_split(int) {}
+inline int bwd_tail_split() { return 0; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
   *schedule = Sm90Schedule::kAuto;
   return nullptr;
@@ -113,8 +113,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_tile_order_tail", &fa2::set_tile_order_tail, py::arg("enabled"));
   m.def("tile_order_tail", &fa2::tile_order_tail_enabled);
   // the warp-specialized backward's last partial wave split into CTAs over parts of a tile's query blocks
-  // (bwd_launch.h): on by default, off = one CTA per tile (tests, A/B timing)
-  m.def("set_bwd_tail_split", &fa2::set_bwd_tail_split, py::arg("enabled"));
+  // (bwd_launch.h): -1 where its tiles have the query blocks it was measured to pay at (default), 0 never (one CTA
+  // per tile), 1 wherever the cost model gains (tests, A/B timing)
+  m.def("set_bwd_tail_split", &fa2::set_bwd_tail_split, py::arg("mode"));
   m.def("bwd_tail_split", &fa2::bwd_tail_split);
   // what it does on this GPU for a plain (no bias, no softcap, not deterministic) backward call: (tiles split,
   // pieces each, the grid's tiles); (0, 1, 0) where it does not split (or this build has no CUDA kernels)

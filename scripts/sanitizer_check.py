@@ -53,10 +53,11 @@ CASES = [
     dict(shape=(2, 133, 200, 4, 2, 256), flags=dict(causal=True)),  # (d 256: the headdim-split kernel)
     dict(shape=(1, 200, 330, 2, 2, 256), flags={}),  # (d 256 without GQA: T dK, dV, not fp32 partials; a key tail)
     dict(shape=(3, 131, 150, 2, 1, 64), flags={}),
-    # its last wave split (fewer tiles than SMs: every tile run as pieces over its query blocks, fp32 dK / dV added
-    # into the workspace, the last piece storing the sums; bwd_tail_split_plan), a key tail in a split tile
-    dict(shape=(1, 400, 300, 2, 2, 128), flags={}),
-    dict(shape=(1, 530, 300, 2, 2, 64), flags={}),
+    # its last wave split (fa2._C.set_bwd_tail_split(1): the default splits only longer query ranges; fewer tiles
+    # than SMs: every tile run as pieces over its query blocks, fp32 dK / dV added into the workspace, the last piece
+    # storing the sums; bwd_tail_split_plan), a key tail in a split tile
+    dict(shape=(1, 400, 300, 2, 2, 128), flags={}, tail_split=True),
+    dict(shape=(1, 530, 300, 2, 2, 64), flags={}, tail_split=True),
     # GQA 4:1 with a padding mask (gpu_validate's sanitize-gqa step has each CTA sum the group: the ring runs on
     # across the group's heads), and causal 3:1 with more queries than keys
     dict(shape=(2, 140, 300, 8, 2, 64), flags={}, padding=True),
@@ -81,6 +82,7 @@ for dtype in (torch.bfloat16, torch.float16):
             bias[0, ..., 128:256] = bias[0, ..., sk * 3 // 4:] = bias[1] = float("-inf")
         elif case.get("bool_bias"):
             bias = torch.rand(b, h, sq, sk, device="cuda") > 0.2
+        fa2._C.set_bwd_tail_split(1 if case.get("tail_split") else -1)
         out = fa2.attention(q, k, v, bias, **case["flags"])
         grads = torch.autograd.grad(out, [t for t in (q, k, v, bias) if t is not None and t.requires_grad],
                                     torch.randn_like(out))

@@ -432,23 +432,33 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
 @pytest.mark.parametrize("d", [64, 128])
 def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
     """Where the warp-specialized backward's grid ends in a partial wave (tiles = key blocks x heads x batch not a
-    multiple of the SMs; no causal mask or window, no bias, no GQA), the last wave's tiles each run as several CTAs over
-    consecutive parts of the tile's query blocks (fa2/tile_order.h, tail_split; bwd_ws_kernel.cuh): a 1-D grid of the
-    whole tiles then the pieces, as fa2._C.bwd_tail_split_plan says; the pieces add their fp32 dK, dV into the
-    workspace and the last of a tile's pieces stores the sums. Against set_bwd_tail_split(False) (one CTA per tile, a
+    multiple of the SMs; no causal mask or window, no bias, no GQA), the last wave's tiles may each run as several CTAs
+    over consecutive parts of the tile's query blocks (fa2/tile_order.h, tail_split; bwd_ws_kernel.cuh): a 1-D grid of
+    the whole tiles then the pieces, as fa2._C.bwd_tail_split_plan says; the pieces add their fp32 dK, dV into the
+    workspace and the last of a tile's pieces stores the sums. By default (set_bwd_tail_split(-1)) only where a tile
+    has the query blocks it was measured to pay at (bwd_tile_config.h, kTailSplitMinQueryBlocks: 4096 queries at d 64,
+    16384 at d 128); with 1 wherever the cost model gains, as here on small shapes. Against 0 (one CTA per tile, a
     (key blocks, heads, batch) grid): dK and dV of the tiles that are not split bitwise equal, of the split ones and dQ
     (sums in another order) within a rounding; all follow the rule against the fp32 reference. Shapes: fewer tiles than
     SMs (every tile split), full waves then a partial one, query and key tails (the last key block's rows past seqlen_k
     in a split tile), seqlen_q != seqlen_k."""
     require_ws_backward(d)
-    assert fa2._C.bwd_tail_split(), "on by default (FA2_NO_BWD_TAIL_SPLIT unset)"
+    assert fa2._C.bwd_tail_split() == -1, "auto by default (FA2_BWD_TAIL_SPLIT unset)"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     block_n = 128  # (BwdWsTileConfig's keys per tile at d 64 / 128)
+    min_queries = 4096 if d == 64 else 16384  # (kTailSplitMinQueryBlocks x kBlockM)
+    # the default's threshold (a plan only: 4 tiles of 512 keys, fewer than the SMs)
+    assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries, 512, d)[1] > 1
+    assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] == 1
+    with switch("bwd_tail_split", 1):
+        assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] > 1
     g = torch.Generator(device="cuda").manual_seed(23)
     cases = [(1, 1000, 1000, 3), (2, 533, 461, 4), (1, 1037, 700, 5), (2, 1024, 520, sms // 10 + 6)]
     for b, sq, sk, h in cases:
         case = f"d {d} {(b, sq, sk, h)}"
-        tiles, pieces, grid_tiles = fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)
+        assert fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1, case  # (below the default's threshold)
+        with switch("bwd_tail_split", 1):
+            tiles, pieces, grid_tiles = fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)
         key_blocks = (sk + block_n - 1) // block_n
         assert pieces > 1 and 0 < tiles < sms and grid_tiles == key_blocks * h * b, (case, tiles, pieces, grid_tiles)
         q, k, v = make_qkv(b, sq, sk, h, h, d, dtype=dtype, device="cuda", requires_grad=True, generator=g)
@@ -461,9 +471,10 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
             assert len(ws) == 1, (case, grids)
             return ws[0]
 
-        assert ws_grid() == [grid_tiles - tiles + tiles * pieces, 1, 1], case
-        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-        with switch("bwd_tail_split", False):
+        with switch("bwd_tail_split", 1):
+            assert ws_grid() == [grid_tiles - tiles + tiles * pieces, 1, 1], case
+            grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        with switch("bwd_tail_split", 0):
             assert fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1
             assert ws_grid() == [key_blocks, h, b], case
             grads_off = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -492,6 +503,10 @@ def _ws_backward_grid_and_peak(out, inputs, dout, mode, accumulate=True):
     with switch("bwd_gqa_grouping", mode), switch("bwd_gqa_accumulate", accumulate):
         grids = cuda_kernel_grids(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True))
         torch.cuda.synchronize()
+        # (from fresh segments: a cached block larger than a request by less than the allocator splits off counts
+        # whole, so that the peak would depend on what earlier tests left cached: ~0.1 MB here after
+        # test_sm90_ws_backward_splits_its_last_wave)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         grads = torch.autograd.grad(out, inputs, dout, retain_graph=True)

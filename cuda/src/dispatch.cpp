@@ -74,9 +74,6 @@ Switch g_tile_order_tail{"FA2_NO_TILE_ORDER_TAIL", /*when_set=*/false};
 // Whether a GQA backward's CTAs that do not sum a group add their dK, dV into fp32 accumulators (bwd_launch.h;
 // FA2_BWD_GQA_NO_ACCUMULATE=1 turns it off: fp32 partials per query head, e.g. to time them on the same build).
 Switch g_bwd_gqa_accumulate{"FA2_BWD_GQA_NO_ACCUMULATE", /*when_set=*/false};
-// Whether the warp-specialized backward splits its last partial wave (bwd_launch.h; FA2_NO_BWD_TAIL_SPLIT=1 turns it
-// off).
-Switch g_bwd_tail_split{"FA2_NO_BWD_TAIL_SPLIT", /*when_set=*/false};
 // The warp-specialized forward's persistent grid (launch.h): at most this many CTAs, -1 one per SM, 0 not
 // persistent; kUnread until FA2_PERSISTENT_FWD_CTAS is read.
 constexpr int kPersistentUnread = -2;
@@ -85,6 +82,9 @@ std::atomic<int> g_persistent_ctas{kPersistentUnread};
 // until FA2_BWD_GQA_GROUPING is read.
 constexpr int kGroupingUnread = -2;
 std::atomic<int> g_bwd_gqa_grouping{kGroupingUnread};
+// Where the warp-specialized backward splits its last partial wave (bwd_launch.h): -1 auto, 0 never, 1 wherever the
+// cost model gains; kGroupingUnread until FA2_BWD_TAIL_SPLIT is read.
+std::atomic<int> g_bwd_tail_split{kGroupingUnread};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
@@ -180,6 +180,14 @@ int bwd_gqa_grouping() {  // ("0" never, "1" always, anything else auto)
     return env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
   });
 }
+void set_bwd_tail_split(int mode) {
+  g_bwd_tail_split.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
+}
+int bwd_tail_split() {  // ("0" never, "1" always, anything else auto)
+  return setting_read_once(g_bwd_tail_split, kGroupingUnread, "FA2_BWD_TAIL_SPLIT", [](const char* env) {
+    return env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
+  });
+}
 void set_bwd_gqa_accumulate(bool enabled) { g_bwd_gqa_accumulate.set(enabled); }
 bool bwd_gqa_accumulate() { return g_bwd_gqa_accumulate.on(); }
 bool arch_specific_kernels() { return g_arch_specific.on(); }
@@ -255,20 +263,19 @@ int launch_tile_order_tail(const AttentionParams& p, int blocks, int heads_per_b
   return tile_order_tail(blocks, int(heads), device_sm_count());
 }
 
-void set_bwd_tail_split(bool enabled) { g_bwd_tail_split.set(enabled); }
-bool bwd_tail_split() { return g_bwd_tail_split.on(); }
-
 BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& p) {
   BwdTailSplitPlan plan;
   const BwdTailSplitShape shape = bwd_tail_split_shape_at(p.headdim_rounded);
-  if (shape.block_n == 0 || p.deterministic || p.window_left >= 0 || p.window_right >= 0 ||
-      p.bias_type != BiasType::kNone || p.softcap != 0.f || p.h_h_k_ratio != 1 || !g_bwd_tail_split.on() ||
-      !g_sm90_backward.on() || !g_sm90_ws_backward.on() || device_cc_major() != 9) {
+  const int mode = bwd_tail_split();
+  if (shape.block_n == 0 || mode == 0 || p.deterministic || p.window_left >= 0 || p.window_right >= 0 ||
+      p.bias_type != BiasType::kNone || p.softcap != 0.f || p.h_h_k_ratio != 1 || !g_sm90_backward.on() ||
+      !g_sm90_ws_backward.on() || device_cc_major() != 9) {
     return plan;
   }
   const int64_t tiles = int64_t((p.seqlen_k + shape.block_n - 1) / shape.block_n) * p.nheads * p.batch;
   const int query_blocks = (p.seqlen_q + shape.block_m - 1) / shape.block_m;
   if (tiles > 0x7fffffff / kBwdTailSplitTuning.max_pieces) return plan;  // (the split grid's CTAs fit an int)
+  if (mode < 0 && query_blocks < shape.min_query_blocks) return plan;  // (auto: where it was measured to pay)
   const TailSplit split = tail_split(tiles, query_blocks, device_sm_count(), kBwdTailSplitTuning);
   if (split.pieces <= 1) return plan;
   plan.tiles = split.tiles, plan.pieces = split.pieces, plan.grid_tiles = int(tiles);

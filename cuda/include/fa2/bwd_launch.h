@@ -68,9 +68,10 @@ void set_bwd_gqa_accumulate(bool enabled);
 bool bwd_gqa_accumulate();
 
 // The warp-specialized backward's split of its grid's last partial wave for a call (tile_order.h, tail_split, with
-// bwd_tile_config.h's kBwdTailSplitTuning; bwd_ws_kernel.cuh): pieces > 1 where it splits: switched on, not
-// deterministic, no causal mask or window, no bias or softcap, no GQA, a headdim whose kernel has it
-// (BwdWsTileConfig::kTailSplit: 64, 128), a compute capability 9.0 GPU, the sm_90a and ws backward switched on. The
+// bwd_tile_config.h's kBwdTailSplitTuning; bwd_ws_kernel.cuh): pieces > 1 where it splits: bwd_tail_split() 1, or
+// -1 (auto) with at least the headdim's kTailSplitMinQueryBlocks query blocks a tile; not deterministic, no causal
+// mask or window, no bias or softcap, no GQA, a headdim whose kernel has it (BwdWsTileConfig::kTailSplit: 64, 128), a
+// compute capability 9.0 GPU, the sm_90a and ws backward switched on. The
 // split tiles' dK, dV are then fp32 sums added in no fixed order (as dQ's always are in this mode). Its scratch (bwd_workspace_ints counts it)
 // follows the finished-CTA counts in params.workspace: workspace_offset ints, then zero_ints ints (a count per tail
 // tile, rounded up to 4, then fp32 dK and dV rows) that bwd_preprocess_kernel zeroes. The launcher splits only where
@@ -83,9 +84,10 @@ struct BwdTailSplitPlan {
   int64_t zero_ints = 0;
 };
 BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& params);
-// On by default, unless the environment has FA2_NO_BWD_TAIL_SPLIT=1. For A/B timing and tests.
-void set_bwd_tail_split(bool enabled);
-bool bwd_tail_split();
+// -1 (auto, the default), 0 never, 1 wherever the cost model gains (tests, A/B timing); FA2_BWD_TAIL_SPLIT=0 / 1 in
+// the environment until set.
+void set_bwd_tail_split(int mode);
+int bwd_tail_split();
 
 // run_bwd's answers, with nothing launched, to a GQA / MQA call whose params.gqa_dkv no kernel that would run serves:
 // the caller gives fp32 accumulators per kv head, zeroed (gqa_dkv kAccumulate), or fp32 partials per query head

@@ -147,7 +147,7 @@ bool bwd_ws_groups_gqa(const AttentionParams& p, bool key_bias) {
 // its fp32 dK and dV rows (maps->dk_accum / dv_accum, which only GQA's accumulators use otherwise): false, q
 // unchanged, where the plan has none, the workspace does not hold its scratch, or a map is rejected.
 template <int kHeadDim>
-bool set_bwd_tail_split(AttentionParams& q, sm90::BwdTensorMaps* maps) {
+bool apply_bwd_tail_split(AttentionParams& q, sm90::BwdTensorMaps* maps) {
   using Cfg = BwdWsConfig<kHeadDim>;
   if constexpr (!Cfg::kTailSplit) {
     return false;
@@ -187,7 +187,7 @@ const char* launch_bwd_ws_kernel(const AttentionParams& p, const sm90::BwdTensor
   }
   const int num_n_blocks = bwd_ws_key_blocks<kHeadDim>(p);
   const int grid_heads = bwd::ws_groups_gqa(p) ? p.nheads_k : p.nheads;
-  // (with its last wave split, set_bwd_tail_split: a 1-D grid of the whole tiles, then the tail tiles' pieces)
+  // (with its last wave split, apply_bwd_tail_split: a 1-D grid of the whole tiles, then the tail tiles' pieces)
   const dim3 grid = p.bwd_tail_pieces > 1 ? dim3(unsigned(p.bwd_tail_grid_tiles - p.bwd_tail_tiles +
                                                           int64_t(p.bwd_tail_tiles) * p.bwd_tail_pieces))
                                           : dim3(num_n_blocks, grid_heads, p.batch);
@@ -249,9 +249,9 @@ const char* run_bwd_with_config(const AttentionParams& call, cudaStream_t stream
                                      : make_bwd_ws_maps<T, kHeadDim, false>(p, &ws_maps));
   }
   if (gqa && p.gqa_dkv != GqaDkv::kPartials && !ws) return kBwdNeedsGqaPartials;
-  // the ws kernel's last partial wave split (set_bwd_tail_split: its scratch zeroed by the preprocess kernel below)
+  // the ws kernel's last partial wave split (apply_bwd_tail_split: its scratch zeroed by the preprocess kernel below)
   if constexpr (kWsCapable) {
-    if (ws && !key_bias) set_bwd_tail_split<kHeadDim>(p, &ws_maps);
+    if (ws && !key_bias) apply_bwd_tail_split<kHeadDim>(p, &ws_maps);
   }
 
   // -- 1. D = rowsum(dO * O), dq_accum = 0 (and those counts)

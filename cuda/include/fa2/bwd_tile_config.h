@@ -225,6 +225,12 @@ struct BwdWsTileConfig {
   // kBwdTailSplitTuning) without causal lengths: their fp32 dK, dV added by the TMA into the workspace as GQA's
   // accumulators are, the last piece of a tile storing the sums (bwd_ws_kernel.cuh). (d 256: not written)
   static constexpr bool kTailSplit = true;
+  // ... by default (bwd_tail_split -1) only with at least this many query blocks a tile: H200, 16k tokens, no mask,
+  // backward alone and forward + backward, bf16 / fp16, split / not (benchmarks/results/
+  // attention_h200-20261204-tail-split.json, two rounds): d 64 +0.4..+2.6% from S 4k (32 blocks of 128 queries),
+  // -2.5..+0.6% at 1k / 2k; d 128 +0.6..+1.8% at 16k (256 blocks of 64), -5..+4% below (where the idle SMs of the
+  // unsplit last wave already run the overlapped dQ conversion)
+  static constexpr int kTailSplitMinQueryBlocks = kHeadDim <= 64 ? 32 : 256;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
   // start at one (both shapes give kDqCols 64)
@@ -332,26 +338,27 @@ constexpr bool bwd_ws_overlaps_dq_conversion() {
 }
 // The warp-specialized backward's split of its last partial wave (tile_order.h, tail_split; BwdWsTileConfig::
 // kTailSplit): at most 16 pieces of at least 2 query blocks, a piece's own cost taken as 2 query blocks', where it
-// saves at least 0.5% of the launch. (H200 measurements: benchmarks/results/bwd_tail_split_h200-*.json.)
+// saves at least 0.5% of the launch (measured: BwdWsTileConfig::kTailSplitMinQueryBlocks).
 constexpr TailSplitTuning kBwdTailSplitTuning{16, 2, 2.0, 0.005};
 // The tiles (block_m queries a step, block_n keys a tile) of an instantiated headdim's warp-specialized backward
-// where it splits its tail, else {0, 0} (bwd_tail_split, at run time).
+// where it splits its tail, and the query blocks a tile needs for the default to (kTailSplitMinQueryBlocks), else
+// {0, 0, 0} (bwd_tail_split_plan, at run time).
 struct BwdTailSplitShape {
-  int block_m, block_n;
+  int block_m, block_n, min_query_blocks;
 };
 template <int kHeadDim>
 constexpr BwdTailSplitShape bwd_tail_split_shape() {
   if constexpr (bwd_ws_headdim(kHeadDim)) {
     using Cfg = BwdWsConfig<kHeadDim>;
-    if constexpr (Cfg::kTailSplit) return BwdTailSplitShape{Cfg::kBlockM, Cfg::kBlockN};
+    if constexpr (Cfg::kTailSplit) return BwdTailSplitShape{Cfg::kBlockM, Cfg::kBlockN, Cfg::kTailSplitMinQueryBlocks};
   }
-  return BwdTailSplitShape{0, 0};
+  return BwdTailSplitShape{0, 0, 0};
 }
 constexpr BwdTailSplitShape bwd_tail_split_shape_at(int headdim) {
   return headdim == 64    ? bwd_tail_split_shape<64>()
          : headdim == 128 ? bwd_tail_split_shape<128>()
          : headdim == 256 ? bwd_tail_split_shape<256>()
-                          : BwdTailSplitShape{0, 0};
+                          : BwdTailSplitShape{0, 0, 0};
 }
 // The same for an instantiated headdim given at run time (bwd_workspace_ints, the Python module's list).
 constexpr bool bwd_ws_overlaps_dq_conversion_at(int headdim) {

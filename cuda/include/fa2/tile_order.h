@@ -64,7 +64,8 @@ FA2_TILE_ORDER_FN int tile_order_tail(int blocks, int heads, int slots) {
 // query blocks each, the last `rest` tiles take ceil(rest k / slots) rounds of 1 / k of a tile, plus each piece's
 // own cost (its K / V load, the pipeline's fill, its fp32 dK / dV added and counted, the last piece's sums read
 // back), about piece_overhead_blocks steps: {tiles: rest, pieces: k} for the k that costs least, where that saves
-// at least min_gain of the launch (measured: benchmarks/results/bwd_tail_split_h200-*.json); else {0, 1}.
+// at least min_gain of the launch; else {0, 1}. (Where it paid on the H200: bwd_tile_config.h,
+// kTailSplitMinQueryBlocks.)
 struct TailSplit {
   int tiles;
   int pieces;
