@@ -12,6 +12,8 @@
 #   4a. bwd_kernel.cuh's wgmma backward where the warp-specialized one is the default, FA2_DISABLE_SM90_WS_BACKWARD=1
 #   4b. the backward's general bias path for padding masks, FA2_DISABLE_KEY_BIAS_BWD=1 (the default is its key-row
 #      variant): the CUDA tests of ops and API with it
+#   3a. the warp-specialized backward's last wave split wherever its cost model gains, FA2_BWD_TAIL_SPLIT=1 (the
+#      default splits only long query ranges): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   4c. the sm80-path backward's small-shared-memory tiles (sm86 / sm89), FA2_BWD_SMALL_TILES=1 with
 #      FA2_DISABLE_SM90_BACKWARD=1: the CUDA tests of ops and API, then memcheck + racecheck
 #   5. a quick side-by-side forward timing: fa2 (sm_90a, default schedules), fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov
@@ -21,7 +23,8 @@
 # Each step has its own time limit, so that one hang cannot eat the whole call (the device call's limit is 600 s).
 # Usage (from the repository root, on the GPU machine): bash scripts/gpu_validate.sh [steps...]
 #   steps (default: all, in this order): probes tests tests-ws memcheck sanitize-gqa sanitize-ws sanitize-wspp
-#   sanitize-wsov sanitize-wsppov tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench
+#   sanitize-wsov sanitize-wsppov tests-split sanitize-split tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off
+#   tests-bwd-small bench
 #   ("tests" builds; "build" only builds; "pytest" is "tests" without the build, e.g. run beside the sanitizer steps
 #   in another invocation with its own OUT: both only read the built extension)
 set -uo pipefail
@@ -36,7 +39,7 @@ STEP_LOGS=$OUT
 source scripts/steps.sh
 
 all_steps=(probes tests tests-ws memcheck sanitize-gqa sanitize-ws sanitize-wspp sanitize-wsov sanitize-wsppov
-  tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench)
+  tests-split sanitize-split tests-bwd80 sanitize-bwd80 tests-bwd-nows tests-kbias-off tests-bwd-small bench)
 [ $# -eq 0 ] && set -- "${all_steps[@]}"
 selected=" $* "
 want_step() { [[ "$selected" == *" $1 "* ]]; }
@@ -82,6 +85,13 @@ want_step sanitize-wsov && step sanitize-wsov 120 env PYTHONPATH=python FA2_SM90
 # (pingpong-overlap with the cap: causal / windowed d 128 calls run the tile-counter forward, so memcheck too)
 want_step sanitize-wsppov && step sanitize-wsppov 180 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
   FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck,synccheck
+# the warp-specialized backward's last wave split wherever its cost model gains (FA2_BWD_TAIL_SPLIT=1; by default only
+# long query ranges split, which the tests' shapes are not): the CUDA tests of the ops, the API and Hopper, then memcheck
+# + racecheck of the sanitizer grid
+want_step tests-split && step tests-split 300 env PYTHONPATH=python FA2_BWD_TAIL_SPLIT=1 "$PY" \
+  scripts/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
+want_step sanitize-split && step sanitize-split 120 env PYTHONPATH=python FA2_BWD_TAIL_SPLIT=1 "$PY" \
+  scripts/sanitizer_check.py --tools memcheck,racecheck
 # the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
 # tests of the ops and the API with it, then memcheck + racecheck
 want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
@@ -110,7 +120,7 @@ want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_a
 
 echo "== gpu_validate (FA2_CUDA_ARCHS=$FA2_CUDA_ARCHS, logs in $OUT)"
 print_steps
-test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-bwd80.log" "$OUT/tests-bwd-nows.log"
+test_logs=("$OUT/tests.log" "$OUT/tests-ws.log" "$OUT/tests-split.log" "$OUT/tests-bwd80.log" "$OUT/tests-bwd-nows.log"
   "$OUT/tests-kbias-off.log" "$OUT/tests-bwd-small.log")
 grep -HE "passed|failed" "${test_logs[@]}" 2>/dev/null | tail -n "${#test_logs[@]}"
 grep -hE "^(FAILED|ERROR)" "${test_logs[@]}" "$OUT"/1-gpu_pytest.log 2>/dev/null | head -20

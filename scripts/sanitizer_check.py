@@ -82,10 +82,13 @@ for dtype in (torch.bfloat16, torch.float16):
             bias[0, ..., 128:256] = bias[0, ..., sk * 3 // 4:] = bias[1] = float("-inf")
         elif case.get("bool_bias"):
             bias = torch.rand(b, h, sq, sk, device="cuda") > 0.2
-        fa2._C.set_bwd_tail_split(1 if case.get("tail_split") else -1)
+        split_before = fa2._C.bwd_tail_split()  # (FA2_BWD_TAIL_SPLIT, or the default)
+        if case.get("tail_split"):
+            fa2._C.set_bwd_tail_split(1)
         out = fa2.attention(q, k, v, bias, **case["flags"])
         grads = torch.autograd.grad(out, [t for t in (q, k, v, bias) if t is not None and t.requires_grad],
                                     torch.randn_like(out))
+        fa2._C.set_bwd_tail_split(split_before)
         with fa2.deterministic():
             out = fa2.attention(q, k, v, bias, **case["flags"])
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))

@@ -443,20 +443,23 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
     SMs (every tile split), full waves then a partial one, query and key tails (the last key block's rows past seqlen_k
     in a split tile), seqlen_q != seqlen_k."""
     require_ws_backward(d)
-    assert fa2._C.bwd_tail_split() == -1, "auto by default (FA2_BWD_TAIL_SPLIT unset)"
+    if os.environ.get("FA2_BWD_TAIL_SPLIT") is None:
+        assert fa2._C.bwd_tail_split() == -1, "auto by default (FA2_BWD_TAIL_SPLIT unset)"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     block_n = 128  # (BwdWsTileConfig's keys per tile at d 64 / 128)
     min_queries = 4096 if d == 64 else 16384  # (kTailSplitMinQueryBlocks x kBlockM)
     # the default's threshold (a plan only: 4 tiles of 512 keys, fewer than the SMs)
-    assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries, 512, d)[1] > 1
-    assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] == 1
+    with switch("bwd_tail_split", -1):
+        assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries, 512, d)[1] > 1
+        assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] == 1
     with switch("bwd_tail_split", 1):
         assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] > 1
     g = torch.Generator(device="cuda").manual_seed(23)
     cases = [(1, 1000, 1000, 3), (2, 533, 461, 4), (1, 1037, 700, 5), (2, 1024, 520, sms // 10 + 6)]
     for b, sq, sk, h in cases:
         case = f"d {d} {(b, sq, sk, h)}"
-        assert fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1, case  # (below the default's threshold)
+        with switch("bwd_tail_split", -1):  # (below the default's threshold)
+            assert fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1, case
         with switch("bwd_tail_split", 1):
             tiles, pieces, grid_tiles = fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)
         key_blocks = (sk + block_n - 1) // block_n
