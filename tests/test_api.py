@@ -265,7 +265,7 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
                 kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a,bwd_bf16_hdim64_sm90a,bwd_bf16_hdim128_sm90a")
     monkeypatch.setattr(fa2, "build_info", lambda: info)
     for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto"),
-                        ("key_bias_backward", False), ("bwd_gqa_accumulate", False)]:
+                        ("key_bias_backward", False), ("bwd_gqa_accumulate", False), ("bwd_tail_split", -1)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
@@ -275,6 +275,8 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     assert "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)" in out, out
     assert "GQA backward groups" in out and "(FA2_BWD_GQA_GROUPING=0 / 1)" in out, out
     assert "fp32 partials per query head (FA2_BWD_GQA_NO_ACCUMULATE)" in out, out
+    assert "ws backward last-wave split : where its tiles have the query blocks it was measured to pay at" in out, out
+    assert "(FA2_BWD_TAIL_SPLIT=0 / 1)" in out, out
     for name, value in [("sm90_backward", True), ("key_bias_backward", True), ("sm90_ws_backward", True),
                         ("bwd_gqa_accumulate", True)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
