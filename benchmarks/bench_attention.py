@@ -87,8 +87,9 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-wsov": {"sm90_schedule": "overlap"},
                 "fa2-wsppov": {"sm90_schedule": "pingpong-overlap"},
                 "fa2-nopers": {"persistent_forward_ctas": 0}}
-IMPLS = ("fa2", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov",
-         "fa2-wsppov", "fa2-nopers", "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa")
+IMPLS = ("fa2", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe",
+         "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "torch-fa2", "cudnn", "efficient", "math", "flex",
+         "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}

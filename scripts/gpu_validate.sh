@@ -7,13 +7,13 @@
 #      the GQA backward's groups summed in its CTAs, FA2_BWD_GQA_GROUPING=1; and with each warp-specialized
 #      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", "overlap" and
 #      "pingpong-overlap"; "ws", "overlap" and "pingpong-overlap" with at most 3 persistent CTAs)
+#   3a. the warp-specialized backward's last wave split wherever its cost model gains, FA2_BWD_TAIL_SPLIT=1 (the
+#      default splits only long query ranges): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   4. the sm80-path backward on the same build, FA2_DISABLE_SM90_BACKWARD=1 (the default is its sm_90a wgmma
 #      instances): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   4a. bwd_kernel.cuh's wgmma backward where the warp-specialized one is the default, FA2_DISABLE_SM90_WS_BACKWARD=1
 #   4b. the backward's general bias path for padding masks, FA2_DISABLE_KEY_BIAS_BWD=1 (the default is its key-row
 #      variant): the CUDA tests of ops and API with it
-#   3a. the warp-specialized backward's last wave split wherever its cost model gains, FA2_BWD_TAIL_SPLIT=1 (the
-#      default splits only long query ranges): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
 #   4c. the sm80-path backward's small-shared-memory tiles (sm86 / sm89), FA2_BWD_SMALL_TILES=1 with
 #      FA2_DISABLE_SM90_BACKWARD=1: the CUDA tests of ops and API, then memcheck + racecheck
 #   5. a quick side-by-side forward timing: fa2 (sm_90a, default schedules), fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov

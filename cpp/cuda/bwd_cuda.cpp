@@ -111,7 +111,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
                      : deterministic     ? cuda_glue::zeroed_ints(workspace_ints, q.options(), stream)
                                          : at::empty({workspace_ints}, q.options().dtype(at::kInt));
   params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
-  params.workspace_ints = workspace_ints > 0 ? workspace_ints : 0;
+  params.workspace_ints = workspace_ints;
 
   const char* err = run_bwd(params, stream);
   if (gqa && err == kBwdNeedsGqaAccumulators) {  // (nothing was launched)

@@ -78,13 +78,13 @@ Switch g_bwd_gqa_accumulate{"FA2_BWD_GQA_NO_ACCUMULATE", /*when_set=*/false};
 // persistent; kUnread until FA2_PERSISTENT_FWD_CTAS is read.
 constexpr int kPersistentUnread = -2;
 std::atomic<int> g_persistent_ctas{kPersistentUnread};
-// Whether a GQA backward's CTAs may each sum a group (bwd_launch.h): -1 auto, 0 never, 1 always; kGroupingUnread
-// until FA2_BWD_GQA_GROUPING is read.
-constexpr int kGroupingUnread = -2;
-std::atomic<int> g_bwd_gqa_grouping{kGroupingUnread};
+// The -1 / 0 / 1 mode settings (auto / never / forced) read from the environment once: kModeUnread until then.
+constexpr int kModeUnread = -2;
+// Whether a GQA backward's CTAs may each sum a group (bwd_launch.h): -1 auto, 0 never, 1 always (FA2_BWD_GQA_GROUPING).
+std::atomic<int> g_bwd_gqa_grouping{kModeUnread};
 // Where the warp-specialized backward splits its last partial wave (bwd_launch.h): -1 auto, 0 never, 1 wherever the
-// cost model gains; kGroupingUnread until FA2_BWD_TAIL_SPLIT is read.
-std::atomic<int> g_bwd_tail_split{kGroupingUnread};
+// cost model gains (FA2_BWD_TAIL_SPLIT).
+std::atomic<int> g_bwd_tail_split{kModeUnread};
 // The sm_90a forward's schedule (launch.h): an Sm90Schedule value; -1: FA2_SM90_SCHEDULE not read yet; -2: it names
 // no schedule.
 constexpr int kScheduleUnread = -1, kScheduleInvalid = -2;
@@ -172,21 +172,21 @@ int persistent_forward_ctas() {
                : int(value);
   });
 }
+// A mode setting's value from its environment variable: "0" 0, "1" 1, anything else (or unset) -1.
+static int parse_mode_env(const char* env) {
+  return env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
+}
 void set_bwd_gqa_grouping(int mode) {
   g_bwd_gqa_grouping.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
 }
-int bwd_gqa_grouping() {  // ("0" never, "1" always, anything else auto)
-  return setting_read_once(g_bwd_gqa_grouping, kGroupingUnread, "FA2_BWD_GQA_GROUPING", [](const char* env) {
-    return env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
-  });
+int bwd_gqa_grouping() {
+  return setting_read_once(g_bwd_gqa_grouping, kModeUnread, "FA2_BWD_GQA_GROUPING", parse_mode_env);
 }
 void set_bwd_tail_split(int mode) {
   g_bwd_tail_split.store(mode == 0 || mode == 1 ? mode : -1, std::memory_order_relaxed);
 }
-int bwd_tail_split() {  // ("0" never, "1" always, anything else auto)
-  return setting_read_once(g_bwd_tail_split, kGroupingUnread, "FA2_BWD_TAIL_SPLIT", [](const char* env) {
-    return env == nullptr ? -1 : std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "1") == 0 ? 1 : -1;
-  });
+int bwd_tail_split() {
+  return setting_read_once(g_bwd_tail_split, kModeUnread, "FA2_BWD_TAIL_SPLIT", parse_mode_env);
 }
 void set_bwd_gqa_accumulate(bool enabled) { g_bwd_gqa_accumulate.set(enabled); }
 bool bwd_gqa_accumulate() { return g_bwd_gqa_accumulate.on(); }

@@ -58,10 +58,10 @@ def main() -> int:
                         0: f"never: {ungrouped}", 1: "always where the ws backward runs"}
             rows.append(("GQA backward groups", grouping.get(_C.bwd_gqa_grouping(), "?")
                          + " (FA2_BWD_GQA_GROUPING=0 / 1)"))
-            split = {-1: "where its tiles have the query blocks it was measured to pay at (d64 from 4096 queries, "
-                         "d128 from 16384)", 0: "never", 1: "wherever its cost model gains"}
+            split = {-1: "where its tiles have the query blocks it was measured to pay at; no mask, bias or GQA",
+                     0: "never", 1: "wherever its cost model gains; no mask, bias or GQA"}
             rows.append(("ws backward last-wave split", split.get(_C.bwd_tail_split(), "?")
-                         + "; no mask, bias or GQA (FA2_BWD_TAIL_SPLIT=0 / 1)"))
+                         + " (FA2_BWD_TAIL_SPLIT=0 / 1)"))
         elif cuda_ok:
             paths.append("CUDA present but fa2 was built without CUDA kernels")
         rows.append(("active paths", "; ".join(paths)))

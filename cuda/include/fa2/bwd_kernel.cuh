@@ -31,7 +31,8 @@
 // Buffers the caller provides (cpp/cuda/bwd_cuda.cpp): softmax_d (batch, nheads, seqlen_q) fp32; dq_accum
 // (batch, nheads, seqlen_q, headdim_rounded) fp32; in deterministic mode workspace = bwd_workspace_ints(params)
 // zeroed int32s: [ticket counter] [turn counter per (batch, head, query block)] (bwd_launch.h); otherwise a
-// finished-CTA count per (batch, head) for the warp-specialized kernel (params.h, key_blocks_done).
+// finished-CTA count per (batch, head) for the warp-specialized kernel (params.h, key_blocks_done), then, where that
+// kernel splits its last wave, the split's counts and fp32 dK / dV rows (bwd_tail_split_plan).
 #pragma once
 #include <cstdint>
 #include <type_traits>

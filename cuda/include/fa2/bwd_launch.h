@@ -71,8 +71,8 @@ bool bwd_gqa_accumulate();
 // bwd_tile_config.h's kBwdTailSplitTuning; bwd_ws_kernel.cuh): pieces > 1 where it splits: bwd_tail_split() 1, or
 // -1 (auto) with at least the headdim's kTailSplitMinQueryBlocks query blocks a tile; not deterministic, no causal
 // mask or window, no bias or softcap, no GQA, a headdim whose kernel has it (BwdWsTileConfig::kTailSplit: 64, 128), a
-// compute capability 9.0 GPU, the sm_90a and ws backward switched on. The
-// split tiles' dK, dV are then fp32 sums added in no fixed order (as dQ's always are in this mode). Its scratch (bwd_workspace_ints counts it)
+// compute capability 9.0 GPU, the sm_90a and ws backward switched on. The split tiles' dK, dV are then fp32 sums
+// added in no fixed order (as dQ's are outside the deterministic mode). Its scratch (bwd_workspace_ints counts it)
 // follows the finished-CTA counts in params.workspace: workspace_offset ints, then zero_ints ints (a count per tail
 // tile, rounded up to 4, then fp32 dK and dV rows) that bwd_preprocess_kernel zeroes. The launcher splits only where
 // params.workspace_ints holds it.
@@ -107,7 +107,8 @@ extern const char* const kBwdNeedsGqaPartials;
 //   dbias (optional): fp32 (batch, nheads, seqlen_q, seqlen_k) contiguous, zeroed (only the visible blocks are
 //   written);  workspace: bwd_workspace_ints(params)
 //   int32s (zeroed by the caller when deterministic), or nullptr where that is 0 (and, when not deterministic, to
-//   run the dQ conversion after the main kernel).
+//   run the dQ conversion after the main kernel), and workspace_ints its size (the tail split runs only where it
+//   holds the split's scratch).
 const char* run_bwd(const AttentionParams& params, cudaStream_t stream);
 
 }  // namespace fa2

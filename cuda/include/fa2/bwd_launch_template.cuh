@@ -143,33 +143,30 @@ bool bwd_ws_groups_gqa(const AttentionParams& p, bool key_bias) {
   return double(ctas) >= kBwdGqaGroupMinWaveFill * double(waves * sms);
 }
 
-// The split of the warp-specialized kernel's last partial wave (bwd_tail_split_plan) into q's fields, with the maps of
-// its fp32 dK and dV rows (maps->dk_accum / dv_accum, which only GQA's accumulators use otherwise): false, q
-// unchanged, where the plan has none, the workspace does not hold its scratch, or a map is rejected.
+// The split of the warp-specialized kernel's last partial wave (bwd_tail_split_plan) into p's fields, with the maps of
+// its fp32 dK and dV rows (maps->dk_accum / dv_accum, which only GQA's accumulators use otherwise); p unchanged where
+// the plan has none, the workspace does not hold its scratch, or a map is rejected (one CTA per tile then).
 template <int kHeadDim>
-bool apply_bwd_tail_split(AttentionParams& q, sm90::BwdTensorMaps* maps) {
+void apply_bwd_tail_split(AttentionParams& p, sm90::BwdTensorMaps* maps) {
   using Cfg = BwdWsConfig<kHeadDim>;
-  if constexpr (!Cfg::kTailSplit) {
-    return false;
-  } else {
-    const BwdTailSplitPlan plan = bwd_tail_split_plan(q);
-    if (plan.pieces <= 1 || q.workspace == nullptr || q.workspace_ints < plan.workspace_offset + plan.zero_ints) {
-      return false;
+  if constexpr (Cfg::kTailSplit) {
+    const BwdTailSplitPlan plan = bwd_tail_split_plan(p);
+    if (plan.pieces <= 1 || p.workspace == nullptr || p.workspace_ints < plan.workspace_offset + plan.zero_ints) {
+      return;
     }
-    int* const counts = static_cast<int*>(q.workspace) + plan.workspace_offset;
+    int* const counts = static_cast<int*>(p.workspace) + plan.workspace_offset;
     float* const dkv = reinterpret_cast<float*>(counts + (plan.tiles + 3) / 4 * 4);
     const int64_t rows = int64_t(plan.tiles) * Cfg::kBlockN;
     if (sm90::make_rows_f32_tensor_map(&maps->dk_accum, dkv, rows, kHeadDim, 64) != nullptr ||
         sm90::make_rows_f32_tensor_map(&maps->dv_accum, dkv + rows * kHeadDim, rows, kHeadDim, 64) != nullptr) {
-      return false;
+      return;
     }
-    q.bwd_tail_pieces = plan.pieces;
-    q.bwd_tail_tiles = plan.tiles;
-    q.bwd_tail_grid_tiles = plan.grid_tiles;
-    q.bwd_tail_counts = counts;
-    q.bwd_tail_dkv = dkv;
-    q.bwd_tail_zero_ints = plan.zero_ints;
-    return true;
+    p.bwd_tail_pieces = plan.pieces;
+    p.bwd_tail_tiles = plan.tiles;
+    p.bwd_tail_grid_tiles = plan.grid_tiles;
+    p.bwd_tail_counts = counts;
+    p.bwd_tail_dkv = dkv;
+    p.bwd_tail_zero_ints = plan.zero_ints;
   }
 }
 
@@ -211,7 +208,8 @@ const char* run_bwd_with_config(const AttentionParams& call, cudaStream_t stream
 
   // Without the deterministic mode the workspace (bwd_workspace_ints) holds the counts of finished main-kernel CTAs
   // per (batch, head) that let the dQ conversion overlap the warp-specialized kernel's last CTAs (step 3), at the
-  // headdims where that pays (bwd_tile_config.h, kOverlapDqConversion)
+  // headdims where that pays (bwd_tile_config.h, kOverlapDqConversion), then the tail split's scratch
+  // (apply_bwd_tail_split)
   constexpr bool kOverlapCapable = kArch == 901 && Cfg::kWgmma && bwd_ws_overlaps_dq_conversion<kHeadDim>();
   int* const key_blocks_done = kOverlapCapable && !p.deterministic ? static_cast<int*>(p.workspace) : nullptr;
 
@@ -251,7 +249,7 @@ const char* run_bwd_with_config(const AttentionParams& call, cudaStream_t stream
   if (gqa && p.gqa_dkv != GqaDkv::kPartials && !ws) return kBwdNeedsGqaPartials;
   // the ws kernel's last partial wave split (apply_bwd_tail_split: its scratch zeroed by the preprocess kernel below)
   if constexpr (kWsCapable) {
-    if (ws && !key_bias) apply_bwd_tail_split<kHeadDim>(p, &ws_maps);
+    if (ws && !key_bias) apply_bwd_tail_split<kHeadDim>(p, &ws_maps);  // (the plan excludes a bias too)
   }
 
   // -- 1. D = rowsum(dO * O), dq_accum = 0 (and those counts)

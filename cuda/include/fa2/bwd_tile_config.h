@@ -222,8 +222,8 @@ struct BwdWsTileConfig {
   // (S 1k -2.2..-3.3%). (d 256: BwdWsSplitTileConfig)
   static constexpr bool kOverlapDqConversion = kHeadDim == 128;
   // The grid's last partial wave split into CTAs over parts of a tile's query blocks (tile_order.h, tail_split;
-  // kBwdTailSplitTuning) without causal lengths: their fp32 dK, dV added by the TMA into the workspace as GQA's
-  // accumulators are, the last piece of a tile storing the sums (bwd_ws_kernel.cuh). (d 256: not written)
+  // kBwdTailSplitTuning) without a causal mask or window: their fp32 dK, dV added by the TMA into the workspace as
+  // GQA's accumulators are, the last piece of a tile storing the sums (bwd_ws_kernel.cuh). (d 256: not written)
   static constexpr bool kTailSplit = true;
   // ... by default (bwd_tail_split -1) only with at least this many query blocks a tile: H200, 16k tokens, no mask,
   // backward alone and forward + backward, bf16 / fp16, split / not (benchmarks/results/
@@ -336,13 +336,22 @@ constexpr bool bwd_ws_overlaps_dq_conversion() {
     return false;
   }
 }
+// The same for an instantiated headdim given at run time (bwd_workspace_ints, the Python module's list).
+constexpr bool bwd_ws_overlaps_dq_conversion_at(int headdim) {
+  return headdim == 64    ? bwd_ws_overlaps_dq_conversion<64>()
+         : headdim == 128 ? bwd_ws_overlaps_dq_conversion<128>()
+         : headdim == 256 ? bwd_ws_overlaps_dq_conversion<256>()
+                          : false;
+}
+static_assert(!bwd_ws_headdim(32) && !bwd_ws_headdim(96) && !bwd_ws_headdim(192),
+              "bwd_ws_overlaps_dq_conversion_at lists every headdim with a warp-specialized backward");
 // The warp-specialized backward's split of its last partial wave (tile_order.h, tail_split; BwdWsTileConfig::
 // kTailSplit): at most 16 pieces of at least 2 query blocks, a piece's own cost taken as 2 query blocks', where it
 // saves at least 0.5% of the launch (measured: BwdWsTileConfig::kTailSplitMinQueryBlocks).
 constexpr TailSplitTuning kBwdTailSplitTuning{16, 2, 2.0, 0.005};
 // The tiles (block_m queries a step, block_n keys a tile) of an instantiated headdim's warp-specialized backward
-// where it splits its tail, and the query blocks a tile needs for the default to (kTailSplitMinQueryBlocks), else
-// {0, 0, 0} (bwd_tail_split_plan, at run time).
+// where it splits its tail, and the query blocks a tile needs for the default (-1) to split
+// (kTailSplitMinQueryBlocks), else {0, 0, 0} (bwd_tail_split_plan, at run time).
 struct BwdTailSplitShape {
   int block_m, block_n, min_query_blocks;
 };
@@ -360,14 +369,12 @@ constexpr BwdTailSplitShape bwd_tail_split_shape_at(int headdim) {
          : headdim == 256 ? bwd_tail_split_shape<256>()
                           : BwdTailSplitShape{0, 0, 0};
 }
-// The same for an instantiated headdim given at run time (bwd_workspace_ints, the Python module's list).
-constexpr bool bwd_ws_overlaps_dq_conversion_at(int headdim) {
-  return headdim == 64    ? bwd_ws_overlaps_dq_conversion<64>()
-         : headdim == 128 ? bwd_ws_overlaps_dq_conversion<128>()
-         : headdim == 256 ? bwd_ws_overlaps_dq_conversion<256>()
-                          : false;
-}
-static_assert(!bwd_ws_headdim(32) && !bwd_ws_headdim(96) && !bwd_ws_headdim(192),
-              "bwd_ws_overlaps_dq_conversion_at lists every headdim with a warp-specialized backward");
+// d 128 at 16k tokens, S 4k (2048 tiles of 64 query blocks, 68 in the last wave on 132 SMs): 5 pieces (3 rounds of
+// a fifth); d 64 at S 4k (4096 tiles of 32, 4 left): 16; a full last wave: none
+static_assert(tail_split(2048, 64, 132, kBwdTailSplitTuning).pieces == 5 &&
+                  tail_split(2048, 64, 132, kBwdTailSplitTuning).tiles == 68 &&
+                  tail_split(4096, 32, 132, kBwdTailSplitTuning).pieces == 16 &&
+                  tail_split(132 * 4, 64, 132, kBwdTailSplitTuning).pieces == 1,
+              "tail_split");
 
 }  // namespace fa2

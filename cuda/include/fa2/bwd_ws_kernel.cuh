@@ -214,7 +214,7 @@ struct WsKeyBlock {
 // The tile (linear index t: key block fastest, then head, then batch, the order a (key blocks, heads, batch) grid's
 // CTAs start in) and piece of this CTA of a tail-split launch (p.bwd_tail_pieces > 1: a 1-D grid of the
 // p.bwd_tail_grid_tiles - p.bwd_tail_tiles whole tiles, then each of the last p.bwd_tail_tiles tiles' pieces in turn,
-// bwd_tail_split_plan): piece -1 for a whole tile. (The kernels call it again in their epilogue rather than keep the
+// bwd_tail_split_plan): piece -1 for a whole tile. (bwd_ws_kernel calls it again in its epilogue rather than keep the
 // piece in registers through the loop.)
 __device__ __forceinline__ void ws_tail_tile(const AttentionParams& p, int& t, int& piece, int& tail_index) {
   const int whole = p.bwd_tail_grid_tiles - p.bwd_tail_tiles;
@@ -734,7 +734,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     auto box_at = [](uint32_t part) { return [part](int box) { return part + box * (64 * 128); }; };
     auto reduce_add = [&](const CUtensorMap* map, uint32_t part) {
 #pragma unroll
-      for (int box = 0; box < kHeadDim / 32; ++box) sm90::tma_reduce_add_2d(map, part + box * (64 * 128), 32 * box, row);
+      for (int box = 0; box < kHeadDim / 32; ++box) {
+        sm90::tma_reduce_add_2d(map, part + box * (64 * 128), 32 * box, row);
+      }
     };
 #pragma unroll
     for (int nt = 0; nt < kDTiles; ++nt) {
@@ -783,7 +785,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     }
     ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
     if (*last_piece == 0) return;
-    __threadfence();  // (the acquire above, then every thread's reads)
+    __threadfence();  // (each thread's reads of the sums after ctid 0's acquire, which the barrier passed on)
     const int64_t tile_floats = int64_t(kBlockN) * kHeadDim;
     const float* dk_sum = p.bwd_tail_dkv + tail_index * tile_floats;
     const float* dv_sum = dk_sum + p.bwd_tail_tiles * tile_floats;

@@ -99,13 +99,13 @@ struct AttentionParams {
   // is key_blocks_per_head. nullptr: the conversion runs after the main kernel, as the stream orders it.
   int* key_blocks_done = nullptr;
   int key_blocks_per_head = 0;
-  // Set by the backward launcher where the warp-specialized kernel splits its grid's last partial wave
-  // (bwd_launch.h, bwd_tail_split): the last bwd_tail_tiles of its bwd_tail_grid_tiles (key block, head) tiles, in
-  // launch order, each run as bwd_tail_pieces CTAs over consecutive parts of the tile's query blocks, which add their
-  // fp32 dK, dV into bwd_tail_dkv (dK rows, then dV rows: bwd_tail_tiles * kBlockN each, headdim_rounded columns),
-  // count themselves in bwd_tail_counts (one per tail tile), and the last of a tile's pieces stores its sums. All in
-  // params.workspace, zeroed by bwd_preprocess_kernel (bwd_tail_zero_ints ints from bwd_tail_counts). 0 / nullptr:
-  // no split, one CTA per tile.
+  // Set by the backward launcher where the warp-specialized kernel splits its grid's last partial wave (bwd_launch.h,
+  // bwd_tail_split_plan; bwd_launch_template.cuh, apply_bwd_tail_split): the last bwd_tail_tiles of its
+  // bwd_tail_grid_tiles (key block, head) tiles, in launch order, each run as bwd_tail_pieces CTAs over consecutive
+  // parts of the tile's query blocks, which add their fp32 dK, dV into bwd_tail_dkv (dK rows, then dV rows:
+  // bwd_tail_tiles * kBlockN each, headdim_rounded columns), count themselves in bwd_tail_counts (one per tail tile),
+  // and the last of a tile's pieces stores its sums. All in params.workspace, zeroed by bwd_preprocess_kernel
+  // (bwd_tail_zero_ints ints from bwd_tail_counts). 0 / nullptr: no split, one CTA per tile.
   int bwd_tail_pieces = 0;
   int bwd_tail_tiles = 0;
   int bwd_tail_grid_tiles = 0;

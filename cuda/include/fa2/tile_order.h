@@ -57,15 +57,16 @@ FA2_TILE_ORDER_FN int tile_order_tail(int blocks, int heads, int slots) {
   return tail < heads ? int(tail) : heads;
 }
 
-// The split of a launch's last partial wave (the warp-specialized backward's, bwd_launch.h, bwd_tail_split): `tiles`
+// The split of a launch's last partial wave (the warp-specialized backward's: bwd_tail_split_plan): `tiles`
 // tiles of equal length (`query_blocks` steps each: no causal lengths) on `slots` CTAs at once (one per SM) run in
-// tiles / slots full waves and a last one of rest = tiles % slots tiles, during which slots - rest SMs idle (up to a
-// wave's time: 3% of a 16k-token backward's 15.5 waves at d 128, 31.03 at d 64). Split into k CTAs of a tile's
+// tiles / slots full waves and a last one of rest = tiles % slots tiles, during which slots - rest SMs idle (at 16k
+// tokens about 3% of the launch: 64 of 132 SMs through the last of 16 waves at d 128, 128 through the last of 32 at
+// d 64). Split into k CTAs of a tile's
 // query blocks each, the last `rest` tiles take ceil(rest k / slots) rounds of 1 / k of a tile, plus each piece's
 // own cost (its K / V load, the pipeline's fill, its fp32 dK / dV added and counted, the last piece's sums read
 // back), about piece_overhead_blocks steps: {tiles: rest, pieces: k} for the k that costs least, where that saves
 // at least min_gain of the launch; else {0, 1}. (Where it paid on the H200: bwd_tile_config.h,
-// kTailSplitMinQueryBlocks.)
+// kTailSplitMinQueryBlocks, with this function's compile-time checks.)
 struct TailSplit {
   int tiles;
   int pieces;
@@ -111,12 +112,5 @@ static_assert(tile_order_is_a_permutation(5, 7, 0) && tile_order_is_a_permutatio
 static_assert(tile_order_tail(16, 128, 132) == 32 && tile_order_tail(64, 8, 132) == 8 &&
                   tile_order_tail(1, 4, 132) == 0 && tile_order_tail(67, 64, 132) == 0,
               "tile_order_tail");
-// d 128 at 16k tokens, S 4k (2048 tiles of 64 query blocks, 68 in the last wave on 132 SMs): 5 pieces (3 rounds of
-// a fifth); d 64 at S 4k (4096 tiles of 32, 4 left): 16; a full last wave: none
-static_assert(tail_split(2048, 64, 132, TailSplitTuning{16, 2, 2.0, 0.005}).pieces == 5 &&
-                  tail_split(2048, 64, 132, TailSplitTuning{16, 2, 2.0, 0.005}).tiles == 68 &&
-                  tail_split(4096, 32, 132, TailSplitTuning{16, 2, 2.0, 0.005}).pieces == 16 &&
-                  tail_split(132 * 4, 64, 132, TailSplitTuning{16, 2, 2.0, 0.005}).pieces == 1,
-              "tail_split");
 
 }  // namespace fa2
