@@ -53,7 +53,8 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from bench_common import attention_flops, environment, import_fa2, is_oom, proc_status_kib, short_error, sync
+from bench_common import (ClockSampler, attention_flops, environment, import_fa2, is_oom, proc_status_kib, short_error,
+                          sync)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -143,11 +144,20 @@ except Exception:  # no triton (CPU machines): CUDA events below
     _do_bench = None
 
 
-def time_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float, cooldown_s: float = 0.0) -> float:
-    """Median time of fn() in milliseconds, after warm-up (and, with cooldown_s, that long with the GPU idle first)."""
+def time_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float, cooldown_s: float = 0.0,
+            window: list | None = None) -> float:
+    """Median time of fn() in milliseconds, after warm-up (and, with cooldown_s, that long with the GPU idle first).
+    window, if given, receives the unix times the warm-up and timed calls started and ended (--clocks)."""
     if cooldown_s > 0:
         sync(device)
         time.sleep(cooldown_s)
+    if window is not None:
+        window.append(time.time())
+        try:
+            return time_ms(fn, device, warmup_ms, rep_ms)
+        finally:
+            sync(device)
+            window.append(time.time())
     if device.type == "cuda":
         if _do_bench is not None:
             # do_bench: CUDA events around each call, L2 flushed between calls, warm-up/rep in milliseconds.
@@ -437,8 +447,9 @@ def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms,
             else:
                 def fn():
                     return torch.autograd.grad(f(q, k, v), (q, k, v), dout)
-            ms = time_ms(fn, device, warmup_ms, rep_ms, cooldown_s)
-            r = rec(pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check)
+            window = []
+            ms = time_ms(fn, device, warmup_ms, rep_ms, cooldown_s, window)
+            r = rec(pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check, window=window)
             if note:
                 r["note"] = note
             results.append(r)
@@ -520,6 +531,10 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
         times = [r["ms"] for r in group if r["status"] == "ok"]
         if times:
             row["ms_rounds"] = times
+        for key in ("sm_mhz", "power_w"):  # (--clocks) each round's clock and power, beside its time
+            if any(key in r for r in group):
+                row[key + "_rounds"] = [r.get(key) for r in group if r["status"] == "ok"]
+                row.pop(key, None)
         if not bad:
             row["ms"] = statistics.median(times)
             row["tflops"] = row["flops"] / (row["ms"] * 1e-3) / 1e12
@@ -641,6 +656,10 @@ def main(argv=None):
                         "one (torch-fa2) ran faster than after a fast one, by a median 2-3%% and up to 9%% (forward "
                         "bursts of 20 ms, S >= 2k: attention_h200-20261201e.json's rounds). Default: 0.1 on a GPU, "
                         "0 on the CPU")
+    p.add_argument("--clocks", action="store_true",
+                   help="sample the SM clock and power with nvidia-smi every 25 ms in the background and record each "
+                        "measurement's median (sm_mhz, power_w; with --rounds, sm_mhz_rounds / power_w_rounds beside "
+                        "ms_rounds): tells a round run at the boost clock from one run at the power cap")
     p.add_argument("--time-budget", type=float, default=0,
                    help="seconds; once spent, the remaining measurements are recorded as skipped (0 = no limit)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -730,6 +749,11 @@ def main(argv=None):
     except ImportError:
         bar = None
     rows = []
+    sampler = None
+    if args.clocks:
+        if device.type != "cuda":
+            p.error("--clocks samples a GPU's clock (--device cuda)")
+        sampler = ClockSampler()
     try:
         for cfg, impl in jobs:
             if bar is not None:
@@ -751,6 +775,12 @@ def main(argv=None):
         if bar is not None:
             bar.close()
 
+    if sampler is not None:
+        sampler.stop()
+    for r in rows:
+        window = r.pop("window", None)
+        if sampler is not None and window and len(window) == 2:
+            r.update(sampler.during(*window))
     if args.rounds > 1:
         rows = merge_rounds(rows)
     env["elapsed_s"] = round(time.monotonic() - t_start, 1)

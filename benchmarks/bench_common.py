@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -114,3 +115,44 @@ def grid_inputs(seqlen: int, headdim: int, tokens: int, hidden: int, requires_gr
     q, k, v = (torch.randn(batch, nheads, seqlen, headdim, device="cuda", dtype=torch.bfloat16)
                .requires_grad_(requires_grad) for _ in range(3))
     return q, k, v, batch, nheads
+
+
+# ---- the GPU's clock during each measurement ---------------------------------------------------------------------
+
+class ClockSampler:
+    """nvidia-smi sampling the SM clock and the power draw every interval_ms in the background; at the end each
+    measurement's wall-clock window gets the median of the samples inside it.
+
+    Why: on an H200 a burst of one kernel can run at the boost clock or, once the 700 W cap bites, 10% slower, and two
+    peers timed seconds apart may land in different states (the 2026-12-04 grid: both fa2's and cuDNN's D=128 backward
+    rounds at S=8k fell into ~4.6 and ~5.1 ms groups). With the clock beside each round the states can be told apart.
+    Samples carry nvidia-smi's own timestamps (local time), so the pipe's buffering does not shift them."""
+
+    FIELDS = "timestamp,clocks.sm,power.draw"
+
+    def __init__(self, interval_ms: int = 25):
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.samples: list[tuple[float, float, float]] = []
+
+    def stop(self) -> list[tuple[float, float, float]]:
+        """Ends the sampling; returns (unix time, SM MHz, W) per sample."""
+        self.proc.terminate()
+        out = self.proc.communicate(timeout=20)[0]
+        for line in out.splitlines():
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.samples.append((t, float(parts[1]), float(parts[2])))
+            except (ValueError, IndexError):  # a partial last line, "[N/A]"
+                continue
+        return self.samples
+
+    def during(self, t0: float, t1: float) -> dict:
+        """Median SM clock and power of the samples in [t0, t1] (unix times), and how many there were."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not inside:
+            return {"clock_samples": 0}
+        return {"sm_mhz": statistics.median(s[1] for s in inside), "power_w": statistics.median(s[2] for s in inside),
+                "clock_samples": len(inside)}

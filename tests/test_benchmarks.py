@@ -44,3 +44,44 @@ def test_merge_rounds_takes_the_median_round_and_keeps_failures():
     failed = merged[("fa2", 256, "fwd")]
     assert failed["status"] == "oom" and failed["ms_rounds"] == [1.0] and "ms" not in failed
     assert merged[("cudnn", 128, "fwd")]["ms_rounds"] == [4.0]
+
+
+def test_merge_rounds_keeps_each_rounds_clock_beside_its_time():
+    a = _cfg(128)
+    rows = [dict(_row(a, "fa2", ms), sm_mhz=mhz, power_w=w) for ms, mhz, w in ((3.0, 1755, 690), (1.0, 1980, 520))]
+    merged = bench.merge_rounds(rows)
+    assert len(merged) == 1
+    row = merged[0]
+    assert row["ms_rounds"] == [3.0, 1.0]
+    assert row["sm_mhz_rounds"] == [1755, 1980] and row["power_w_rounds"] == [690, 520]
+    assert "sm_mhz" not in row and "power_w" not in row  # a merged row's clock is per round only
+
+
+class _FakeSmi:
+    """What ClockSampler reads from nvidia-smi: its csv lines, a partial last one included."""
+
+    def __init__(self, out):
+        self.out, self.terminated = out, False
+
+    def terminate(self):
+        self.terminated = True
+
+    def communicate(self, timeout=None):
+        return self.out, None
+
+
+def test_clock_sampler_gives_each_window_the_median_of_its_samples():
+    import datetime
+    from bench_common import ClockSampler
+
+    sampler = ClockSampler.__new__(ClockSampler)  # no nvidia-smi on a CPU machine: feed it lines
+    sampler.samples = []
+    sampler.proc = _FakeSmi("2026/12/04 07:40:01.000, 1980, 400.5\n2026/12/04 07:40:01.100, 1755, 690.0\n"
+                            "2026/12/04 07:40:01.200, 1740, 695.0\n2026/12/04 07:40:01.300, [N/A], 1\n2026/12/04 07:4")
+    samples = sampler.stop()
+    assert sampler.proc.terminated and [s[1:] for s in samples] == [(1980, 400.5), (1755, 690.0), (1740, 695.0)]
+    t0 = datetime.datetime(2026, 12, 4, 7, 40, 1).timestamp()  # local time, as nvidia-smi writes it
+    assert samples[0][0] == pytest.approx(t0)
+    assert sampler.during(t0 + 0.05, t0 + 0.25) == {"sm_mhz": 1747.5, "power_w": 692.5, "clock_samples": 2}
+    assert sampler.during(t0 - 1.0, t0 + 0.01) == {"sm_mhz": 1980, "power_w": 400.5, "clock_samples": 1}
+    assert sampler.during(t0 + 5, t0 + 6) == {"clock_samples": 0}
