@@ -8,6 +8,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -131,16 +132,20 @@ class ClockSampler:
     FIELDS = "timestamp,clocks.sm,power.draw"
 
     def __init__(self, interval_ms: int = 25):
+        # into a file, not a pipe: nobody reads a pipe until the end, and once its 64 KiB buffer is full (~40 s of
+        # samples) nvidia-smi blocks and the later measurements get none
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stdout=self.log, stderr=subprocess.DEVNULL, text=True)
         self.samples: list[tuple[float, float, float]] = []
 
     def stop(self) -> list[tuple[float, float, float]]:
         """Ends the sampling; returns (unix time, SM MHz, W) per sample."""
         self.proc.terminate()
-        out = self.proc.communicate(timeout=20)[0]
-        for line in out.splitlines():
+        self.proc.wait(timeout=20)
+        self.log.seek(0)
+        for line in self.log.read().splitlines():
             parts = [x.strip() for x in line.split(",")]
             try:
                 t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()

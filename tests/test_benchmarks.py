@@ -58,26 +58,28 @@ def test_merge_rounds_keeps_each_rounds_clock_beside_its_time():
 
 
 class _FakeSmi:
-    """What ClockSampler reads from nvidia-smi: its csv lines, a partial last one included."""
+    """nvidia-smi for ClockSampler: terminating it is all the sampler does to the process."""
 
-    def __init__(self, out):
-        self.out, self.terminated = out, False
+    def __init__(self):
+        self.terminated = False
 
     def terminate(self):
         self.terminated = True
 
-    def communicate(self, timeout=None):
-        return self.out, None
+    def wait(self, timeout=None):
+        return 0
 
 
 def test_clock_sampler_gives_each_window_the_median_of_its_samples():
     import datetime
+    import tempfile
+
     from bench_common import ClockSampler
 
     sampler = ClockSampler.__new__(ClockSampler)  # no nvidia-smi on a CPU machine: feed it lines
-    sampler.samples = []
-    sampler.proc = _FakeSmi("2026/12/04 07:40:01.000, 1980, 400.5\n2026/12/04 07:40:01.100, 1755, 690.0\n"
-                            "2026/12/04 07:40:01.200, 1740, 695.0\n2026/12/04 07:40:01.300, [N/A], 1\n2026/12/04 07:4")
+    sampler.samples, sampler.proc, sampler.log = [], _FakeSmi(), tempfile.TemporaryFile(mode="w+")
+    sampler.log.write("2026/12/04 07:40:01.000, 1980, 400.5\n2026/12/04 07:40:01.100, 1755, 690.0\n"
+                      "2026/12/04 07:40:01.200, 1740, 695.0\n2026/12/04 07:40:01.300, [N/A], 1\n2026/12/04 07:4")
     samples = sampler.stop()
     assert sampler.proc.terminated and [s[1:] for s in samples] == [(1980, 400.5), (1755, 690.0), (1740, 695.0)]
     t0 = datetime.datetime(2026, 12, 4, 7, 40, 1).timestamp()  # local time, as nvidia-smi writes it
