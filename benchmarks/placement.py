@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 import statistics
+import time
 
 import torch
 
