@@ -1,17 +1,20 @@
 #!/usr/bin/env python
-"""Plots for the benchmark JSON files (bench_attention.py, bench_e2e.py); also callable on a saved file.
+"""Plots for the benchmark JSON files (bench_attention.py, bench_e2e.py, sustained.py, placement.py); also callable
+on a saved file.
 
   python benchmarks/plot.py benchmarks/results/attention_h200-20261130.json [--out DIR]
 
 Attention: FA-2-paper-style figures, one PNG per (dtype, mask): one panel per pass x (head dim, causal), TFLOP/s
 bars per seqlen grouped by implementation; plus the memory plot (peak memory of one fwd+bwd call vs seqlen).
 End to end: training throughput (tokens/s) and MFU bars per configuration and way.
+Sustained: TFLOP/s back to back at the power cap with the SM clock; placement: each regime's per-rep times.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 
 import matplotlib
 
@@ -177,11 +180,81 @@ def plot_e2e(result: dict, out_dir: str, stem: str) -> list[str]:
     return paths
 
 
+def plot_sustained(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/sustained.py: one panel per (dtype, pass), TFLOP/s back to back per seqlen and implementation (a
+    repeated implementation: the mean of its rows), its median SM clock written on each bar."""
+    rows = result["results"]
+    panels = list(dict.fromkeys((r["dtype"], r["pass"]) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8), squeeze=False)
+    for ax, (dtype, pass_) in zip(axes[0], panels):
+        mine = [r for r in rows if r["dtype"] == dtype and r["pass"] == pass_]
+        seqlens = sorted({r["seqlen"] for r in mine})
+        width = 0.8 / len(impls)
+        for ii, impl in enumerate(impls):
+            for si, s in enumerate(seqlens):
+                got = [r for r in mine if r["impl"] == impl and r["seqlen"] == s]
+                if not got:
+                    continue
+                tf = sum(r["tflops"] for r in got) / len(got)
+                mhz = sum(r["sm_clock_mhz"] for r in got) / len(got)
+                x = si - 0.4 + width * (ii + 0.5)
+                ax.bar(x, tf, width, color=COLORS.get(impl, "#7f7f7f"), label=impl if si == 0 else None)
+                ax.text(x, tf, f"{tf:.0f}\n{mhz:.0f}", ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(range(len(seqlens)), [_seq_label(s) for s in seqlens])
+        ax.set_title(f"{PASS_LABEL.get(pass_, pass_)}, {dtype}", fontsize=9)
+        ax.set_ylim(0, 1.2 * max(r["tflops"] for r in mine))
+        ax.set_xlabel("Sequence length")
+    axes[0][0].set_ylabel("TFLOP/s back to back (SM MHz)")
+    axes[0][0].legend(fontsize=7)
+    first = rows[0]
+    fig.suptitle(f"Kernels back to back at the power cap, {result.get('gpu', '')}, head dim {first['headdim']}, "
+                 f"{'causal' if first['causal'] else 'non-causal'}", fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"{stem}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def plot_placement(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/placement.py: one panel per (dtype, pass), each regime's per-rep times of each implementation as
+    dots (the spread the grid's rounds see), the median as a bar."""
+    rows = result["results"]
+    panels = list(dict.fromkeys((r["dtype"], r["pass"]) for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.8), squeeze=False)
+    for ax, (dtype, pass_) in zip(axes[0], panels):
+        mine = [r for r in rows if r["dtype"] == dtype and r["pass"] == pass_]
+        impls = list(mine[0]["ms_reps"])
+        width = 0.8 / len(impls)
+        for ri, r in enumerate(mine):
+            for ii, impl in enumerate(impls):
+                times = r["ms_reps"][impl]
+                x = ri - 0.4 + width * (ii + 0.5)
+                ax.scatter([x] * len(times), times, s=9, color=COLORS.get(impl, "#7f7f7f"),
+                           label=impl if ri == 0 else None, alpha=0.7)
+                ax.hlines(statistics.median(times), x - width / 2, x + width / 2, color=COLORS.get(impl, "#7f7f7f"))
+        ax.set_xticks(range(len(mine)), [r["regime"] for r in mine])
+        ax.set_title(f"{PASS_LABEL.get(pass_, pass_)}, {dtype}, S={_seq_label(mine[0]['seqlen'])}", fontsize=9)
+    axes[0][0].set_ylabel("ms per call (each rep's do_bench median)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Round-to-round spread by allocator regime, {_hw(result['env'])}, head dim "
+                 f"{rows[0]['headdim']}", fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"{stem}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
 def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
     """PNGs named <stem>_... (default: the name the benchmark gave its JSON, attention_<tag> / e2e_<tag>)."""
     os.makedirs(out_dir, exist_ok=True)
     if result.get("kind") == "e2e":
         return plot_e2e(result, out_dir, stem or f"e2e_{result['tag']}")
+    if result.get("kind") in ("sustained", "placement"):  # (their JSON names no tag: stem from the file name)
+        plot = plot_sustained if result["kind"] == "sustained" else plot_placement
+        return plot(result, out_dir, stem or result["kind"])
     stem = stem or f"attention_{result['tag']}"
     return plot_attention_speed(result, out_dir, stem) + plot_attention_memory(result, out_dir, stem)
 
