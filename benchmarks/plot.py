@@ -180,6 +180,17 @@ def plot_e2e(result: dict, out_dir: str, stem: str) -> list[str]:
     return paths
 
 
+def _save_row(fig, axes, ylabel: str, title: str, path: str) -> list[str]:
+    """A one-row figure's last steps: the y label and the legend on the first panel, the title, the PNG."""
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
 def plot_sustained(result: dict, out_dir: str, stem: str) -> list[str]:
     """benchmarks/sustained.py: one panel per (dtype, pass), TFLOP/s back to back per seqlen and implementation (a
     repeated implementation: the mean of its rows), its median SM clock written on each bar."""
@@ -205,16 +216,10 @@ def plot_sustained(result: dict, out_dir: str, stem: str) -> list[str]:
         ax.set_title(f"{PASS_LABEL.get(pass_, pass_)}, {dtype}", fontsize=9)
         ax.set_ylim(0, 1.2 * max(r["tflops"] for r in mine))
         ax.set_xlabel("Sequence length")
-    axes[0][0].set_ylabel("TFLOP/s back to back (SM MHz)")
-    axes[0][0].legend(fontsize=7)
     first = rows[0]
-    fig.suptitle(f"Kernels back to back at the power cap, {result.get('gpu', '')}, head dim {first['headdim']}, "
-                 f"{'causal' if first['causal'] else 'non-causal'}", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out_dir, f"{stem}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return _save_row(fig, axes, "TFLOP/s back to back (SM MHz)",
+                     f"Kernels back to back at the power cap, {result.get('gpu', '')}, head dim {first['headdim']}, "
+                     f"{'causal' if first['causal'] else 'non-causal'}", os.path.join(out_dir, f"{stem}.png"))
 
 
 def plot_placement(result: dict, out_dir: str, stem: str) -> list[str]:
@@ -236,15 +241,9 @@ def plot_placement(result: dict, out_dir: str, stem: str) -> list[str]:
                 ax.hlines(statistics.median(times), x - width / 2, x + width / 2, color=COLORS.get(impl, "#7f7f7f"))
         ax.set_xticks(range(len(mine)), [r["regime"] for r in mine])
         ax.set_title(f"{PASS_LABEL.get(pass_, pass_)}, {dtype}, S={_seq_label(mine[0]['seqlen'])}", fontsize=9)
-    axes[0][0].set_ylabel("ms per call (each rep's do_bench median)")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"Round-to-round spread by allocator regime, {_hw(result['env'])}, head dim "
-                 f"{rows[0]['headdim']}", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out_dir, f"{stem}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return _save_row(fig, axes, "ms per call (each rep's do_bench median)",
+                     f"Round-to-round spread by allocator regime, {_hw(result['env'])}, head dim "
+                     f"{rows[0]['headdim']}", os.path.join(out_dir, f"{stem}.png"))
 
 
 def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
