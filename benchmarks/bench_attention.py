@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -167,6 +168,63 @@ def time_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float, cooldown_
                 return float(_do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5])[0])
         return _cuda_events_median(fn, warmup_ms, rep_ms)
     return _cpu_median(fn, warmup_ms, rep_ms)
+
+
+def time_interleaved(fns: dict, device: torch.device, warmup_ms: float, rep_ms: float, cooldown_s: float = 0.0,
+                     windows: dict | None = None) -> dict:
+    """Median time in milliseconds of each of several calls, their calls interleaved in one burst (a b a b ..., the
+    order flipped every other step; each call after an L2 flush and between CUDA events, as do_bench times them).
+    fns: name -> (fn, context factory entered around each of its calls: fa2's switches). Why: on the H200 one
+    implementation's 50 ms bursts a second apart fall into groups ~10% apart, fa2's and cuDNN's alike, and the group
+    follows neither the SM clock nor the buffers' placement (placement_h200-20261204-*.json); timed in one burst,
+    call by call, peers share the GPU's state. Every name gets the same number of calls (the slowest's rep_ms worth).
+    windows: name -> list that receives the burst's start and end unix times. On the CPU: one after the other."""
+    windows = windows if windows is not None else {}
+    if device.type != "cuda":
+        times = {}
+        for name, (fn, ctx) in fns.items():
+            with ctx():
+                times[name] = time_ms(fn, device, warmup_ms, rep_ms, cooldown_s, windows.get(name))
+        return times
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
+    names = list(fns)
+    est = []
+    for name in names:
+        fn, ctx = fns[name]
+        with ctx():
+            fn()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(3):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+        est.append(max(a.elapsed_time(b) / 3, 1e-3))
+    warm, reps = max(1, int(warmup_ms / max(est))), min(1000, max(5, int(rep_ms / max(est))))
+    if cooldown_s > 0:
+        torch.cuda.synchronize()
+        time.sleep(cooldown_s)
+    t0 = time.time()
+    events = {name: [] for name in names}
+    for i in range(warm + reps):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            fn, ctx = fns[name]
+            with ctx():
+                flush.zero_()
+                if i < warm:
+                    fn()
+                    continue
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                events[name].append((a, b))
+    torch.cuda.synchronize()
+    t1 = time.time()
+    for name in names:
+        if name in windows:
+            windows[name] += [t0, t1]
+    return {name: statistics.median(a.elapsed_time(b) for a, b in events[name]) for name in names}
 
 
 def _cuda_events_median(fn, warmup_ms, rep_ms):
@@ -362,34 +420,88 @@ def short(e: BaseException, caught=()) -> str:
 
 # ---- one implementation on one config: all passes ------------------------------------------------------------
 
-def run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s=0.0) -> list[dict]:
-    if impl in FA2_SWITCHES and fa2_mod is not None:
-        switches = FA2_SWITCHES[impl]
-        before = {name: getattr(fa2_mod._C, name)() for name in switches}  # restored afterwards
-        for name, value in switches.items():
+@contextlib.contextmanager
+def switched(impl: str, fa2_mod):
+    """fa2's switches set as impl needs them (FA2_SWITCHES: fa2-nosplit, fa2-ws, ...), restored on the way out."""
+    switches = FA2_SWITCHES.get(impl, {}) if fa2_mod is not None else {}
+    before = {name: getattr(fa2_mod._C, name)() for name in switches}
+    for name, value in switches.items():
+        getattr(fa2_mod._C, "set_" + name)(value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
             getattr(fa2_mod._C, "set_" + name)(value)
-        try:
-            return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s)
-        finally:
-            for name, value in before.items():
-                getattr(fa2_mod._C, "set_" + name)(value)
-    return _run_job(cfg, impl, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s)
 
 
-def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s=0.0) -> list[dict]:
-    base = dict(impl=impl, **asdict(cfg))
-
-    def rec(pass_, status, **kw):
-        return dict(base, **{"pass": pass_, "status": status}, **kw)
+def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, rep_ms, cooldown_s=0.0) -> list[dict]:
+    """Rows for one config and the given implementations, on the same inputs. One implementation: each pass timed on
+    its own (time_ms); several (--interleave): each pass's calls of all of them interleaved in one burst
+    (time_interleaved), so that they share the GPU's state."""
+    def rec(impl, pass_, status, **kw):
+        return dict(impl=impl, **asdict(cfg), **{"pass": pass_, "status": status}, **kw)
 
     try:
         q, k, v, bias = make_inputs(cfg, device)
     except Exception as e:
         status = "oom" if is_oom(e) else "error"
         _free(device)
-        return [rec(p, status, reason=f"inputs: {short(e)}") for p in passes]
+        return [rec(i, p, status, reason=f"inputs: {short(e)}") for i in impls for p in passes]
 
     results = []
+    ready = {}  # impl -> (f, grad_ok, note, check, dout)
+    for impl in impls:
+        with switched(impl, fa2_mod):
+            got = _prepare(cfg, impl, q, k, v, bias, fa2_mod, device)
+        if isinstance(got, str):  # (status, reason) of a backend that did not take the problem
+            status, reason = got.split("|", 1)
+            results += [rec(impl, p, status, reason=reason) for p in passes]
+        else:
+            ready[impl] = got
+
+    for pass_ in passes:
+        flops = attention_flops(cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen, cfg.headdim, cfg.causal, pass_)
+        fns = {}
+        try:
+            for impl, (f, grad_ok, note, check, dout) in ready.items():
+                if pass_ != "fwd" and not grad_ok:
+                    results.append(rec(impl, pass_, "n/a", reason=note, check=check))
+                    continue
+                try:
+                    with switched(impl, fa2_mod):
+                        fns[impl] = _pass_fn(f, pass_, q, k, v, grad_ok, dout)
+                except Exception as e:  # (the bwd pass's forward) this implementation's row only
+                    results.append(rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e), check=check))
+            windows = {impl: [] for impl in fns}
+            if not fns:  # (none of them has this pass: rows written above)
+                continue
+            if len(fns) == 1:
+                (impl, fn), = fns.items()
+                with switched(impl, fa2_mod):
+                    times = {impl: time_ms(fn, device, warmup_ms, rep_ms, cooldown_s, windows[impl])}
+            else:
+                times = time_interleaved({i: (fn, functools.partial(switched, i, fa2_mod)) for i, fn in fns.items()},
+                                         device, warmup_ms, rep_ms, cooldown_s, windows)
+            for impl, ms in times.items():
+                note, check = ready[impl][2:4]
+                r = rec(impl, pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check,
+                        window=windows[impl])
+                if note:
+                    r["note"] = note
+                results.append(r)
+        except Exception as e:
+            results += [rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e), check=ready[impl][3])
+                        for impl in fns]
+        finally:
+            fns = None
+            _free(device)
+    return results
+
+
+def _prepare(cfg: Config, impl: str, q, k, v, bias, fa2_mod, device):
+    """(f, grad_ok, note, check, dout) for impl on these inputs: its first call (flex compiles there; a backend that
+    does not take the problem says so) and its output and gradients checked against fp32 math on a slice (dout: the
+    output gradient, kept for the timed backward); or "status|reason" where the first call failed."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -398,15 +510,13 @@ def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms,
             # grad, and a compiled flex that raised once stays slow): time its forward on no-grad inputs.
             grad_ok = not (impl == "flex" and device.type == "cpu")
             note = None if grad_ok else "no backward on this device: forward timed on no-grad inputs"
-            # First call: compiles (flex), finds out whether the backend takes this problem at all.
             out = f(q, k, v) if grad_ok else f(q.detach(), k.detach(), v.detach())
             sync(device)
         except Exception as e:
             status = "oom" if is_oom(e) else "n/a"
             _free(device)
-            return [rec(p, status, reason=short(e, caught)) for p in passes]
+            return f"{status}|{short(e, caught)}"
 
-    # Check the numbers once per job: output and gradients against fp32 math on a slice.
     tol = TOLERANCE[DTYPES[cfg.dtype]]
     check = {}
     dout = torch.randn(out.shape, device=device, dtype=out.dtype,
@@ -426,39 +536,19 @@ def _run_job(cfg: Config, impl: str, passes, fa2_mod, device, warmup_ms, rep_ms,
         check.update(ok=None, error=short(e))
         if is_oom(e):
             _free(device)
-    del out
+    return f, grad_ok, note, check, dout
 
-    inputs = (q, k, v) if grad_ok else (q.detach(), k.detach(), v.detach())
-    for pass_ in passes:
-        flops = attention_flops(cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen, cfg.headdim, cfg.causal, pass_)
-        if pass_ != "fwd" and not grad_ok:
-            results.append(rec(pass_, "n/a", reason=note, check=check))
-            continue
-        try:
-            if pass_ == "fwd":
-                def fn():
-                    return f(*inputs)
-            elif pass_ == "bwd":
-                # Backward alone: one forward, then the backward replayed on the retained graph.
-                out = f(q, k, v)
 
-                def fn():
-                    return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-            else:
-                def fn():
-                    return torch.autograd.grad(f(q, k, v), (q, k, v), dout)
-            window = []
-            ms = time_ms(fn, device, warmup_ms, rep_ms, cooldown_s, window)
-            r = rec(pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check, window=window)
-            if note:
-                r["note"] = note
-            results.append(r)
-        except Exception as e:
-            results.append(rec(pass_, "oom" if is_oom(e) else "error", reason=short(e), check=check))
-        finally:
-            out = fn = None
-            _free(device)
-    return results
+def _pass_fn(f, pass_, q, k, v, grad_ok, dout):
+    """The call one measurement of pass_ repeats: the forward; the backward alone (one forward, then the backward
+    replayed on its retained graph); or both."""
+    if pass_ == "fwd":
+        inputs = (q, k, v) if grad_ok else (q.detach(), k.detach(), v.detach())
+        return lambda: f(*inputs)
+    if pass_ == "bwd":
+        out = f(q, k, v)
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    return lambda: torch.autograd.grad(f(q, k, v), (q, k, v), dout)
 
 
 def _free(device):
@@ -508,12 +598,16 @@ def run_memory(impls, seqlens, nheads, headdim, dtype, fa2_mod, device) -> list[
 
 # ---- report -----------------------------------------------------------------------------------------------
 
-def ordered_jobs(configs: list, impls: list[str], rounds: int = 1) -> list[tuple]:
+def ordered_jobs(configs: list, impls: list[str], rounds: int = 1, interleave: bool = False) -> list[tuple]:
     """(config, impl) in the order they run: config by config, each config's implementations round after round, every
     other round in reverse (a, b, c, c, b, a, ...); flex jobs last (each new shape is a compilation, the slowest part
-    of the run: under a time budget the kernels that need none are measured first)."""
+    of the run: under a time budget the kernels that need none are measured first). interleave: (config, (a, b, c))
+    once per round instead, the implementations timed together (time_interleaved); flex still on its own."""
     plain = [i for i in impls if i != "flex"]
-    jobs = [(c, i) for c in configs for r in range(rounds) for i in (plain if r % 2 == 0 else plain[::-1])]
+    if interleave:
+        jobs = [(c, tuple(plain)) for c in configs for _ in range(rounds)]
+    else:
+        jobs = [(c, i) for c in configs for r in range(rounds) for i in (plain if r % 2 == 0 else plain[::-1])]
     return jobs + [(c, "flex") for c in configs if "flex" in impls for _ in range(rounds)]
 
 
@@ -656,6 +750,11 @@ def main(argv=None):
                         "one (torch-fa2) ran faster than after a fast one, by a median 2-3%% and up to 9%% (forward "
                         "bursts of 20 ms, S >= 2k: attention_h200-20261201e.json's rounds). Default: 0.1 on a GPU, "
                         "0 on the CPU")
+    p.add_argument("--interleave", action="store_true",
+                   help="time a config's implementations together, their calls interleaved in one burst (a b a b "
+                        "..., each after an L2 flush) instead of one burst each: peers then share the GPU's state, "
+                        "which on the H200 moves single bursts by up to ~10%% (benchmarks/placement.py). With "
+                        "--rounds, one such burst per round (flex is still timed on its own)")
     p.add_argument("--clocks", action="store_true",
                    help="sample the SM clock and power with nvidia-smi every 25 ms in the background and record each "
                         "measurement's median (sm_mhz, power_w; with --rounds, sm_mhz_rounds / power_w_rounds beside "
@@ -732,7 +831,7 @@ def main(argv=None):
                                               causal, mask))
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    jobs = ordered_jobs(configs, impls, args.rounds)
+    jobs = ordered_jobs(configs, impls, args.rounds, args.interleave)
 
     t_start = time.monotonic()
     deadline = t_start + args.time_budget if args.time_budget > 0 else math.inf
@@ -744,7 +843,8 @@ def main(argv=None):
 
     try:
         from tqdm import tqdm
-        bar = tqdm(total=len(jobs) * len(passes), unit="meas", disable=args.no_progress, file=sys.stderr,
+        bar = tqdm(total=len(impls) * args.rounds * len(configs) * len(passes), unit="meas",
+                   disable=args.no_progress, file=sys.stderr,
                    mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True)
     except ImportError:
         bar = None
@@ -755,20 +855,21 @@ def main(argv=None):
             p.error("--clocks samples a GPU's clock (--device cuda)")
         sampler = ClockSampler()
     try:
-        for cfg, impl in jobs:
+        for cfg, job in jobs:
+            group = list(job) if isinstance(job, tuple) else [job]
             if bar is not None:
-                bar.set_description(f"{impl} {cfg.dtype} D{cfg.headdim} S{cfg.seqlen}"
+                bar.set_description(f"{'+'.join(group)} {cfg.dtype} D{cfg.headdim} S{cfg.seqlen}"
                                     f"{' causal' if cfg.causal else ''} {cfg.mask}", refresh=False)
             if time.monotonic() > deadline:
                 rows += [dict(impl=impl, **asdict(cfg), **{"pass": p_}, status="skipped", reason="time budget")
-                         for p_ in passes]
+                         for impl in group for p_ in passes]
             else:
-                got = run_job(cfg, impl, passes, fa2_mod, device, args.warmup_ms, args.rep_ms, args.cooldown)
+                got = run_jobs(cfg, group, passes, fa2_mod, device, args.warmup_ms, args.rep_ms, args.cooldown)
                 rows += got
-                if impl == "flex" and any(r["status"] != "ok" or "error" in r.get("check", {}) for r in got):
+                if job == "flex" and any(r["status"] != "ok" or "error" in r.get("check", {}) for r in got):
                     reset_flex()
             if bar is not None:
-                bar.update(len(passes))
+                bar.update(len(group) * len(passes))
     except KeyboardInterrupt:
         print("\ninterrupted: writing what was measured", file=sys.stderr)
     finally:
@@ -790,7 +891,9 @@ def main(argv=None):
                          "CUDA events median" if device.type == "cuda" else "time.perf_counter median")
               + f", warmup {args.warmup_ms} ms, rep {args.rep_ms} ms"
               + (f"; {args.cooldown} s idle before each" if args.cooldown > 0 else "")
-              + (f"; median of {args.rounds} rounds, implementations in alternating order (ms_rounds)"
+              + ("; implementations interleaved call by call in one burst (--interleave)" if args.interleave else "")
+              + (f"; median of {args.rounds} rounds" + ("" if args.interleave else
+                                                        ", implementations in alternating order") + " (ms_rounds)"
                  if args.rounds > 1 else ""),
               "grid": dict(dims=dims, seqlens=seqlens, dtypes=dtypes, causal=args.causal, masks=masks, passes=passes,
                            impls=impls, tokens=args.tokens, hidden=args.hidden,

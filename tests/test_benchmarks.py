@@ -4,6 +4,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
 bench = pytest.importorskip("bench_attention")
@@ -87,3 +88,39 @@ def test_clock_sampler_gives_each_window_the_median_of_its_samples():
     assert sampler.during(t0 + 0.05, t0 + 0.25) == {"sm_mhz": 1747.5, "power_w": 692.5, "clock_samples": 2}
     assert sampler.during(t0 - 1.0, t0 + 0.01) == {"sm_mhz": 1980, "power_w": 400.5, "clock_samples": 1}
     assert sampler.during(t0 + 5, t0 + 6) == {"clock_samples": 0}
+
+
+def test_interleaved_rounds_time_the_implementations_together():
+    a, b = _cfg(128), _cfg(256)
+    jobs = bench.ordered_jobs([a, b], ["fa2", "flex", "cudnn"], rounds=2, interleave=True)
+    assert jobs == [(a, ("fa2", "cudnn")), (a, ("fa2", "cudnn")), (b, ("fa2", "cudnn")), (b, ("fa2", "cudnn")),
+                    (a, "flex"), (a, "flex"), (b, "flex"), (b, "flex")]
+
+
+def test_run_jobs_times_several_implementations_on_the_same_inputs():
+    cfg = bench.Config("fp32", 16, 32, 1, 2, False, "none")
+    rows = bench.run_jobs(cfg, ["math", "sdpa"], ["fwd", "bwd", "fwdbwd"], None, torch.device("cpu"), 1, 2)
+    assert sorted((r["impl"], r["pass"]) for r in rows) == sorted(
+        (i, p) for i in ("math", "sdpa") for p in ("fwd", "bwd", "fwdbwd"))
+    for r in rows:
+        assert r["status"] == "ok" and r["ms"] > 0 and r["check"]["ok"] is True, r
+        assert len(r["window"]) == 2 and r["window"][0] <= r["window"][1]  # (what --clocks reads)
+
+
+def test_switched_sets_fa2s_switches_for_one_implementation_and_restores_them():
+    state = {"bwd_tail_split": -1}
+
+    class _C:
+        bwd_tail_split = staticmethod(lambda: state["bwd_tail_split"])
+        set_bwd_tail_split = staticmethod(lambda value: state.update(bwd_tail_split=value))
+
+    fake = type("fa2", (), {"_C": _C})
+    with bench.switched("fa2-nosplit", fake):
+        assert state["bwd_tail_split"] == 0
+    assert state["bwd_tail_split"] == -1
+    with pytest.raises(RuntimeError), bench.switched("fa2-split", fake):
+        assert state["bwd_tail_split"] == 1
+        raise RuntimeError
+    assert state["bwd_tail_split"] == -1
+    with bench.switched("cudnn", fake):  # no switches
+        assert state["bwd_tail_split"] == -1
