@@ -54,8 +54,8 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from bench_common import (ClockSampler, attention_flops, environment, import_fa2, is_oom, proc_status_kib, short_error,
-                          sync)
+from bench_common import (ClockSampler, attention_flops, environment, import_fa2, is_oom, nvidia_smi_id,
+                          proc_status_kib, short_error, sync)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -176,8 +176,9 @@ def time_interleaved(fns: dict, device: torch.device, warmup_ms: float, rep_ms: 
     order flipped every other step; each call after an L2 flush and between CUDA events, as do_bench times them).
     fns: name -> (fn, context factory entered around each of its calls: fa2's switches). Why: on the H200 one
     implementation's 50 ms bursts a second apart fall into groups ~10% apart, fa2's and cuDNN's alike, and the group
-    follows neither the SM clock nor the buffers' placement (placement_h200-20261204-*.json); timed in one burst,
-    call by call, peers share the GPU's state. Every name gets the same number of calls (the slowest's rep_ms worth).
+    follows neither the SM clock (attention_h200-20261204-d128-rounds.json) nor the buffers' placement
+    (placement_h200-20261204-*.json); timed in one burst, call by call, peers share the GPU's state. Every name gets
+    the same number of calls: the slowest's rep_ms worth, at least 5, at most 1000.
     windows: name -> list that receives the burst's start and end unix times. On the CPU: one after the other."""
     windows = windows if windows is not None else {}
     if device.type != "cuda":
@@ -475,21 +476,41 @@ def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, 
             windows = {impl: [] for impl in fns}
             if not fns:  # (none of them has this pass: rows written above)
                 continue
-            if len(fns) == 1:
-                (impl, fn), = fns.items()
+
+            def alone(impl):
                 with switched(impl, fa2_mod):
-                    times = {impl: time_ms(fn, device, warmup_ms, rep_ms, cooldown_s, windows[impl])}
+                    return time_ms(fns[impl], device, warmup_ms, rep_ms, cooldown_s, windows[impl])
+
+            together = {}  # impl -> the implementations it was interleaved with
+            if len(fns) == 1:
+                times = {impl: alone(impl) for impl in fns}
             else:
-                times = time_interleaved({i: (fn, functools.partial(switched, i, fa2_mod)) for i, fn in fns.items()},
-                                         device, warmup_ms, rep_ms, cooldown_s, windows)
+                try:
+                    times = time_interleaved({i: (fn, functools.partial(switched, i, fa2_mod))
+                                              for i, fn in fns.items()}, device, warmup_ms, rep_ms, cooldown_s, windows)
+                    if device.type == "cuda":  # (on the CPU time_interleaved times them one after the other)
+                        together = {i: [j for j in fns if j != i] for i in fns}
+                except Exception:  # one of them failed the burst: each alone, so that only that one gets the error
+                    _free(device)
+                    times = {}
+                    for impl in fns:
+                        windows[impl] = []
+                        try:
+                            times[impl] = alone(impl)
+                        except Exception as e:
+                            results.append(rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e),
+                                               check=ready[impl][3]))
+                            _free(device)
             for impl, ms in times.items():
                 note, check = ready[impl][2:4]
                 r = rec(impl, pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check,
                         window=windows[impl])
+                if together:
+                    r["interleaved_with"] = together[impl]
                 if note:
                     r["note"] = note
                 results.append(r)
-        except Exception as e:
+        except Exception as e:  # (only a single implementation's burst gets here)
             results += [rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e), check=ready[impl][3])
                         for impl in fns]
         finally:
@@ -605,7 +626,7 @@ def ordered_jobs(configs: list, impls: list[str], rounds: int = 1, interleave: b
     once per round instead, the implementations timed together (time_interleaved); flex still on its own."""
     plain = [i for i in impls if i != "flex"]
     if interleave:
-        jobs = [(c, tuple(plain)) for c in configs for _ in range(rounds)]
+        jobs = [(c, tuple(plain)) for c in configs for _ in range(rounds)] if plain else []
     else:
         jobs = [(c, i) for c in configs for r in range(rounds) for i in (plain if r % 2 == 0 else plain[::-1])]
     return jobs + [(c, "flex") for c in configs if "flex" in impls for _ in range(rounds)]
@@ -625,7 +646,7 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
         times = [r["ms"] for r in group if r["status"] == "ok"]
         if times:
             row["ms_rounds"] = times
-        for key in ("sm_mhz", "power_w"):  # (--clocks) each round's clock and power, beside its time
+        for key in ("sm_mhz", "power_w", "clock_samples"):  # (--clocks) each round's clock and power, beside its time
             if any(key in r for r in group):
                 row[key + "_rounds"] = [r.get(key) for r in group if r["status"] == "ok"]
                 row.pop(key, None)
@@ -853,7 +874,7 @@ def main(argv=None):
     if args.clocks:
         if device.type != "cuda":
             p.error("--clocks samples a GPU's clock (--device cuda)")
-        sampler = ClockSampler()
+        sampler = ClockSampler(gpu=nvidia_smi_id(device))
     try:
         for cfg, job in jobs:
             group = list(job) if isinstance(job, tuple) else [job]
@@ -875,9 +896,9 @@ def main(argv=None):
     finally:
         if bar is not None:
             bar.close()
+        if sampler is not None:
+            sampler.stop()  # (whatever ended the loop: no nvidia-smi left running)
 
-    if sampler is not None:
-        sampler.stop()
     for r in rows:
         window = r.pop("window", None)
         if sampler is not None and window and len(window) == 2:
@@ -891,7 +912,9 @@ def main(argv=None):
                          "CUDA events median" if device.type == "cuda" else "time.perf_counter median")
               + f", warmup {args.warmup_ms} ms, rep {args.rep_ms} ms"
               + (f"; {args.cooldown} s idle before each" if args.cooldown > 0 else "")
-              + ("; implementations interleaved call by call in one burst (--interleave)" if args.interleave else "")
+              + ("; with --interleave a config's implementations interleaved call by call in one burst instead (CUDA "
+                 "events around each call after an L2 flush, the same number of calls each; rows with interleaved_with)"
+                 if args.interleave and device.type == "cuda" else "")
               + (f"; median of {args.rounds} rounds" + ("" if args.interleave else
                                                         ", implementations in alternating order") + " (ms_rounds)"
                  if args.rounds > 1 else ""),

@@ -121,37 +121,55 @@ def grid_inputs(seqlen: int, headdim: int, tokens: int, hidden: int, requires_gr
 # ---- the GPU's clock during each measurement ---------------------------------------------------------------------
 
 class ClockSampler:
-    """nvidia-smi sampling the SM clock and the power draw every interval_ms in the background; at the end each
-    measurement's wall-clock window gets the median of the samples inside it.
+    """nvidia-smi sampling one GPU's SM clock and power draw every interval_ms in the background; at the end each
+    measurement's wall-clock window gets the median of the samples inside it. A context manager: the sampling stops
+    on the way out, whatever happened (stop() is then a no-op).
 
     Why: on an H200 a burst of one kernel can run at the boost clock or, once the 700 W cap bites, 10% slower, and two
     peers timed seconds apart may land in different states (the 2026-12-04 grid: both fa2's and cuDNN's D=128 backward
     rounds at S=8k fell into ~4.6 and ~5.1 ms groups). With the clock beside each round the states can be told apart.
-    Samples carry nvidia-smi's own timestamps (local time), so the pipe's buffering does not shift them."""
+    Samples carry nvidia-smi's own timestamps, taken in UTC (TZ=UTC) and parsed as such, so neither the file's
+    buffering nor the machine's time zone shifts them. gpu: nvidia-smi's -i (an index, "GPU-<uuid>", a PCI bus id);
+    without it a machine with several GPUs would mix their samples."""
 
     FIELDS = "timestamp,clocks.sm,power.draw"
 
-    def __init__(self, interval_ms: int = 25):
+    def __init__(self, interval_ms: int = 25, gpu: str | None = None):
         # into a file, not a pipe: nobody reads a pipe until the end, and once its 64 KiB buffer is full (~40 s of
         # samples) nvidia-smi blocks and the later measurements get none
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
-            stdout=self.log, stderr=subprocess.DEVNULL, text=True)
+        cmd = ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"]
+        self.proc = subprocess.Popen(cmd + (["-i", gpu] if gpu else []), stdout=self.log, stderr=subprocess.DEVNULL,
+                                     text=True, env={**os.environ, "TZ": "UTC"})
         self.samples: list[tuple[float, float, float]] = []
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
     def stop(self) -> list[tuple[float, float, float]]:
-        """Ends the sampling; returns (unix time, SM MHz, W) per sample."""
+        """Ends the sampling (once); returns (unix time, SM MHz, W) per sample."""
+        if self.proc is None:
+            return self.samples
         self.proc.terminate()
-        self.proc.wait(timeout=20)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # (the samples written so far still count)
+            self.proc.kill()
+        self.proc = None
         self.log.seek(0)
         for line in self.log.read().splitlines():
             parts = [x.strip() for x in line.split(",")]
             try:
-                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
                 self.samples.append((t, float(parts[1]), float(parts[2])))
             except (ValueError, IndexError):  # a partial last line, "[N/A]"
                 continue
+        self.log.close()
         return self.samples
 
     def during(self, t0: float, t1: float) -> dict:
@@ -161,3 +179,9 @@ class ClockSampler:
             return {"clock_samples": 0}
         return {"sm_mhz": statistics.median(s[1] for s in inside), "power_w": statistics.median(s[2] for s in inside),
                 "clock_samples": len(inside)}
+
+
+def nvidia_smi_id(device) -> str | None:
+    """The -i that names this CUDA device to nvidia-smi ("GPU-<uuid>"), or None where torch does not say."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"GPU-{uuid}" if uuid else None

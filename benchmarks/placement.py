@@ -22,21 +22,24 @@ import argparse
 import json
 import random
 import statistics
-import time
 
 import torch
 
 import bench_attention as bench
-from bench_common import ClockSampler, environment, import_fa2
+from bench_common import ClockSampler, environment, import_fa2, nvidia_smi_id
 
 
-def timed_pass(f, q, k, v, dout, pass_, device):
+def timed_pass(f, q, k, v, dout, pass_, device, window):
+    """As the grid times a pass: do_bench's median of 50 ms after 5 ms of warm-up and 0.1 s idle; window receives the
+    unix times the warm-up and timed calls started and ended (after the idle time)."""
     if pass_ == "fwd":
-        return bench.time_ms(lambda: f(q, k, v), device, 5, 50, 0.1)
-    if pass_ == "bwd":
+        fn = lambda: f(q, k, v)  # noqa: E731
+    elif pass_ == "bwd":
         out = f(q, k, v)
-        return bench.time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), device, 5, 50, 0.1)
-    return bench.time_ms(lambda: torch.autograd.grad(f(q, k, v), (q, k, v), dout), device, 5, 50, 0.1)
+        fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+    else:
+        fn = lambda: torch.autograd.grad(f(q, k, v), (q, k, v), dout)  # noqa: E731
+    return bench.time_ms(fn, device, 5, 50, 0.1, window)
 
 
 def main() -> None:
@@ -55,12 +58,28 @@ def main() -> None:
     impls = args.impls.split(",")
     rng = random.Random(0)
     results = []
-    sampler = ClockSampler()
+    with ClockSampler(gpu=nvidia_smi_id(device)) as sampler:
+        measure(args, device, fa2_mod, impls, rng, results)
+    for row in results:
+        row["sm_mhz_reps"] = {impl: [sampler.during(*w).get("sm_mhz") for w in ws]
+                              for impl, ws in row.pop("windows").items()}
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"kind": "placement", "argv": vars(args), "env": environment(device, fa2_mod, fa2_err),
+                       "timing": ("triton do_bench" if bench._do_bench is not None else "CUDA events")
+                       + " median, warmup 5 ms, rep 50 ms, 0.1 s idle before each", "results": results}, fh, indent=1)
+
+
+def measure(args, device, fa2_mod, impls, rng, results) -> None:
+    """The reps of every (dtype, pass, regime), appended to results (their windows for the clock)."""
     for dtype in args.dtypes.split(","):
         cfg = bench.Config(dtype, args.dim, args.seqlen, max(1, 16384 // args.seqlen), max(1, 2048 // args.dim),
                            False, "none")
         q, k, v, _ = bench.make_inputs(cfg, device)
-        calls = {impl: bench.make_call(impl, cfg, None, fa2_mod, device) for impl in impls}
+        calls = {}
+        for impl in impls:
+            with bench.switched(impl, fa2_mod):  # (fa2-nosplit and the like: their switches around every call)
+                calls[impl] = bench.make_call(impl, cfg, None, fa2_mod, device)
         for pass_ in args.passes.split(","):
             flops = bench.attention_flops(cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen, cfg.headdim, False, pass_)
             for regime in args.regimes.split(","):
@@ -69,7 +88,8 @@ def main() -> None:
                 for rep in range(args.reps):
                     for impl in (impls if rep % 2 == 0 else impls[::-1]):
                         f, _ = calls[impl]
-                        out = f(q, k, v)
+                        with bench.switched(impl, fa2_mod):
+                            out = f(q, k, v)
                         dout = torch.randn_like(out)
                         del out
                         spacer = None
@@ -78,9 +98,9 @@ def main() -> None:
                             torch.cuda.empty_cache()
                         if regime == "shifted":
                             spacer = torch.empty(rng.randrange(0, 2**30, 2**21), dtype=torch.uint8, device=device)
-                        w = [time.time()]
-                        times[impl].append(timed_pass(f, q, k, v, dout, pass_, device))
-                        w.append(time.time())
+                        w = []
+                        with bench.switched(impl, fa2_mod):
+                            times[impl].append(timed_pass(f, q, k, v, dout, pass_, device, w))
                         windows[impl].append(w)
                         del spacer, dout
                 row = {"dtype": dtype, "headdim": cfg.headdim, "seqlen": cfg.seqlen, "batch": cfg.batch,
@@ -95,15 +115,6 @@ def main() -> None:
                       flush=True)
                 print("   " + "  ".join(f"{impl}: " + " ".join(f"{t:.3f}" for t in ts) for impl, ts in times.items()),
                       flush=True)
-    sampler.stop()
-    for row in results:
-        row["sm_mhz_reps"] = {impl: [sampler.during(*w).get("sm_mhz") for w in ws]
-                              for impl, ws in row.pop("windows").items()}
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"kind": "placement", "argv": vars(args), "env": environment(device, fa2_mod, fa2_err),
-                       "timing": "triton do_bench median, warmup 5 ms, rep 50 ms, 0.1 s idle before each",
-                       "results": results}, fh, indent=1)
 
 
 if __name__ == "__main__":

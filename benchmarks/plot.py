@@ -194,7 +194,7 @@ def _save_row(fig, axes, ylabel: str, title: str, path: str) -> list[str]:
 def plot_sustained(result: dict, out_dir: str, stem: str) -> list[str]:
     """benchmarks/sustained.py: one panel per (dtype, pass), TFLOP/s back to back per seqlen and implementation (a
     repeated implementation: the mean of its rows), its median SM clock written on each bar."""
-    rows = result["results"]
+    rows = [dict(r, **{"pass": r.get("pass", "fwd")}) for r in result["results"]]  # (the first files: forward only)
     panels = list(dict.fromkeys((r["dtype"], r["pass"]) for r in rows))
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8), squeeze=False)

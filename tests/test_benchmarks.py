@@ -49,13 +49,15 @@ def test_merge_rounds_takes_the_median_round_and_keeps_failures():
 
 def test_merge_rounds_keeps_each_rounds_clock_beside_its_time():
     a = _cfg(128)
-    rows = [dict(_row(a, "fa2", ms), sm_mhz=mhz, power_w=w) for ms, mhz, w in ((3.0, 1755, 690), (1.0, 1980, 520))]
+    rows = [dict(_row(a, "fa2", ms), sm_mhz=mhz, power_w=w, clock_samples=n)
+            for ms, mhz, w, n in ((3.0, 1755, 690, 4), (1.0, 1980, 520, 3))]
     merged = bench.merge_rounds(rows)
     assert len(merged) == 1
     row = merged[0]
     assert row["ms_rounds"] == [3.0, 1.0]
     assert row["sm_mhz_rounds"] == [1755, 1980] and row["power_w_rounds"] == [690, 520]
-    assert "sm_mhz" not in row and "power_w" not in row  # a merged row's clock is per round only
+    assert row["clock_samples_rounds"] == [4, 3]
+    assert "sm_mhz" not in row and "power_w" not in row and "clock_samples" not in row  # per round only
 
 
 class _FakeSmi:
@@ -81,9 +83,11 @@ def test_clock_sampler_gives_each_window_the_median_of_its_samples():
     sampler.samples, sampler.proc, sampler.log = [], _FakeSmi(), tempfile.TemporaryFile(mode="w+")
     sampler.log.write("2026/12/04 07:40:01.000, 1980, 400.5\n2026/12/04 07:40:01.100, 1755, 690.0\n"
                       "2026/12/04 07:40:01.200, 1740, 695.0\n2026/12/04 07:40:01.300, [N/A], 1\n2026/12/04 07:4")
+    smi = sampler.proc
     samples = sampler.stop()
-    assert sampler.proc.terminated and [s[1:] for s in samples] == [(1980, 400.5), (1755, 690.0), (1740, 695.0)]
-    t0 = datetime.datetime(2026, 12, 4, 7, 40, 1).timestamp()  # local time, as nvidia-smi writes it
+    assert smi.terminated and [s[1:] for s in samples] == [(1980, 400.5), (1755, 690.0), (1740, 695.0)]
+    assert sampler.stop() == samples  # (once: the context manager's exit after an explicit stop)
+    t0 = datetime.datetime(2026, 12, 4, 7, 40, 1, tzinfo=datetime.timezone.utc).timestamp()  # nvidia-smi under TZ=UTC
     assert samples[0][0] == pytest.approx(t0)
     assert sampler.during(t0 + 0.05, t0 + 0.25) == {"sm_mhz": 1747.5, "power_w": 692.5, "clock_samples": 2}
     assert sampler.during(t0 - 1.0, t0 + 0.01) == {"sm_mhz": 1980, "power_w": 400.5, "clock_samples": 1}
@@ -124,3 +128,29 @@ def test_switched_sets_fa2s_switches_for_one_implementation_and_restores_them():
     assert state["bwd_tail_split"] == -1
     with bench.switched("cudnn", fake):  # no switches
         assert state["bwd_tail_split"] == -1
+
+
+def test_a_failing_implementation_does_not_take_its_peers_rows_with_it(monkeypatch):
+    """--interleave times a config's implementations in one burst; where one of them fails there, each is timed
+    alone, so that only the failing one gets an error row (as when each had its own burst)."""
+    make_call = bench.make_call
+    calls = {"n": 0}
+
+    def flaky_make_call(impl, cfg, bias, fa2_mod, device):
+        f, to_bhsd = make_call(impl, cfg, bias, fa2_mod, device)
+        if impl != "sdpa":
+            return f, to_bhsd
+
+        def f_flaky(q, k, v):
+            calls["n"] += 1
+            if calls["n"] > 1:  # the first call (the check) works, the timed ones do not
+                raise RuntimeError("boom")
+            return f(q, k, v)
+        return f_flaky, to_bhsd
+
+    monkeypatch.setattr(bench, "make_call", flaky_make_call)
+    cfg = bench.Config("fp32", 16, 32, 1, 2, False, "none")
+    rows = bench.run_jobs(cfg, ["math", "sdpa"], ["fwd"], None, torch.device("cpu"), 1, 2)
+    by_impl = {r["impl"]: r for r in rows}
+    assert len(rows) == 2 and by_impl["math"]["status"] == "ok" and by_impl["math"]["ms"] > 0
+    assert by_impl["sdpa"]["status"] == "error" and "boom" in by_impl["sdpa"]["reason"]
