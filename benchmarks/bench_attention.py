@@ -646,7 +646,8 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
         times = [r["ms"] for r in group if r["status"] == "ok"]
         if times:
             row["ms_rounds"] = times
-        for key in ("sm_mhz", "power_w", "clock_samples"):  # (--clocks) each round's clock and power, beside its time
+        # (--clocks) each round's clock, power, memory clock, temperature and throttle reasons, beside its time
+        for key in ("sm_mhz", "power_w", "mem_mhz", "temp_c", "throttle", "clock_samples"):
             if any(key in r for r in group):
                 row[key + "_rounds"] = [r.get(key) for r in group if r["status"] == "ok"]
                 row.pop(key, None)

@@ -132,16 +132,25 @@ class ClockSampler:
     buffering nor the machine's time zone shifts them. gpu: nvidia-smi's -i (an index, "GPU-<uuid>", a PCI bus id);
     without it a machine with several GPUs would mix their samples."""
 
-    FIELDS = "timestamp,clocks.sm,power.draw"
+    # (the memory clock, temperature and throttle reasons too: the D=128 backward's ~10% groups of rounds did not
+    # follow the SM clock, 2026-12-04; these may say what they follow)
+    FIELDS = "timestamp,clocks.sm,power.draw,clocks.mem,temperature.gpu,clocks_throttle_reasons.active"
 
     def __init__(self, interval_ms: int = 25, gpu: str | None = None):
         # into a file, not a pipe: nobody reads a pipe until the end, and once its 64 KiB buffer is full (~40 s of
         # samples) nvidia-smi blocks and the later measurements get none
         self.log = tempfile.TemporaryFile(mode="w+")
-        cmd = ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"]
-        self.proc = subprocess.Popen(cmd + (["-i", gpu] if gpu else []), stdout=self.log, stderr=subprocess.DEVNULL,
-                                     text=True, env={**os.environ, "TZ": "UTC"})
-        self.samples: list[tuple[float, float, float]] = []
+        gpu_arg = ["-i", gpu] if gpu else []
+        fields = self.FIELDS
+        # a field this nvidia-smi does not know fails the whole query (and -lms would then write nothing): try once
+        probe = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"] + gpu_arg,
+                               capture_output=True, text=True, timeout=20)
+        if probe.returncode != 0:
+            fields = "timestamp,clocks.sm,power.draw"
+        cmd = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"]
+        self.proc = subprocess.Popen(cmd + gpu_arg, stdout=self.log, stderr=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, "TZ": "UTC"})
+        self.samples: list[tuple] = []  # (unix time, SM MHz, W, memory MHz | None, °C | None, reasons | None)
 
     def __enter__(self):
         return self
@@ -150,8 +159,9 @@ class ClockSampler:
         self.stop()
         return False
 
-    def stop(self) -> list[tuple[float, float, float]]:
-        """Ends the sampling (once); returns (unix time, SM MHz, W) per sample."""
+    def stop(self) -> list[tuple]:
+        """Ends the sampling (once); returns (unix time, SM MHz, W, memory MHz, °C, throttle reasons) per sample, the
+        last three None where nvidia-smi gave none ("[N/A]")."""
         if self.proc is None:
             return self.samples
         self.proc.terminate()
@@ -166,19 +176,39 @@ class ClockSampler:
             try:
                 t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").replace(
                     tzinfo=datetime.timezone.utc).timestamp()
-                self.samples.append((t, float(parts[1]), float(parts[2])))
-            except (ValueError, IndexError):  # a partial last line, "[N/A]"
+                sample = (t, float(parts[1]), float(parts[2]))
+            except (ValueError, IndexError):  # a partial last line, "[N/A]" for the SM clock or the power
                 continue
+            optional = parts[3:6] + [None] * (6 - len(parts))
+            self.samples.append(sample + (_number(optional[0]), _number(optional[1]),
+                                          optional[2] if optional[2] and optional[2][:1] == "0" else None))
         self.log.close()
         return self.samples
 
     def during(self, t0: float, t1: float) -> dict:
-        """Median SM clock and power of the samples in [t0, t1] (unix times), and how many there were."""
+        """Of the samples in [t0, t1] (unix times): the median SM clock, power, memory clock and temperature (the last
+        two where nvidia-smi gave them), the throttle reasons seen (sorted, "0x0..0" = none) and how many there were."""
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
         if not inside:
             return {"clock_samples": 0}
-        return {"sm_mhz": statistics.median(s[1] for s in inside), "power_w": statistics.median(s[2] for s in inside),
-                "clock_samples": len(inside)}
+        out = {"sm_mhz": statistics.median(s[1] for s in inside), "power_w": statistics.median(s[2] for s in inside)}
+        for key, i in (("mem_mhz", 3), ("temp_c", 4)):
+            values = [s[i] for s in inside if len(s) > i and s[i] is not None]
+            if values:
+                out[key] = statistics.median(values)
+        reasons = sorted({s[5] for s in inside if len(s) > 5 and s[5]})
+        if reasons:
+            out["throttle"] = reasons
+        out["clock_samples"] = len(inside)
+        return out
+
+
+def _number(text):
+    """float(text), or None for what nvidia-smi writes where it has no value ("[N/A]", "N/A", "")."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
 
 
 def nvidia_smi_id(device) -> str | None:

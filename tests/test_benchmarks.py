@@ -81,16 +81,22 @@ def test_clock_sampler_gives_each_window_the_median_of_its_samples():
 
     sampler = ClockSampler.__new__(ClockSampler)  # no nvidia-smi on a CPU machine: feed it lines
     sampler.samples, sampler.proc, sampler.log = [], _FakeSmi(), tempfile.TemporaryFile(mode="w+")
-    sampler.log.write("2026/12/04 07:40:01.000, 1980, 400.5\n2026/12/04 07:40:01.100, 1755, 690.0\n"
-                      "2026/12/04 07:40:01.200, 1740, 695.0\n2026/12/04 07:40:01.300, [N/A], 1\n2026/12/04 07:4")
+    sampler.log.write("2026/12/04 07:40:01.000, 1980, 400.5, 3201, 41, 0x0000000000000000\n"
+                      "2026/12/04 07:40:01.100, 1755, 690.0, 3201, 52, 0x0000000000000004\n"
+                      "2026/12/04 07:40:01.200, 1740, 695.0, [N/A], [N/A], [N/A]\n"
+                      "2026/12/04 07:40:01.300, [N/A], 1, 3201, 50, 0x0000000000000004\n2026/12/04 07:4")
     smi = sampler.proc
     samples = sampler.stop()
-    assert smi.terminated and [s[1:] for s in samples] == [(1980, 400.5), (1755, 690.0), (1740, 695.0)]
+    assert smi.terminated and [s[1:] for s in samples] == [(1980, 400.5, 3201, 41, "0x0000000000000000"),
+                                                           (1755, 690.0, 3201, 52, "0x0000000000000004"),
+                                                           (1740, 695.0, None, None, None)]
     assert sampler.stop() == samples  # (once: the context manager's exit after an explicit stop)
     t0 = datetime.datetime(2026, 12, 4, 7, 40, 1, tzinfo=datetime.timezone.utc).timestamp()  # nvidia-smi under TZ=UTC
     assert samples[0][0] == pytest.approx(t0)
-    assert sampler.during(t0 + 0.05, t0 + 0.25) == {"sm_mhz": 1747.5, "power_w": 692.5, "clock_samples": 2}
-    assert sampler.during(t0 - 1.0, t0 + 0.01) == {"sm_mhz": 1980, "power_w": 400.5, "clock_samples": 1}
+    assert sampler.during(t0 + 0.05, t0 + 0.25) == {"sm_mhz": 1747.5, "power_w": 692.5, "mem_mhz": 3201, "temp_c": 52,
+                                                    "throttle": ["0x0000000000000004"], "clock_samples": 2}
+    assert sampler.during(t0 - 1.0, t0 + 0.01) == {"sm_mhz": 1980, "power_w": 400.5, "mem_mhz": 3201, "temp_c": 41,
+                                                   "throttle": ["0x0000000000000000"], "clock_samples": 1}
     assert sampler.during(t0 + 5, t0 + 6) == {"clock_samples": 0}
 
 
