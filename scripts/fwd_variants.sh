@@ -5,7 +5,8 @@
 # "base" is this tree's cuda/include. The builds run in parallel, the timings one after the other, twice in
 # alternating order (ABAB) so that clock drift shows.
 # Usage: bash scripts/fwd_variants.sh [seqlens] [masks] [variant folders...]
-#   env: FA2_HD (default 64), FA2_BWD=1 (also time the backward: builds take about 20 s), OUT
+#   env: FA2_HD (default 64), FA2_BWD=1 (also time the backward: builds take about 20 s), FA2_CAUSAL (0, 1 or 0,1;
+#   default 0: the harness's causal argument), OUT
 #   e.g. bash scripts/fwd_variants.sh 1024,4096,16384 none,bf16,bool scratch/v1 scratch/v2
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,6 @@ for round in 1 2; do
     name=$(basename "$v")
     [ -x "$OUT/bench_$name" ] || continue
     echo "== $name (round $round)"
-    "$OUT/bench_$name" "$seqlens" "$masks"
+    "$OUT/bench_$name" "$seqlens" "$masks" "${FA2_CAUSAL:-0}"
   done
 done
