@@ -160,3 +160,29 @@ def test_a_failing_implementation_does_not_take_its_peers_rows_with_it(monkeypat
     by_impl = {r["impl"]: r for r in rows}
     assert len(rows) == 2 and by_impl["math"]["status"] == "ok" and by_impl["math"]["ms"] > 0
     assert by_impl["sdpa"]["status"] == "error" and "boom" in by_impl["sdpa"]["reason"]
+
+
+def test_bars_read_a_grid():
+    """benchmarks/bars.py: issue 8's bars off a grid JSON (a made-up one: one cell below, one that did not run)."""
+    import bars
+
+    def row(impl, d, s, causal, mask, pass_, tflops, status="ok"):
+        return dict(impl=impl, dtype="bf16", headdim=d, seqlen=s, causal=causal, mask=mask, status=status,
+                    tflops=tflops, **{"pass": pass_})
+
+    rows = []
+    for d in (64, 128, 256):
+        for p in ("fwd", "bwd", "fwdbwd"):
+            rows += [row("fa2", d, 2048, False, "none", p, 110), row("cudnn", d, 2048, False, "none", p, 100)]
+            rows += [row("fa2", d, 1024, False, "none", p, 10), row("cudnn", d, 1024, False, "none", p, 100)]
+    rows += [row("fa2", 128, 16384, False, "none", "fwd", 705), row("cudnn", 128, 16384, False, "none", "fwd", 710)]
+    rows += [row("fa2", 64, 2048, False, "padding", "fwd", 150), row("cudnn", 64, 2048, False, "padding", "fwd", 0,
+                                                                      status="error")]
+    got = bars.bars({"measurements": rows})
+    fwd = got["1 forward"]
+    assert not fwd["met"] and fwd["cells"] == 4 and fwd["range"] == (0.993, 1.1)  # (S=1k is not in the bar)
+    assert fwd["below"] == [(("bf16", 128, 16384, False, "none", "fwd"), 0.993)]
+    assert got["2 forward+backward"]["met"] and got["2 forward+backward"]["range"] == (1.1, 1.1)
+    assert not got["3 padding mask"]["met"] and got["3 padding mask"]["missing"] == [
+        ("bf16", 64, 2048, False, "padding", "fwd")]
+    assert got["4 stretch"] == {"met": True, "tflops": {"bf16": 705}}
