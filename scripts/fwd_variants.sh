@@ -6,7 +6,8 @@
 # alternating order (ABAB) so that clock drift shows.
 # Usage: bash scripts/fwd_variants.sh [seqlens] [masks] [variant folders...]
 #   env: FA2_HD (default 64), FA2_BWD=1 (also time the backward: builds take about 20 s), FA2_CAUSAL (0, 1 or 0,1;
-#   default 0: the harness's causal argument), OUT
+#   default 0: the harness's causal argument), FA2_VARIANT_TIMEOUT (seconds a variant's timing may take, default 90:
+#   a variant that hangs, e.g. on a barrier, must not take the device call with it), OUT
 #   e.g. bash scripts/fwd_variants.sh 1024,4096,16384 none,bf16,bool scratch/v1 scratch/v2
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +33,17 @@ for v in "${variants[@]}"; do
   name=$(basename "$v")
   [ -x "$OUT/bench_$name" ] || { echo "== $name: build failed"; tail -5 "$OUT/build_$name.log"; }
 done
+declare -A failed=()
 for round in 1 2; do
   for v in "${variants[@]}"; do
     name=$(basename "$v")
-    [ -x "$OUT/bench_$name" ] || continue
+    [ -x "$OUT/bench_$name" ] && [ -z "${failed[$name]:-}" ] || continue
     echo "== $name (round $round)"
-    "$OUT/bench_$name" "$seqlens" "$masks" "${FA2_CAUSAL:-0}"
+    timeout "${FA2_VARIANT_TIMEOUT:-90}" "$OUT/bench_$name" "$seqlens" "$masks" "${FA2_CAUSAL:-0}"
+    rc=$?
+    if [ $rc -ne 0 ]; then  # (not timed again: a hang would eat the call's time twice)
+      echo "== $name (round $round): exit $rc$([ $rc -eq 124 ] && echo ', timed out')"
+      failed[$name]=1
+    fi
   done
 done
