@@ -216,14 +216,20 @@ struct WsKeyBlock {
 // p.bwd_tail_grid_tiles - p.bwd_tail_tiles whole tiles, then each of the last p.bwd_tail_tiles tiles' pieces in turn,
 // bwd_tail_split_plan): piece -1 for a whole tile. (bwd_ws_kernel calls it again in its epilogue rather than keep the
 // piece in registers through the loop.)
-__device__ __forceinline__ void ws_tail_tile(const AttentionParams& p, int& t, int& piece, int& tail_index) {
+struct WsTailTile {
+  int t;           // the tile
+  int piece;       // this CTA's piece of it, or -1: the whole tile
+  int tail_index;  // which of the launch's last p.bwd_tail_tiles tiles it is, or -1
+};
+__device__ __forceinline__ WsTailTile ws_tail_tile(const AttentionParams& p) {
   const int whole = p.bwd_tail_grid_tiles - p.bwd_tail_tiles;
-  t = int(blockIdx.x), piece = -1, tail_index = -1;
-  if (t >= whole) {
-    tail_index = (t - whole) / p.bwd_tail_pieces;
-    piece = t - whole - tail_index * p.bwd_tail_pieces;
-    t = whole + tail_index;
+  WsTailTile tile{int(blockIdx.x), -1, -1};
+  if (tile.t >= whole) {
+    tile.tail_index = (tile.t - whole) / p.bwd_tail_pieces;
+    tile.piece = tile.t - whole - tile.tail_index * p.bwd_tail_pieces;
+    tile.t = whole + tile.tail_index;
   }
+  return tile;
 }
 
 // The ws kernels' start once their shared memory is laid out: the key block and its query range, the ring's
@@ -244,10 +250,10 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
   int piece = -1;  // (where the launch splits its last wave, this CTA's piece of a tail tile: ws_tail_tile)
   // (the tail split: no GQA, no causal lengths, no bias, bwd_tail_split_plan; compiled only where it may run)
   if (Cfg::kTailSplit && !kKeyBias && p.bwd_tail_pieces > 1) {
-    int t, tail_index;
-    ws_tail_tile(p, t, piece, tail_index);
-    const int bh = t / num_n_blocks;
-    blk.n_block = t - bh * num_n_blocks, grid_head = bh % p.nheads, blk.batch = bh / p.nheads;
+    const WsTailTile tile = ws_tail_tile(p);
+    piece = tile.piece;
+    const int bh = tile.t / num_n_blocks;
+    blk.n_block = tile.t - bh * num_n_blocks, grid_head = bh % p.nheads, blk.batch = bh / p.nheads;
   } else if constexpr (Cfg::kTileOrderTail) {
     bwd_tile_of_cta(p, blk.n_block, grid_head, blk.batch);
   } else {
@@ -764,9 +770,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       }
     }
   };
-  int tile, piece = -1, tail_index = -1;
-  if (Cfg::kTailSplit && !kKeyBias && p.bwd_tail_pieces > 1) ws_tail_tile(p, tile, piece, tail_index);
-  (void)tile;
+  WsTailTile tail{0, -1, -1};
+  if (Cfg::kTailSplit && !kKeyBias && p.bwd_tail_pieces > 1) tail = ws_tail_tile(p);
+  const int piece = tail.piece, tail_index = tail.tail_index;
   if (piece >= 0) {
     // A piece of a tail tile (the launch's last wave split, p.bwd_tail_pieces > 1): its dK, dV (unscaled) added into
     // the tile's fp32 rows of p.bwd_tail_dkv (maps.dk_accum / dv_accum over them; rows past seqlen_k get zeros), then,
