@@ -281,7 +281,8 @@ BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& p) {
   plan.tiles = split.tiles, plan.pieces = split.pieces, plan.grid_tiles = int(tiles);
   const bool overlap = bwd_ws_overlaps_dq_conversion_at(p.headdim_rounded);
   plan.workspace_offset = overlap ? (int64_t(p.batch) * p.nheads + 3) / 4 * 4 : 0;  // (16-byte aligned: the TMA's)
-  plan.zero_ints = (plan.tiles + 3) / 4 * 4 + 2 * int64_t(plan.tiles) * shape.block_n * p.headdim_rounded;
+  plan.dkv_offset = (plan.tiles + 3) / 4 * 4;
+  plan.zero_ints = plan.dkv_offset + 2 * int64_t(plan.tiles) * shape.block_n * p.headdim_rounded;
   return plan;
 }
 

@@ -80,7 +80,12 @@ struct BwdTailSplitPlan {
   int tiles = 0;       // the grid's last `tiles` tiles (key block, head) are split
   int pieces = 1;      // into this many CTAs each
   int grid_tiles = 0;  // of this many
+  // its scratch in the workspace (ints), which the backward zeroes: from workspace_offset (past the overlapped dQ
+  // conversion's counts) one count per split tile, then from dkv_offset (the counts rounded up to 16 bytes, the
+  // TMA's alignment) the fp32 dK rows of the split tiles, then their dV rows (tiles x block_n rows of headdim_rounded
+  // each: params.h, bwd_tail_dkv); zero_ints in all
   int64_t workspace_offset = 0;
+  int64_t dkv_offset = 0;
   int64_t zero_ints = 0;
 };
 BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& params);

@@ -155,7 +155,7 @@ void apply_bwd_tail_split(AttentionParams& p, sm90::BwdTensorMaps* maps) {
       return;
     }
     int* const counts = static_cast<int*>(p.workspace) + plan.workspace_offset;
-    float* const dkv = reinterpret_cast<float*>(counts + (plan.tiles + 3) / 4 * 4);
+    float* const dkv = reinterpret_cast<float*>(counts + plan.dkv_offset);
     const int64_t rows = int64_t(plan.tiles) * Cfg::kBlockN;
     if (sm90::make_rows_f32_tensor_map(&maps->dk_accum, dkv, rows, kHeadDim, 64) != nullptr ||
         sm90::make_rows_f32_tensor_map(&maps->dv_accum, dkv + rows * kHeadDim, rows, kHeadDim, 64) != nullptr) {
