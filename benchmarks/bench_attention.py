@@ -179,14 +179,9 @@ def time_interleaved(fns: dict, device: torch.device, warmup_ms: float, rep_ms: 
     follows neither the SM clock (attention_h200-20261204-d128-rounds.json) nor the buffers' placement
     (placement_h200-20261204-*.json); timed in one burst, call by call, peers share the GPU's state. Every name gets
     the same number of calls: the slowest's rep_ms worth, at least 5, at most 1000.
-    windows: name -> list that receives the burst's start and end unix times. On the CPU: one after the other."""
+    windows: name -> list that receives the burst's start and end unix times. CUDA only (run_jobs times the CPU's one
+    after the other)."""
     windows = windows if windows is not None else {}
-    if device.type != "cuda":
-        times = {}
-        for name, (fn, ctx) in fns.items():
-            with ctx():
-                times[name] = time_ms(fn, device, warmup_ms, rep_ms, cooldown_s, windows.get(name))
-        return times
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
     names = list(fns)
     est = []
@@ -460,6 +455,9 @@ def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, 
         else:
             ready[impl] = got
 
+    def failed(impl, pass_, e, check):
+        return rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e), check=check)
+
     for pass_ in passes:
         flops = attention_flops(cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen, cfg.headdim, cfg.causal, pass_)
         fns = {}
@@ -472,35 +470,25 @@ def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, 
                     with switched(impl, fa2_mod):
                         fns[impl] = _pass_fn(f, pass_, q, k, v, grad_ok, dout)
                 except Exception as e:  # (the bwd pass's forward) this implementation's row only
-                    results.append(rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e), check=check))
+                    results.append(failed(impl, pass_, e, check))
             windows = {impl: [] for impl in fns}
-            if not fns:  # (none of them has this pass: rows written above)
-                continue
-
-            def alone(impl):
-                with switched(impl, fa2_mod):
-                    return time_ms(fns[impl], device, warmup_ms, rep_ms, cooldown_s, windows[impl])
-
-            together = {}  # impl -> the implementations it was interleaved with
-            if len(fns) == 1:
-                times = {impl: alone(impl) for impl in fns}
-            else:
+            times, together = None, {}  # together: impl -> the implementations it was interleaved with
+            if len(fns) > 1 and device.type == "cuda":
                 try:
                     times = time_interleaved({i: (fn, functools.partial(switched, i, fa2_mod))
                                               for i, fn in fns.items()}, device, warmup_ms, rep_ms, cooldown_s, windows)
-                    if device.type == "cuda":  # (on the CPU time_interleaved times them one after the other)
-                        together = {i: [j for j in fns if j != i] for i in fns}
-                except Exception:  # one of them failed the burst: each alone, so that only that one gets the error
+                    together = {i: [j for j in fns if j != i] for i in fns}
+                except Exception:  # one of them failed the burst: each alone (below), so that only it gets the error
                     _free(device)
-                    times = {}
-                    for impl in fns:
-                        windows[impl] = []
-                        try:
-                            times[impl] = alone(impl)
-                        except Exception as e:
-                            results.append(rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e),
-                                               check=ready[impl][3]))
-                            _free(device)
+            if times is None:  # one at a time: a single implementation, the CPU, or a failed burst
+                times = {}
+                for impl in fns:
+                    try:
+                        with switched(impl, fa2_mod):
+                            times[impl] = time_ms(fns[impl], device, warmup_ms, rep_ms, cooldown_s, windows[impl])
+                    except Exception as e:
+                        results.append(failed(impl, pass_, e, ready[impl][3]))
+                        _free(device)
             for impl, ms in times.items():
                 note, check = ready[impl][2:4]
                 r = rec(impl, pass_, "ok", ms=ms, flops=flops, tflops=flops / (ms * 1e-3) / 1e12, check=check,
@@ -510,9 +498,6 @@ def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, 
                 if note:
                     r["note"] = note
                 results.append(r)
-        except Exception as e:  # (only a single implementation's burst gets here)
-            results += [rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e), check=ready[impl][3])
-                        for impl in fns]
         finally:
             fns = None
             _free(device)

@@ -193,10 +193,10 @@ class ClockSampler:
             return {"clock_samples": 0}
         out = {"sm_mhz": statistics.median(s[1] for s in inside), "power_w": statistics.median(s[2] for s in inside)}
         for key, i in (("mem_mhz", 3), ("temp_c", 4)):
-            values = [s[i] for s in inside if len(s) > i and s[i] is not None]
+            values = [s[i] for s in inside if s[i] is not None]
             if values:
                 out[key] = statistics.median(values)
-        reasons = sorted({s[5] for s in inside if len(s) > 5 and s[5]})
+        reasons = sorted({s[5] for s in inside if s[5]})
         if reasons:
             out["throttle"] = reasons
         out["clock_samples"] = len(inside)

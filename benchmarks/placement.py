@@ -30,16 +30,9 @@ from bench_common import ClockSampler, environment, import_fa2, nvidia_smi_id
 
 
 def timed_pass(f, q, k, v, dout, pass_, device, window):
-    """As the grid times a pass: do_bench's median of 50 ms after 5 ms of warm-up and 0.1 s idle; window receives the
-    unix times the warm-up and timed calls started and ended (after the idle time)."""
-    if pass_ == "fwd":
-        fn = lambda: f(q, k, v)  # noqa: E731
-    elif pass_ == "bwd":
-        out = f(q, k, v)
-        fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-    else:
-        fn = lambda: torch.autograd.grad(f(q, k, v), (q, k, v), dout)  # noqa: E731
-    return bench.time_ms(fn, device, 5, 50, 0.1, window)
+    """As the grid times a pass (bench_attention's call of it): do_bench's median of 50 ms after 5 ms of warm-up and
+    0.1 s idle; window receives the unix times the warm-up and timed calls started and ended (after the idle time)."""
+    return bench.time_ms(bench._pass_fn(f, pass_, q, k, v, True, dout), device, 5, 50, 0.1, window)
 
 
 def main() -> None:
