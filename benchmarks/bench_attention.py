@@ -68,6 +68,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # mask too: the wide kernel); the rest runs as fa2 (or pipelined under fa2-pipe).
 # fa2-nopers: fa2 with the warp-specialized forward's persistent grid off (fa2._C.set_persistent_forward_ctas(0)):
 # one CTA per query block.
+# fa2-nocluster: fa2 with the d 128 forward's clusters of two off (fa2._C.set_fwd_cluster(False)): its CTAs load their
+# K/V tiles each for itself (calls without a causal mask or window).
 # fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
 # sm80-path backward of the same build (the forward stays on sm_90a).
 # fa2-bwdnows: fa2 with the sm_90a backward's warp-specialized kernel switched off (fa2._C.set_sm90_ws_backward): its
@@ -88,10 +90,11 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-wspp": {"sm90_schedule": "pingpong"},
                 "fa2-wsov": {"sm90_schedule": "overlap"},
                 "fa2-wsppov": {"sm90_schedule": "pingpong-overlap"},
-                "fa2-nopers": {"persistent_forward_ctas": 0}}
+                "fa2-nopers": {"persistent_forward_ctas": 0},
+                "fa2-nocluster": {"fwd_cluster": False}}
 IMPLS = ("fa2", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe",
-         "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "torch-fa2", "cudnn", "efficient", "math", "flex",
-         "sdpa")
+         "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "fa2-nocluster", "torch-fa2", "cudnn",
+         "efficient", "math", "flex", "sdpa")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}

@@ -33,6 +33,8 @@ inline void set_persistent_forward_ctas(int) {}
 inline int persistent_forward_ctas() { return 0; }
 inline void set_tile_order_tail(bool) {}
 inline bool tile_order_tail_enabled() { return false; }
+inline void set_fwd_cluster(bool) {}
+inline bool fwd_cluster_enabled() { return false; }
 inline void set_bwd_tail_split(int) {}
 inline int bwd_tail_split() { return 0; }
 inline const char* sm90_schedule(Sm90Schedule* schedule) {
@@ -112,6 +114,10 @@ PYBIND11_MODULE(_C, m) {
   // causal launches' longest-first tail (fa2/tile_order.h): on by default, off = head by head (tests, A/B timing)
   m.def("set_tile_order_tail", &fa2::set_tile_order_tail, py::arg("enabled"));
   m.def("tile_order_tail", &fa2::tile_order_tail_enabled);
+  // the persistent d 128 forward in clusters of two sharing K/V loads (TMA multicast) where a call allows them: on by
+  // default, off = one CTA at a time (tests, A/B timing)
+  m.def("set_fwd_cluster", &fa2::set_fwd_cluster, py::arg("enabled"));
+  m.def("fwd_cluster", &fa2::fwd_cluster_enabled);
   // the warp-specialized backward's last partial wave split into CTAs over parts of a tile's query blocks
   // (bwd_launch.h): -1 where its tiles have the query blocks it was measured to pay at (default), 0 never (one CTA
   // per tile), 1 wherever the cost model gains (tests, A/B timing)

@@ -31,6 +31,10 @@ CASES = [
     dict(shape=(1, 130, 700, 2, 1, 256), flags={}),  # d 256: two stages, 80-key tiles (K, V split: ping-pong-overlap)
     dict(shape=(1, 130, 700, 2, 1, 192), flags=dict(causal=True)),  # d 192: the same with 96-key tiles
     dict(shape=(1, 400, 700, 2, 1, 64), flags={}),  # d 64: six key tiles (the wide warp-specialized ring wraps)
+    # d 128 without a mask in clusters of two (an even number of query blocks a head: the pair's CTAs multicast K/V
+    # into each other's ring and release its stages to both; with FA2_PERSISTENT_FWD_CTAS=3, one pair of CTAs
+    # taking every block, the ring's phases carried across blocks)
+    dict(shape=(2, 256, 1100, 2, 1, 128), flags={}),
     # bottom-right causal with seqlen_q > seqlen_k: whole query blocks see no key (the kernels' early exit)
     dict(shape=(1, 300, 20, 2, 2, 64), flags=dict(causal=True)),
     # the same at d 128: with FA2_PERSISTENT_FWD_CTAS=3 (gpu_validate's persistent sanitizer steps) the tile-counter

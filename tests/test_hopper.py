@@ -70,9 +70,9 @@ def test_wgmma_training_step_matches_sm80_path():
         assert err_a < 2 * err_b + 1e-3, f"{name}: wgmma path {err_a:.2e} vs sm80 path {err_b:.2e} relative error"
 
 
-# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap, tile_counter>: how each sm_90a schedule's
-# kernel name ends (either tile_counter: the tile-counter twin runs causal / windowed calls with more query blocks
-# than SMs)
+# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap, tile_counter, cluster>: how each sm_90a
+# schedule's kernel name ends (either tile_counter: the tile-counter twin runs causal / windowed calls with more query
+# blocks than SMs; either cluster: d 128's overlap kernel runs calls without a causal mask or window in clusters of two)
 KERNEL_SUFFIX = {"pipelined": ", false, false, false, ", "ws": ", true, false, false, ",
                  "pingpong": ", true, true, false, ", "overlap": ", true, false, true, ",
                  "pingpong-overlap": ", true, true, true, "}
@@ -227,15 +227,15 @@ def test_sm90_causal_forward_is_persistent_with_a_tile_counter():
     with switch("sm90_schedule", "pingpong-overlap"):  # (d 128's default: FA2_SM90_SCHEDULE may force another)
         kernels = [(name, g) for name, g in cuda_kernel_grids(lambda: fa2.attention(q, k, v, causal=True))
                    if "fwd_kernel" in name]
-        # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter>)
-        assert len(kernels) == 1 and kernels[0][0].endswith(", true, true, true, true>(fa2::AttentionParams, "
+        # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster>)
+        assert len(kernels) == 1 and kernels[0][0].endswith(", true, true, true, true, false>(fa2::AttentionParams, "
                                                             "fa2::sm90::FwdTensorMaps)"), kernels
         assert kernels[0][1][0] <= sms and kernels[0][1][1:] == [1, 1], kernels
         got = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
         with switch("persistent_forward_ctas", 0):
             kernels = [(name, g) for name, g in cuda_kernel_grids(
                 lambda: torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)) if "fwd_kernel" in name]
-            assert ", true, true, true, false>(" in kernels[0][0], kernels
+            assert ", true, true, true, false, false>(" in kernels[0][0], kernels
             assert kernels[0][1][0] == 4 * 16 * 16, kernels  # (one CTA per query block)
             want = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -254,12 +254,55 @@ def test_sm90_tile_counter_forward_with_blocks_that_see_no_key():
             q = torch.randn(4, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
             k, v = (torch.randn(4, 128, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
             names = cuda_kernel_names(lambda: torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0))
-            assert any(n.endswith(", true, true, true, true>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)")
+            assert any(n.endswith(", true, true, true, true, false>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)")
                        for n in names), names
             got = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
             with switch("persistent_forward_ctas", 0):
                 want = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_sm90_forward_in_clusters_of_two_equals_single_ctas():
+    """d 128 without a causal mask or window runs its persistent overlap kernel in clusters of two CTAs
+    (fwd_kernel.cuh, kCluster: the pair takes two query blocks of one head, each CTA's producer loads half of every
+    K/V tile's column blocks and multicasts them into both CTAs' ring; each consumer warp releases a stage to both
+    producers). Where the launcher allows it (an even number of query blocks per head, an even grid: a cap of 3 CTAs
+    runs 2) the kernel is the cluster one, with an even grid; elsewhere (odd blocks, a cap of 1 CTA, causal) the
+    cluster-free one. Either way out and lse are bitwise those with clusters off (fa2._C.set_fwd_cluster(False)): the
+    same arithmetic per block. Shapes: seqlen not a multiple of the block, GQA (a pair's K/V head shared), more
+    query blocks than SMs (many pairs per cluster, the ring's phases carried over), bf16 and fp16."""
+    if "fwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
+        pytest.skip("this build has no sm_90a forward for headdim 128")
+    assert fa2._C.fwd_cluster(), "on by default (FA2_NO_FWD_CLUSTER unset)"
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    # (shape (b, sq, sk, h, hk, d), causal, dtype, persistent CTAs cap (-1: one per SM), whether clusters apply)
+    cases = [((2, 2000, 2000, 8, 2, 128), False, torch.bfloat16, -1, True),   # 16 blocks a head, GQA
+             ((4, 4096, 4096, 16, 16, 128), False, torch.float16, -1, True),  # 2048 blocks
+             ((1, 1024, 3000, 4, 4, 120), False, torch.bfloat16, 3, True),    # capped: 2 CTAs; d below 128
+             ((2, 1100, 1280, 8, 8, 128), False, torch.bfloat16, -1, False),  # 9 blocks a head: odd
+             ((2, 1024, 1024, 4, 4, 128), False, torch.bfloat16, 1, False),   # one CTA
+             ((2, 2048, 2048, 8, 8, 128), True, torch.bfloat16, -1, False)]   # causal: the tile-counter kernel
+    with switch("sm90_schedule", "auto"):
+        for shape, causal, dtype, ctas, clustered in cases:
+            q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", generator=gen)
+            call = lambda: torch.ops.fa2.fwd(q, k, v, None, None, causal, -1, -1, 0.0)  # noqa: E731
+            with switch("persistent_forward_ctas", ctas):
+                kernels = [(n, g) for n, g in cuda_kernel_grids(call) if "fwd_kernel" in n]
+                got = call()
+                with switch("fwd_cluster", False):
+                    kernels_off = [n for n, _ in cuda_kernel_grids(call) if "fwd_kernel" in n]
+                    want = call()
+            what = (shape, causal, dtype, ctas)
+            assert len(kernels) == 1 and len(kernels_off) == 1, (what, kernels, kernels_off)
+            name, grid = kernels[0]
+            # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster>)
+            assert name.endswith(", true, false, true, false, true>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)") \
+                == clustered, (what, name)
+            assert kernels_off[0].endswith(", false>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), kernels_off
+            if clustered:
+                assert grid[0] % 2 == 0 and grid[0] <= torch.cuda.get_device_properties(0).multi_processor_count, grid
+            assert torch.equal(got[0], want[0]), (what, (got[0].float() - want[0].float()).abs().max().item())
+            assert torch.equal(got[1], want[1]), what
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

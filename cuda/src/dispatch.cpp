@@ -71,6 +71,9 @@ Switch g_bwd_small_tiles{"FA2_BWD_SMALL_TILES", /*when_set=*/true};
 // Whether causal-length launches end with tile_order.h's rank-major tail (launch.h; FA2_NO_TILE_ORDER_TAIL=1 turns it
 // off).
 Switch g_tile_order_tail{"FA2_NO_TILE_ORDER_TAIL", /*when_set=*/false};
+// Whether the persistent d 128 forward may run in clusters of two sharing K/V loads (launch.h; FA2_NO_FWD_CLUSTER=1
+// turns it off).
+Switch g_fwd_cluster{"FA2_NO_FWD_CLUSTER", /*when_set=*/false};
 // Whether a GQA backward's CTAs that do not sum a group add their dK, dV into fp32 accumulators (bwd_launch.h;
 // FA2_BWD_GQA_NO_ACCUMULATE=1 turns it off: fp32 partials per query head, e.g. to time them on the same build).
 Switch g_bwd_gqa_accumulate{"FA2_BWD_GQA_NO_ACCUMULATE", /*when_set=*/false};
@@ -252,6 +255,9 @@ int64_t persistent_forward_grid(int64_t tiles) {
   if (setting > 0 && setting < ctas) ctas = setting;
   return ctas;
 }
+
+void set_fwd_cluster(bool enabled) { g_fwd_cluster.set(enabled); }
+bool fwd_cluster_enabled() { return g_fwd_cluster.on(); }
 
 void set_tile_order_tail(bool enabled) { g_tile_order_tail.set(enabled); }
 bool tile_order_tail_enabled() { return g_tile_order_tail.on(); }

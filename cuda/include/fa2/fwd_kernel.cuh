@@ -468,7 +468,7 @@ constexpr int fwd_kernel_threads() {
 // 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
-          bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false>
+          bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
@@ -572,8 +572,18 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(bar);
   };
-  auto release_stage = [&](int buf) { release(bar_empty(buf)); };
-  auto release_v = [&](int buf) { release(kSplitKV ? bar_v_empty(buf) : bar_empty(buf)); };
+  // kCluster: a stage's K/V land in both CTAs of the pair from both producers (each multicasts half the column
+  // blocks), so each consumer warp releases it to both: its own CTA's empty barrier and the peer's
+  const uint32_t cta_rank = kCluster ? sm90::cluster_cta_rank() : 0;
+  auto release_kv = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) {
+      sm90::mbarrier_arrive(bar);
+      if constexpr (kCluster) sm90::mbarrier_arrive_cluster(bar, cta_rank ^ 1);
+    }
+  };
+  auto release_stage = [&](int buf) { release_kv(bar_empty(buf)); };
+  auto release_v = [&](int buf) { release_kv(kSplitKV ? bar_v_empty(buf) : bar_empty(buf)); };
   // the computing threads' wait for a Q / K+V barrier; untimed in a warp-specialized kernel (see
   // sm90::mbarrier_wait_untimed: its producer's waits keep the trap)
   auto wait_loaded = [&](uint32_t bar, uint32_t phase) {
@@ -598,12 +608,25 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   };
   // K and V (and the staged bias) of key tile n into stage buf (one thread)
   auto tma_kv = [&](int n, int buf, int head_k, int batch, int bias_head, int bias_batch) {
+    // (kCluster: the whole tile lands here too, half of it from the peer's producer)
     sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes + (kStagedBias ? kBiasTileBytes : 0));
+    if constexpr (kCluster) {
 #pragma unroll
-    for (int blk = 0; blk < kColBlocks; ++blk) {
-      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-      sm90::tma_load_4d(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
-      sm90::tma_load_4d(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
+      for (int i = 0; i < kColBlocks / 2; ++i) {  // column blocks rank, rank + 2, ... into both CTAs
+        const int blk = 2 * i + int(cta_rank);
+        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+        sm90::tma_load_4d_multicast(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
+                                    batch, 0b11);
+        sm90::tma_load_4d_multicast(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
+                                    batch, 0b11);
+      }
+    } else {
+#pragma unroll
+      for (int blk = 0; blk < kColBlocks; ++blk) {
+        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+        sm90::tma_load_4d(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
+        sm90::tma_load_4d(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
+      }
     }
     if constexpr (kStagedBias) {
       sm90::tma_load_3d(sBias(buf), &maps.bias, bar_kv(buf), n * kBlockN, bias_head, bias_batch);
@@ -626,6 +649,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
   // (kSplitKV: written and run for one tile per CTA, the d 256 kernels'; its use counts carry over as bar_kv's do)
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
+  // kCluster: CTAs in pairs (a cluster of two: ranks 0 and 1 are blockIdx.x 2c and 2c + 1) whose tiles t, t + 1 are
+  // two query blocks of one (batch, head) with the same key range, so that each K/V tile is read from L2 once for
+  // both: each CTA's producer loads half its column blocks and multicasts them into both CTAs' stage (FA-3 runs its
+  // d >= 128 non-causal forward in clusters of two). The launcher sends only calls where that holds for every pair:
+  // an even grid, an even number of query blocks per head, no causal mask or window, the head-major tile order.
+  static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
+                "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
   const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
   const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;
   // (tile_order.h: a head's longest block, rank 0, is its last query block. The warp-specialized kernels' tiles
@@ -661,7 +691,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
 #pragma unroll
         for (int b = 0; b < kRing; ++b) {
           sm90::mbarrier_init(bar_kv(b), 1);
-          if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps);  // one arrival per consumer warp
+          // one arrival per consumer warp (kCluster: of both CTAs)
+          if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps * (kCluster ? 2 : 1));
           if constexpr (kSplitKV) {
             sm90::mbarrier_init(bar_v(b), 1);
             sm90::mbarrier_init(bar_v_empty(b), Cfg::kNWarps);
@@ -669,7 +700,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
         sm90::fence_barrier_init();
       }
-      __syncthreads();  // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below
+      // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below (kCluster: cluster-wide,
+      // so that neither CTA arrives on or copies into the other's barriers before they are initialized)
+      if constexpr (kCluster) {
+        sm90::cluster_sync();
+      } else {
+        __syncthreads();
+      }
     }
   };
   if constexpr (kWs) {  // (kWs implies kTma)
@@ -734,6 +771,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         if constexpr (kTileCounter) {  // (no more tiles)
           announce(num_tiles);
           sm90::mbarrier_arrive(bar_q);
+        }
+        if constexpr (kCluster) {
+          // The peer's consumer warps arrive on this CTA's empty barriers up to the last stage they read: this thread
+          // waits for those arrivals (the releases of the last kRing uses, which no load waited for), so that the
+          // CTA, whose shared memory they land in, cannot exit before them.
+          for (int u = use; u < use + kRing; ++u) {
+            if (u >= kRing) sm90::mbarrier_wait(bar_empty(u % kRing), ((u / kRing) - 1) & 1);
+          }
         }
       }
       return;

@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "fa2/fwd_kernel.cuh"
@@ -13,6 +15,44 @@
 namespace fa2 {
 
 using FwdKernel = void (*)(const AttentionParams, const sm90::FwdTensorMaps);
+
+// A launch of `grid` CTAs of `threads` in clusters of two along x (fwd_kernel.cuh, kCluster); `cluster` receives the
+// attribute the config points at.
+inline cudaLaunchConfig_t cluster_of_two_config(dim3 grid, int threads, int smem, cudaStream_t stream,
+                                                cudaLaunchAttribute* cluster) {
+  cluster->id = cudaLaunchAttributeClusterDimension;
+  cluster->val.clusterDim.x = 2, cluster->val.clusterDim.y = 1, cluster->val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = size_t(smem);
+  config.stream = stream;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
+// How many clusters of two CTAs of `kernel` (threads, dynamic shared memory smem, its limit already raised) the
+// current device runs at once, 0 if none. Cached per device ordinal (racing first calls store the same value): the
+// callers' kernels all have one launch shape (d 128's).
+inline int max_active_cluster_pairs(FwdKernel kernel, int threads, int smem) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // the pairs + 1 (0: not asked yet)
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  const int value = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (value > 0) return value - 1;
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = cluster_of_two_config(dim3(2), threads, smem, nullptr, &cluster);
+  int pairs = 0;
+  if (cudaOccupancyMaxActiveClusters(&pairs, reinterpret_cast<const void*>(kernel), &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // (not sticky: the call then runs without clusters)
+    pairs = 0;
+  }
+  if (cacheable) cached[device].store(pairs + 1, std::memory_order_relaxed);
+  return pairs;
+}
 
 // The kernel of one score path for the bias element type (nullptr for a combination that does not exist).
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode>
@@ -45,12 +85,14 @@ struct FwdLaunch {
   bool persistent;  // warp-specialized: a 1-D grid of tiles, persistent where it pays (run_fwd_instance)
   // the same kernel with persistent CTAs claiming tiles from a counter (fwd_kernel.cuh, kTileCounter), or nullptr
   FwdKernel tile_counter_kernel = nullptr;
+  // the same kernel in clusters of two sharing K/V loads (fwd_kernel.cuh, kCluster), or nullptr
+  FwdKernel cluster_kernel = nullptr;
 };
 
 // The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type (and
-// with kWithTileCounter its tile-counter twin).
+// with kWithTileCounter its tile-counter twin, with kWithCluster its twin in clusters of two).
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule,
-          bool kWithTileCounter = false>
+          bool kWithTileCounter = false, bool kWithCluster = false>
 FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
   constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
@@ -64,9 +106,13 @@ FwdLaunch ws_launch() {
   if constexpr (kWithTileCounter) {
     tile_counter_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, true>;
   }
+  FwdKernel cluster_kernel = nullptr;
+  if constexpr (kWithCluster) {
+    cluster_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, false, true>;
+  }
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap>,
           fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true,
-          tile_counter_kernel};
+          tile_counter_kernel, cluster_kernel};
 }
 
 // The same for a key-row bias (padding masks) of the given element type; `launch` is left as it is without a bias.
@@ -129,7 +175,8 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       if (schedule == Sm90Schedule::kPingpong) {
         launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kPingpong>();
       } else if (schedule == Sm90Schedule::kOverlap) {
-        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kOverlap>();
+        launch = ws_launch<T, kHeadDim, kArch, kPlain, BiasType::kNone, Sm90Schedule::kOverlap, false,
+                           fwd_cluster_headdim(kHeadDim)>();
       } else if (schedule == Sm90Schedule::kPingpongOverlap) {
         // (with the tile-counter kernel for causal / windowed calls at the persistent headdims: the plain path at
         // the default schedule only, for fewer instantiations)
@@ -188,11 +235,26 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     }
     grid = dim3(unsigned(ctas));
   }
+  // Clusters of two (fwd_kernel.cuh, kCluster) where every pair of CTAs takes two query blocks of one head with the
+  // same keys: consecutive tiles of the head-major order (no causal mask or window, so no tail: tile_order.h) with an
+  // even number of query blocks per head, an even grid (both CTAs then take as many tiles), no tile counter.
+  bool use_cluster = launch.cluster_kernel != nullptr && equal_blocks && !use_tile_counter && num_m_blocks % 2 == 0 &&
+                     grid.x >= 2 && fwd_cluster_enabled();
   cudaError_t err = cudaSuccess;
   if (launch.smem > 48 * 1024) {
     if (const char* e = check_dynamic_smem("forward", kHeadDim, launch.smem)) return e;
     err = cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
+    if (err == cudaSuccess && use_cluster) {
+      err = cudaFuncSetAttribute(launch.cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
+    }
     if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  if (use_cluster) {
+    // (at most the pairs that run at once: the GPCs' SMs need not pair up, and a persistent CTA must not wait for a
+    // slot; none: without clusters)
+    const int pairs = max_active_cluster_pairs(launch.cluster_kernel, launch.threads, launch.smem);
+    use_cluster = pairs > 0;
+    if (use_cluster) grid.x = std::min(grid.x & ~1u, 2u * unsigned(pairs));
   }
   sm90::FwdTensorMaps maps{};  // the TMA's view of q, k, v (sm_90a instances that load with it)
   if constexpr (kTma) {
@@ -220,6 +282,12 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   kernel_params.heavy_score = -kHeavyRowLog2 / p.scale_log2;
   // (tile_order.h; the sm80-path kernels keep blockIdx's order: fwd_kernel.cuh)
   kernel_params.tile_order_tail = kArch == 901 ? launch_tile_order_tail(p, num_m_blocks) : 0;
+  if (use_cluster) {
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config = cluster_of_two_config(grid, launch.threads, launch.smem, stream, &cluster);
+    err = cudaLaunchKernelEx(&config, launch.cluster_kernel, kernel_params, maps);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
   launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(kernel_params, maps);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

@@ -64,6 +64,11 @@ int64_t persistent_forward_grid(int64_t tiles);
 int launch_tile_order_tail(const AttentionParams& params, int blocks, int heads = -1);
 void set_tile_order_tail(bool enabled);
 bool tile_order_tail_enabled();
+// The persistent d 128 forward's clusters of two (fwd_kernel.cuh, kCluster: the pair's CTAs share each K/V tile's L2
+// read through TMA multicast), where its calls allow them (fwd_launch_template.cuh): on by default;
+// set_fwd_cluster(false) (or FA2_NO_FWD_CLUSTER=1 in the environment) runs those calls without (A/B timing, tests).
+void set_fwd_cluster(bool enabled);
+bool fwd_cluster_enabled();
 // nullptr when batch and nheads fit the grid's y and z dimensions (at most 65535 each), else a message.
 const char* check_grid_batch_heads(const char* what, int64_t batch, int64_t nheads);
 

@@ -196,6 +196,18 @@ constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
 // a warpgroup) stored straight from the registers costs more than the tile switch saves. d 64 (wide), 96 and 192
 // were not measured.
 constexpr bool fwd_persistent_headdim(int headdim) { return headdim > 96 && headdim <= 128; }
+// Whether the persistent forward's plain overlap kernel (d 128's default without a causal mask or window) also comes
+// in clusters of two CTAs that share each K/V tile's L2 read (fwd_kernel.cuh, kCluster; TMA multicast, each CTA
+// loading half the 64-column blocks: an even number of them; FA-3 runs d >= 128 non-causal so). The launcher takes it
+// wherever a call allows (fwd_launch_template.cuh). Measured on the H200 (2026-12-04, d 128, non-causal, no mask):
+// harness, bf16, 2 rounds (variants_h200-20261204-fwd-d128-cluster.json): +0.6 / +2.0..+2.4 / +2.1..+2.5 /
+// +2.6..+4.4% at S 2k / 4k / 8k / 16k over the cluster-free kernel, whose out it matches bitwise; the cluster
+// launch alone (each CTA loading its own K/V) -1..-2.5%, so the halved L2 reads gain 3-5%.
+// benchmarks/bench_attention.py, 5 rounds of separate bursts with fa2-nocluster beside
+// (attention_h200-20261204-cluster-bursts.json): forward
+// +0.0..+2.1% (bf16 / fp16 alike), forward+backward +0.0..+1.3%; with the two interleaved call by call
+// (attention_h200-20261204-cluster-interleaved.json, 3 rounds) -0.1..+1.0%.
+constexpr bool fwd_cluster_headdim(int headdim) { return fwd_persistent_headdim(headdim) && headdim % 128 == 0; }
 
 // The names set_sm90_schedule / FA2_SM90_SCHEDULE take (index = the enum's value).
 constexpr const char* kSm90ScheduleNames[] = {"auto", "pipelined", "ws", "pingpong", "overlap", "pingpong-overlap"};

@@ -190,6 +190,41 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
       : "memory");
 }
+// The same box written to shared memory `dst` of every CTA of the cluster in `cta_mask` (bit r: rank r), each
+// completing its bytes on its own barrier at `bar` (the same shared-memory offsets in every CTA): one L2 read feeds
+// them all.
+__device__ __forceinline__ void tma_load_4d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col,
+                                                      int row, int head, int batch, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+// ---- clusters (launched with a cluster dimension; sm_90)
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// One arrival on the barrier at shared-memory offset `bar` of the cluster's CTA `cta` (this CTA's too), with
+// mbarrier.arrive's default semantics (release at CTA scope), as CUTLASS's cluster pipelines release a stage: what it
+// orders are reads of the stage that have completed already (a consumer releases a stage after its wgmma's wait).
+// (With .release.cluster each arrival waited on the thread's earlier memory operations at cluster scope: the d 128
+// forward in clusters ran 9-13% below the cluster-free kernel, H200; with this one 1-4% above it.)
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+// Every non-exited thread of the cluster (this CTA's included) meets here: e.g. after the mbarriers' initialization,
+// before any CTA arrives on or copies into another's.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
 // A (kRows, kCols) SwizzledTile with kBlockCols-wide column blocks from a 4-D tensor map (make_bshd_tensor_map with
 // box (kBlockCols, kRows)): rows row .. row + kRows - 1 of (head, batch), one box per column block, on `bar`.
 template <int kRows, int kCols, int kBlockCols>
