@@ -80,8 +80,10 @@ want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_SCH
   "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck
 want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong "$PY" \
   scripts/sanitizer_check.py --tools racecheck,synccheck
-want_step sanitize-wsov && step sanitize-wsov 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap \
-  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools racecheck,synccheck
+# (overlap with the cap: d 128 calls without a mask, the clusters of two among them, run several blocks a CTA, so
+# memcheck too)
+want_step sanitize-wsov && step sanitize-wsov 150 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap \
+  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck,synccheck
 # (pingpong-overlap with the cap: causal / windowed d 128 calls run the tile-counter forward, so memcheck too)
 want_step sanitize-wsppov && step sanitize-wsppov 180 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
   FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/sanitizer_check.py --tools memcheck,racecheck,synccheck

@@ -70,9 +70,10 @@ def test_wgmma_training_step_matches_sm80_path():
         assert err_a < 2 * err_b + 1e-3, f"{name}: wgmma path {err_a:.2e} vs sm80 path {err_b:.2e} relative error"
 
 
-# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap, tile_counter, cluster>: how each sm_90a
-# schedule's kernel name ends (either tile_counter: the tile-counter twin runs causal / windowed calls with more query
-# blocks than SMs; either cluster: d 128's overlap kernel runs calls without a causal mask or window in clusters of two)
+# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap, tile_counter, cluster>: each sm_90a
+# schedule's flags as they stand in the kernel's name, the two flags after them either way (tile_counter: the
+# tile-counter twin runs causal / windowed calls with more query blocks than SMs; cluster: d 128's overlap kernel runs
+# calls without a causal mask or window in clusters of two)
 KERNEL_SUFFIX = {"pipelined": ", false, false, false, ", "ws": ", true, false, false, ",
                  "pingpong": ", true, true, false, ", "overlap": ", true, false, true, ",
                  "pingpong-overlap": ", true, true, true, "}
@@ -266,19 +267,24 @@ def test_sm90_forward_in_clusters_of_two_equals_single_ctas():
     """d 128 without a causal mask or window runs its persistent overlap kernel in clusters of two CTAs
     (fwd_kernel.cuh, kCluster: the pair takes two query blocks of one head, each CTA's producer loads half of every
     K/V tile's column blocks and multicasts them into both CTAs' ring; each consumer warp releases a stage to both
-    producers). Where the launcher allows it (an even number of query blocks per head, an even grid: a cap of 3 CTAs
-    runs 2) the kernel is the cluster one, with an even grid; elsewhere (odd blocks, a cap of 1 CTA, causal) the
-    cluster-free one. Either way out and lse are bitwise those with clusters off (fa2._C.set_fwd_cluster(False)): the
-    same arithmetic per block. Shapes: seqlen not a multiple of the block, GQA (a pair's K/V head shared), more
-    query blocks than SMs (many pairs per cluster, the ring's phases carried over), bf16 and fp16."""
+    producers). Where the launcher allows it (an even number of query blocks per head) the kernel is the cluster one:
+    persistent (more tiles than SMs: at most one CTA per SM, an even count; a cap of 3 CTAs runs 2) or one tile per CTA
+    (fewer tiles than SMs, or the persistent grid off: the grid is the tile count); elsewhere (odd blocks, a cap of 1
+    CTA, causal) the cluster-free one. Either way out and lse are bitwise those with clusters off
+    (fa2._C.set_fwd_cluster(False)): the same arithmetic per block. Shapes: seqlen not a multiple of the block, GQA (a
+    pair's K/V head shared), many tiles per pair (the ring's phases carried over), bf16 and fp16."""
     if "fwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip("this build has no sm_90a forward for headdim 128")
-    assert fa2._C.fwd_cluster(), "on by default (FA2_NO_FWD_CLUSTER unset)"
+    assert fa2._C.fwd_cluster(), "on by default (is FA2_NO_FWD_CLUSTER set?)"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(31)
-    # (shape (b, sq, sk, h, hk, d), causal, dtype, persistent CTAs cap (-1: one per SM), whether clusters apply)
+    # (shape (b, sq, sk, h, hk, d), causal, dtype, persistent CTAs cap (-1: one per SM, 0: off), whether clusters
+    # apply)
     cases = [((2, 2000, 2000, 8, 2, 128), False, torch.bfloat16, -1, True),   # 16 blocks a head, GQA
              ((4, 4096, 4096, 16, 16, 128), False, torch.float16, -1, True),  # 2048 blocks
              ((1, 1024, 3000, 4, 4, 120), False, torch.bfloat16, 3, True),    # capped: 2 CTAs; d below 128
+             ((1, 512, 1000, 2, 2, 128), False, torch.bfloat16, -1, True),    # 8 blocks: one a CTA
+             ((2, 2048, 2048, 8, 8, 128), False, torch.float16, 0, True),     # persistent off: one a CTA
              ((2, 1100, 1280, 8, 8, 128), False, torch.bfloat16, -1, False),  # 9 blocks a head: odd
              ((2, 1024, 1024, 4, 4, 128), False, torch.bfloat16, 1, False),   # one CTA
              ((2, 2048, 2048, 8, 8, 128), True, torch.bfloat16, -1, False)]   # causal: the tile-counter kernel
@@ -300,7 +306,12 @@ def test_sm90_forward_in_clusters_of_two_equals_single_ctas():
                 == clustered, (what, name)
             assert kernels_off[0].endswith(", false>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), kernels_off
             if clustered:
-                assert grid[0] % 2 == 0 and grid[0] <= torch.cuda.get_device_properties(0).multi_processor_count, grid
+                tiles = -(-shape[1] // 128) * shape[3] * shape[0]
+                expected = 2 if ctas == 3 else tiles if ctas == 0 or tiles <= sms else None
+                if expected is not None:
+                    assert grid == [expected, 1, 1], (what, grid)
+                else:
+                    assert 2 <= grid[0] <= sms and grid[1:] == [1, 1], (what, grid)
             assert torch.equal(got[0], want[0]), (what, (got[0].float() - want[0].float()).abs().max().item())
             assert torch.equal(got[1], want[1]), what
 

@@ -686,6 +686,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   auto init_barriers = [&]() {
     if constexpr (kTma) {
       if (threadIdx.x == 0) {
+        // (kCluster: launched as the launcher must, in pairs sharing each tile's keys; otherwise the multicasts
+        // would go to a CTA that is not there, or the pairs' loads would differ)
+        if (kCluster && (sm90::cluster_num_ctas() != 2 || p.tile_order_tail != 0)) __trap();
         sm90::mbarrier_init(bar_q, 1);
         if constexpr (kWs) sm90::mbarrier_init(bar_q_empty, Cfg::kNWarps);  // one arrival per consumer warp
 #pragma unroll

@@ -33,8 +33,8 @@ inline cudaLaunchConfig_t cluster_of_two_config(dim3 grid, int threads, int smem
 }
 
 // How many clusters of two CTAs of `kernel` (threads, dynamic shared memory smem, its limit already raised) the
-// current device runs at once, 0 if none. Cached per device ordinal (racing first calls store the same value): the
-// callers' kernels all have one launch shape (d 128's).
+// current device runs at once, 0 if none. Cached per device ordinal once the query succeeds (racing first calls store
+// the same value): the callers' kernels all have one launch shape (d 128's).
 inline int max_active_cluster_pairs(FwdKernel kernel, int threads, int smem) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices];  // the pairs + 1 (0: not asked yet)
@@ -47,8 +47,8 @@ inline int max_active_cluster_pairs(FwdKernel kernel, int threads, int smem) {
   const cudaLaunchConfig_t config = cluster_of_two_config(dim3(2), threads, smem, nullptr, &cluster);
   int pairs = 0;
   if (cudaOccupancyMaxActiveClusters(&pairs, reinterpret_cast<const void*>(kernel), &config) != cudaSuccess) {
-    (void)cudaGetLastError();  // (not sticky: the call then runs without clusters)
-    pairs = 0;
+    (void)cudaGetLastError();  // (not sticky: this call runs without clusters, and the next one asks again)
+    return 0;
   }
   if (cacheable) cached[device].store(pairs + 1, std::memory_order_relaxed);
   return pairs;
@@ -212,6 +212,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   if (const char* e = check_grid_batch_heads("forward", p.batch, p.nheads)) return e;
   dim3 grid(num_m_blocks, p.nheads, p.batch);
   bool use_tile_counter = false;  // (the kernel claims tiles from p.workspace only where this launch needs it)
+  bool persistent_grid = false;   // fewer CTAs than tiles
   if (launch.persistent) {  // a 1-D grid over the tiles of fwd_kernel.cuh's order; CTA b takes tiles b, b + grid, ...
     // (or, with the tile counter, b and then the next unclaimed tile)
     const int64_t tiles = int64_t(num_m_blocks) * p.nheads * p.batch;
@@ -234,6 +235,7 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
       if (use_tile_counter) launch.kernel = launch.tile_counter_kernel;
     }
     grid = dim3(unsigned(ctas));
+    persistent_grid = ctas < tiles;
   }
   // Clusters of two (fwd_kernel.cuh, kCluster) where every pair of CTAs takes two query blocks of one head with the
   // same keys: consecutive tiles of the head-major order (no causal mask or window, so no tail: tile_order.h) with an
@@ -244,17 +246,21 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   if (launch.smem > 48 * 1024) {
     if (const char* e = check_dynamic_smem("forward", kHeadDim, launch.smem)) return e;
     err = cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
-    if (err == cudaSuccess && use_cluster) {
-      err = cudaFuncSetAttribute(launch.cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
-    }
     if (err != cudaSuccess) return cudaGetErrorString(err);
+    if (use_cluster &&
+        cudaFuncSetAttribute(launch.cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();  // (the call runs without clusters)
+      use_cluster = false;
+    }
   }
   if (use_cluster) {
-    // (at most the pairs that run at once: the GPCs' SMs need not pair up, and a persistent CTA must not wait for a
-    // slot; none: without clusters)
+    // none at once: without clusters; a persistent grid: at most the pairs that run at once (the GPCs' SMs need not
+    // pair up, and a persistent CTA must not wait for a slot), rounded down to pairs; one tile per CTA keeps its grid
+    // (the tile count, even here)
     const int pairs = max_active_cluster_pairs(launch.cluster_kernel, launch.threads, launch.smem);
     use_cluster = pairs > 0;
-    if (use_cluster) grid.x = std::min(grid.x & ~1u, 2u * unsigned(pairs));
+    if (use_cluster && persistent_grid) grid.x = std::min(grid.x & ~1u, 2u * unsigned(pairs));
   }
   sm90::FwdTensorMaps maps{};  // the TMA's view of q, k, v (sm_90a instances that load with it)
   if constexpr (kTma) {
@@ -286,6 +292,8 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = cluster_of_two_config(grid, launch.threads, launch.smem, stream, &cluster);
     err = cudaLaunchKernelEx(&config, launch.cluster_kernel, kernel_params, maps);
+    const cudaError_t last = cudaGetLastError();  // (cleared, as the <<<>>> path's check clears it)
+    if (err == cudaSuccess) err = last;
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
   launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(kernel_params, maps);

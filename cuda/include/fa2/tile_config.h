@@ -207,7 +207,8 @@ constexpr bool fwd_persistent_headdim(int headdim) { return headdim > 96 && head
 // (attention_h200-20261204-cluster-bursts.json): forward
 // +0.0..+2.1% (bf16 / fp16 alike), forward+backward +0.0..+1.3%; with the two interleaved call by call
 // (attention_h200-20261204-cluster-interleaved.json, 3 rounds) -0.1..+1.0%.
-constexpr bool fwd_cluster_headdim(int headdim) { return fwd_persistent_headdim(headdim) && headdim % 128 == 0; }
+// (128: the persistent headdims' one instance, fwd_persistent_headdim, whose two column blocks split between the CTAs)
+constexpr bool fwd_cluster_headdim(int headdim) { return headdim == 128; }
 
 // The names set_sm90_schedule / FA2_SM90_SCHEDULE take (index = the enum's value).
 constexpr const char* kSm90ScheduleNames[] = {"auto", "pipelined", "ws", "pingpong", "overlap", "pingpong-overlap"};

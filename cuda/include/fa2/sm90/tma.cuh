@@ -207,6 +207,11 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   return rank;
 }
+__device__ __forceinline__ uint32_t cluster_num_ctas() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
 // One arrival on the barrier at shared-memory offset `bar` of the cluster's CTA `cta` (this CTA's too), with
 // mbarrier.arrive's default semantics (release at CTA scope), as CUTLASS's cluster pipelines release a stage: what it
 // orders are reads of the stage that have completed already (a consumer releases a stage after its wgmma's wait).
