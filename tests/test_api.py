@@ -265,7 +265,8 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
                 kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a,bwd_bf16_hdim64_sm90a,bwd_bf16_hdim128_sm90a")
     monkeypatch.setattr(fa2, "build_info", lambda: info)
     for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto"),
-                        ("key_bias_backward", False), ("bwd_gqa_accumulate", False), ("bwd_tail_split", -1)]:
+                        ("key_bias_backward", False), ("bwd_gqa_accumulate", False), ("bwd_tail_split", -1),
+                        ("fwd_cluster", False)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
@@ -273,18 +274,20 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     assert ("d64 pipelined, d128 pingpong-overlap (overlap without a causal mask or window), d192 overlap, "
             "d256 pingpong-overlap)") in out, out
     assert "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)" in out, out
+    assert "one CTA at a time (switched off: FA2_NO_FWD_CLUSTER)" in out, out
     assert "GQA backward groups" in out and "(FA2_BWD_GQA_GROUPING=0 / 1)" in out, out
     assert "fp32 partials per query head (FA2_BWD_GQA_NO_ACCUMULATE)" in out, out
     assert "ws backward last-wave split : where its tiles have the query blocks it was measured to pay at" in out, out
     assert "(FA2_BWD_TAIL_SPLIT=0 / 1)" in out, out
     for name, value in [("sm90_backward", True), ("key_bias_backward", True), ("sm90_ws_backward", True),
-                        ("bwd_gqa_accumulate", True)]:
+                        ("bwd_gqa_accumulate", True), ("fwd_cluster", True)]:
         monkeypatch.setattr(fa2._C, name, lambda value=value: value)
     assert report.main() == 0
     out = capsys.readouterr().out
     assert fa2._C.sm90_ws_backward_headdims() == [64, 128, 256]  # (bwd_tile_config.h, bwd_ws_headdim)
     assert "backward sm_90a wgmma (warp-specialized at d64, d128) (fp16/bf16)" in out, out
     assert "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
+    assert "pairs of CTAs sharing K/V loads without a causal mask or window (FA2_NO_FWD_CLUSTER=1" in out, out
     assert "fp32 accumulators per kv head where the ws backward runs" in out, out
     monkeypatch.setattr(fa2._C, "sm90_ws_backward", lambda: False)  # (FA2_DISABLE_SM90_WS_BACKWARD=1)
     assert report.main() == 0

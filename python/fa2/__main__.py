@@ -49,6 +49,9 @@ def main() -> int:
                 return f"d{d} {windowed}" + (f" ({full} without a causal mask or window)" if full != windowed else "")
             rows.append(("sm_90a forward schedule", f"{schedule} (FA2_SM90_SCHEDULE; auto: "
                          + ", ".join(default(d) for d in (64, 128, 192, 256)) + ")"))
+            rows.append(("d128 forward clusters", ("pairs of CTAs sharing K/V loads without a causal mask or window "
+                                                   "(FA2_NO_FWD_CLUSTER=1: one CTA at a time)" if _C.fwd_cluster()
+                                                   else "one CTA at a time (switched off: FA2_NO_FWD_CLUSTER)")))
             rows.append(("padding-mask backward", ("key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)"
                                                    if _C.key_bias_backward()
                                                    else "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)")))
