@@ -3,7 +3,7 @@
 # the backward too with FA2_BWD=1), on the GPU machine (sm_90a; no torch, no CMake). A variant is a folder holding a
 # full copy of cuda/include (its fa2/ headers, edited);
 # "base" is this tree's cuda/include. The builds run in parallel, the timings one after the other, twice in
-# alternating order (ABAB) so that clock drift shows.
+# alternating order (ABAB) so that clock drift shows (the build and the rounds: scripts/harness.sh).
 # Usage: bash scripts/fwd_variants.sh [seqlens] [masks] [variant folders...]
 #   env: FA2_HD (default 64), FA2_BWD=1 (also time the backward: builds take about 20 s), FA2_CAUSAL (0, 1 or 0,1;
 #   default 0: the harness's causal argument), FA2_VARIANT_TIMEOUT (seconds a variant's timing may take, default 90:
@@ -19,31 +19,17 @@ shift 2 2>/dev/null || shift $#
 variants=(base "$@")
 names=$(for v in "${variants[@]}"; do basename "$v"; done)
 if [ "$(echo "$names" | sort | uniq -d)" != "" ]; then echo "variant folders need distinct names (and not 'base')"; exit 2; fi
+FA2_HD=${FA2_HD:-64}
+# shellcheck source=scripts/harness.sh
+source scripts/harness.sh
 for v in "${variants[@]}"; do
-  inc=$([ "$v" = base ] && echo cuda/include || echo "$v")
-  name=$(basename "$v")
-  rm -f "$OUT/bench_$name"  # (a failed build must not leave an older binary to time)
-  nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -DFA2_HD="${FA2_HD:-64}" -DFA2_BWD="${FA2_BWD:-0}" \
-    -I "$inc" -I cuda/src \
-    --generate-code=arch=compute_90a,code=[sm_90a] -Xptxas=-v scripts/fwd_variant_bench.cu cuda/src/dispatch.cpp \
-    -o "$OUT/bench_$name" >"$OUT/build_$name.log" 2>&1 &
+  harness_build . "$([ "$v" = base ] && echo cuda/include || echo "$v")" "$OUT/bench_$(basename "$v")" &
 done
 wait
+entries=()
 for v in "${variants[@]}"; do
   name=$(basename "$v")
-  [ -x "$OUT/bench_$name" ] || { echo "== $name: build failed"; tail -5 "$OUT/build_$name.log"; }
+  [ -x "$OUT/bench_$name" ] || { echo "== $name: build failed"; tail -5 "$OUT/bench_$name.log"; }
+  entries+=("$name|$OUT/bench_$name|")
 done
-declare -A failed=()
-for round in 1 2; do
-  for v in "${variants[@]}"; do
-    name=$(basename "$v")
-    [ -x "$OUT/bench_$name" ] && [ -z "${failed[$name]:-}" ] || continue
-    echo "== $name (round $round)"
-    timeout "${FA2_VARIANT_TIMEOUT:-90}" "$OUT/bench_$name" "$seqlens" "$masks" "${FA2_CAUSAL:-0}"
-    rc=$?
-    if [ $rc -ne 0 ]; then  # (not timed again: a hang would eat the call's time twice)
-      echo "== $name (round $round): exit $rc$([ $rc -eq 124 ] && echo ', timed out')"
-      failed[$name]=1
-    fi
-  done
-done
+harness_rounds 2 "$seqlens" "$masks" "${FA2_CAUSAL:-0}" "${entries[@]}"
