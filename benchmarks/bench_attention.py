@@ -55,7 +55,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from bench_common import (ClockSampler, attention_flops, environment, import_fa2, is_oom, nvidia_smi_id,
-                          proc_status_kib, short_error, sync)
+                          pass_closure, proc_status_kib, short_error, sync)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -549,15 +549,11 @@ def _prepare(cfg: Config, impl: str, q, k, v, bias, fa2_mod, device):
 
 
 def _pass_fn(f, pass_, q, k, v, grad_ok, dout):
-    """The call one measurement of pass_ repeats: the forward; the backward alone (one forward, then the backward
-    replayed on its retained graph); or both."""
-    if pass_ == "fwd":
-        inputs = (q, k, v) if grad_ok else (q.detach(), k.detach(), v.detach())
-        return lambda: f(*inputs)
-    if pass_ == "bwd":
-        out = f(q, k, v)
-        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    return lambda: torch.autograd.grad(f(q, k, v), (q, k, v), dout)
+    """The call one measurement of pass_ repeats (bench_common.pass_closure); the forward of an implementation
+    without gradients runs on detached inputs."""
+    if pass_ == "fwd" and not grad_ok:
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return pass_closure(lambda: f(q, k, v), pass_, (q, k, v), dout)
 
 
 def _free(device):

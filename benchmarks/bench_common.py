@@ -109,6 +109,18 @@ def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headd
     return {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_] * fwd
 
 
+def pass_closure(run, pass_: str, inputs, dout):
+    """The call one measurement of pass_ repeats, for run() -> out computed from the leaves inputs: the forward (run
+    itself); the backward alone ("bwd": one forward now, then the backward replayed on its retained graph); or both
+    ("fwdbwd"). dout: the output gradient. (bench_attention.py's grid and sustained.py time the same passes.)"""
+    if pass_ == "fwd":
+        return run
+    if pass_ == "bwd":
+        out = run()
+        return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+    return lambda: torch.autograd.grad(run(), inputs, dout)
+
+
 def grid_inputs(seqlen: int, headdim: int, tokens: int, hidden: int, requires_grad: bool = False):
     """The grid's shapes at one seqlen: batch = tokens // seqlen, heads = hidden // headdim; random bf16 q, k, v on the
     GPU in (batch, heads, seqlen, headdim). Returns (q, k, v, batch, nheads)."""

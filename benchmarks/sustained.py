@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bench_common import attention_flops, environment, grid_inputs
+from bench_common import attention_flops, environment, grid_inputs, pass_closure
 from host_overhead import make_call
 
 SMI_FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -53,14 +53,8 @@ def settled(fn, secs: float) -> tuple[float, list[list[str]]]:
 def pass_call(impl, pass_, q, k, v, causal):
     """f() running one pass of impl on the (B, H, S, D) tensors q, k, v (leaves that require grad unless pass_ is
     fwd), with a fixed random output gradient."""
-    f = make_call(impl, q, k, v, causal)
-    if pass_ == "fwd":
-        return f
-    dout = torch.randn_like(q)
-    if pass_ == "bwd":
-        out = f()
-        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    return lambda: torch.autograd.grad(f(), (q, k, v), dout)
+    return pass_closure(make_call(impl, q, k, v, causal), pass_, (q, k, v),
+                        None if pass_ == "fwd" else torch.randn_like(q))
 
 
 def main() -> None:

@@ -14,6 +14,38 @@ def _cfg(seqlen):
     return bench.Config("bf16", 64, seqlen, 1, 2, False, "none")
 
 
+def test_passes_time_the_forward_the_replayed_backward_or_both():
+    """bench_common.pass_closure, shared by the grid and sustained.py: "fwd" is the call itself, "bwd" runs the
+    forward once and replays the backward on its retained graph, "fwdbwd" runs both every time; the gradients are
+    those of a plain autograd call. The grid's forward of an implementation without gradients runs detached."""
+    common = pytest.importorskip("bench_common")
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    forwards = []
+
+    def f(q_, k_, v_):
+        forwards.append(1)
+        return torch.softmax(q_ @ k_.transpose(-1, -2), -1) @ v_
+
+    want = torch.autograd.grad(f(q, k, v), (q, k, v), dout)
+    forwards.clear()
+    run = lambda: f(q, k, v)  # noqa: E731
+    assert common.pass_closure(run, "fwd", (q, k, v), dout) is run
+    bwd = common.pass_closure(run, "bwd", (q, k, v), dout)
+    assert len(forwards) == 1
+    for _ in range(2):
+        for g, w in zip(bwd(), want):
+            torch.testing.assert_close(g, w)
+    assert len(forwards) == 1  # (replayed, not recomputed)
+    both = common.pass_closure(run, "fwdbwd", (q, k, v), dout)
+    for _ in range(2):
+        for g, w in zip(both(), want):
+            torch.testing.assert_close(g, w)
+    assert len(forwards) == 3
+    assert bench._pass_fn(f, "fwd", q, k, v, True, dout)().requires_grad
+    assert not bench._pass_fn(f, "fwd", q, k, v, False, dout)().requires_grad
+
+
 def test_rounds_alternate_the_implementations_within_a_config():
     a, b = _cfg(128), _cfg(256)
     jobs = bench.ordered_jobs([a, b], ["fa2", "flex", "cudnn"], rounds=3)
