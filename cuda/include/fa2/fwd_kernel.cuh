@@ -819,6 +819,20 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // own: as a run-time choice in the one kernel, the consumers spilled ~80 B and the forward ran 2-3.5% slower without
   // a causal mask, 3-8% with one, H200 d 128.)
   const bool more_tiles = kPersistent && (kTileCounter || tile_stride < num_tiles);
+  // kStagedO: a persistent CTA's epilogue stages O in shared memory, in each warp's own rows of Q's tile, and copies it
+  // out 16 bytes a lane with no shuffles (the direct stores below take ~500 instructions a warp for a tile's O, the
+  // 4 x 4 quad transposes most of them: ~2k cycles of a ~46k-cycle tile at S 2k, H200 trace and ncu). Q's tile holds
+  // the next tile's Q by then, so each warp first reads its rows of that into its registers (kQInRegisters: they are
+  // the next tile's Q K^T operand), and releases Q's tile to the producer only once its O has left: the Q after next
+  // then loads during the next tile, as before. Not with the tile counter, whose next tile the producer announces.
+  // Measured (H200, bf16, d 128 non-causal, harness, 3 rounds ABAB against the direct stores in one call,
+  // variants_h200-20261204e-fwd-d128-staged-o.json): +1.2 / +0.7 / +1.6 / +1.1% at S 2k / 4k / 8k / 16k, -0.4% at
+  // 1k; out and lse bitwise the same.
+  constexpr bool kStagedO = kQInRegisters && !kTileCounter;
+  bool q_in_registers = false;  // kStagedO: this tile's Q was read into q_frag at the end of the previous one
+  // kQInRegisters: this warp's 16 rows of Q, as the A fragments of Q K^T (across tiles: kStagedO reads the next
+  // tile's at the end of one)
+  uint32_t q_frag[kHeadDim / 16][4];
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
   auto announced_tile = [&]() {
     // (read by lane 0 and broadcast: each warp's release of Q, lane 0's, then follows its read in program order)
@@ -937,8 +951,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
     // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
     bool heavy_rows_possible = !kStagedBias || kWs;
-    uint32_t q_frag[kHeadDim / 16][4];  // kQInRegisters: this warp's 16 rows of Q, as the A fragments of Q K^T
-    if constexpr (kQInRegisters) {
+    if (kQInRegisters && !q_in_registers) {
       wait_loaded(bar_q, q_loads & 1);
 #pragma unroll
       for (int kt = 0; kt < kHeadDim / 16; ++kt) {
@@ -1219,7 +1232,52 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
       }
     };
-    if (more_tiles) {
+    if (kStagedO && more_tiles) {
+      // (see kStagedO) the next tile with keys, if any: its Q is the next the producer loads
+      int t_next = t + tile_stride;
+      while (t_next < num_tiles) {
+        int next_m_block, next_head, next_batch;
+        tile_at(t_next, next_m_block, next_head, next_batch);
+        if (!info.key_blocks(next_m_block * kBlockM, kBlockM, kBlockN).empty()) break;
+        t_next += tile_stride;
+      }
+      q_in_registers = t_next < num_tiles;
+      if (q_in_registers) {
+        wait_loaded(bar_q, (q_loads + 1) & 1);
+#pragma unroll
+        for (int kt = 0; kt < kHeadDim / 16; ++kt) {
+          ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
+        }
+      }
+      // every lane's reads of this warp's rows (the ldmatrix above) before any lane's O lands there
+      __syncwarp();
+      unsigned char* sO = smem;
+      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = pairs[dt];
+        }
+      });
+      __syncwarp();
+      // this warp's kRowsPerWarp rows, 16 bytes a lane: whole 256-byte rows per 16 lanes (coalesced)
+      constexpr int kWarpOutIters = Cfg::kRowsPerWarp * kDTiles / 32;
+      static_assert(Cfg::kRowsPerWarp * kDTiles % 32 == 0, "a warp's 16-byte chunks split evenly over its lanes");
+#pragma unroll
+      for (int i = 0; i < kWarpOutIters; ++i) {
+        const int idx = lane + i * 32;
+        const int row = q_row0 + idx / kDTiles, chunk = idx % kDTiles;
+        if (row < rows_q && chunk * 8 < headdim) {
+          *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) =
+              *reinterpret_cast<const uint4*>(sO + QTile::offset(row, chunk) * 2);
+        }
+      }
+      // (release: the warp's shared-memory reads above, then lane 0's arrival; the Q after next may then land here,
+      // written by the TMA: the async proxy, ordered after this warp's generic writes of O by the proxy fence)
+      if (q_in_registers) {
+        sm90::fence_proxy_async();
+        release(bar_q_empty);
+      }
+    } else if (more_tiles) {
       // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
       // tile's Q (or be on its way there), so O goes from the registers straight to global memory. A quad's four
       // lanes hold 4 bytes each of every n8 tile of their row; 4 x 4 transposes within the quad (ptx::quad_transpose)
