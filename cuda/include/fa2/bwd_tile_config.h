@@ -221,6 +221,12 @@ struct BwdWsTileConfig {
   // (variants_h200-20261203-bwd-dq-overlap.json): d 128 -0.7..+2.9% (S 1k-16k, median +0.9%); d 64 median -1.4%
   // (S 1k -2.2..-3.3%). (d 256: BwdWsSplitTileConfig)
   static constexpr bool kOverlapDqConversion = kHeadDim == 128;
+  // (No clusters sharing Q / dO by multicast, as the d 128 forward's share K / V: a probe with each CTA loading only
+  // one of Q / dO per block, the other buffer keeping an earlier block's real values, gained +1.1 / +0.8 / +2.0% at
+  // S 2k / 4k / 8k, an upper bound before any cluster synchronization (H200, bf16, non-causal, harness, 3 rounds;
+  // variants_h200-20261204e-bwd-probe-half-qdo.json). The same probe with the skipped buffer never loaded, zeros or
+  // NaN, gained 10-12%: the tensor cores draw less power on such data and the power-limited clocks rise. Timing
+  // probes must keep real values in every operand.)
   // The grid's last partial wave split into CTAs over parts of a tile's query blocks (tile_order.h, tail_split;
   // kBwdTailSplitTuning) without a causal mask or window: their fp32 dK, dV added by the TMA into the workspace as
   // GQA's accumulators are, the last piece of a tile storing the sums (bwd_ws_kernel.cuh). (d 256: not written)
