@@ -218,19 +218,30 @@ const char* sm90_schedule(Sm90Schedule* schedule) {
 }
 
 namespace {
-// A device attribute of the current device, cached per device ordinal (off the launch path after the first query;
-// 0 = not read yet, racing first calls store the same value), or -1 when CUDA cannot say. *device: the ordinal.
-template <cudaDeviceAttr kAttr>
-int cached_device_attribute(int* device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];
+constexpr int kMaxDevices = 64;
+// A value of the current device that stays fixed while the process runs, cached per device ordinal in the caller's
+// slots (off the launch path after the first query; each slot holds the value + 1, 0 = not asked yet; racing first
+// calls store the same value): query(ordinal, &value) reads it, false when CUDA cannot say (then nothing is cached
+// and -1 is returned). *device: the ordinal.
+template <class Query>
+int cached_per_device(std::atomic<int> (&slots)[kMaxDevices], int* device, Query query) {
   if (cudaGetDevice(device) != cudaSuccess) return -1;
   const bool cacheable = *device >= 0 && *device < kMaxDevices;
-  int value = cacheable ? cached[*device].load(std::memory_order_relaxed) : 0;
-  if (value > 0) return value;
-  if (cudaDeviceGetAttribute(&value, kAttr, *device) != cudaSuccess) return -1;
-  if (cacheable) cached[*device].store(value, std::memory_order_relaxed);
+  const int stored = cacheable ? slots[*device].load(std::memory_order_relaxed) : 0;
+  if (stored > 0) return stored - 1;
+  int value = 0;
+  if (!query(*device, &value) || value < 0) return -1;
+  if (cacheable) slots[*device].store(value + 1, std::memory_order_relaxed);
   return value;
+}
+
+// A device attribute of the current device (cached_per_device), or -1 when CUDA cannot say.
+template <cudaDeviceAttr kAttr>
+int cached_device_attribute(int* device) {
+  static std::atomic<int> slots[kMaxDevices];
+  return cached_per_device(slots, device, [](int ordinal, int* value) {
+    return cudaDeviceGetAttribute(value, kAttr, ordinal) == cudaSuccess;
+  });
 }
 }  // namespace
 
@@ -246,6 +257,17 @@ int device_smem_optin_limit() {
 int device_sm_count() {
   int device = 0;
   return cached_device_attribute<cudaDevAttrMultiProcessorCount>(&device);
+}
+
+int max_active_cluster_pairs(const void* kernel, const cudaLaunchConfig_t& config) {
+  static std::atomic<int> slots[kMaxDevices];
+  int device = 0;
+  const int pairs = cached_per_device(slots, &device, [&](int, int* value) {
+    if (cudaOccupancyMaxActiveClusters(value, kernel, &config) == cudaSuccess) return true;
+    (void)cudaGetLastError();  // (not sticky: this call runs without clusters, and the next one asks again)
+    return false;
+  });
+  return pairs > 0 ? pairs : 0;
 }
 
 int64_t persistent_forward_grid(int64_t tiles) {

@@ -576,10 +576,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // blocks), so each consumer warp releases it to both: its own CTA's empty barrier and the peer's
   const uint32_t cta_rank = kCluster ? sm90::cluster_cta_rank() : 0;
   auto release_kv = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) {
-      sm90::mbarrier_arrive(bar);
-      if constexpr (kCluster) sm90::mbarrier_arrive_cluster(bar, cta_rank ^ 1);
+    release(bar);
+    if constexpr (kCluster) {
+      if (lane == 0) sm90::mbarrier_arrive_cluster(bar, cta_rank ^ 1);
     }
   };
   auto release_stage = [&](int buf) { release_kv(bar_empty(buf)); };

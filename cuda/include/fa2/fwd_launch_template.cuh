@@ -4,7 +4,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "fa2/fwd_kernel.cuh"
@@ -30,28 +29,6 @@ inline cudaLaunchConfig_t cluster_of_two_config(dim3 grid, int threads, int smem
   config.attrs = cluster;
   config.numAttrs = 1;
   return config;
-}
-
-// How many clusters of two CTAs of `kernel` (threads, dynamic shared memory smem, its limit already raised) the
-// current device runs at once, 0 if none. Cached per device ordinal once the query succeeds (racing first calls store
-// the same value): the callers' kernels all have one launch shape (d 128's).
-inline int max_active_cluster_pairs(FwdKernel kernel, int threads, int smem) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];  // the pairs + 1 (0: not asked yet)
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  const int value = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
-  if (value > 0) return value - 1;
-  cudaLaunchAttribute cluster;
-  const cudaLaunchConfig_t config = cluster_of_two_config(dim3(2), threads, smem, nullptr, &cluster);
-  int pairs = 0;
-  if (cudaOccupancyMaxActiveClusters(&pairs, reinterpret_cast<const void*>(kernel), &config) != cudaSuccess) {
-    (void)cudaGetLastError();  // (not sticky: this call runs without clusters, and the next one asks again)
-    return 0;
-  }
-  if (cacheable) cached[device].store(pairs + 1, std::memory_order_relaxed);
-  return pairs;
 }
 
 // The kernel of one score path for the bias element type (nullptr for a combination that does not exist).
@@ -258,7 +235,10 @@ const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
     // none at once: without clusters; a persistent grid: at most the pairs that run at once (the GPCs' SMs need not
     // pair up, and a persistent CTA must not wait for a slot), rounded down to pairs; one tile per CTA keeps its grid
     // (the tile count, even here)
-    const int pairs = max_active_cluster_pairs(launch.cluster_kernel, launch.threads, launch.smem);
+    cudaLaunchAttribute cluster;
+    const int pairs = max_active_cluster_pairs(
+        reinterpret_cast<const void*>(launch.cluster_kernel),
+        cluster_of_two_config(dim3(2), launch.threads, launch.smem, nullptr, &cluster));
     use_cluster = pairs > 0;
     if (use_cluster && persistent_grid) grid.x = std::min(grid.x & ~1u, 2u * unsigned(pairs));
   }

@@ -42,6 +42,10 @@ int device_smem_optin_limit();
 int device_sm_count();
 // The current device's compute capability major version (cached per device), or -1 when CUDA cannot say.
 int device_cc_major();
+// How many clusters of `config`'s CTAs (its block, dynamic shared memory and cluster attribute) of `kernel` (its
+// shared memory limit already raised) the current device runs at once, 0 if none or CUDA cannot say. Cached per device
+// once CUDA answers: its one caller's kernels all have one launch shape (the d 128 forward's clusters of two).
+int max_active_cluster_pairs(const void* kernel, const cudaLaunchConfig_t& config);
 
 // The warp-specialized sm_90a forward's persistent grid (fwd_kernel.cuh: each CTA takes every grid-th query
 // block, or with a causal mask or window the next block of a tile counter: fwd_workspace_ints): -1 (the default) one
