@@ -7,12 +7,16 @@
 
 For each: met or not, the range of the ratios, and the cells below 1 (or, for 4, the TFLOP/s). A cell that did not run
 ok for either implementation counts as not met (it is listed). The backward alone is reported beside bar 2.
+A cell below 1 also shows its rounds' ratios (cuDNN's ms / fa2's ms of round i, where both have the same number of
+ms_rounds: with --interleave a round's two timings come from one burst, so its ratio is a paired one), to tell a
+cell whose every round is below 1 from one that straddles it.
 Usage: python benchmarks/bars.py benchmarks/results/attention_h200-20261204-grid.json [--min-seqlen 2048]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 BAR_DIMS = (64, 128, 256)
 
@@ -30,7 +34,7 @@ def _cells(result: dict, min_seqlen: int):
 def ratio_bar(cells: dict, mask: str, passes: tuple[str, ...]) -> dict:
     """fa2 / cuDNN over the cells of this mask and these passes: met (every one >= 1 and every one ran), the range,
     the cells below 1 and the ones that did not run."""
-    ratios, below, missing = [], [], []
+    ratios, below, missing, rounds = [], [], [], {}
     for key in sorted(cells):
         if key[4] != mask or key[5] not in passes:
             continue
@@ -41,10 +45,13 @@ def ratio_bar(cells: dict, mask: str, passes: tuple[str, ...]) -> dict:
         ratio = fa2["tflops"] / cudnn["tflops"]
         ratios.append(ratio)
         if ratio < 1.0:
-            below.append((key, round(ratio, 4)))
+            below.append((key, math.floor(ratio * 1e4) / 1e4))  # (rounded down: a cell below 1 never shows 1.0)
+            fa2_ms, cudnn_ms = fa2.get("ms_rounds") or [], cudnn.get("ms_rounds") or []
+            if fa2_ms and len(fa2_ms) == len(cudnn_ms):
+                rounds[key] = [round(c / f, 3) for f, c in zip(fa2_ms, cudnn_ms)]
     return {"met": bool(ratios) and not below and not missing, "cells": len(ratios),
             "range": (round(min(ratios), 3), round(max(ratios), 3)) if ratios else None, "below": below,
-            "missing": missing}
+            "rounds": rounds, "missing": missing}
 
 
 def stretch_bar(cells: dict, target: float = 700.0) -> dict:
@@ -77,7 +84,9 @@ def main() -> None:
         print(f"{name}: {'met' if bar['met'] else 'NOT met'}, {bar['cells']} cells, fa2 / cuDNN {bar['range']}")
         for key, ratio in bar["below"]:
             dtype, d, s, causal, mask, pass_ = key
-            print(f"    below 1: {dtype} D={d} S={s} {'causal' if causal else 'non-causal'} {mask} {pass_}: {ratio}")
+            per_round = bar["rounds"].get(key)
+            print(f"    below 1: {dtype} D={d} S={s} {'causal' if causal else 'non-causal'} {mask} {pass_}: {ratio}"
+                  + (f" (rounds {' / '.join(str(r) for r in per_round)})" if per_round else ""))
         for key in bar["missing"]:
             print(f"    did not run: {key}")
 

@@ -198,22 +198,26 @@ def test_bars_read_a_grid():
     """benchmarks/bars.py: issue 8's bars off a grid JSON (a made-up one: one cell below, one that did not run)."""
     import bars
 
-    def row(impl, d, s, causal, mask, pass_, tflops, status="ok"):
+    def row(impl, d, s, causal, mask, pass_, tflops, status="ok", **extra):
         return dict(impl=impl, dtype="bf16", headdim=d, seqlen=s, causal=causal, mask=mask, status=status,
-                    tflops=tflops, **{"pass": pass_})
+                    tflops=tflops, **{"pass": pass_}, **extra)
 
     rows = []
     for d in (64, 128, 256):
         for p in ("fwd", "bwd", "fwdbwd"):
             rows += [row("fa2", d, 2048, False, "none", p, 110), row("cudnn", d, 2048, False, "none", p, 100)]
             rows += [row("fa2", d, 1024, False, "none", p, 10), row("cudnn", d, 1024, False, "none", p, 100)]
-    rows += [row("fa2", 128, 16384, False, "none", "fwd", 705), row("cudnn", 128, 16384, False, "none", "fwd", 710)]
+    rows += [row("fa2", 128, 16384, False, "none", "fwd", 705, ms_rounds=[2.0, 1.9]),
+             row("cudnn", 128, 16384, False, "none", "fwd", 710, ms_rounds=[1.98, 1.919])]
     rows += [row("fa2", 64, 2048, False, "padding", "fwd", 150), row("cudnn", 64, 2048, False, "padding", "fwd", 0,
                                                                       status="error")]
     got = bars.bars({"measurements": rows})
     fwd = got["1 forward"]
     assert not fwd["met"] and fwd["cells"] == 4 and fwd["range"] == (0.993, 1.1)  # (S=1k is not in the bar)
-    assert fwd["below"] == [(("bf16", 128, 16384, False, "none", "fwd"), 0.993)]
+    assert fwd["below"] == [(("bf16", 128, 16384, False, "none", "fwd"), 0.9929)]  # (705 / 710, rounded down)
+    # (paired rounds: cuDNN's ms / fa2's, round by round; one straddles 1)
+    assert fwd["rounds"] == {("bf16", 128, 16384, False, "none", "fwd"): [0.99, 1.01]}
+    assert got["2 forward+backward"]["rounds"] == {}
     assert got["2 forward+backward"]["met"] and got["2 forward+backward"]["range"] == (1.1, 1.1)
     assert not got["3 padding mask"]["met"] and got["3 padding mask"]["missing"] == [
         ("bf16", 64, 2048, False, "padding", "fwd")]
