@@ -11,15 +11,21 @@ query block 4.9k, later ones 4.06k, epilogue 11.1k of a CTA's 80.4k.
 Layout "fwd_ws" (fwd_kernel.cuh, warp-specialized): slots 0-3 as above, then three blocks of 20 (warpgroup 0's first
 and second tile, warpgroup 1's second tile): the tile's start, the start of key iterations 0-16, the loop's end, the
 epilogue's end.
+Layout "fwd_tiles" (the same built with -DFA2_CTA_TRACE_TILES=1; files trace_fwdtiles_*): slots 0-3 as above, then
+for consumer warpgroup w and the CTA's tile i < 20 the three slots 4 + 3 (20 w + i): the tile's start, the key loop's
+end (its last P V completed) and the epilogue's end. Summarized per warpgroup (loop, epilogue, epilogue end -> next
+tile, tile period) and per CTA: the share of its time in which one warpgroup, or both, sat between its loop's end and
+its next tile's start (a "switch": no product of its own in flight).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import struct
 from collections import defaultdict
 
-CTAS, SLOTS = 4096, 72  # cta_trace.cuh: kCtas, kSlots
+CTAS, SLOTS = 4096, 128  # cta_trace.cuh: kCtas, kSlots
 ENTRY, ENTRY_NS, SM, EXIT_NS, FIRST_EVENT = 0, 1, 2, 3, 4
 LANDED, BLOCK0, BLOCKS = FIRST_EVENT, FIRST_EVENT + 1, 60
 LOOP_END, END = BLOCK0 + BLOCKS, BLOCK0 + BLOCKS + 1
@@ -104,15 +110,82 @@ def summarize_fwd(path: str) -> None:
     print(row("entry -> exit (ns)", ns))
 
 
+FWD_TILES = (SLOTS - FIRST_EVENT) // 6  # tiles marked per warpgroup (fwd_kernel.cuh: kTraceTiles)
+
+
+def fwd_tiles_stats(ctas: list[tuple[int, ...]]) -> dict:
+    """The "fwd_tiles" layout's numbers (cycles): per warpgroup the lists loop / epilogue / gap (epilogue end -> next
+    tile's start) / period (start -> next start) over every marked tile that has a next one, and, summed over the CTAs
+    from each one's first marked tile start to its last such next start (span), the time in which one warpgroup
+    (one_switching), or both (both_switching), was between a loop's end and its next tile's start, also as fractions
+    of span (switch_share_one / _both)."""
+    per_wg = {w: {"loop": [], "epilogue": [], "gap": [], "period": []} for w in (0, 1)}
+    one = both = span = 0
+    for c in ctas:
+        windows, first_starts = [], []  # per warpgroup: (loop end, next start) of each marked tile with a next one
+        for w in (0, 1):
+            marks = [c[FIRST_EVENT + 3 * (FWD_TILES * w + i):FIRST_EVENT + 3 * (FWD_TILES * w + i) + 3]
+                     for i in range(FWD_TILES)]
+            marks = [m for m in marks if m[0] != 0 and m[2] != 0]
+            if marks:
+                first_starts.append(marks[0][0])
+            wins = []
+            for (s, loop_end, e), nxt in zip(marks, marks[1:]):
+                st = per_wg[w]
+                st["loop"].append(loop_end - s)
+                st["epilogue"].append(e - loop_end)
+                st["gap"].append(nxt[0] - e)
+                st["period"].append(nxt[0] - s)
+                wins.append((loop_end, nxt[0]))
+            windows.append(wins)
+        if not windows[0] or not windows[1]:
+            continue
+        # sweep the two warpgroups' switch windows over the CTA's marked stretch
+        t0 = min(first_starts)
+        t1 = max(w[-1][1] for w in windows)
+        events = sorted([(a, +1) for wins in windows for a, _ in wins] + [(b, -1) for wins in windows for _, b in wins])
+        depth, last = 0, t0
+        for t, d in events:
+            if depth == 1:
+                one += t - last
+            elif depth >= 2:
+                both += t - last
+            depth, last = depth + d, t
+        span += t1 - t0
+    return {"wg": per_wg, "one_switching": one, "both_switching": both, "span": span,
+            "switch_share_one": one / span if span else 0.0, "switch_share_both": both / span if span else 0.0}
+
+
+def summarize_fwd_tiles(path: str) -> None:
+    ctas = load(path)
+    if not ctas:
+        print(f"{path}: no CTA wrote its marks")
+        return
+    stats = fwd_tiles_stats(ctas)
+    print(f"{path}: {len(ctas)} CTAs (forward, every tile of both warpgroups)")
+    for w, st in stats["wg"].items():
+        if not st["period"]:
+            continue
+        print(f" warpgroup {w}: {len(st['period'])} tiles with a next one")
+        for name in ("loop", "epilogue", "gap", "period"):
+            print(row(name, st[name]))
+    print(f"  one warpgroup switching {100 * stats['switch_share_one']:.1f}% of the CTAs' marked time, both "
+          f"{100 * stats['switch_share_both']:.1f}%")
+    print(row("entry -> exit (ns)", [c[EXIT_NS] - c[ENTRY_NS] for c in ctas]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+")
-    parser.add_argument("--kernel", choices=("bwd_ws", "fwd_ws"), default=None,
-                        help="the layout (default: fwd_ws for trace_fwd_* files, else bwd_ws)")
+    parser.add_argument("--kernel", choices=("bwd_ws", "fwd_ws", "fwd_tiles"), default=None,
+                        help="the layout (default: fwd_tiles for trace_fwdtiles_* files, fwd_ws for trace_fwd_*, "
+                             "else bwd_ws)")
     args = parser.parse_args()
     for path in args.files:
-        kernel = args.kernel or ("fwd_ws" if "trace_fwd" in path else "bwd_ws")
-        (summarize_fwd if kernel == "fwd_ws" else summarize)(path)
+        name = os.path.basename(path)
+        kernel = args.kernel or ("fwd_tiles" if name.startswith("trace_fwdtiles") else
+                                 "fwd_ws" if name.startswith("trace_fwd") else "bwd_ws")
+        {"fwd_tiles": summarize_fwd_tiles, "fwd_ws": summarize_fwd, "bwd_ws": summarize}[kernel](path)
 
 
 if __name__ == "__main__":

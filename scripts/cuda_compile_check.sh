@@ -61,6 +61,8 @@ echo "$NVCC ${flags[*]} -DFA2_HD=256 -DFA2_SM90_TMA=0 --generate-code=arch=compu
 echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_BWD_STMATRIX=0 -DFA2_BWD_PREFETCH_SCORES=0 -DFA2_BWD_STAGED_DKV=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_bwd_knobs.o" >>"$jobs_file"
 # the CTA-timeline build (fa2/cta_trace.cuh, scripts/cta_trace.py) of the harness's backward
 echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_CTA_TRACE=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace.o" >>"$jobs_file"
+# ... and of the forward with every tile of both consumer warpgroups marked (FA2_CTA_TRACE_TILES)
+echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_CTA_TRACE=1 -DFA2_CTA_TRACE_TILES=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace_tiles.o" >>"$jobs_file"
 
 echo "== cuda/include/fa2/sm90/wgmma_ops.cuh is what gen_wgmma.py writes"
 python3 cuda/include/fa2/sm90/gen_wgmma.py --out "$work/wgmma_ops.cuh" >/dev/null

@@ -9,7 +9,8 @@
 // FA2_KV_HEADS=n: n K/V heads (GQA / MQA: a divisor of the query heads; the backward then writes fp32 dK / dV partials
 // per query head, as the torch glue has it, and the checksums of dk / dv are of those partials).
 // Built with -DFA2_CTA_TRACE=1 it also writes each case's CTA timelines to $FA2_TRACE_OUT: the backward's with
-// FA2_BWD=1, else the forward's (fa2/cta_trace.cuh; summarized by scripts/cta_trace.py).
+// FA2_BWD=1, else the forward's (fa2/cta_trace.cuh; summarized by scripts/cta_trace.py); with -DFA2_CTA_TRACE_TILES=1
+// too the forward's every tile of both consumer warpgroups (trace_fwdtiles_* files).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -245,7 +246,7 @@ int main(int argc, char** argv) {
           if (p.workspace != nullptr) CHECK_CUDA(cudaMemsetAsync(p.workspace, 0, sizeof(int)));
           fa2::run_fwd_instance<__nv_bfloat16, kHeadDim, 901>(p, nullptr);
           CHECK_CUDA(cudaDeviceSynchronize());
-          dump_trace("fwd");
+          dump_trace(FA2_CTA_TRACE_TILES ? "fwdtiles" : "fwd");  // (cta_trace.py's layout by name)
         }
 #endif
   #if FA2_BWD

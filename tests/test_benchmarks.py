@@ -222,3 +222,32 @@ def test_bars_read_a_grid():
     assert not got["3 padding mask"]["met"] and got["3 padding mask"]["missing"] == [
         ("bf16", 64, 2048, False, "padding", "fwd")]
     assert got["4 stretch"] == {"met": True, "tflops": {"bf16": 705}}
+
+
+def test_cta_trace_reads_every_tile_of_both_warpgroups():
+    """scripts/cta_trace.py's "fwd_tiles" layout (fwd_kernel.cuh with FA2_CTA_TRACE_TILES): per warpgroup the loop,
+    epilogue, gap and period of each tile that has a next one, and the share of a CTA's time in which one or both
+    warpgroups sat between a loop's end and the next tile's start. A made-up CTA: warpgroup 0's tiles start at 0 /
+    1000 / 2000 (loop end +800, epilogue end +900), warpgroup 1's at 100 / 1150 (loop end +850, epilogue end +950)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
+    import cta_trace
+
+    cta = [0] * cta_trace.SLOTS
+    cta[cta_trace.ENTRY_NS], cta[cta_trace.EXIT_NS] = 1, 2
+
+    def mark(w, i, start, loop, epi):
+        base = cta_trace.FIRST_EVENT + 3 * (cta_trace.FWD_TILES * w + i)
+        cta[base:base + 3] = [start, start + loop, start + epi]
+
+    for i, start in enumerate((10, 1010, 2010)):
+        mark(0, i, start, 800, 900)
+    for i, start in enumerate((110, 1160)):
+        mark(1, i, start, 850, 950)
+    stats = cta_trace.fwd_tiles_stats([tuple(cta)])
+    assert stats["wg"][0] == {"loop": [800, 800], "epilogue": [100, 100], "gap": [100, 100], "period": [1000, 1000]}
+    assert stats["wg"][1] == {"loop": [850], "epilogue": [100], "gap": [100], "period": [1050]}
+    # switch windows: wg 0 [810, 1010], [1810, 2010]; wg 1 [960, 1160]; span 10 .. 2010
+    assert stats["span"] == 2000
+    assert stats["both_switching"] == 1010 - 960
+    assert stats["one_switching"] == (960 - 810) + (1160 - 1010) + (2010 - 1810)
+    assert stats["switch_share_both"] == pytest.approx(50 / 2000)

@@ -4,18 +4,22 @@
 // __device__ array) records the last launch of an instrumented kernel and dumps it to $FA2_TRACE_OUT, and
 // scripts/cta_trace.py summarizes it. Instrumented: the warp-specialized backward (bwd_ws_kernel.cuh; it found that
 // kernel's epilogue taking 14% of a CTA at S 1k: variants_h200-20261201-bwd-staged-dkv.json) and the forward
-// (fwd_kernel.cuh: the persistent d 128 tile's boundary, ~9k cycles at S 2k: variants_h200-20261201-fwd-staged-o.json).
+// (fwd_kernel.cuh: the persistent d 128 tile's boundary, ~9k cycles at S 2k: variants_h200-20261201-fwd-staged-o.json;
+// with -DFA2_CTA_TRACE_TILES=1 too, every tile of both consumer warpgroups instead of two tiles' key iterations).
 #pragma once
 
 #ifndef FA2_CTA_TRACE
 #define FA2_CTA_TRACE 0
+#endif
+#ifndef FA2_CTA_TRACE_TILES
+#define FA2_CTA_TRACE_TILES 0
 #endif
 
 namespace fa2::trace {
 
 // Per CTA (linear block index below kCtas) kSlots 64-bit values: kEntry / kEntryNs / kSm / kExitNs, then the
 // kernel's own events (clock64) from kFirstEvent on; scripts/cta_trace.py reads the same layout.
-constexpr int kCtas = 4096, kSlots = 72;
+constexpr int kCtas = 4096, kSlots = 128;
 constexpr int kEntry = 0, kEntryNs = 1, kSm = 2, kExitNs = 3, kFirstEvent = 4;
 
 #if FA2_CTA_TRACE

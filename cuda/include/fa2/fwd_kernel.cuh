@@ -790,9 +790,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // (FA2_CTA_TRACE: for the CTA's first two tiles warpgroup 0's first thread marks the tile's start, the start of
   // each of its first kTraceIters key iterations, the loop's end and the epilogue's end; warpgroup 1's first thread
   // the same for the second tile. The consumers of the d 128 ping-pong-overlap kernel then spill ~90 B, outside the
-  // key loop.)
-  constexpr int kTraceIters = 17, kTraceTileSlots = kTraceIters + 3;
-  static_assert(trace::kFirstEvent + 3 * kTraceTileSlots <= trace::kSlots, "the events fit a CTA's slots");
+  // key loop. With FA2_CTA_TRACE_TILES, each consumer warpgroup's first thread marks the start, the loop's end and the
+  // epilogue's end of each of the CTA's first kTraceTiles tiles, no key iterations: both warpgroups' tile switches.)
+  constexpr bool kTraceEveryTile = FA2_CTA_TRACE_TILES;
+  constexpr int kTraceIters = kTraceEveryTile ? 0 : 17, kTraceTileSlots = kTraceIters + 3;
+  constexpr int kTraceTiles = kTraceEveryTile ? (trace::kSlots - trace::kFirstEvent) / (2 * kTraceTileSlots) : 2;
+  static_assert(trace::kFirstEvent + (kTraceEveryTile ? 2 * kTraceTiles : 3) * kTraceTileSlots <= trace::kSlots,
+                "the events fit a CTA's slots");
   FA2_CTA_MARK(trace::kEntry, tid == 0);
   FA2_CTA_MARK(trace::kEntryNs, tid == 0);
   FA2_CTA_MARK(trace::kSm, tid == 0);
@@ -850,7 +854,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
     // (FA2_CTA_TRACE: this thread's first slot for this tile, -1 if it marks none)
     [[maybe_unused]] const int trace_base =
-        tid == 0 && trace_tile < 2 ? trace::kFirstEvent + trace_tile * kTraceTileSlots
+        kTraceEveryTile ? ((tid == 0 || tid == 128) && trace_tile < kTraceTiles
+                               ? trace::kFirstEvent + ((tid >> 7) * kTraceTiles + trace_tile) * kTraceTileSlots
+                               : -1)
+        : tid == 0 && trace_tile < 2    ? trace::kFirstEvent + trace_tile * kTraceTileSlots
         : tid == 128 && trace_tile == 1 ? trace::kFirstEvent + 2 * kTraceTileSlots
                                         : -1;
     FA2_CTA_MARK(trace_base, trace_base >= 0);
