@@ -4,7 +4,9 @@
 # rounds of alternating order (ABAB), each run under a time limit (a hang must not take the device call with it).
 # The unset baseline ("base") always runs; with --patch the unpatched tree's build too ("head"). On the GPU machine.
 # Usage: bash scripts/env_ab.sh [--patch FILE] SEQLENS MASKS CAUSAL ["NAME:VAR=1 VAR2=1" ...]
-#   env: FA2_HD (default 128), FA2_BWD (0), ROUNDS (2), FA2_VARIANT_TIMEOUT (90 s), OUT
+#   env: FA2_HD (default 128), FA2_BWD (0), ROUNDS (2), FA2_VARIANT_TIMEOUT (90 s), OUT, FA2_HARNESS_FLAGS (extra
+#   nvcc flags of both builds: harness.sh), FA2_TRACE_OUT (with a -DFA2_CTA_TRACE=1 build: each entry's CTA timelines
+#   go to FA2_TRACE_OUT/<name>, read by scripts/cta_trace.py)
 #   e.g. bash scripts/env_ab.sh --patch benchmarks/results/patches/20261204-fwd-d128-tail-split.patch \
 #          2048,4096,8192,16384 none 0 "nosplit:FA2_NO_FWD_TAIL_SPLIT=1" "nocluster:FA2_NO_FWD_CLUSTER=1"
 # The build and the rounds: scripts/harness.sh (as fwd_variants.sh's).
@@ -38,4 +40,11 @@ done
 entries=("base|$OUT/bench|")
 [ -x "$OUT/bench_head" ] && entries=("head|$OUT/bench_head|" "${entries[@]}")
 for s in "$@"; do entries+=("${s%%:*}|$OUT/bench|${s#*:}"); done
+if [ -n "${FA2_TRACE_OUT:-}" ]; then  # (one folder per entry: the builds write the same file names)
+  for i in "${!entries[@]}"; do
+    name=${entries[$i]%%|*}
+    mkdir -p "$FA2_TRACE_OUT/$name"
+    entries[$i]="${entries[$i]} FA2_TRACE_OUT=$FA2_TRACE_OUT/$name"
+  done
+fi
 harness_rounds "${ROUNDS:-2}" "$seqlens" "$masks" "$causal" "${entries[@]}"
