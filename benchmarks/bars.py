@@ -50,7 +50,8 @@ def ratio_bar(cells: dict, mask: str, passes: tuple[str, ...]) -> dict:
             if fa2_ms and len(fa2_ms) == len(cudnn_ms):
                 rounds[key] = [round(c / f, 3) for f, c in zip(fa2_ms, cudnn_ms)]
     return {"met": bool(ratios) and not below and not missing, "cells": len(ratios),
-            "range": (round(min(ratios), 3), round(max(ratios), 3)) if ratios else None, "below": below,
+            # (the low end rounded down, as the cells below 1 are: a bar not met never shows a range from 1.0)
+            "range": (math.floor(min(ratios) * 1e3) / 1e3, round(max(ratios), 3)) if ratios else None, "below": below,
             "rounds": rounds, "missing": missing}
 
 
