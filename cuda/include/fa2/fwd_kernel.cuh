@@ -957,12 +957,17 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
     // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
     bool heavy_rows_possible = !kStagedBias || kWs;
-    if (kQInRegisters && !q_in_registers) {
-      wait_loaded(bar_q, q_loads & 1);
+    // kQInRegisters: this warp's rows of the Q in Q's tile (the Q load completing bar_q's phase of that parity) into
+    // q_frag
+    auto read_q_rows = [&](uint32_t phase) {
+      wait_loaded(bar_q, phase);
 #pragma unroll
       for (int kt = 0; kt < kHeadDim / 16; ++kt) {
         ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
       }
+    };
+    if (kQInRegisters && !q_in_registers) {
+      read_q_rows(q_loads & 1);
       // (the arrive orders the warp's loads before it; the next Q's TMA waits for every warp's)
       if (more_tiles) release(bar_q_empty);
     }
@@ -1248,13 +1253,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         t_next += tile_stride;
       }
       q_in_registers = t_next < num_tiles;
-      if (q_in_registers) {
-        wait_loaded(bar_q, (q_loads + 1) & 1);
-#pragma unroll
-        for (int kt = 0; kt < kHeadDim / 16; ++kt) {
-          ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
-        }
-      }
+      if (q_in_registers) read_q_rows((q_loads + 1) & 1);
       // every lane's reads of this warp's rows (the ldmatrix above) before any lane's O lands there
       __syncwarp();
       unsigned char* sO = smem;
