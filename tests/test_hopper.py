@@ -491,7 +491,7 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
     the whole tiles then the pieces, as fa2._C.bwd_tail_split_plan says; the pieces add their fp32 dK, dV into the
     workspace and the last of a tile's pieces stores the sums. By default (set_bwd_tail_split(-1)) only where a tile
     has the query blocks it was measured to pay at (bwd_tile_config.h, kTailSplitMinQueryBlocks: 4096 queries at d 64,
-    16384 at d 128); with 1 wherever the cost model gains, as here on small shapes. Against 0 (one CTA per tile, a
+    8192 at d 128); with 1 wherever the cost model gains, as here on small shapes. Against 0 (one CTA per tile, a
     (key blocks, heads, batch) grid): dK and dV of the tiles that are not split bitwise equal, of the split ones and dQ
     (sums in another order) within a rounding; all follow the rule against the fp32 reference. Shapes: fewer tiles than
     SMs (every tile split), full waves then a partial one, query and key tails (the last key block's rows past seqlen_k
@@ -501,7 +501,7 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
         assert fa2._C.bwd_tail_split() == -1, "auto by default (FA2_BWD_TAIL_SPLIT unset)"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     block_n = 128  # (BwdWsTileConfig's keys per tile at d 64 / 128)
-    min_queries = 4096 if d == 64 else 16384  # (kTailSplitMinQueryBlocks x kBlockM)
+    min_queries = 4096 if d == 64 else 8192  # (kTailSplitMinQueryBlocks x kBlockM)
     # the default's threshold (a plan only: 4 tiles of 512 keys, fewer than the SMs)
     with switch("bwd_tail_split", -1):
         assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries, 512, d)[1] > 1

@@ -234,9 +234,11 @@ struct BwdWsTileConfig {
   // ... by default (bwd_tail_split -1) only with at least this many query blocks a tile: H200, 16k tokens, no mask,
   // backward alone and forward + backward, bf16 / fp16, split / not (benchmarks/results/
   // attention_h200-20261204-tail-split.json, two rounds): d 64 +0.4..+2.6% from S 4k (32 blocks of 128 queries),
-  // -2.5..+0.6% at 1k / 2k; d 128 +0.6..+1.8% at 16k (256 blocks of 64), -5..+4% below (where the idle SMs of the
-  // unsplit last wave already run the overlapped dQ conversion)
-  static constexpr int kTailSplitMinQueryBlocks = kHeadDim <= 64 ? 32 : 256;
+  // -2.5..+0.6% at 1k / 2k. d 128 from S 8k (128 blocks of 64): interleaved call by call, 5 rounds
+  // (attention_h200-20261204f-bwd-split.json), split over not +0.9..+2.0% at 8k in every round (backward and
+  // forward + backward, bf16 and fp16), +0.1..+0.3% at 4k (harness: -0.4%, so 4k stays unsplit), 16k split either way
+  // (+0.6..+1.8% in the 12-04 grid); at 2k -1.6% (harness, variants_h200-20261204e-bwd-d128-tail-split.json)
+  static constexpr int kTailSplitMinQueryBlocks = kHeadDim <= 64 ? 32 : 128;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
   // start at one (both shapes give kDqCols 64)
