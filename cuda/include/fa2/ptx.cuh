@@ -76,6 +76,16 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t sme
                : "memory");
 }
 
+// 16 bytes to global memory in one instruction, where pred: a predicated store, not a branch (through C++, a uint4
+// store read from shared memory into an array first came out of ptxas as four 4-byte stores, and each `if` around
+// one as a branch with its own address arithmetic: fwd_kernel.cuh, copy_out_rows; sm_90a)
+__device__ __forceinline__ void st_global_16(void* gmem, const uint4& v, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(gmem),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(int(pred))
+      : "memory");
+}
+
 // ---- cp.async: 16-byte global -> shared copies, in commit groups ------------------------------------------
 // When !pred nothing is read from global memory and the 16 shared bytes are zero-filled (src-size 0): that is
 // how rows past the sequence end and columns past the headdim become zeros (so 0 * V never meets garbage).
