@@ -279,45 +279,6 @@ __device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4]
   }
 }
 
-// O staged in shared memory (QTile's layout, rows from row0) -> global memory, 16 bytes a thread per step: thread
-// `thread` of kThreads takes chunk idx % kDTiles of row row0 + idx / kDTiles, idx = thread + i kThreads, for the
-// rows below rows_q and the columns below headdim (the reads take the whole tile's rows: staged bytes, in bounds).
-// Every shared-memory read first, then predicated stores: written as a read and an `if` around a store per step,
-// ptxas made each store a branch with its own 64-bit address arithmetic, behind its read, and the next read waited
-// for that store (the register it reused): kIters round trips at the end of every tile (sm_90a SASS, d 128; ~190
-// instructions fewer in the kernel now). H200, bf16, d 128 non-causal, harness, 3 rounds, checksums bitwise equal
-// (variants_h200-20261204f-fwd-copy-out-loads-first.json): +1.5 / +0.6 / +0.2 / 0.0 / +0.4% at S 1k / 2k / 4k / 8k /
-// 16k.
-template <typename QTile, int kDTiles, int kIters, int kThreads, typename T>
-__device__ __forceinline__ void copy_out_rows(const unsigned char* sO, T* out, int64_t row_stride, int row0,
-                                              int thread, int rows_q, int headdim) {
-  uint4 chunks[kIters];
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int idx = thread + i * kThreads;
-    chunks[i] = *reinterpret_cast<const uint4*>(sO + QTile::offset(row0 + idx / kDTiles, idx % kDTiles) * 2);
-  }
-  if constexpr (kThreads % kDTiles == 0) {
-    // (a thread's chunk is the same in every step, its row kThreads / kDTiles further each: one address, stepped)
-    constexpr int kRowStep = kThreads / kDTiles;
-    const int row = row0 + thread / kDTiles, chunk = thread % kDTiles;
-    T* dst = out + row * row_stride + chunk * 8;
-    const int64_t step = kRowStep * row_stride;
-    const bool in_cols = chunk * 8 < headdim;
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      ptx::st_global_16(dst + i * step, chunks[i], in_cols && row + i * kRowStep < rows_q);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int idx = thread + i * kThreads;
-      const int row = row0 + idx / kDTiles, chunk = idx % kDTiles;
-      ptx::st_global_16(out + row * row_stride + chunk * 8, chunks[i], row < rows_q && chunk * 8 < headdim);
-    }
-  }
-}
-
 // Element i of a bias tile staged in shared memory, as fp32 (load_bias's meaning; a bool is read as its byte).
 template <typename B>
 __device__ __forceinline__ float staged_bias_value(const B* tile, int i) {

@@ -78,7 +78,7 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t sme
 
 // 16 bytes to global memory in one instruction, where pred: a predicated store, not a branch (through C++, a uint4
 // store read from shared memory into an array first came out of ptxas as four 4-byte stores, and each `if` around
-// one as a branch with its own address arithmetic: fwd_kernel.cuh, copy_out_rows; sm_90a)
+// one as a branch with its own address arithmetic: copy_out_rows below; sm_90a)
 __device__ __forceinline__ void st_global_16(void* gmem, const uint4& v, bool pred) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(gmem),
@@ -237,5 +237,44 @@ struct SwizzledTile {
     return (lane_base ^ xor_bytes(chunk_c)) + const_bytes(row_c, chunk_c);
   }
 };
+
+// A b16 tile staged in shared memory (Tile's layout, a SwizzledTile; rows from row0) -> global memory (out: row 0's
+// first element, rows row_stride apart), 16 bytes a thread per step: thread `thread` of kThreads takes chunk
+// idx % kDTiles of row row0 + idx / kDTiles, idx = thread + i kThreads, for the rows below `rows` and the columns
+// below headdim (the reads take the whole tile's rows: staged bytes, in bounds). Every shared-memory read first, then
+// predicated stores: written as a read and an `if` around a store per step, ptxas made each store a branch with its
+// own 64-bit address arithmetic, behind its read, and the next read waited for that store (the register it reused):
+// kIters round trips (sm_90a SASS; the forward's O at d 128 lost ~190 instructions). H200, bf16, d 128 non-causal,
+// harness, 3 rounds, checksums bitwise equal (variants_h200-20261204f-fwd-copy-out-loads-first.json): forward
+// +1.5 / +0.6 / +0.2 / 0.0 / +0.4% at S 1k / 2k / 4k / 8k / 16k.
+template <typename Tile, int kDTiles, int kIters, int kThreads, typename T>
+__device__ __forceinline__ void copy_out_rows(const unsigned char* tile, T* out, int64_t row_stride, int row0,
+                                              int thread, int rows, int headdim) {
+  uint4 chunks[kIters];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int idx = thread + i * kThreads;
+    chunks[i] = *reinterpret_cast<const uint4*>(tile + Tile::offset(row0 + idx / kDTiles, idx % kDTiles) * 2);
+  }
+  if constexpr (kThreads % kDTiles == 0) {
+    // (a thread's chunk is the same in every step, its row kThreads / kDTiles further each: one address, stepped)
+    constexpr int kRowStep = kThreads / kDTiles;
+    const int row = row0 + thread / kDTiles, chunk = thread % kDTiles;
+    T* dst = out + row * row_stride + chunk * 8;
+    const int64_t step = kRowStep * row_stride;
+    const bool in_cols = chunk * 8 < headdim;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      ptx::st_global_16(dst + i * step, chunks[i], in_cols && row + i * kRowStep < rows);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = thread + i * kThreads;
+      const int row = row0 + idx / kDTiles, chunk = idx % kDTiles;
+      ptx::st_global_16(out + row * row_stride + chunk * 8, chunks[i], row < rows && chunk * 8 < headdim);
+    }
+  }
+}
 
 }  // namespace fa2
