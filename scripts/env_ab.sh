@@ -7,7 +7,7 @@
 # machine.
 # Usage: bash scripts/env_ab.sh [--patch FILE ...] SEQLENS MASKS CAUSAL ["NAME:VAR=1 VAR2=1" ...]
 #   env: FA2_HD (default 128), FA2_BWD (0), ROUNDS (2), FA2_VARIANT_TIMEOUT (90 s), OUT, FA2_HARNESS_FLAGS (extra
-#   nvcc flags of both builds: harness.sh), FA2_TRACE_OUT (with a -DFA2_CTA_TRACE=1 build: each entry's CTA timelines
+#   nvcc flags of every build: harness.sh), FA2_TRACE_OUT (with a -DFA2_CTA_TRACE=1 build: each entry's CTA timelines
 #   go to FA2_TRACE_OUT/<name>, read by scripts/cta_trace.py)
 #   e.g. bash scripts/env_ab.sh --patch benchmarks/results/patches/20261204-fwd-d128-tail-split.patch \
 #          2048,4096,8192,16384 none 0 "nosplit:FA2_NO_FWD_TAIL_SPLIT=1" "nocluster:FA2_NO_FWD_CLUSTER=1"

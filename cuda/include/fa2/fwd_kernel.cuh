@@ -1243,6 +1243,17 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
       }
     };
+    // O / l into this warp's own rows of Q's tile (QTile's layout at smem), a thread's 4-byte pairs: the staged copy
+    // below reads them back 16 bytes a lane (copy_out_rows)
+    unsigned char* const sO = smem;
+    auto stage_o = [&]() {
+      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = pairs[dt];
+        }
+      });
+    };
     if (kStagedO && more_tiles) {
       // (see kStagedO) the next tile with keys, if any: its Q is the next the producer loads
       int t_next = t + tile_stride;
@@ -1256,13 +1267,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if (q_in_registers) read_q_rows((q_loads + 1) & 1);
       // every lane's reads of this warp's rows (the ldmatrix above) before any lane's O lands there
       __syncwarp();
-      unsigned char* sO = smem;
-      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = pairs[dt];
-        }
-      });
+      stage_o();
       __syncwarp();
       // this warp's kRowsPerWarp rows, 16 bytes a lane: whole 256-byte rows per 16 lanes (coalesced)
       constexpr int kWarpOutIters = Cfg::kRowsPerWarp * kDTiles / 32;
@@ -1301,13 +1306,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
       // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
       __syncwarp();
-      unsigned char* sO = smem;
-      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = pairs[dt];
-        }
-      });
+      stage_o();
       if constexpr (kWs) {
         ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
       } else {
