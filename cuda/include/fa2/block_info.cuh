@@ -27,6 +27,12 @@ struct BlockInfo {
     return {lo_key / block_n, (hi_key + block_n - 1) / block_n};
   }
 
+  // Whether every block of queries sees some key: no window side set and keys present; then key_blocks is never
+  // empty. (Causal sets window_right = 0: with seqlen_q > seqlen_k its first blocks may see none.)
+  __device__ __forceinline__ bool every_block_sees_keys() const {
+    return window_left < 0 && window_right < 0 && seqlen_k > 0;
+  }
+
   // Whether key block n holds any element that some query of [m0, m0 + block_m) must not see (sequence tail,
   // causal diagonal, window edges). Conservative: a false answer means every (query, key) pair is visible.
   __device__ __forceinline__ bool needs_mask(int n, int block_n, int m0, int block_m) const {

@@ -842,22 +842,16 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       }
     }
     warpgroup_sync();
-    T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + blk.head_k * p.dk_head_stride;
-    T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + blk.head_k * p.dv_head_stride;
+    // this warpgroup's 64 keys from n0 + 64 wg (copy_out_rows: its reads first, then predicated 16-byte stores)
+    const int key0 = n0 + wg * 64;
+    T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + blk.head_k * p.dk_head_stride + key0 * p.dk_row_stride;
+    T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + blk.head_k * p.dv_head_stride + key0 * p.dv_row_stride;
     constexpr int kIters = 64 * kDTiles / 128;
     static_assert(64 * kDTiles % 128 == 0, "the 16-byte chunks split evenly over the warpgroup");
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int idx = (ctid & 127) + 128 * i, row = idx / kDTiles, chunk = idx % kDTiles;
-      const int key = n0 + wg * 64 + row;
-      if (key < p.seqlen_k && chunk * 8 < p.headdim) {
-        const int at = OutTile::offset(row, chunk) * 2;
-        *reinterpret_cast<uint4*>(dk + int64_t(key) * p.dk_row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(s_dk + at);
-        *reinterpret_cast<uint4*>(dv + int64_t(key) * p.dv_row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(s_dv + at);
-      }
-    }
+    copy_out_rows<OutTile, kDTiles, kIters, 128>(s_dk, dk, p.dk_row_stride, 0, ctid & 127, p.seqlen_k - key0,
+                                                 p.headdim, [] {});
+    copy_out_rows<OutTile, kDTiles, kIters, 128>(s_dv, dv, p.dv_row_stride, 0, ctid & 127, p.seqlen_k - key0,
+                                                 p.headdim, [] {});
   }
   if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
   ws_key_block_done<Cfg, 1>(p, bh, blk.heads, ctid);

@@ -1219,13 +1219,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
     float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
     softmax.finalize(mult, inv_sum, row_lse);
-    if ((lane & 3) == 0) {
-#pragma unroll
-      for (int r = 0; r < 2 * kMTiles; ++r) {
-        const int row = q_row0 + (r >> 1) * 16 + (r & 1) * 8 + (lane >> 2);
-        if (row < rows_q) lse[row] = row_lse[r];
-      }
-    }
     // O / l as T pairs, per row of this thread (row in the block): store_row(row, its pairs, one per n8 tile)
     auto store_o = [&](auto&& store_row) {
 #pragma unroll
@@ -1256,12 +1249,16 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     };
     if (kStagedO && more_tiles) {
       // (see kStagedO) the next tile with keys, if any: its Q is the next the producer loads
+      // (searched only where a tile can be keyless: the search's two divisions and its loop were a chain of ~60
+      // uniform-datapath instructions ahead of O's normalization at the end of every tile, sm_90a SASS, d 128)
       int t_next = t + tile_stride;
-      while (t_next < num_tiles) {
-        int next_m_block, next_head, next_batch;
-        tile_at(t_next, next_m_block, next_head, next_batch);
-        if (!info.key_blocks(next_m_block * kBlockM, kBlockM, kBlockN).empty()) break;
-        t_next += tile_stride;
+      if (!info.every_block_sees_keys()) {
+        while (t_next < num_tiles) {
+          int next_m_block, next_head, next_batch;
+          tile_at(t_next, next_m_block, next_head, next_batch);
+          if (!info.key_blocks(next_m_block * kBlockM, kBlockM, kBlockN).empty()) break;
+          t_next += tile_stride;
+        }
       }
       q_in_registers = t_next < num_tiles;
       if (q_in_registers) read_q_rows((q_loads + 1) & 1);
@@ -1272,13 +1269,16 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // this warp's kRowsPerWarp rows, 16 bytes a lane: whole 256-byte rows per 16 lanes (coalesced)
       constexpr int kWarpOutIters = Cfg::kRowsPerWarp * kDTiles / 32;
       static_assert(Cfg::kRowsPerWarp * kDTiles % 32 == 0, "a warp's 16-byte chunks split evenly over its lanes");
-      copy_out_rows<QTile, kDTiles, kWarpOutIters, 32>(sO, out, p.out_row_stride, q_row0, lane, rows_q, headdim);
-      // (release: the warp's shared-memory reads above, then lane 0's arrival; the Q after next may then land here,
-      // written by the TMA: the async proxy, ordered after this warp's generic writes of O by the proxy fence)
-      if (q_in_registers) {
-        sm90::fence_proxy_async();
-        release(bar_q_empty);
-      }
+      // (release: the warp's shared-memory reads of O, then lane 0's arrival; the Q after next may then land here,
+      // written by the TMA: the async proxy, ordered after this warp's generic writes of O by the proxy fence. Before
+      // the global stores: the fence is a MEMBAR.ALL.CTA, which would also wait for them)
+      copy_out_rows<QTile, kDTiles, kWarpOutIters, 32>(sO, out, p.out_row_stride, q_row0, lane, rows_q, headdim,
+                                                       [&] {
+                                                         if (q_in_registers) {
+                                                           sm90::fence_proxy_async();
+                                                           release(bar_q_empty);
+                                                         }
+                                                       });
     } else if (more_tiles) {
       // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
       // tile's Q (or be on its way there), so O goes from the registers straight to global memory. A quad's four
@@ -1314,7 +1314,15 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       }
       constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
       static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
-      copy_out_rows<QTile, kDTiles, kOutIters, kNThreads>(sO, out, p.out_row_stride, 0, tid, rows_q, headdim);
+      copy_out_rows<QTile, kDTiles, kOutIters, kNThreads>(sO, out, p.out_row_stride, 0, tid, rows_q, headdim, [] {});
+    }
+    // (lse after O: in the staged path behind the release of Q's tile, whose fence would otherwise wait for them too)
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int r = 0; r < 2 * kMTiles; ++r) {
+        const int row = q_row0 + (r >> 1) * 16 + (r & 1) * 8 + (lane >> 2);
+        if (row < rows_q) lse[row] = row_lse[r];
+      }
     }
     FA2_CTA_MARK(trace_base + kTraceIters + 2, trace_base >= 0);
     use0 += range.hi - range.lo;

@@ -247,15 +247,17 @@ struct SwizzledTile {
 // kIters round trips (sm_90a SASS; the forward's O at d 128 lost ~190 instructions). H200, bf16, d 128 non-causal,
 // harness, 3 rounds, checksums bitwise equal (variants_h200-20261204f-fwd-copy-out-loads-first.json): forward
 // +1.5 / +0.6 / +0.2 / 0.0 / +0.4% at S 1k / 2k / 4k / 8k / 16k.
-template <typename Tile, int kDTiles, int kIters, int kThreads, typename T>
+// after_reads() runs between the two: the shared bytes may be released there, before the stores are issued.
+template <typename Tile, int kDTiles, int kIters, int kThreads, typename T, typename AfterReads>
 __device__ __forceinline__ void copy_out_rows(const unsigned char* tile, T* out, int64_t row_stride, int row0,
-                                              int thread, int rows, int headdim) {
+                                              int thread, int rows, int headdim, AfterReads&& after_reads) {
   uint4 chunks[kIters];
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int idx = thread + i * kThreads;
     chunks[i] = *reinterpret_cast<const uint4*>(tile + Tile::offset(row0 + idx / kDTiles, idx % kDTiles) * 2);
   }
+  after_reads();
   if constexpr (kThreads % kDTiles == 0) {
     // (a thread's chunk is the same in every step, its row kThreads / kDTiles further each: one address, stepped)
     constexpr int kRowStep = kThreads / kDTiles;
