@@ -10,7 +10,7 @@ ok for either implementation counts as not met (it is listed). The backward alon
 A cell below 1 also shows its rounds' ratios (cuDNN's ms / fa2's ms of round i, where both have the same number of
 ms_rounds: with --interleave a round's two timings come from one burst, so its ratio is a paired one), to tell a
 cell whose every round is below 1 from one that straddles it.
-Usage: python benchmarks/bars.py benchmarks/results/attention_h200-20261204-grid.json [--min-seqlen 2048]
+Usage: python benchmarks/bars.py benchmarks/results/attention_h200-20261204g-grid.json [--min-seqlen 2048]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 
 Both sides get the same (B, H, S, D) tensors: SDPA directly, fa2 through a zero-copy `.transpose(1, 2)` view, so
 neither pays for a layout change. Times are the median of --reps runs after warm-up, fa2 and SDPA alternating; ratio = sdpa / fa2
-(> 1: fa2 is faster). FLOPs as in DESIGN.md: fwd = 4·B·H·Sq·Sk·D (halved when causal), fwd+bwd = 3.5× fwd.
+(> 1: fa2 is faster). FLOPs (docs/performance.md): fwd = 4·B·H·Sq·Sk·D (halved when causal), fwd+bwd = 3.5× fwd.
 
 The memory check runs the fa2 forward at S and 2·S in fresh subprocesses and reports the peak resident memory
 added by the call (inputs allocated beforehand): linear growth (ratio ~2) means no S×S buffer.

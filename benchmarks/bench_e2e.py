@@ -88,7 +88,7 @@ def train_flops_per_token(n_params: int, n_layers: int, d_model: int, seqlen: in
     6·N: every weight does a multiply-add per token in the forward (2 FLOPs) and two in the backward (4).
     12·L·d·S: attention's Q·Kᵀ and P·V, 2·S·d multiply-adds per token per layer in the forward (4·S·d FLOPs),
     x3 for forward + backward; counted over all S keys (not halved for causal), as the FA-2 paper does.
-    N here = ALL parameters, input embedding and LM head included, as DESIGN.md's H200 anchor counts them
+    N here = ALL parameters, input embedding and LM head included, as docs/performance.md's H200 anchors counts them
     (its 450 TFLOP/s at 58.4k tokens/s implies N = 1.10e9); the JSON also has the non-embedding figure."""
     return 6 * n_params + 12 * n_layers * d_model * seqlen
 

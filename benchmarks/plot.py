@@ -2,7 +2,7 @@
 """Plots for the benchmark JSON files (bench_attention.py, bench_e2e.py, sustained.py, placement.py); also callable
 on a saved file.
 
-  python benchmarks/plot.py benchmarks/results/attention_h200-20261130.json [--out DIR]
+  python benchmarks/plot.py benchmarks/results/attention_h200-20261204g-grid.json [--out DIR]
 
 Attention: FA-2-paper-style figures, one PNG per (dtype, mask): one panel per pass x (head dim, causal), TFLOP/s
 bars per seqlen grouped by implementation; plus the memory plot (peak memory of one fwd+bwd call vs seqlen).

@@ -1,4 +1,4 @@
-"""Turns the text output of scripts/fwd_variant_bench.cu runs (scripts/fwd_variants.sh, or a device call's own
+"""Turns the text output of scripts/dev/fwd_variant_bench.cu runs (scripts/dev/fwd_variants.sh, or a device call's own
 loop) into a results JSON and a PNG, so that A/B numbers quoted in commits and notes live under benchmarks/results/.
 
 Input: lines "== <label> ..." open a section (the label is the first word after "=="; "(round N)" or "rN" after it

@@ -4,8 +4,8 @@
 #   2. every hand-written source under cuda/src compiles (host-only .cpp with the host compiler, .cu with nvcc);
 #   3. one instance per kernel family (direction) compiles for sm_80 and for sm_90a, ptxas reporting registers
 #      and spills (a spill in a kernel is printed as a warning, not a failure; wgmma serialized by ptxas, C751x, fails);
-#   4. the sm90 building-block probes (scripts/sm90_wgmma_probe.cu, sm90_tma_probe.cu) and the forward's variant
-#      harness (scripts/fwd_variant_bench.cu) compile for sm_90a (and its d 256 forward with FA2_SM90_TMA=0, its d 128
+#   4. the sm90 building-block probes (scripts/dev/sm90_wgmma_probe.cu, sm90_tma_probe.cu) and the forward's variant
+#      harness (scripts/dev/fwd_variant_bench.cu) compile for sm_90a (and its d 256 forward with FA2_SM90_TMA=0, its d 128
 #      backward with the ws backward's knobs at 0 and with FA2_CTA_TRACE), and the generated wgmma wrappers match
 #      their generator.
 # Usage: scripts/cuda_compile_check.sh [headdims: one, or a CMake list such as "64;128;256" (default 128)];
@@ -49,20 +49,20 @@ while read -r src arch; do
   echo "$NVCC ${flags[*]} -Xptxas=-v --generate-code=arch=compute_${arch},code=[sm_${arch}] -c $src -o $src.o 2>$src.ptxas.log" >>"$jobs_file"
 done <"$work/gen/instances.txt"
 for probe in sm90_wgmma_probe sm90_tma_probe; do
-  echo "$NVCC -std=c++17 -O2 -I cuda/include --generate-code=arch=compute_90a,code=[sm_90a] scripts/$probe.cu -o $work/$probe" >>"$jobs_file"
+  echo "$NVCC -std=c++17 -O2 -I cuda/include --generate-code=arch=compute_90a,code=[sm_90a] scripts/dev/$probe.cu -o $work/$probe" >>"$jobs_file"
 done
-# the kernel variant harness (scripts/fwd_variants.sh) at its default headdim, with the backward, built and linked
+# the kernel variant harness (scripts/dev/fwd_variants.sh) at its default headdim, with the backward, built and linked
 # as fwd_variants.sh builds it (with dispatch.cpp: a symbol the harness needs and that file lacks broke its device run)
-echo "$NVCC ${flags[*]} -DFA2_BWD=1 --generate-code=arch=compute_90a,code=[sm_90a] scripts/fwd_variant_bench.cu cuda/src/dispatch.cpp -o $work/fwd_variant_bench" >>"$jobs_file"
+echo "$NVCC ${flags[*]} -DFA2_BWD=1 --generate-code=arch=compute_90a,code=[sm_90a] scripts/dev/fwd_variant_bench.cu cuda/src/dispatch.cpp -o $work/fwd_variant_bench" >>"$jobs_file"
 # the sm_90a forward with cp.async loads instead of the TMA (the FA2_SM90_TMA=OFF debugging build) at d 256, whose
 # 80-key tile exists only with the TMA (tile_config.h)
-echo "$NVCC ${flags[*]} -DFA2_HD=256 -DFA2_SM90_TMA=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_cp_async.o" >>"$jobs_file"
+echo "$NVCC ${flags[*]} -DFA2_HD=256 -DFA2_SM90_TMA=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_cp_async.o" >>"$jobs_file"
 # the ws backward's A/B knobs at their non-default values (bwd_ws_kernel.cuh), so that the old paths keep compiling
-echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_BWD_STMATRIX=0 -DFA2_BWD_PREFETCH_SCORES=0 -DFA2_BWD_STAGED_DKV=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_bwd_knobs.o" >>"$jobs_file"
-# the CTA-timeline build (fa2/cta_trace.cuh, scripts/cta_trace.py) of the harness's backward
-echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_CTA_TRACE=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace.o" >>"$jobs_file"
+echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_BWD_STMATRIX=0 -DFA2_BWD_PREFETCH_SCORES=0 -DFA2_BWD_STAGED_DKV=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_bwd_knobs.o" >>"$jobs_file"
+# the CTA-timeline build (fa2/cta_trace.cuh, scripts/dev/cta_trace.py) of the harness's backward
+echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_CTA_TRACE=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace.o" >>"$jobs_file"
 # ... and of the forward with every tile of both consumer warpgroups marked (FA2_CTA_TRACE_TILES)
-echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_CTA_TRACE=1 -DFA2_CTA_TRACE_TILES=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace_tiles.o" >>"$jobs_file"
+echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_CTA_TRACE=1 -DFA2_CTA_TRACE_TILES=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace_tiles.o" >>"$jobs_file"
 
 echo "== cuda/include/fa2/sm90/wgmma_ops.cuh is what gen_wgmma.py writes"
 python3 cuda/include/fa2/sm90/gen_wgmma.py --out "$work/wgmma_ops.cuh" >/dev/null

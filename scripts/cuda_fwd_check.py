@@ -1,6 +1,6 @@
 """Correctness sweep of the CUDA forward (torch.ops.fa2.fwd) against fp32 math, for scripts/gpu_check.sh.
 
-Rule (DESIGN.md): max|out - ref32| <= 2 * max|out_lowp - ref32| (+ a few fp32 ulps), out_lowp being the same math
+Rule (docs/design.md): max|out - ref32| <= 2 * max|out_lowp - ref32| (+ a few fp32 ulps), out_lowp being the same math
 done naively in the input dtype; the same rule for lse. Never NaN. Covers causal / window / softcap / bias (float,
 q's dtype, bool; broadcast and full) / GQA / odd seqlens / odd headdims / transposed inputs / empty inputs /
 rows that see no key. Prints one line per case and a summary; exits 1 on any failure.

@@ -2,7 +2,7 @@
 # On the GPU machine, in one go: build the extension (CMake + ninja, against the machine's CUDA torch), record the
 # GPU and the kernels' register/spill report, run the given Python checks; logs in $OUT (or ./out/gpu_check).
 #   scripts/gpu_check.sh [check.py [args...]] ...      checks separated by ';' as one argument each, e.g.
-#   FA2_HEADDIMS="64;128" FA2_CUDA_ARCHS=90 scripts/gpu_check.sh "scripts/cuda_fwd_check.py" "scripts/cuda_fwd_bench.py --quick"
+#   FA2_HEADDIMS="64;128" FA2_CUDA_ARCHS=90 scripts/gpu_check.sh "scripts/cuda_fwd_check.py" "scripts/dev/cuda_fwd_bench.py --quick"
 # env: FA2_CUDA (ON; OFF to try the script on a machine without CUDA), FA2_HEADDIMS, FA2_CUDA_ARCHS (default: the CMake defaults), FA2_DISABLE_BWD (ON/OFF), FA2_JOBS (16),
 #      PYTHON (python3). Default checks: scripts/cuda_fwd_check.py.
 set -uo pipefail

@@ -225,11 +225,11 @@ def test_bars_read_a_grid():
 
 
 def test_cta_trace_reads_every_tile_of_both_warpgroups():
-    """scripts/cta_trace.py's "fwd_tiles" layout (fwd_kernel.cuh with FA2_CTA_TRACE_TILES): per warpgroup the loop,
+    """scripts/dev/cta_trace.py's "fwd_tiles" layout (fwd_kernel.cuh with FA2_CTA_TRACE_TILES): per warpgroup the loop,
     epilogue, gap and period of each tile that has a next one, and the share of a CTA's time in which one or both
     warpgroups sat between a loop's end and the next tile's start. A made-up CTA: warpgroup 0's tiles start at 0 /
     1000 / 2000 (loop end +800, epilogue end +900), warpgroup 1's at 100 / 1150 (loop end +850, epilogue end +950)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "dev"))
     import cta_trace
 
     cta = [0] * cta_trace.SLOTS

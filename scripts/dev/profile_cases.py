@@ -1,0 +1,67 @@
+"""The fa2 calls scripts/dev/gpu_profile.sh puts under Nsight Compute: one named case per run, two warm-up calls and
+then the profiled one (gpu_profile.sh skips the warm-ups' kernels). 4 x 16 heads x 4096 tokens, bf16, non-causal.
+  fwd-d64 / fwd-d64-pad / fwd-d128 / fwd-d128-pad   forward, without / with a (B, 1, 1, S) padding bias (bf16)
+  bwd-d64 / bwd-d128                                the backward (default instances: sm_90a wgmma on an H100/H200)
+  bwd80-d64 / bwd80-d128                            the backward with its sm_90a instances off (set_sm90_backward)
+  bwd-d256                                          the d 256 backward (its warp-specialized headdim-split kernel)
+  cudnn-fwd-d128 / cudnn-bwd-d128 / cudnn-bwd-d256  the same calls through SDPA's cuDNN backend, for a side-by-side
+                                                    profile (gpu_profile.sh picks cuDNN's fprop / bprop kernel)
+Usage: PYTHONPATH=python python3 scripts/dev/profile_cases.py CASE   (or --list)
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import fa2
+
+CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd80-d64", "bwd80-d128",
+         "bwd-d256", "cudnn-fwd-d128", "cudnn-bwd-d128", "cudnn-bwd-d256")
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES + ("--list",):
+        sys.exit(f"usage: profile_cases.py CASE | --list   (CASE: {', '.join(CASES)})")
+    if sys.argv[1] == "--list":
+        print(" ".join(CASES))
+        return
+    case = sys.argv[1]
+    d = 64 if case.endswith("d64") or "d64-" in case else 256 if case.endswith("d256") else 128
+    b, s, h = 4, 4096, 16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    bias = None
+    if case.endswith("-pad"):
+        bias = torch.zeros(b, 1, 1, s, device="cuda", dtype=torch.bfloat16)
+        bias[..., s - 300:] = -float("inf")  # the last 300 keys padded
+    if case.startswith("cudnn"):  # SDPA's cuDNN backend on (B, H, S, D) views of the same leaves
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def attention(q, k, v):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+    else:
+        def attention(q, k, v):
+            return fa2.attention(q, k, v)
+    if "fwd" in case:
+        for _ in range(3):
+            if case.startswith("cudnn"):
+                attention(q, k, v)
+            else:
+                torch.ops.fa2.fwd(q, k, v, bias)
+    else:
+        fa2._C.set_sm90_backward(not case.startswith("bwd80"))
+        for t in (q, k, v):
+            t.requires_grad_()
+        out = attention(q, k, v)
+        dout = torch.randn_like(out)
+        for _ in range(3):
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    torch.cuda.synchronize()
+    print(f"profile_cases: {case} done")
+
+
+if __name__ == "__main__":
+    main()
