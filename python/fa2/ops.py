@@ -10,7 +10,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torc
               scale: float | None = None, causal: bool = False, window_left: int = -1, window_right: int = -1,
               softcap: float = 0.0) -> torch.Tensor:
     """Exact attention, flash-attn layout: q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k,
-    headdim); returns (batch, seqlen_q, nheads, headdim). ``causal`` is bottom-right aligned; see DESIGN.md."""
+    headdim); returns (batch, seqlen_q, nheads, headdim). ``causal`` is bottom-right aligned; see docs/design.md."""
     return torch.ops.fa2.attention(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)
 
 

@@ -1,4 +1,4 @@
-"""Reference attention in plain PyTorch math, with fa2's exact semantics (DESIGN.md).
+"""Reference attention in plain PyTorch math, with fa2's exact semantics (docs/design.md).
 
 Used by the tests (``upcast=True`` gives the fp32/fp64 reference; ``upcast=False`` the naive low-precision math
 that defines the error bound) and by nothing on the fast path.

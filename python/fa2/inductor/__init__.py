@@ -1,4 +1,4 @@
-"""fa2's compiler integration: an Inductor pass that rewrites attention into fa2 (see DESIGN.md, "Inductor pass").
+"""fa2's compiler integration: an Inductor pass that rewrites attention into fa2 (see docs/design.md, "Inductor pass").
 
 * ``torch.compile(model, backend="fa2")``: Inductor with this pass (fa2.backend).
 * :func:`install` / :func:`uninstall`: add / remove the pass for the default ``torch.compile`` backend.
