@@ -16,10 +16,11 @@ OUT=${OUT:-out/ab_library}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 archs=${FA2_CUDA_ARCHS:-90;90a}
-build() {  # source_dir build_dir log
+build() {  # source_dir build_dir log: configure + build, its wall time last in the log
+  local t0=$SECONDS
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA2_CUDA=ON -DFA2_CUDA_ARCHS="$archs" \
     -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >"$3" 2>&1 &&
-    cmake --build "$2" -j 8 >>"$3" 2>&1
+    cmake --build "$2" -j 8 >>"$3" 2>&1 && echo "built in $((SECONDS - t0)) s" >>"$3"
 }
 if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then
   grep -rl "TORCH_LIBRARY" "$base/cpp" | xargs sed -i -E 's/TORCH_LIBRARY(_IMPL)?\(fa2,/TORCH_LIBRARY\1(fa2ab,/'
@@ -30,7 +31,7 @@ if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then
   wait $pid_base || { echo "ab_library: base build failed"; tail -20 "$OUT/build_base.log"; ok=0; }
   wait $pid_head || { echo "ab_library: head build failed"; tail -20 "$OUT/build_head.log"; ok=0; }
   [ $ok = 1 ] || exit 1
-  echo "ab_library: both built in $((SECONDS - start)) s"
+  echo "ab_library: both built side by side in $((SECONDS - start)) s (8 jobs each): base $(tail -1 "$OUT/build_base.log"), head $(tail -1 "$OUT/build_head.log")"
   so=$(ls build/ab_head/_C*.so | head -1)
   cp "$so" python/fa2/ && cp build/ab_head/_build_info.json python/fa2/_build_info.json
 fi
