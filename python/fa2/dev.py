@@ -100,10 +100,14 @@ def explain_plan(q, k, v, attn_bias=None, scale=None, causal=False, window_left=
     for each direction the kernel, grid, block, shared memory, workspace and the reasons for each choice. device:
     None (q's GPU), or a name in DEVICES / a dict for a described one. (Inputs are taken as the glue passes them:
     contiguous and aligned.)"""
+    import torch
+
     call = _call_of(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, deterministic)
     lines = []
+    on_gpu = device is None and q.is_cuda
     for d in (("fwd", "bwd") if direction == "both" else (direction,)):
-        p = plan(d, device=device, **call)
+        with torch.cuda.device(q.device) if on_gpu else contextlib.nullcontext():
+            p = plan(d, device=device, **call)
         lines.append(f"{'forward' if d == 'fwd' else 'backward'}:")
         lines += [f"  {key}: {value}" for key, value in p.items() if key not in ("reasons", "device")]
         lines += [f"  why: {r}" for r in p.get("reasons", [])]
