@@ -89,7 +89,9 @@ fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::
   const int headdim = get("headdim", 64);
   p.headdim = (headdim + 7) / 8 * 8;
   p.headdim_rounded = fa2::plan_rounded_headdim(instances.data(), int(instances.size()), p.headdim);
-  if (p.nheads_k <= 0 || p.nheads % p.nheads_k != 0) throw py::value_error("fa2: nheads must be a multiple of nheads_k");
+  if (p.nheads_k <= 0 || p.nheads % p.nheads_k != 0) {
+    throw py::value_error("fa2: nheads must be a multiple of nheads_k");
+  }
   p.h_h_k_ratio = p.nheads / p.nheads_k;
   p.dtype = get("dtype", std::string("bfloat16")) == "float16" ? fa2::DType::kFloat16 : fa2::DType::kBFloat16;
   p.scale = get("scale", 1.0 / std::sqrt(double(headdim)));

@@ -179,7 +179,7 @@ def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
     ignored and every kernel takes one query block per CTA, so only those headdims' calls are compared). With the grid
     cut to 1 and 3 CTAs (fa2.dev option persistent_forward_ctas, on every call, causal too: at the default schedule
     causal and windowed calls run the tile-counter kernel, their CTAs claiming blocks from a counter,
-    fwd_workspace_ints; the other schedules' CTAs take every grid-th block), so that one CTA
+    the plan's workspace_ints; the other schedules' CTAs take every grid-th block), so that one CTA
     runs many query blocks back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded
     key tiles and blocks that see no key carried from one block to the next), and with the default grid, out and lse
     are bitwise those of one CTA per query block: on the schedule tests' calls (plain and key-row biases at every
@@ -217,7 +217,7 @@ def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
 
 def test_sm90_causal_forward_is_persistent_with_a_tile_counter():
     """A causal d 128 forward with more query blocks than SMs runs persistent on sm_90a (one CTA per SM at most, the
-    CTAs claiming blocks from a counter the glue zeroes: fwd_workspace_ints), and its out / lse are bitwise those of
+    CTAs claiming blocks from a counter the glue zeroes: the plan's workspace), and its out / lse are bitwise those of
     one CTA per query block (the same per-block arithmetic; test_sm90_persistent_forward_equals_one_cta_per_query_block
     covers more shapes and caps)."""
     if "fwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
@@ -357,7 +357,7 @@ def test_tile_order_tail_changes_no_result(d):
 
 
 def test_sm90_schedule_setting():
-    """set_sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
+    """fa2.dev option sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
     before = fa2.dev.options()["sm90_schedule"]
     try:
         for name in ("pipelined", "ws", "pingpong", "overlap", "pingpong-overlap", "auto"):

@@ -69,8 +69,8 @@ BWD_TABLE = [
     (H100, dict(seqlen_q=4096, headdim=128), "bwd_ws_kernel<bf16, 128, plain>", dict(dq_overlap="yes")),
     (H100, dict(seqlen_q=4096, headdim=256), "bwd_ws_dsplit_kernel<bf16, 256, plain>", dict(dq_overlap="no")),
     # deterministic: bwd_kernel's wgmma tiles, counters in a zeroed workspace (1 + batch * heads * query blocks)
-    (H100, dict(seqlen_q=4096, headdim=128, deterministic=True), "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain>",
-     dict(zero_workspace=True)),
+    (H100, dict(seqlen_q=4096, headdim=128, deterministic=True),
+     "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain>", dict(zero_workspace=True)),
     # softcap: the score-mod path on the sm80 tiles
     (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0), "bwd_kernel<bf16, 128, sm90a, sm80 tiles, score-mod>", {}),
     # padding mask without its gradient: the ws kernel's key-row variant; with it: the score-mod path

@@ -18,8 +18,8 @@
 namespace fa2 {
 namespace {
 
-// q's GPU compute capability as 10 * major + minor, checked to be >= 8.0 (the plan reads the device itself). Asked of the runtime directly (cheap
-// attribute queries; the full properties only for the error message).
+// q's GPU compute capability as 10 * major + minor, checked to be >= 8.0 (the plan asks for the device itself).
+// Asked of the runtime directly (cheap attribute queries; the full properties only for the error message).
 int checked_compute_capability(const at::Tensor& q) {
   const int device = q.get_device();
   int major = 0, minor = 0;

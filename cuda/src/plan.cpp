@@ -114,7 +114,8 @@ int arch_tag_of(const InstanceDesc& e) { return e.arch * 10 + (e.arch_specific ?
 const char* check_smem(const char* what, int headdim, int bytes, const DeviceDesc& device) {
   if (device.smem_optin < 0 || bytes <= device.smem_optin) return nullptr;  // (unknown: the launch reports it)
   return message(std::string("fa2: the CUDA ") + what + " at headdim " + std::to_string(headdim) + " needs " +
-                 std::to_string((bytes + 1023) / 1024) + " KB of shared memory per block; this GPU (compute capability " +
+                 std::to_string((bytes + 1023) / 1024) +
+                 " KB of shared memory per block; this GPU (compute capability " +
                  std::to_string(device.cc / 10) + "." + std::to_string(device.cc % 10) + ") allows " +
                  std::to_string(device.smem_optin / 1024) +
                  " KB (its tiles are sized for GPUs with at least 99 KB: sm80 and later)");
@@ -186,7 +187,7 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   } else if (tma && key_row_bias && (schedule != Sm90Schedule::kPipelined || !forced)) {
     if (built_default != Sm90Schedule::kPipelined) {
       c.ws = true, c.schedule = sm90_key_bias_schedule(headdim);
-      note(notes, [&] { return std::string("key-row bias: the headdim's key-bias schedule (sm90_key_bias_schedule)"); });
+      note(notes, [&] { return std::string("key-row bias: the headdim's key-bias schedule"); });
     } else if (fwd_wide_warp_specialized(headdim) &&
                (schedule == Sm90Schedule::kWarpSpecialized ||
                 (!forced && fwd_wide_key_bias_by_default(headdim, p.seqlen_k)))) {
@@ -446,7 +447,7 @@ BwdTiles choose_bwd_tiles(const BwdPlan& plan, const DeviceDesc& device, const D
   note(notes, [&] {
     return std::string("tiles: ") + (!small                   ? "sm80"
                                      : options.bwd_small_tiles ? "sm80 small (option bwd_small_tiles)"
-                                                               : "sm80 small (the regular ones exceed the GPU's limit)");
+                                                               : "sm80 small (the regular ones exceed the GPU)");
   });
   return small ? BwdTiles::kSmall : BwdTiles::kSm80;
 }

@@ -185,7 +185,8 @@ struct BwdRowKernels {
     if constexpr (kOverlapCapable) {
       if (ws && plan.dq_overlap) {
         convert.key_blocks_done = key_blocks_done;
-        convert.key_blocks_per_head = (p.seqlen_k + BwdWsConfig<kHeadDim>::kBlockN - 1) / BwdWsConfig<kHeadDim>::kBlockN;
+        constexpr int kKeys = BwdWsConfig<kHeadDim>::kBlockN;
+        convert.key_blocks_per_head = (p.seqlen_k + kKeys - 1) / kKeys;
         cudaLaunchAttribute attribute{};
         attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attribute.val.programmaticStreamSerializationAllowed = 1;
