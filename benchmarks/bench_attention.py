@@ -62,22 +62,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # fa2-sm80: fa2 with its sm_90a (wgmma) instances switched off, i.e. the sm80-path kernels of the same build (the
 # same as fa2 on builds without FA2_CUDA_ARCHS=...90a): the Hopper path's gain, measured in one run.
 # fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov / fa2-wsppov: fa2 with the sm_90a forward's schedule forced
-# (fa2._C.set_sm90_schedule; fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp
+# (fa2.dev option sm90_schedule; fa2 itself runs each headdim's default, tile_config.h): pipelined (no warp
 # specialization), warp-specialized, with ping-pong between its consumer warpgroups, with P V overlapping the next
 # softmax, with both. Forced warp-specialized schedules apply to the plain path (and fa2-ws at d <= 64 to a padding
 # mask too: the wide kernel); the rest runs as fa2 (or pipelined under fa2-pipe).
-# fa2-nopers: fa2 with the warp-specialized forward's persistent grid off (fa2._C.set_persistent_forward_ctas(0)):
+# fa2-nopers: fa2 with the warp-specialized forward's persistent grid off (fa2.dev option persistent_forward_ctas=0):
 # one CTA per query block.
-# fa2-nocluster: fa2 with the d 128 forward's clusters of two off (fa2._C.set_fwd_cluster(False)): its CTAs load their
+# fa2-nocluster: fa2 with the d 128 forward's clusters of two off (fa2.dev option fwd_cluster=False): its CTAs load their
 # K/V tiles each for itself (calls without a causal mask or window).
-# fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2._C.set_sm90_backward), i.e. the
+# fa2-bwd80: fa2 with the backward's sm_90a (wgmma) instances switched off (fa2.dev option sm90_backward), i.e. the
 # sm80-path backward of the same build (the forward stays on sm_90a).
-# fa2-bwdnows: fa2 with the sm_90a backward's warp-specialized kernel switched off (fa2._C.set_sm90_ws_backward): its
+# fa2-bwdnows: fa2 with the sm_90a backward's warp-specialized kernel switched off (fa2.dev option sm90_ws_backward): its
 # d 64 / 128 plain calls on bwd_kernel.cuh's wgmma instances.
-# fa2-kbias-off: fa2 with the backward's key-row bias variant switched off (fa2._C.set_key_bias_backward): padding
+# fa2-kbias-off: fa2 with the backward's key-row bias variant switched off (fa2.dev option key_bias_backward): padding
 # masks on the general bias path, as before it became the default (--masks padding --pass bwd,fwdbwd).
 # fa2-nosplit / fa2-split: fa2 with the warp-specialized backward's split of its last partial wave
-# (fa2._C.set_bwd_tail_split) off (one CTA per (key block, head) throughout) / on wherever its cost model gains (the
+# (fa2.dev option bwd_tail_split) off (one CTA per (key block, head) throughout) / on wherever its cost model gains (the
 # default splits only where it was measured to pay; --causal no --pass bwd,fwdbwd at d 64 / 128).
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-nosplit": {"bwd_tail_split": 0},
@@ -423,6 +423,11 @@ def short(e: BaseException, caught=()) -> str:
 def switched(impl: str, fa2_mod):
     """fa2's switches set as impl needs them (FA2_SWITCHES: fa2-nosplit, fa2-ws, ...), restored on the way out."""
     switches = FA2_SWITCHES.get(impl, {}) if fa2_mod is not None else {}
+    dev = getattr(fa2_mod, "dev", None) if switches else None
+    if dev is not None:  # (fa2.dev's options; builds before it had one fa2._C setter per switch)
+        with dev.options_override(**switches):
+            yield
+        return
     before = {name: getattr(fa2_mod._C, name)() for name in switches}
     for name, value in switches.items():
         getattr(fa2_mod._C, "set_" + name)(value)

@@ -26,10 +26,9 @@ FA2_MODES = {"fa2": (-1, True), "fa2-grouped": (1, True), "fa2-accum": (0, True)
 
 
 def set_fa2_mode(fa2, impl):
-    """fa2._C's GQA backward switches as FA2_MODES[impl] (grouping, accumulate) says."""
+    """fa2.dev's GQA backward options as FA2_MODES[impl] (grouping, accumulate) says."""
     grouping, accumulate = FA2_MODES[impl]
-    fa2._C.set_bwd_gqa_grouping(grouping)
-    fa2._C.set_bwd_gqa_accumulate(accumulate)
+    fa2.dev.set_options(bwd_gqa_grouping=grouping, bwd_gqa_accumulate=accumulate)
 SDPA = {"cudnn": "CUDNN_ATTENTION", "torch-fa2": "FLASH_ATTENTION"}
 
 

@@ -1,50 +1,207 @@
 // The pybind11 module fa2._C: importing it registers the ops (TORCH_LIBRARY in ops.cpp and the backends).
-// It holds no logic beyond reporting what this build contains.
+// Besides build information it reaches the development namespace (python/fa2/dev.py): the options struct
+// (fa2/dev_options.h), the tuning tables the plans use, and the plan of a call (fa2/plan.h).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "checks.h"
 #include "cpu/blas.h"  // bf16_gemm_supported, bf16_gemm_switch
 #include "fa2/bwd_tile_config.h"  // bwd_ws_headdim (plain constexpr C++)
+#include "fa2/dev_options.h"
+#include "fa2/plan.h"
+#include "fa2/tile_config.h"
 #include "fa2_build_info.h"
 #if FA2_WITH_CUDA
-#include "fa2/bwd_launch.h"
 #include "fa2/launch.h"
-#else
-#include "fa2/tile_config.h"  // Sm90Schedule (plain C++)
-namespace fa2 {  // a CPU-only build has no kernels to switch: the development switches read as off
-inline void set_arch_specific_kernels(bool) {}
-inline bool arch_specific_kernels() { return false; }
-inline const char* set_sm90_schedule(const char*) { return "fa2: this build has no CUDA kernels (no sm_90a schedule)"; }
-inline void set_sm90_backward(bool) {}
-inline bool sm90_backward() { return false; }
-inline void set_sm90_ws_backward(bool) {}
-inline bool sm90_ws_backward() { return false; }
-inline void set_key_bias_backward(bool) {}
-inline bool key_bias_backward() { return false; }
-inline void set_bwd_small_tiles(bool) {}
-inline bool bwd_small_tiles() { return false; }
-inline void set_bwd_gqa_grouping(int) {}
-inline int bwd_gqa_grouping() { return 0; }
-inline void set_bwd_gqa_accumulate(bool) {}
-inline bool bwd_gqa_accumulate() { return false; }
-inline void set_persistent_forward_ctas(int) {}
-inline int persistent_forward_ctas() { return 0; }
-inline void set_tile_order_tail(bool) {}
-inline bool tile_order_tail_enabled() { return false; }
-inline void set_fwd_cluster(bool) {}
-inline bool fwd_cluster_enabled() { return false; }
-inline void set_bwd_tail_split(int) {}
-inline int bwd_tail_split() { return 0; }
-inline const char* sm90_schedule(Sm90Schedule* schedule) {
-  *schedule = Sm90Schedule::kAuto;
-  return nullptr;
-}
-}  // namespace fa2
+#if FA2_CUDA_BWD
+#include "fa2/bwd_launch.h"
+#endif
 #endif
 
 namespace py = pybind11;
+
+namespace {
+
+constexpr int kHeaddims[] = {32, 64, 96, 128, 192, 256};
+
+py::dict options_dict(const fa2::DevOptions& o) {
+  py::dict d;
+  for (int i = 0; i < fa2::kNumDevOptions; ++i) {
+    const char* key = fa2::kDevOptionNames[i];
+    const std::string v = fa2::dev_option_value(o, key);
+    const std::string k = key;
+    if (k == "sm90_schedule") {
+      d[key] = v;
+    } else if (k == "persistent_forward_ctas" || k == "bwd_gqa_grouping" || k == "bwd_tail_split") {
+      d[key] = std::stoi(v);
+    } else {
+      d[key] = v == "1";
+    }
+  }
+  return d;
+}
+
+// A Python value as FA2_DEV_OPTIONS spells it.
+std::string option_text(const py::handle& value) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>() ? "1" : "0";
+  return py::str(value).cast<std::string>();
+}
+
+// The instances a plan for a described device picks from: this build's, or (a build without CUDA kernels) those of
+// the default build (FA2_CUDA_ARCHS 80;90;90a, every headdim, fp16 and bf16).
+std::vector<fa2::InstanceDesc> plan_instances(bool forward) {
+  std::vector<fa2::InstanceDesc> all;
+#if FA2_WITH_CUDA
+  int n = 0;
+  const fa2::InstanceDesc* built = nullptr;
+  if (forward) built = fa2::fwd_instances(&n);
+#if FA2_CUDA_BWD
+  if (!forward) built = fa2::bwd_instances(&n);
+#endif
+  if (built != nullptr) return std::vector<fa2::InstanceDesc>(built, built + n);
+  if (!forward) return all;  // (built without the backward)
+#endif
+  (void)forward;
+  for (fa2::DType t : {fa2::DType::kFloat16, fa2::DType::kBFloat16}) {
+    for (int d : kHeaddims) {
+      all.push_back({t, d, 80, false});
+      all.push_back({t, d, 90, false});
+      all.push_back({t, d, 90, true});
+    }
+  }
+  return all;
+}
+
+// A described call (plan's arguments) as the glue would fill the params: contiguous (batch, seqlen, heads, headdim)
+// tensors, aligned; a bias "key_row" (a padding mask: (batch, 1, 1, seqlen_k) broadcast) or "full" (batch, nheads,
+// seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool").
+fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::InstanceDesc>& instances) {
+  auto get = [&](const char* k, auto fallback) {
+    return c.contains(k) && !c[k].is_none() ? c[k].cast<decltype(fallback)>() : fallback;
+  };
+  fa2::AttentionParams p;
+  p.batch = get("batch", 1), p.nheads = get("nheads", 1), p.nheads_k = get("nheads_k", p.nheads);
+  p.seqlen_q = get("seqlen_q", 1), p.seqlen_k = get("seqlen_k", p.seqlen_q);
+  const int headdim = get("headdim", 64);
+  p.headdim = (headdim + 7) / 8 * 8;
+  p.headdim_rounded = fa2::plan_rounded_headdim(instances.data(), int(instances.size()), p.headdim);
+  if (p.nheads_k <= 0 || p.nheads % p.nheads_k != 0) {
+    throw py::value_error("fa2: nheads must be a multiple of nheads_k");
+  }
+  p.h_h_k_ratio = p.nheads / p.nheads_k;
+  p.dtype = get("dtype", std::string("bfloat16")) == "float16" ? fa2::DType::kFloat16 : fa2::DType::kBFloat16;
+  p.scale = get("scale", 1.0 / std::sqrt(double(headdim)));
+  p.scale_log2 = float(p.scale * 1.4426950408889634);
+  p.softcap = get("softcap", 0.0);
+  const bool causal = get("causal", false);
+  p.is_causal = causal;
+  p.window_left = get("window_left", -1);
+  p.window_right = causal ? 0 : get("window_right", -1);
+  p.deterministic = get("deterministic", false);
+  const int64_t d = p.headdim;
+  p.q_row_stride = p.nheads * d, p.q_head_stride = d, p.q_batch_stride = p.seqlen_q * p.q_row_stride;
+  p.k_row_stride = p.nheads_k * d, p.k_head_stride = d, p.k_batch_stride = p.seqlen_k * p.k_row_stride;
+  p.v_row_stride = p.k_row_stride, p.v_head_stride = d, p.v_batch_stride = p.k_batch_stride;
+  p.dout_row_stride = p.q_row_stride, p.dout_head_stride = d, p.dout_batch_stride = p.q_batch_stride;
+  p.dk_row_stride = p.k_row_stride, p.dk_head_stride = d, p.dk_batch_stride = p.k_batch_stride;
+  p.dv_row_stride = p.k_row_stride, p.dv_head_stride = d, p.dv_batch_stride = p.k_batch_stride;
+  p.gqa_dkv = fa2::GqaDkv::kInKernel;
+  const std::string bias = get("bias", std::string("none"));
+  if (bias != "none") {
+    const std::string bt = get("bias_dtype", std::string("same"));
+    p.bias_type = bt == "bool" ? fa2::BiasType::kBool
+                  : bt == "float32" ? fa2::BiasType::kFloat32 : fa2::BiasType::kSameAsInput;
+    p.bias_col_stride = 1;
+    if (bias == "key_row") {
+      p.bias_batch_stride = p.seqlen_k;
+    } else if (bias == "full") {
+      p.bias_row_stride = p.seqlen_k, p.bias_head_stride = int64_t(p.seqlen_q) * p.seqlen_k;
+      p.bias_batch_stride = p.nheads * p.bias_head_stride;
+    } else {
+      throw py::value_error("fa2: bias is 'none', 'key_row' or 'full'");
+    }
+    static float some_buffer[4];  // (an address for dbias: a gradient asked for)
+    if (get("bias_requires_grad", false)) p.dbias = some_buffer;
+  }
+  return p;
+}
+
+fa2::DeviceDesc described_device(const py::object& device) {
+  fa2::DeviceDesc d;
+  if (device.is_none()) {
+#if FA2_WITH_CUDA
+    return fa2::current_device();
+#else
+    throw py::value_error("fa2: this build has no CUDA: describe the device (e.g. fa2.dev.DEVICES['h100'])");
+#endif
+  }
+  const py::dict desc = device.cast<py::dict>();
+  d.cc = desc["cc"].cast<int>();
+  d.sm_count = desc.contains("sm_count") ? desc["sm_count"].cast<int>() : -1;
+  d.smem_optin = desc.contains("smem_optin") ? desc["smem_optin"].cast<int>() : -1;
+  return d;
+}
+
+template <class Plan>
+py::dict plan_dict(const Plan& plan, fa2::DType dtype, const fa2::PlanNotes& notes) {
+  py::dict d;
+  for (const auto& [key, value] : fa2::describe(plan, dtype)) d[py::str(key)] = value;
+  d["reasons"] = notes;
+  return d;
+}
+
+py::dict plan_of(const std::string& direction, const py::dict& call, const py::object& device) {
+  fa2::DevOptions options;
+  if (const char* e = fa2::dev_options(&options)) throw py::value_error(e);
+  const bool forward = direction == "fwd";
+  if (!forward && direction != "bwd") throw py::value_error("fa2: direction is 'fwd' or 'bwd'");
+  const std::vector<fa2::InstanceDesc> instances = plan_instances(forward);
+  if (instances.empty()) throw py::value_error("fa2: this build has no CUDA backward");
+  const fa2::AttentionParams p = described_params(call, instances);
+  if (p.headdim_rounded < 0) throw py::value_error("fa2: no instantiated headdim serves this one");
+  const fa2::DeviceDesc dev = described_device(device);
+  fa2::PlanNotes notes;
+  py::dict d;
+  if (forward) {
+    d = plan_dict(fa2::plan_fwd(p, dev, options, instances.data(), int(instances.size()), fa2::PlanBuffers::kDecide,
+                                &notes), p.dtype, notes);
+  } else {
+    const fa2::BwdPlan plan = fa2::plan_bwd(p, dev, options, instances.data(), int(instances.size()),
+                                            fa2::PlanBuffers::kDecide, &notes);
+    d = plan_dict(plan, p.dtype, notes);
+    d["tail_split_plan"] = py::make_tuple(plan.tail_split.tiles, plan.tail_split.pieces, plan.tail_split.grid_tiles);
+  }
+  d["device"] = py::dict(py::arg("cc") = dev.cc, py::arg("sm_count") = dev.sm_count,
+                         py::arg("smem_optin") = dev.smem_optin);
+  return d;
+}
+
+// What the plans read from the tile configs (tile_config.h, bwd_tile_config.h): for tests and python -m fa2.
+py::dict tuning_tables() {
+  py::dict schedules, key_bias, t;
+  py::list ws_dims, overlap_dims;
+  for (int d : kHeaddims) {
+    schedules[py::int_(d)] = py::make_tuple(fa2::sm90_schedule_name(fa2::sm90_default_schedule(d, true)),
+                                            fa2::sm90_schedule_name(fa2::sm90_default_schedule(d, false)));
+    key_bias[py::int_(d)] = fa2::sm90_schedule_name(fa2::sm90_key_bias_schedule(d));
+    if (fa2::bwd_ws_headdim(d)) ws_dims.append(d);
+    if (fa2::bwd_ws_overlaps_dq_conversion_at(d)) overlap_dims.append(d);
+  }
+  t["sm90_default_schedule"] = schedules;  // headdim -> (causal / windowed, neither)
+  t["sm90_key_bias_schedule"] = key_bias;
+  t["sm90_ws_backward_headdims"] = ws_dims;
+  t["sm90_ws_backward_dq_overlap_headdims"] = overlap_dims;
+  py::list schedule_names;
+  for (const char* n : fa2::kSm90ScheduleNames) schedule_names.append(n);
+  t["sm90_schedules"] = schedule_names;
+  return t;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fa2 native extension: registers torch.ops.fa2.* and reports build information";
@@ -68,93 +225,29 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_cpu_bf16_gemm", [](bool enabled) { fa2::cpu::bf16_gemm_switch().store(enabled); });
   m.def("cpu_bf16_gemm", &fa2::cpu::bf16_gemm_available);
   m.def("cpu_bf16_gemm_supported", &fa2::cpu::bf16_gemm_supported);
-  // Development switches (benchmarks/bench_attention.py's "fa2-sm80", "fa2-pipe", "fa2-ws", ..., tests/test_hopper.py):
-  // whether sm_90a instances may run; which schedule the sm_90a forward runs (fa2/launch.h). With getters, so that
-  // a benchmark or test can restore them.
-  m.def("set_arch_specific_kernels", &fa2::set_arch_specific_kernels);
-  m.def("arch_specific_kernels", &fa2::arch_specific_kernels);
-  m.def("set_sm90_backward", &fa2::set_sm90_backward);  // the backward's sm_90a (wgmma) instances ("fa2-bwd80": off)
-  m.def("sm90_backward", &fa2::sm90_backward);
-  // its warp-specialized main kernel where it applies (bwd_launch.h; bench_attention.py's "fa2-bwdnows": off)
-  m.def("set_sm90_ws_backward", &fa2::set_sm90_ws_backward);
-  m.def("sm90_ws_backward", &fa2::sm90_ws_backward);
-  m.def("sm90_ws_backward_headdims", []() {  // the instantiated headdims the warp-specialized backward serves
-    py::list dims;
-    for (int d : {32, 64, 96, 128, 192, 256}) {
-      if (fa2::bwd_ws_headdim(d)) dims.append(d);
+  // The development options (fa2/dev_options.h; python/fa2/dev.py): the process's (defaults: the built-in ones).
+  m.def("dev_options", [](bool defaults) {
+    fa2::DevOptions o;
+    if (!defaults) {
+      if (const char* e = fa2::dev_options(&o)) throw py::value_error(e);
     }
-    return dims;
-  });
-  // those of them whose dQ conversion is launched to overlap the main kernel's last CTAs (kOverlapDqConversion)
-  m.def("sm90_ws_backward_dq_overlap_headdims", []() {
-    py::list dims;
-    for (int d : {32, 64, 96, 128, 192, 256}) {
-      if (fa2::bwd_ws_overlaps_dq_conversion_at(d)) dims.append(d);
+    return options_dict(o);
+  }, py::arg("defaults") = false);
+  // Replaces the process's options with `base` updated by `changes` (all or nothing).
+  m.def("set_dev_options", [](const py::dict& base, const py::dict& changes) {
+    fa2::DevOptions o;
+    for (const py::dict* d : {&base, &changes}) {
+      for (auto item : *d) {
+        const std::string key = py::str(item.first);
+        if (const char* e = fa2::set_dev_option(&o, key.c_str(), option_text(item.second).c_str())) {
+          throw py::value_error(e);
+        }
+      }
     }
-    return dims;
-  });
-  // the backward's key-row bias variant (padding masks on the plain path's schedule; "fa2-kbias-off": off)
-  m.def("set_key_bias_backward", &fa2::set_key_bias_backward);
-  m.def("key_bias_backward", &fa2::key_bias_backward);
-  // the sm80-path backward's small-shared-memory tiles (sm86 / sm89 take them by themselves): forced, for testing
-  m.def("set_bwd_small_tiles", &fa2::set_bwd_small_tiles);
-  m.def("bwd_small_tiles", &fa2::bwd_small_tiles);
-  // GQA backward: each CTA sums a whole group into dK, dV (sm_90a ws kernels, d 64 / 128 / 256): -1 where the grid
-  // keeps enough waves (default), 0 never (one CTA per query head), 1 wherever that kernel runs (tests)
-  m.def("set_bwd_gqa_grouping", &fa2::set_bwd_gqa_grouping, py::arg("mode"));
-  m.def("bwd_gqa_grouping", &fa2::bwd_gqa_grouping);
-  // ... and where one CTA per query head runs that kernel: fp32 accumulators per kv head that its CTAs add into (on,
-  // the default) or fp32 partials per query head that torch sums (off; the only way on the other kernels)
-  m.def("set_bwd_gqa_accumulate", &fa2::set_bwd_gqa_accumulate, py::arg("enabled"));
-  m.def("bwd_gqa_accumulate", &fa2::bwd_gqa_accumulate);
-  // the warp-specialized sm_90a forward's persistent grid: -1 one CTA per SM (default), 0 off ("fa2-nopers"),
-  // n > 0 at most n CTAs (tests)
-  m.def("set_persistent_forward_ctas", &fa2::set_persistent_forward_ctas, py::arg("ctas"));
-  m.def("persistent_forward_ctas", &fa2::persistent_forward_ctas);
-  // causal launches' longest-first tail (fa2/tile_order.h): on by default, off = head by head (tests, A/B timing)
-  m.def("set_tile_order_tail", &fa2::set_tile_order_tail, py::arg("enabled"));
-  m.def("tile_order_tail", &fa2::tile_order_tail_enabled);
-  // the persistent d 128 forward in clusters of two sharing K/V loads (TMA multicast) where a call allows them: on by
-  // default, off = one CTA at a time (tests, A/B timing)
-  m.def("set_fwd_cluster", &fa2::set_fwd_cluster, py::arg("enabled"));
-  m.def("fwd_cluster", &fa2::fwd_cluster_enabled);
-  // the warp-specialized backward's last partial wave split into CTAs over parts of a tile's query blocks
-  // (bwd_launch.h): -1 where its tiles have the query blocks it was measured to pay at (default), 0 never (one CTA
-  // per tile), 1 wherever the cost model gains (tests, A/B timing)
-  m.def("set_bwd_tail_split", &fa2::set_bwd_tail_split, py::arg("mode"));
-  m.def("bwd_tail_split", &fa2::bwd_tail_split);
-  // what it does on this GPU for a plain (no bias, no softcap, not deterministic) backward call: (tiles split,
-  // pieces each, the grid's tiles); (0, 1, 0) where it does not split (or this build has no CUDA kernels)
-  m.def("bwd_tail_split_plan", [](int batch, int nheads, int nheads_k, int seqlen_q, int seqlen_k, int headdim,
-                                  bool causal) {
-#if FA2_WITH_CUDA
-    fa2::AttentionParams p;
-    p.batch = batch, p.nheads = nheads, p.nheads_k = nheads_k;
-    p.h_h_k_ratio = nheads_k > 0 && nheads % nheads_k == 0 ? nheads / nheads_k : 0;
-    p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
-    p.headdim = headdim, p.headdim_rounded = fa2::bwd_headdim_rounded(headdim);
-    p.window_right = causal ? 0 : -1;
-    const fa2::BwdTailSplitPlan plan = fa2::bwd_tail_split_plan(p);
-    return py::make_tuple(plan.tiles, plan.pieces, plan.grid_tiles);
-#else
-    (void)batch, (void)nheads, (void)nheads_k, (void)seqlen_q, (void)seqlen_k, (void)headdim, (void)causal;
-    return py::make_tuple(0, 1, 0);
-#endif
-  }, py::arg("batch"), py::arg("nheads"), py::arg("nheads_k"), py::arg("seqlen_q"), py::arg("seqlen_k"),
-        py::arg("headdim"), py::arg("causal") = false);
-  m.def("set_sm90_schedule", [](const std::string& name) {
-    if (const char* error = fa2::set_sm90_schedule(name.c_str())) throw py::value_error(error);
-  }, py::arg("name"), "auto, pipelined, ws, pingpong, overlap or pingpong-overlap (FA2_SM90_SCHEDULE)");
-  m.def("sm90_schedule", []() {
-    fa2::Sm90Schedule schedule;
-    if (const char* error = fa2::sm90_schedule(&schedule)) throw py::value_error(error);
-    return std::string(fa2::sm90_schedule_name(schedule));
-  });
-  // what "auto" runs at an instantiated headdim on the plain path; windowed: a causal mask or a window
-  m.def("sm90_default_schedule", [](int headdim, bool windowed) {
-    return std::string(fa2::sm90_schedule_name(fa2::sm90_default_schedule(headdim, windowed)));
-  }, py::arg("headdim"), py::arg("windowed"));
-  m.def("sm90_key_bias_schedule", [](int headdim) {  // what a key-row bias (padding mask) runs under "auto"
-    return std::string(fa2::sm90_schedule_name(fa2::sm90_key_bias_schedule(headdim)));
-  }, py::arg("headdim"));
+    fa2::set_dev_options(o);
+  }, py::arg("base"), py::arg("changes"));
+  m.def("tuning_tables", &tuning_tables);
+  // The plan of a described call ("fwd" or "bwd"; python/fa2/dev.py builds the dict) on a described device (cc,
+  // sm_count, smem_optin), or on the current one where device is None (CUDA builds).
+  m.def("plan", &plan_of, py::arg("direction"), py::arg("call"), py::arg("device") = py::none());
 }

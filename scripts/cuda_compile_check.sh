@@ -53,7 +53,7 @@ for probe in sm90_wgmma_probe sm90_tma_probe; do
 done
 # the kernel variant harness (scripts/dev/fwd_variants.sh) at its default headdim, with the backward, built and linked
 # as fwd_variants.sh builds it (with dispatch.cpp: a symbol the harness needs and that file lacks broke its device run)
-echo "$NVCC ${flags[*]} -DFA2_BWD=1 --generate-code=arch=compute_90a,code=[sm_90a] scripts/dev/fwd_variant_bench.cu cuda/src/dispatch.cpp -o $work/fwd_variant_bench" >>"$jobs_file"
+echo "$NVCC ${flags[*]} -DFA2_BWD=1 --generate-code=arch=compute_90a,code=[sm_90a] scripts/dev/fwd_variant_bench.cu cuda/src/dispatch.cpp cuda/src/plan.cpp cuda/src/dev_options.cpp -o $work/fwd_variant_bench" >>"$jobs_file"
 # the sm_90a forward with cp.async loads instead of the TMA (the FA2_SM90_TMA=OFF debugging build) at d 256, whose
 # 80-key tile exists only with the TMA (tile_config.h)
 echo "$NVCC ${flags[*]} -DFA2_HD=256 -DFA2_SM90_TMA=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_cp_async.o" >>"$jobs_file"

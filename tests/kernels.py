@@ -10,7 +10,12 @@ import fa2
 
 @contextlib.contextmanager
 def switch(name, value):
-    """fa2._C.set_<name>(value) inside the block, the previous value restored after it."""
+    """The development option `name` (fa2.dev) set to value inside the block, restored after it; the CPU's
+    cpu_bf16_gemm through fa2._C.set_cpu_bf16_gemm."""
+    if name in fa2.dev.options():
+        with fa2.dev.options_override(**{name: value}):
+            yield
+        return
     before = getattr(fa2._C, name)()
     getattr(fa2._C, "set_" + name)(value)
     try:

@@ -264,32 +264,30 @@ def test_env_report_names_the_hopper_paths(monkeypatch, capsys):
     info = dict(fa2.build_info(), with_cuda=True, torch_cuda="13.0", cuda_archs="90,90a",
                 kernels="fwd_bf16_hdim64_sm90,fwd_bf16_hdim64_sm90a,bwd_bf16_hdim64_sm90a,bwd_bf16_hdim128_sm90a")
     monkeypatch.setattr(fa2, "build_info", lambda: info)
-    for name, value in [("arch_specific_kernels", True), ("sm90_backward", False), ("sm90_schedule", "auto"),
-                        ("key_bias_backward", False), ("bwd_gqa_accumulate", False), ("bwd_tail_split", -1),
-                        ("fwd_cluster", False)]:
-        monkeypatch.setattr(fa2._C, name, lambda value=value: value)
+    options = dict(fa2.dev.default_options(), sm90_backward=False, key_bias_backward=False,
+                   bwd_gqa_accumulate=False, fwd_cluster=False)
+    monkeypatch.setattr(fa2.dev, "options", lambda: dict(options))
     assert report.main() == 0
     out = capsys.readouterr().out
     assert "cuda:0 forward sm_90a kernels (wgmma, TMA; schedule auto), backward sm80-instruction kernels" in out, out
     assert ("d64 pipelined, d128 pingpong-overlap (overlap without a causal mask or window), d192 overlap, "
             "d256 pingpong-overlap)") in out, out
-    assert "general bias path (switched off: FA2_DISABLE_KEY_BIAS_BWD)" in out, out
-    assert "one CTA at a time (switched off: FA2_NO_FWD_CLUSTER)" in out, out
-    assert "GQA backward groups" in out and "(FA2_BWD_GQA_GROUPING=0 / 1)" in out, out
-    assert "fp32 partials per query head (FA2_BWD_GQA_NO_ACCUMULATE)" in out, out
+    assert "general bias path (switched off: option key_bias_backward)" in out, out
+    assert "one CTA at a time (switched off: option fwd_cluster)" in out, out
+    assert "GQA backward groups" in out and "(option bwd_gqa_grouping=0 / 1)" in out, out
+    assert "fp32 partials per query head (option bwd_gqa_accumulate=0)" in out, out
     assert "ws backward last-wave split : where its tiles have the query blocks it was measured to pay at" in out, out
-    assert "(FA2_BWD_TAIL_SPLIT=0 / 1)" in out, out
-    for name, value in [("sm90_backward", True), ("key_bias_backward", True), ("sm90_ws_backward", True),
-                        ("bwd_gqa_accumulate", True), ("fwd_cluster", True)]:
-        monkeypatch.setattr(fa2._C, name, lambda value=value: value)
+    assert "(option bwd_tail_split=0 / 1)" in out, out
+    options.update(sm90_backward=True, key_bias_backward=True, sm90_ws_backward=True, bwd_gqa_accumulate=True,
+                   fwd_cluster=True)
     assert report.main() == 0
     out = capsys.readouterr().out
-    assert fa2._C.sm90_ws_backward_headdims() == [64, 128, 256]  # (bwd_tile_config.h, bwd_ws_headdim)
+    assert fa2.dev.tuning_tables()["sm90_ws_backward_headdims"] == [64, 128, 256]  # (bwd_tile_config.h)
     assert "backward sm_90a wgmma (warp-specialized at d64, d128) (fp16/bf16)" in out, out
-    assert "key-row variant (FA2_DISABLE_KEY_BIAS_BWD=1: general bias path)" in out, out
-    assert "pairs of CTAs sharing K/V loads without a causal mask or window (FA2_NO_FWD_CLUSTER=1" in out, out
+    assert "key-row variant (option key_bias_backward=0: general bias path)" in out, out
+    assert "pairs of CTAs sharing K/V loads without a causal mask or window (option fwd_cluster=0" in out, out
     assert "fp32 accumulators per kv head where the ws backward runs" in out, out
-    monkeypatch.setattr(fa2._C, "sm90_ws_backward", lambda: False)  # (FA2_DISABLE_SM90_WS_BACKWARD=1)
+    options.update(sm90_ws_backward=False)
     assert report.main() == 0
     out = capsys.readouterr().out
     assert "backward sm_90a wgmma (fp16/bf16)" in out and "warp-specialized at" not in out, out

@@ -166,6 +166,13 @@ def test_switched_sets_fa2s_switches_for_one_implementation_and_restores_them():
     assert state["bwd_tail_split"] == -1
     with bench.switched("cudnn", fake):  # no switches
         assert state["bwd_tail_split"] == -1
+    import fa2  # (a build with fa2.dev: its options)
+
+    before = fa2.dev.options()
+    with bench.switched("fa2-nosplit", fa2), pytest.raises(RuntimeError):
+        assert fa2.dev.options()["bwd_tail_split"] == 0
+        raise RuntimeError
+    assert fa2.dev.options() == before
 
 
 def test_a_failing_implementation_does_not_take_its_peers_rows_with_it(monkeypatch):

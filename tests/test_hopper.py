@@ -1,5 +1,5 @@
 """The sm_90a kernels (FA2_CUDA_ARCHS with 90a: the wgmma forward) against the sm80-path kernels of the same build,
-on the same inputs: both within the numerics rule, and really two different kernels (fa2._C.set_arch_specific_kernels
+on the same inputs: both within the numerics rule, and really two different kernels (fa2.dev option arch_specific_kernels
 switches between them). Runs on a compute capability 9.0 GPU with a build that has sm_90a instances."""
 from __future__ import annotations
 
@@ -127,12 +127,12 @@ def _schedule_calls(dtype):
 @pytest.mark.parametrize("schedule", ["ws", "pingpong", "overlap", "pingpong-overlap", "auto"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
-    """The sm_90a forward's schedules (fa2._C.set_sm90_schedule; tile_config.h) run the same products and softmax as
+    """The sm_90a forward's schedules (fa2.dev option sm90_schedule; tile_config.h) run the same products and softmax as
     the pipelined kernel, only scheduled differently: bitwise the same out and lse on every call, plain or with a
     bias (forced warp-specialized schedules serve the plain path; a key-row bias with aligned rows runs each
     headdim's key-bias schedule (its default without ping-pong), its bias staged in shared memory, except that a forced "ws" at d <= 64 runs the wide
     warp-specialized kernel), including query blocks that see no key. And they really are other kernels: a forced
-    schedule at every instantiated headdim of the plain path, fa2._C.sm90_key_bias_schedule
+    schedule at every instantiated headdim of the plain path, fa2.dev.sm90_key_bias_schedule
     for aligned key-row biases (wide "ws" at d <= 64 when forced), and the pipelined kernel for a misaligned one."""
     calls = _schedule_calls(dtype)
     assert len(calls) > 30
@@ -154,7 +154,7 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
     assert {d for d, _ in names} >= {32, 64, 96, 128, 192, 256}, sorted(names)
     assert {(128, False), (128, True)} <= set(names), sorted(names)  # (d 128's two defaults)
     for (d, windowed), kernels in names.items():
-        want = KERNEL_SUFFIX[fa2._C.sm90_default_schedule(d, windowed) if schedule == "auto" else schedule]
+        want = KERNEL_SUFFIX[fa2.dev.sm90_default_schedule(d, windowed) if schedule == "auto" else schedule]
         assert any("fwd_kernel<" in n and want in n for n in kernels), (schedule, d, windowed, kernels)
     # key-row biases: each headdim's key-bias schedule, except that a forced "ws" at d <= 64 (default pipelined) runs
     # the wide warp-specialized kernel; misaligned rows the pipelined kernel
@@ -164,7 +164,7 @@ def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
         elif schedule == "ws" and d <= 64:
             want = "ws"
         else:
-            want = fa2._C.sm90_key_bias_schedule(d)
+            want = fa2.dev.sm90_key_bias_schedule(d)
         assert any("fwd_kernel<" in n and KERNEL_SUFFIX[want] in n for n in kernels), (schedule, d, misaligned, kernels)
     for (_, what, _), (out_s, lse_s), (out, lse) in zip(calls, scheduled, pipelined):
         assert torch.equal(out_s, out), f"out differs by {(out_s.float() - out.float()).abs().max().item()}: {what}"
@@ -177,9 +177,9 @@ def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
     grid-th query block, its producer loading the next block's K/V and Q while the consumers finish the current one).
     It is persistent at the headdims tile_config.h's fwd_persistent_headdim names (d 97-128; elsewhere the cap is
     ignored and every kernel takes one query block per CTA, so only those headdims' calls are compared). With the grid
-    cut to 1 and 3 CTAs (fa2._C.set_persistent_forward_ctas, on every call, causal too: at the default schedule
+    cut to 1 and 3 CTAs (fa2.dev option persistent_forward_ctas, on every call, causal too: at the default schedule
     causal and windowed calls run the tile-counter kernel, their CTAs claiming blocks from a counter,
-    fwd_workspace_ints; the other schedules' CTAs take every grid-th block), so that one CTA
+    the plan's workspace_ints; the other schedules' CTAs take every grid-th block), so that one CTA
     runs many query blocks back to back (the K/V ring's and Q's barrier phases, the ping-pong turns, skipped all-padded
     key tiles and blocks that see no key carried from one block to the next), and with the default grid, out and lse
     are bitwise those of one CTA per query block: on the schedule tests' calls (plain and key-row biases at every
@@ -217,7 +217,7 @@ def test_sm90_persistent_forward_equals_one_cta_per_query_block(schedule):
 
 def test_sm90_causal_forward_is_persistent_with_a_tile_counter():
     """A causal d 128 forward with more query blocks than SMs runs persistent on sm_90a (one CTA per SM at most, the
-    CTAs claiming blocks from a counter the glue zeroes: fwd_workspace_ints), and its out / lse are bitwise those of
+    CTAs claiming blocks from a counter the glue zeroes: the plan's workspace), and its out / lse are bitwise those of
     one CTA per query block (the same per-block arithmetic; test_sm90_persistent_forward_equals_one_cta_per_query_block
     covers more shapes and caps)."""
     if "fwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
@@ -271,11 +271,11 @@ def test_sm90_forward_in_clusters_of_two_equals_single_ctas():
     persistent (more tiles than SMs: at most one CTA per SM, an even count; a cap of 3 CTAs runs 2) or one tile per CTA
     (fewer tiles than SMs, or the persistent grid off: the grid is the tile count); elsewhere (odd blocks, a cap of 1
     CTA, causal) the cluster-free one. Either way out and lse are bitwise those with clusters off
-    (fa2._C.set_fwd_cluster(False)): the same arithmetic per block. Shapes: seqlen not a multiple of the block, GQA (a
+    (fa2.dev option fwd_cluster(False)): the same arithmetic per block. Shapes: seqlen not a multiple of the block, GQA (a
     pair's K/V head shared), many tiles per pair (the ring's phases carried over), bf16 and fp16."""
     if "fwd_bf16_hdim128_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip("this build has no sm_90a forward for headdim 128")
-    assert fa2._C.fwd_cluster(), "on by default (is FA2_NO_FWD_CLUSTER set?)"
+    assert fa2.dev.options()["fwd_cluster"], "on by default (is FA2_NO_FWD_CLUSTER set?)"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(31)
     # (shape (b, sq, sk, h, hk, d), causal, dtype, persistent CTAs cap (-1: one per SM, 0: off), whether clusters
@@ -321,7 +321,7 @@ def test_tile_order_tail_changes_no_result(d):
     """Launches whose blocks have causal lengths start the blocks of their last (batch, head) pairs longest first
     across those heads (fa2/tile_order.h: rank-major, where the rest of the launch goes head by head), so that the
     longest blocks do not start last. The order changes which CTA runs which tile, never a tile's arithmetic: out,
-    lse, dK and dV are bitwise those of the head-major order throughout (fa2._C.set_tile_order_tail(False)); dQ, fp32
+    lse, dK and dV are bitwise those of the head-major order throughout (fa2.dev option tile_order_tail(False)); dQ, fp32
     sums added by the key blocks' CTAs in another order, within a rounding of its bf16 / fp16 result, and so dK, dV
     with GQA where the group is not summed in one CTA (fp32 accumulators per kv head that each query head's CTAs add
     into: GqaDkv::kAccumulate, params.h; the order of those additions is not fixed even in one tile order). Shapes with a
@@ -329,7 +329,7 @@ def test_tile_order_tail_changes_no_result(d):
     fewer blocks than SMs), bottom-right causal with seqlen_q != seqlen_k, a window bounded on the right only, GQA;
     the sm_90a forward kernels (d 128: the tile-counter one) and the warp-specialized backward (the tail at d 128 /
     256; the d 64 one keeps blockIdx's order, where the switch must change nothing either)."""
-    assert fa2._C.tile_order_tail(), "on by default (FA2_NO_TILE_ORDER_TAIL unset)"
+    assert fa2.dev.options()["tile_order_tail"], "on by default (FA2_NO_TILE_ORDER_TAIL unset)"
     gen = torch.Generator(device="cuda").manual_seed(21)
     cases = [((4, 1000, 1000, 16, 16), dict(causal=True), torch.bfloat16),
              ((2, 1500, 700, 32, 8), dict(causal=True), torch.float16),  # (query blocks that see no key)
@@ -357,42 +357,42 @@ def test_tile_order_tail_changes_no_result(d):
 
 
 def test_sm90_schedule_setting():
-    """set_sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
-    before = fa2._C.sm90_schedule()
+    """fa2.dev option sm90_schedule takes the six names and rejects others with a clear error (the setting unchanged)."""
+    before = fa2.dev.options()["sm90_schedule"]
     try:
         for name in ("pipelined", "ws", "pingpong", "overlap", "pingpong-overlap", "auto"):
-            fa2._C.set_sm90_schedule(name)
-            assert fa2._C.sm90_schedule() == name
+            fa2.dev.set_options(sm90_schedule=name)
+            assert fa2.dev.options()["sm90_schedule"] == name
         with pytest.raises(ValueError, match="unknown sm_90a schedule 'fast'"):
-            fa2._C.set_sm90_schedule("fast")
-        assert fa2._C.sm90_schedule() == "auto"
+            fa2.dev.set_options(sm90_schedule="fast")
+        assert fa2.dev.options()["sm90_schedule"] == "auto"
     finally:
-        fa2._C.set_sm90_schedule(before)
+        fa2.dev.set_options(sm90_schedule=before)
     for windowed in (False, True):
-        assert fa2._C.sm90_default_schedule(64, windowed) == "pipelined"
+        assert fa2.dev.sm90_default_schedule(64, windowed) == "pipelined"
     # d 128: ping-pong-overlap where a causal mask or window makes query blocks' key ranges unequal, the overlap alone
     # where they are all the keys (tile_config.h)
-    assert fa2._C.sm90_default_schedule(128, True) == "pingpong-overlap"
-    assert fa2._C.sm90_default_schedule(128, False) == "overlap"
-    assert fa2._C.sm90_key_bias_schedule(128) == "overlap"  # (the tiles a padding mask hides are skipped)
+    assert fa2.dev.sm90_default_schedule(128, True) == "pingpong-overlap"
+    assert fa2.dev.sm90_default_schedule(128, False) == "overlap"
+    assert fa2.dev.sm90_key_bias_schedule(128) == "overlap"  # (the tiles a padding mask hides are skipped)
     # d 192 (96-key tiles) and 256 (80-key tiles): the overlap schedules (d 256 with ping-pong), whose two K/V stages
     # need K and V on barriers of their own (the staged-bias kernels keep one pair: warp-specialized there)
     for d, schedule in ((192, "overlap"), (256, "pingpong-overlap")):
         for windowed in (False, True):
-            assert fa2._C.sm90_default_schedule(d, windowed) == schedule, d
-        assert fa2._C.sm90_key_bias_schedule(d) == "ws", d
+            assert fa2.dev.sm90_default_schedule(d, windowed) == schedule, d
+        assert fa2.dev.sm90_key_bias_schedule(d) == "ws", d
 
 
 @pytest.mark.parametrize("d", [32, 64, 128, 256])
 def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
     """The backward's sm_90a instances (wgmma products at these headdims, plain path) are the default on this GPU
     (unless FA2_DISABLE_SM90_BACKWARD is set, as gpu_validate.sh's tests-bwd80 step does to test the sm80-path
-    backward); fa2._C.set_sm90_backward(False) runs the sm80-path one. With them, the kernel that runs is the wgmma
+    backward); fa2.dev option sm90_backward(False) runs the sm80-path one. With them, the kernel that runs is the wgmma
     one and its gradients follow the rule against the fp32 reference, causal or not, with query/key tails and GQA."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
-    if os.environ.get("FA2_DISABLE_SM90_BACKWARD", "0") in ("", "0"):
-        assert fa2._C.sm90_backward()
+    if not fa2.dev.environment_sets("sm90_backward"):
+        assert fa2.dev.options()["sm90_backward"]
     for causal in (False, True):
         q, k, v = make_qkv(2, 333, 461, 4, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         dout = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
@@ -404,7 +404,7 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
             grads = torch.autograd.grad(out, (q, k, v), dout)
         # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false>,
         # or at the warp-specialized kernel's headdims (unless switched off) bwd_ws_kernel<T, BwdWsTileConfig<d>>
-        if d in WS_BACKWARD_HEADDIMS and fa2._C.sm90_ws_backward():
+        if d in WS_BACKWARD_HEADDIMS and fa2.dev.options()["sm90_ws_backward"]:
             assert any("bwd_ws_" in n for n in names), names
         else:
             assert any("bwd_kernel<" in n and ", true>, 901, false, false>(" in n for n in names), names
@@ -418,7 +418,7 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
             assert_close_rule(f"{name} d {d} causal {causal}", g, g_hi, g_lo, factor=3)
 
 
-WS_BACKWARD_HEADDIMS = tuple(fa2._C.sm90_ws_backward_headdims())  # (bwd_tile_config.h, bwd_ws_headdim)
+WS_BACKWARD_HEADDIMS = tuple(fa2.dev.tuning_tables()["sm90_ws_backward_headdims"])  # (bwd_tile_config.h, bwd_ws_headdim)
 
 
 def require_ws_backward(d):
@@ -427,10 +427,10 @@ def require_ws_backward(d):
     (tests-bwd-nows) is set; then both switches must be on (their defaults)."""
     if f"bwd_bf16_hdim{d}_sm90a" not in fa2._C.build_info()["kernels"]:
         pytest.skip(f"this build has no sm_90a backward for headdim {d} (FA2_HEADDIMS)")
-    for var in ("FA2_DISABLE_SM90_BACKWARD", "FA2_DISABLE_SM90_WS_BACKWARD"):
-        if os.environ.get(var, "0") not in ("", "0"):
-            pytest.skip(f"{var} is set")
-    assert fa2._C.sm90_backward() and fa2._C.sm90_ws_backward()
+    for name in ("sm90_backward", "sm90_ws_backward"):
+        if fa2.dev.environment_sets(name):
+            pytest.skip(f"the environment sets the development option {name}")
+    assert fa2.dev.options()["sm90_backward"] and fa2.dev.options()["sm90_ws_backward"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -488,7 +488,7 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
     """Where the warp-specialized backward's grid ends in a partial wave (tiles = key blocks x heads x batch not a
     multiple of the SMs; no causal mask or window, no bias, no GQA), the last wave's tiles may each run as several CTAs
     over consecutive parts of the tile's query blocks (fa2/tile_order.h, tail_split; bwd_ws_kernel.cuh): a 1-D grid of
-    the whole tiles then the pieces, as fa2._C.bwd_tail_split_plan says; the pieces add their fp32 dK, dV into the
+    the whole tiles then the pieces, as fa2.dev.bwd_tail_split_plan says; the pieces add their fp32 dK, dV into the
     workspace and the last of a tile's pieces stores the sums. By default (set_bwd_tail_split(-1)) only where a tile
     has the query blocks it was measured to pay at (bwd_tile_config.h, kTailSplitMinQueryBlocks: 4096 queries at d 64,
     8192 at d 128); with 1 wherever the cost model gains, as here on small shapes. Against 0 (one CTA per tile, a
@@ -497,25 +497,25 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
     SMs (every tile split), full waves then a partial one, query and key tails (the last key block's rows past seqlen_k
     in a split tile), seqlen_q != seqlen_k."""
     require_ws_backward(d)
-    if os.environ.get("FA2_BWD_TAIL_SPLIT") is None:
-        assert fa2._C.bwd_tail_split() == -1, "auto by default (FA2_BWD_TAIL_SPLIT unset)"
+    if not fa2.dev.environment_sets("bwd_tail_split"):
+        assert fa2.dev.options()["bwd_tail_split"] == -1, "auto by default (FA2_BWD_TAIL_SPLIT unset)"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     block_n = 128  # (BwdWsTileConfig's keys per tile at d 64 / 128)
     min_queries = 4096 if d == 64 else 8192  # (kTailSplitMinQueryBlocks x kBlockM)
     # the default's threshold (a plan only: 4 tiles of 512 keys, fewer than the SMs)
     with switch("bwd_tail_split", -1):
-        assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries, 512, d)[1] > 1
-        assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] == 1
+        assert fa2.dev.bwd_tail_split_plan(1, 1, 1, min_queries, 512, d)[1] > 1
+        assert fa2.dev.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] == 1
     with switch("bwd_tail_split", 1):
-        assert fa2._C.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] > 1
+        assert fa2.dev.bwd_tail_split_plan(1, 1, 1, min_queries - 128, 512, d)[1] > 1
     g = torch.Generator(device="cuda").manual_seed(23)
     cases = [(1, 1000, 1000, 3), (2, 533, 461, 4), (1, 1037, 700, 5), (2, 1024, 520, sms // 10 + 6)]
     for b, sq, sk, h in cases:
         case = f"d {d} {(b, sq, sk, h)}"
         with switch("bwd_tail_split", -1):  # (below the default's threshold)
-            assert fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1, case
+            assert fa2.dev.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1, case
         with switch("bwd_tail_split", 1):
-            tiles, pieces, grid_tiles = fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)
+            tiles, pieces, grid_tiles = fa2.dev.bwd_tail_split_plan(b, h, h, sq, sk, d)
         key_blocks = (sk + block_n - 1) // block_n
         assert pieces > 1 and 0 < tiles < sms and grid_tiles == key_blocks * h * b, (case, tiles, pieces, grid_tiles)
         q, k, v = make_qkv(b, sq, sk, h, h, d, dtype=dtype, device="cuda", requires_grad=True, generator=g)
@@ -532,7 +532,7 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
             assert ws_grid() == [grid_tiles - tiles + tiles * pieces, 1, 1], case
             grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         with switch("bwd_tail_split", 0):
-            assert fa2._C.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1
+            assert fa2.dev.bwd_tail_split_plan(b, h, h, sq, sk, d)[1] == 1
             assert ws_grid() == [key_blocks, h, b], case
             grads_off = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         # the split tiles' keys: tile t = key block + key_blocks (head + h batch), the last `tiles` of them
@@ -554,7 +554,7 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
 
 
 def _ws_backward_grid_and_peak(out, inputs, dout, mode, accumulate=True):
-    """With fa2._C.set_bwd_gqa_grouping(mode) and set_bwd_gqa_accumulate(accumulate): the gradients of one backward,
+    """With fa2.dev option bwd_gqa_grouping(mode) and set_bwd_gqa_accumulate(accumulate): the gradients of one backward,
     the grid of its warp-specialized kernel (None where another ran) and the backward's peak memory above what was
     allocated before it."""
     with switch("bwd_gqa_grouping", mode), switch("bwd_gqa_accumulate", accumulate):
@@ -653,7 +653,7 @@ def test_gqa_backward_groups_by_default_where_the_grouped_grid_fills_the_gpu():
     default; its peak memory then that of set_bwd_gqa_accumulate(True), below the partials'). The cases cover both outcomes
     on an H100 / H200 (132 SMs): 256 CTAs in two 97% full waves, 18 CTAs, causal 1024 and 256 CTAs."""
     require_ws_backward(128)
-    assert fa2._C.bwd_gqa_grouping() == -1
+    assert fa2.dev.options()["bwd_gqa_grouping"] == -1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [(2, 2048, 32, 8, False), (1, 2304, 16, 1, False), (4, 4096, 32, 8, True), (2, 2048, 32, 8, True)]
     outcomes = []
@@ -699,7 +699,7 @@ def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_ea
     the other headdims after it), as do those of the deterministic mode's kernels (conversion after them). With
     gqa_grouping 1 the GQA cases' CTAs each sum their group (ws_groups_gqa) and count every query head of it."""
     require_ws_backward(d)
-    overlap_dims = fa2._C.sm90_ws_backward_dq_overlap_headdims()
+    overlap_dims = fa2.dev.tuning_tables()["sm90_ws_backward_dq_overlap_headdims"]
     assert overlap_dims == [128], overlap_dims  # (what was measured to pay: bwd_tile_config.h)
     g = torch.Generator(device="cuda").manual_seed(11)
     cases = [  # (batch, seqlen_q, seqlen_k, heads, heads_k, causal, window_left, window_right, padded keys)
@@ -756,7 +756,7 @@ def test_sm90_ws_backward_padding_mask_follows_the_rule(d, kind, hk):
     scattered padding, finite bias values ("same" / "fp32"), GQA and not (hk 4: dK, dV staged in shared memory); a
     batch whose every key is padded gets zero gradients from both."""
     require_ws_backward(d)
-    if not fa2._C.key_bias_backward():
+    if not fa2.dev.options()["key_bias_backward"]:
         pytest.skip("the key-row bias variant is switched off (FA2_DISABLE_KEY_BIAS_BWD)")
     g = torch.Generator(device="cuda").manual_seed(7)
     b, sq, sk, h = 3, 261, 700, 4  # (seqlen_q odd: the statistics' boxes start below the block)
@@ -853,7 +853,7 @@ def test_padding_tiles_skipped_or_unbiased_give_the_materialized_result(d, kind,
         row = torch.zeros(b, 1, 1, sk, device="cuda", dtype=bias_dtype).masked_fill(~keep, float("-inf"))
         row[0, ..., 256:384] = torch.randn(1, 1, 128, device="cuda", generator=g).to(bias_dtype)  # a mixed tile
     q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=g)
-    want = KERNEL_SUFFIX["ws" if schedule == "ws" and d <= 64 else fa2._C.sm90_key_bias_schedule(d)]
+    want = KERNEL_SUFFIX["ws" if schedule == "ws" and d <= 64 else fa2.dev.sm90_key_bias_schedule(d)]
     for causal in (False, True):
         args = lambda bias: (q, k, v, bias, None, causal, -1, -1, 0.0)
         with switch("sm90_schedule", schedule):

@@ -359,7 +359,7 @@ def _key_row_bias_vs_materialized(device, dtype, bias_dtype, configs):
 @pytest.mark.parametrize("kind", ["same", "fp32", "bool"])
 @pytest.mark.parametrize("d", [64, 96, 128, 256])
 def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
-    """fa2._C.set_key_bias_backward(True) (the default; FA2_DISABLE_KEY_BIAS_BWD=1 turns it off): a key-row bias
+    """Development option key_bias_backward on (the default; FA2_DEV_OPTIONS=key_bias_backward=0 turns it off): a key-row bias
     (padding mask) whose gradient is not needed takes the backward's plain path with its key block's values read once
     (bwd_kernel.cuh, kKeyBias). Gradients within the rule against the fp32 reference, causal or not, GQA, with right
     padding (-inf / False: whole padded key blocks, a batch with every key padded) and Hugging Face's left padding
@@ -375,8 +375,8 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
 
     # sm_90a at the warp-specialized backward's headdims: its key-row variant (bwd_ws_kernel<T, Cfg, true>) takes
     # the non-deterministic calls; test_hopper.py compares the two kernels
-    ws = (torch.cuda.get_device_capability() == (9, 0) and fa2._C.sm90_backward() and fa2._C.sm90_ws_backward()
-          and d in fa2._C.sm90_ws_backward_headdims()
+    ws = (torch.cuda.get_device_capability() == (9, 0) and fa2.dev.options()["sm90_backward"]
+          and fa2.dev.options()["sm90_ws_backward"] and d in fa2.dev.tuning_tables()["sm90_ws_backward_headdims"]
           and f"bwd_bf16_hdim{d}_sm90a" in fa2._C.build_info()["kernels"])
 
     def key_row_kernel(name):

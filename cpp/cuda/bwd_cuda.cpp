@@ -59,10 +59,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   const bool gqa = nheads != nheads_k;
   const auto f32 = q.options().dtype(at::kFloat);
   Tensor dq_k = padded ? at::empty({batch, seqlen_q, nheads, headdim_padded}, q.options()) : dq;
-  // GQA/MQA: first asked of the kernels with the group summed in them (into dk, dv like k); where none can, fp32
-  // accumulators per kv head that one CTA per query head adds into (kBwdNeedsGqaAccumulators: rounded to dk, dv
-  // below), or else fp32 partials per query head (kBwdNeedsGqaPartials: summed over each group below, a fixed-order
-  // reduction).
+  // GQA/MQA: like k where the kernel sums each group, else what the plan asks for (below): fp32 accumulators per kv
+  // head (rounded to dk, dv at the end) or fp32 partials per query head.
   Tensor dk_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, k.options()) : dk;
   Tensor dv_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, v.options()) : dv;
   Tensor softmax_d = at::empty({batch, nheads, seqlen_q}, f32);
@@ -104,31 +102,39 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
     params.row_shift = row_shift.data_ptr<float>();
   }
   params.deterministic = deterministic;
-  const int64_t workspace_ints = bwd_workspace_ints(params);
-  // (zeroed here for the deterministic mode's counters; the other mode's are zeroed by the backward: bwd_launch.h)
+  // The plan (fa2/plan.h) says which kernel runs, what a GQA call's dk / dv hold and the workspace.
+  const BwdPlan plan = plan_bwd_call(params);
+  TORCH_CHECK(plan.error == nullptr, "fa2 backward (CUDA) failed: ", plan.error);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  Tensor workspace = workspace_ints <= 0 ? Tensor()
-                     : deterministic     ? cuda_glue::zeroed_ints(workspace_ints, q.options(), stream)
-                                         : at::empty({workspace_ints}, q.options().dtype(at::kInt));
-  params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
-  params.workspace_ints = workspace_ints;
-
-  const char* err = run_bwd(params, stream);
-  if (gqa && err == kBwdNeedsGqaAccumulators) {  // (nothing was launched)
-    // (batch, nheads_k, seqlen_k, headdim_rounded) contiguous each (bwd_launch.h), given as (batch, seqlen_k, ...)
+  auto use_partials = [&] {  // fp32 per query head, summed over each group below (a fixed-order reduction)
+    dk_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
+    dv_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
+    set_dk_dv();
+    params.gqa_dkv = GqaDkv::kPartials;
+  };
+  if (gqa && plan.gqa_dkv == GqaDkv::kAccumulate) {
+    // (batch, nheads_k, seqlen_k, headdim_rounded) contiguous each (params.h), given as (batch, seqlen_k, ...)
     const Tensor dkv_accum = cuda_glue::zeroed({2, batch, nheads_k, seqlen_k, headdim_rounded}, f32, stream);
     dk_k = dkv_accum[0].transpose(1, 2);
     dv_k = dkv_accum[1].transpose(1, 2);
     set_dk_dv();
     params.gqa_dkv = GqaDkv::kAccumulate;
-    err = run_bwd(params, stream);
+  } else if (gqa && plan.gqa_dkv == GqaDkv::kPartials) {
+    use_partials();
   }
-  if (gqa && err == kBwdNeedsGqaPartials) {  // (nothing was launched)
-    dk_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
-    dv_k = at::empty({batch, seqlen_k, nheads, headdim_padded}, f32);
-    set_dk_dv();
-    params.gqa_dkv = GqaDkv::kPartials;
-    err = run_bwd(params, stream);
+  // (zeroed here for the deterministic mode's counters; the other mode's are zeroed by the backward)
+  const int64_t workspace_ints = plan.workspace_ints;
+  Tensor workspace = workspace_ints <= 0     ? Tensor()
+                     : plan.zero_workspace ? cuda_glue::zeroed_ints(workspace_ints, q.options(), stream)
+                                           : at::empty({workspace_ints}, q.options().dtype(at::kInt));
+  params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
+  params.workspace_ints = workspace_ints;
+
+  bool needs_partials = false;
+  const char* err = run_bwd(plan, params, stream, &needs_partials);
+  if (err == nullptr && needs_partials) {  // (the driver rejected the kernel's tensor maps; nothing was launched)
+    use_partials();
+    err = run_bwd(plan_bwd_call(params, PlanBuffers::kGiven), params, stream);
   }
   TORCH_CHECK(err == nullptr, "fa2 backward (CUDA) failed: ", err);
 

@@ -18,8 +18,8 @@
 namespace fa2 {
 namespace {
 
-// q's GPU compute capability as 10 * major + minor, checked to be >= 8.0. Asked of the runtime directly (cheap
-// attribute queries; the full properties only for the error message).
+// q's GPU compute capability as 10 * major + minor, checked to be >= 8.0 (the plan asks for the device itself).
+// Asked of the runtime directly (cheap attribute queries; the full properties only for the error message).
 int checked_compute_capability(const at::Tensor& q) {
   const int device = q.get_device();
   int major = 0, minor = 0;
@@ -39,7 +39,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const AttentionProblem prob = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right,
                                                  softcap);
   const c10::cuda::CUDAGuard device_guard(q.device());
-  const int compute_capability = checked_compute_capability(q);
+  checked_compute_capability(q);
 
   const int64_t headdim = prob.headdim;
   at::Tensor out = at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim}, q.options());
@@ -57,8 +57,14 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const int headdim_rounded = fwd_headdim_rounded(static_cast<int>(headdim_padded));
   TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA forward kernel for headdim ", headdim,
               " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
-  // On a compute capability 9.0 GPU an sm_90a instance (TMA loads) may run: it needs real (nonzero) strides.
-  const bool real_strides = compute_capability == 90 && arch_specific_kernels();
+  // The plan (fa2/plan.h) decides from sizes, mask and bias alone; an sm_90a instance (TMA loads) needs real
+  // (nonzero) input strides.
+  AttentionParams params;
+  cuda_glue::set_common_params(params, prob, q, k, v);
+  params.headdim_rounded = headdim_rounded;
+  const FwdPlan plan = plan_fwd_call(params);
+  TORCH_CHECK(plan.error == nullptr, "fa2 forward (CUDA) failed: ", plan.error);
+  const bool real_strides = plan.arch_tag == 901;
   const at::Tensor qk = cuda_glue::kernel_input(q, headdim_padded, real_strides);
   const at::Tensor kk = cuda_glue::kernel_input(k, headdim_padded, real_strides);
   const at::Tensor vk = cuda_glue::kernel_input(v, headdim_padded, real_strides);
@@ -66,9 +72,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
                          ? out
                          : at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim_padded}, q.options());
 
-  AttentionParams params;
   cuda_glue::set_common_params(params, prob, qk, kk, vk);
-  params.headdim_rounded = headdim_rounded;
   params.out = out_k.data_ptr();
   params.out_batch_stride = out_k.stride(0);
   params.out_row_stride = out_k.stride(1);
@@ -77,12 +81,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   // the persistent sm_90a forward's tile counter (causal / windows), zeroed on the stream
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   at::Tensor workspace;
-  if (const int64_t ints = real_strides ? fwd_workspace_ints(params) : 0; ints > 0) {
-    workspace = cuda_glue::zeroed_ints(ints, q.options(), stream);
+  if (plan.workspace_ints > 0) {
+    workspace = cuda_glue::zeroed_ints(plan.workspace_ints, q.options(), stream);
     params.workspace = workspace.data_ptr();
   }
 
-  const char* err = run_fwd(params, stream);
+  const char* err = run_fwd(plan, params, stream);
   TORCH_CHECK(err == nullptr, "fa2 forward (CUDA) failed: ", err);
   if (!out_k.is_same(out)) out.copy_(out_k.narrow(3, 0, headdim));
   return {out, lse};

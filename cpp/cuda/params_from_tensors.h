@@ -98,9 +98,8 @@ inline void set_common_params(AttentionParams& p, const AttentionProblem& prob, 
 }
 
 // A tensor of zeros on `options`' CUDA device, zeroed on `stream` by one cudaMemsetAsync: the kernels' counters and
-// accumulators; zeroed_ints: n int32 zeros. (at::zeros
-// launches an elementwise fill through TensorIterator: a causal forward's host time per call was 8-15 us longer with
-// it, on the H200's host while the GPU is busy: host_overhead_h200-20261203.json.)
+// accumulators; zeroed_ints: n int32 zeros. (at::zeros launches an elementwise fill through TensorIterator, which
+// costs measurable host time per call: docs/tuning.md.)
 inline at::Tensor zeroed(at::IntArrayRef sizes, const at::TensorOptions& options, cudaStream_t stream) {
   at::Tensor t = at::empty(sizes, options);
   C10_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), stream));

@@ -1,20 +1,38 @@
 // run_bwd: the backward's entry point; the instance table comes from the generated fa2_kernel_instances.h.
 #include "dispatch.h"
 #include "fa2/bwd_launch.h"
-#include "fa2/bwd_tile_config.h"
 #include "fa2_kernel_instances.h"
 
 namespace fa2 {
 namespace {
-const InstanceEntry kBwdInstances[] = {FA2_BWD_INSTANCES(FA2_INSTANCE_ENTRY)};
+const InstanceDesc kBwdInstances[] = {FA2_BWD_INSTANCES(FA2_INSTANCE_DESC)};
+const BwdInstanceFn kBwdInstanceFns[] = {FA2_BWD_INSTANCES(FA2_INSTANCE_FN)};
 constexpr int kNumBwdInstances = sizeof(kBwdInstances) / sizeof(kBwdInstances[0]);
 }  // namespace
 
-int bwd_headdim_rounded(int headdim) { return rounded_headdim(kBwdInstances, kNumBwdInstances, headdim); }
+int bwd_headdim_rounded(int headdim) { return plan_rounded_headdim(kBwdInstances, kNumBwdInstances, headdim); }
 
-const char* run_bwd(const AttentionParams& params, cudaStream_t stream) {
-  // the sm_90a (wgmma) instances only when switched on (bwd_launch.h), else the sm80-path ones where built
-  return dispatch_instance("backward", kBwdInstances, kNumBwdInstances, params, stream, sm90_backward());
+const InstanceDesc* bwd_instances(int* count) {
+  *count = kNumBwdInstances;
+  return kBwdInstances;
+}
+
+BwdPlan plan_bwd_call(const AttentionParams& params, PlanBuffers buffers, PlanNotes* notes) {
+  const char* error = nullptr;
+  const DevOptions options = process_dev_options(&error);
+  if (error != nullptr) {
+    BwdPlan plan;
+    plan.error = error;
+    return plan;
+  }
+  return plan_bwd(params, current_device(), options, kBwdInstances, kNumBwdInstances, buffers, notes);
+}
+
+const char* run_bwd(const BwdPlan& plan, const AttentionParams& params, cudaStream_t stream, bool* needs_partials) {
+  if (needs_partials != nullptr) *needs_partials = false;
+  if (plan.error != nullptr) return plan.error;
+  if (plan.instance < 0 || plan.instance >= kNumBwdInstances) return "fa2: a backward plan without an instance";
+  return kBwdInstanceFns[plan.instance](plan, params, stream, needs_partials);
 }
 
 }  // namespace fa2

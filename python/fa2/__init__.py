@@ -38,7 +38,7 @@ def __getattr__(name):
     if name in ("install", "uninstall"):
         from . import inductor
         return getattr(inductor, name)
-    if name in ("hf", "reference", "inductor", "demo"):
+    if name in ("hf", "reference", "inductor", "demo", "dev"):
         import importlib
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'fa2' has no attribute {name!r}")

@@ -120,9 +120,8 @@ def _backward(ctx, dout, dlse):
 # Autograd kernels. torch.library.register_autograd would register the same structure, but its kernel costs host
 # time on every call: it rebuilds the defaults the dispatcher strips off the arguments with
 # torch._library.utils.fill_defaults, which reads schema.arguments (a fresh list of bindings) once per argument, and
-# checks the schema for out= arguments. An fa2.attention call with requires_grad inputs took ~80 us of host time
-# (CPU, tiny shapes, this machine, 2026-12-01; F.scaled_dot_product_attention ~9-15 us), ~31 us with these kernels,
-# which read the defaults once. (The same private torch hooks as register_autograd's own kernel.)
+# checks the schema for out= arguments: these kernels read the defaults once, a fraction of its host time per call
+# (docs/tuning.md). (The same private torch hooks as register_autograd's own kernel.)
 def _below_autograd(op, keyset, args):
     with torch._C._AutoDispatchBelowAutograd():
         return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)

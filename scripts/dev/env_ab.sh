@@ -10,7 +10,7 @@
 #   nvcc flags of every build: harness.sh), FA2_TRACE_OUT (with a -DFA2_CTA_TRACE=1 build: each entry's CTA timelines
 #   go to FA2_TRACE_OUT/<name>, read by scripts/dev/cta_trace.py)
 #   e.g. bash scripts/dev/env_ab.sh --patch benchmarks/results/patches/20261204-fwd-d128-tail-split.patch \
-#          2048,4096,8192,16384 none 0 "nosplit:FA2_NO_FWD_TAIL_SPLIT=1" "nocluster:FA2_NO_FWD_CLUSTER=1"
+#          2048,4096,8192,16384 none 0 "nosplit:FA2_NO_FWD_TAIL_SPLIT=1" "nocluster:FA2_DEV_OPTIONS=fwd_cluster=0"
 # The build and the rounds: scripts/dev/harness.sh (as fwd_variants.sh's).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

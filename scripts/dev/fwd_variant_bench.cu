@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
           fa2::AttentionParams pb = p;
           // (not the forward's tile counter: the backward's scratch, bwd_workspace_ints: the finished-CTA counts
           // with which its dQ conversion overlaps the main kernel at the headdims that do (kOverlapDqConversion),
-          // and its last wave's split (bwd_tail_split_plan; FA2_BWD_TAIL_SPLIT=0: none, 1: wherever its cost model
+          // and its last wave's split (bwd_tail_split_plan; FA2_DEV_OPTIONS=bwd_tail_split=0: none, 1: wherever its cost model
           // gains); FA2_BWD_NO_DQ_OVERLAP=1: no scratch: the conversion after the kernel, no split)
           pb.workspace = nullptr;
           pb.workspace_ints = 0;

@@ -4,18 +4,18 @@
 #   2. build (scripts/gpu_check.sh; FA2_CUDA_ARCHS defaults to "90;90a" here, so the sm_90a path is what runs)
 #      + the CUDA-selected tests (the same tests as CI, their CUDA parameters, plus the GPU-only ones; not the zoo)
 #   3. compute-sanitizer memcheck on the small grid with the default sm_90a schedules (memcheck + racecheck "gqa" with
-#      the GQA backward's groups summed in its CTAs, FA2_BWD_GQA_GROUPING=1; and with each warp-specialized
-#      one forced, FA2_SM90_SCHEDULE: memcheck + racecheck "ws", racecheck + synccheck "pingpong", "overlap" and
+#      the GQA backward's groups summed in its CTAs, FA2_DEV_OPTIONS=bwd_gqa_grouping=1; and with each warp-specialized
+#      one forced, FA2_DEV_OPTIONS=sm90_schedule=...: memcheck + racecheck "ws", racecheck + synccheck "pingpong", "overlap" and
 #      "pingpong-overlap"; "ws", "overlap" and "pingpong-overlap" with at most 3 persistent CTAs)
-#   3a. the warp-specialized backward's last wave split wherever its cost model gains, FA2_BWD_TAIL_SPLIT=1 (the
+#   3a. the warp-specialized backward's last wave split wherever its cost model gains, FA2_DEV_OPTIONS=bwd_tail_split=1 (the
 #      default splits only long query ranges): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
-#   4. the sm80-path backward on the same build, FA2_DISABLE_SM90_BACKWARD=1 (the default is its sm_90a wgmma
+#   4. the sm80-path backward on the same build, FA2_DEV_OPTIONS=sm90_backward=0 (the default is its sm_90a wgmma
 #      instances): the CUDA tests of ops, API and Hopper with it, then memcheck + racecheck
-#   4a. bwd_kernel.cuh's wgmma backward where the warp-specialized one is the default, FA2_DISABLE_SM90_WS_BACKWARD=1
-#   4b. the backward's general bias path for padding masks, FA2_DISABLE_KEY_BIAS_BWD=1 (the default is its key-row
+#   4a. bwd_kernel.cuh's wgmma backward where the warp-specialized one is the default, FA2_DEV_OPTIONS=sm90_ws_backward=0
+#   4b. the backward's general bias path for padding masks, FA2_DEV_OPTIONS=key_bias_backward=0 (the default is its key-row
 #      variant): the CUDA tests of ops and API with it
-#   4c. the sm80-path backward's small-shared-memory tiles (sm86 / sm89), FA2_BWD_SMALL_TILES=1 with
-#      FA2_DISABLE_SM90_BACKWARD=1: the CUDA tests of ops and API, then memcheck + racecheck
+#   4c. the sm80-path backward's small-shared-memory tiles (sm86 / sm89), FA2_DEV_OPTIONS=bwd_small_tiles=1,
+#      sm90_backward=0: the CUDA tests of ops and API, then memcheck + racecheck
 #   5. a quick side-by-side forward timing: fa2 (sm_90a, default schedules), fa2-pipe / fa2-ws / fa2-wspp / fa2-wsov
 #      (each sm_90a schedule forced: pipelined, warp-specialized, with ping-pong, with P V overlapping the softmax),
 #      torch's FA-2, cuDNN; FA2_VALIDATE_{DIMS,SEQLENS,PASSES,IMPLS} change it (e.g. PASSES=bwd,fwdbwd with
@@ -68,52 +68,52 @@ unset PYTEST_ADDOPTS
 want_step tests-ws && step tests-ws 150 env PYTHONPATH=python "$PY" scripts/dev/gpu_pytest.py tests/test_hopper.py \
   -k "sm90_schedule or padding_tiles"
 want_step memcheck && step memcheck 90 env PYTHONPATH=python "$PY" scripts/dev/sanitizer_check.py --tools memcheck
-# the GQA backward with every group summed in its CTAs where the ws kernel runs (FA2_BWD_GQA_GROUPING=1; by default
+# the GQA backward with every group summed in its CTAs where the ws kernel runs (bwd_gqa_grouping=1; by default
 # the grid's small calls keep fp32 partials): memcheck + racecheck
-want_step sanitize-gqa && step sanitize-gqa 120 env PYTHONPATH=python FA2_BWD_GQA_GROUPING=1 "$PY" \
+want_step sanitize-gqa && step sanitize-gqa 120 env PYTHONPATH=python FA2_DEV_OPTIONS=bwd_gqa_grouping=1 "$PY" \
   scripts/dev/sanitizer_check.py --tools memcheck,racecheck
-# each warp-specialized sm_90a schedule forced (FA2_SM90_SCHEDULE) under racecheck: its producer/consumer barriers
+# each warp-specialized sm_90a schedule forced (sm90_schedule) under racecheck: its producer/consumer barriers
 # are what a race would come from
-# (FA2_PERSISTENT_FWD_CTAS=3: at most three CTAs, so that the small grid's query blocks run several to a CTA: the
+# (persistent_forward_ctas=3: at most three CTAs, so that the small grid's query blocks run several to a CTA: the
 # persistent kernel's Q-empty barrier, ring phases across blocks and O stored from registers)
-want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=ws FA2_PERSISTENT_FWD_CTAS=3 \
+want_step sanitize-ws && step sanitize-ws 120 env PYTHONPATH=python FA2_DEV_OPTIONS=sm90_schedule=ws,persistent_forward_ctas=3 \
   "$PY" scripts/dev/sanitizer_check.py --tools memcheck,racecheck
-want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong "$PY" \
+want_step sanitize-wspp && step sanitize-wspp 120 env PYTHONPATH=python FA2_DEV_OPTIONS=sm90_schedule=pingpong "$PY" \
   scripts/dev/sanitizer_check.py --tools racecheck,synccheck
 # (overlap with the cap: d 128 calls without a mask, the clusters of two among them, run several blocks a CTA, so
 # memcheck too)
-want_step sanitize-wsov && step sanitize-wsov 150 env PYTHONPATH=python FA2_SM90_SCHEDULE=overlap \
-  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/dev/sanitizer_check.py --tools memcheck,racecheck,synccheck
+want_step sanitize-wsov && step sanitize-wsov 150 env PYTHONPATH=python \
+  FA2_DEV_OPTIONS=sm90_schedule=overlap,persistent_forward_ctas=3 "$PY" scripts/dev/sanitizer_check.py --tools memcheck,racecheck,synccheck
 # (pingpong-overlap with the cap: causal / windowed d 128 calls run the tile-counter forward, so memcheck too)
-want_step sanitize-wsppov && step sanitize-wsppov 180 env PYTHONPATH=python FA2_SM90_SCHEDULE=pingpong-overlap \
-  FA2_PERSISTENT_FWD_CTAS=3 "$PY" scripts/dev/sanitizer_check.py --tools memcheck,racecheck,synccheck
-# the warp-specialized backward's last wave split wherever its cost model gains (FA2_BWD_TAIL_SPLIT=1; by default only
+want_step sanitize-wsppov && step sanitize-wsppov 180 env PYTHONPATH=python \
+  FA2_DEV_OPTIONS=sm90_schedule=pingpong-overlap,persistent_forward_ctas=3 "$PY" scripts/dev/sanitizer_check.py --tools memcheck,racecheck,synccheck
+# the warp-specialized backward's last wave split wherever its cost model gains (bwd_tail_split=1; by default only
 # long query ranges split, which the tests' shapes are not): the CUDA tests of the ops, the API and Hopper, then memcheck
 # + racecheck of the sanitizer grid
-want_step tests-split && step tests-split 300 env PYTHONPATH=python FA2_BWD_TAIL_SPLIT=1 "$PY" \
+want_step tests-split && step tests-split 300 env PYTHONPATH=python FA2_DEV_OPTIONS=bwd_tail_split=1 "$PY" \
   scripts/dev/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
-want_step sanitize-split && step sanitize-split 120 env PYTHONPATH=python FA2_BWD_TAIL_SPLIT=1 "$PY" \
+want_step sanitize-split && step sanitize-split 120 env PYTHONPATH=python FA2_DEV_OPTIONS=bwd_tail_split=1 "$PY" \
   scripts/dev/sanitizer_check.py --tools memcheck,racecheck
-# the sm80-path backward (FA2_DISABLE_SM90_BACKWARD=1; the default on this GPU is the sm_90a wgmma one): the CUDA
+# the sm80-path backward (sm90_backward=0; the default on this GPU is the sm_90a wgmma one): the CUDA
 # tests of the ops and the API with it, then memcheck + racecheck
-want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
+want_step tests-bwd80 && step tests-bwd80 300 env PYTHONPATH=python FA2_DEV_OPTIONS=sm90_backward=0 "$PY" \
   scripts/dev/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
-want_step sanitize-bwd80 && step sanitize-bwd80 120 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 "$PY" \
+want_step sanitize-bwd80 && step sanitize-bwd80 120 env PYTHONPATH=python FA2_DEV_OPTIONS=sm90_backward=0 "$PY" \
   scripts/dev/sanitizer_check.py --tools memcheck,racecheck
-# bwd_kernel.cuh's wgmma backward where the warp-specialized one runs by default (FA2_DISABLE_SM90_WS_BACKWARD=1:
+# bwd_kernel.cuh's wgmma backward where the warp-specialized one runs by default (sm90_ws_backward=0:
 # d 64 / 128 / 256, plain path and padding masks): the CUDA tests of the ops, the API and Hopper with it
-want_step tests-bwd-nows && step tests-bwd-nows 300 env PYTHONPATH=python FA2_DISABLE_SM90_WS_BACKWARD=1 "$PY" \
+want_step tests-bwd-nows && step tests-bwd-nows 300 env PYTHONPATH=python FA2_DEV_OPTIONS=sm90_ws_backward=0 "$PY" \
   scripts/dev/gpu_pytest.py tests/test_ops.py tests/test_api.py tests/test_hopper.py -k "cuda or hopper or sm90"
-# padding masks' backward on the general bias path (FA2_DISABLE_KEY_BIAS_BWD=1; the default is the key-row variant):
+# padding masks' backward on the general bias path (key_bias_backward=0; the default is the key-row variant):
 # every CUDA test of the ops and the API with it (the sanitizer grid's general biases run that path by default)
-want_step tests-kbias-off && step tests-kbias-off 300 env PYTHONPATH=python FA2_DISABLE_KEY_BIAS_BWD=1 "$PY" \
+want_step tests-kbias-off && step tests-kbias-off 300 env PYTHONPATH=python FA2_DEV_OPTIONS=key_bias_backward=0 "$PY" \
   scripts/dev/gpu_pytest.py tests/test_ops.py tests/test_api.py -k "cuda or key_bias"
 # the sm80-path backward's small-shared-memory tiles (what sm86 / sm89 GPUs run) forced on this GPU: the CUDA tests
 # of the ops and the API with them, then memcheck + racecheck of the sanitizer grid
-want_step tests-bwd-small && step tests-bwd-small 300 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 \
-  FA2_BWD_SMALL_TILES=1 "$PY" scripts/dev/gpu_pytest.py tests/test_ops.py tests/test_api.py -k "cuda"
-want_step tests-bwd-small && step sanitize-bwd-small 120 env PYTHONPATH=python FA2_DISABLE_SM90_BACKWARD=1 \
-  FA2_BWD_SMALL_TILES=1 "$PY" scripts/dev/sanitizer_check.py --tools memcheck,racecheck
+want_step tests-bwd-small && step tests-bwd-small 300 env PYTHONPATH=python \
+  FA2_DEV_OPTIONS=sm90_backward=0,bwd_small_tiles=1 "$PY" scripts/dev/gpu_pytest.py tests/test_ops.py tests/test_api.py -k "cuda"
+want_step tests-bwd-small && step sanitize-bwd-small 120 env PYTHONPATH=python \
+  FA2_DEV_OPTIONS=sm90_backward=0,bwd_small_tiles=1 "$PY" scripts/dev/sanitizer_check.py --tools memcheck,racecheck
 want_step bench && step bench 200 env PYTHONPATH=python "$PY" benchmarks/bench_attention.py --dtypes bf16 \
   --dims ${FA2_VALIDATE_DIMS:-64,96,128,192,256} --seqlens ${FA2_VALIDATE_SEQLENS:-2k,16k} --causal both \
   --masks none,padding --pass ${FA2_VALIDATE_PASSES:-fwd} \

@@ -1,6 +1,6 @@
 # Sourced by the harness A/B scripts (fwd_variants.sh: folders of edited headers; env_ab.sh: run-time switches, a
 # patched tree): building scripts/dev/fwd_variant_bench.cu and timing the builds in rounds. On the GPU machine (sm_90a).
-#   harness_build TREE INCLUDE BINARY   TREE's harness + cuda/src/dispatch.cpp against the headers in INCLUDE, at
+#   harness_build TREE INCLUDE BINARY   TREE's harness + cuda/src/dispatch.cpp (plan.cpp) against the headers in INCLUDE, at
 #                                       FA2_HD / FA2_BWD, with FA2_HARNESS_FLAGS' extra nvcc flags (e.g. "-DFA2_CTA_TRACE=1
 #                                       -DFA2_CTA_TRACE_TILES=1"); BINARY removed first (a failed build must not leave
 #                                       an older binary to time), the compiler's output in BINARY.log
@@ -11,10 +11,12 @@
 #                                       take the device call with it); an entry that fails or hangs is not run again
 harness_build() {
   rm -f "$3"
+  local host=("$1/cuda/src/dispatch.cpp") f  # (and the plan builder and options where the tree has them)
+  for f in plan dev_options; do [ -f "$1/cuda/src/$f.cpp" ] && host+=("$1/cuda/src/$f.cpp"); done
   # shellcheck disable=SC2086  # (FA2_HARNESS_FLAGS: words)
   nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -DFA2_HD="$FA2_HD" -DFA2_BWD="${FA2_BWD:-0}" \
     ${FA2_HARNESS_FLAGS:-} -I "$2" -I "$1/cuda/src" --generate-code=arch=compute_90a,code=[sm_90a] -Xptxas=-v \
-    "$1/scripts/dev/fwd_variant_bench.cu" "$1/cuda/src/dispatch.cpp" -o "$3" >"$3.log" 2>&1
+    "$1/scripts/dev/fwd_variant_bench.cu" "${host[@]}" -o "$3" >"$3.log" 2>&1
 }
 harness_rounds() {
   local rounds=$1 seqlens=$2 masks=$3 causal=$4

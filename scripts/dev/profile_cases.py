@@ -2,7 +2,7 @@
 then the profiled one (gpu_profile.sh skips the warm-ups' kernels). 4 x 16 heads x 4096 tokens, bf16, non-causal.
   fwd-d64 / fwd-d64-pad / fwd-d128 / fwd-d128-pad   forward, without / with a (B, 1, 1, S) padding bias (bf16)
   bwd-d64 / bwd-d128                                the backward (default instances: sm_90a wgmma on an H100/H200)
-  bwd80-d64 / bwd80-d128                            the backward with its sm_90a instances off (set_sm90_backward)
+  bwd80-d64 / bwd80-d128                            the backward with its sm_90a instances off (fa2.dev option sm90_backward)
   bwd-d256                                          the d 256 backward (its warp-specialized headdim-split kernel)
   cudnn-fwd-d128 / cudnn-bwd-d128 / cudnn-bwd-d256  the same calls through SDPA's cuDNN backend, for a side-by-side
                                                     profile (gpu_profile.sh picks cuDNN's fprop / bprop kernel)
@@ -52,7 +52,7 @@ def main():
             else:
                 torch.ops.fa2.fwd(q, k, v, bias)
     else:
-        fa2._C.set_sm90_backward(not case.startswith("bwd80"))
+        fa2.dev.set_options(sm90_backward=not case.startswith("bwd80"))
         for t in (q, k, v):
             t.requires_grad_()
         out = attention(q, k, v)

@@ -32,12 +32,12 @@ CASES = [
     dict(shape=(1, 130, 700, 2, 1, 192), flags=dict(causal=True)),  # d 192: the same with 96-key tiles
     dict(shape=(1, 400, 700, 2, 1, 64), flags={}),  # d 64: six key tiles (the wide warp-specialized ring wraps)
     # d 128 without a mask in clusters of two (an even number of query blocks a head: the pair's CTAs multicast K/V
-    # into each other's ring and release its stages to both; with FA2_PERSISTENT_FWD_CTAS=3, one pair of CTAs
+    # into each other's ring and release its stages to both; with FA2_DEV_OPTIONS=persistent_forward_ctas=3, one pair of CTAs
     # taking every block, the ring's phases carried across blocks)
     dict(shape=(2, 256, 1100, 2, 1, 128), flags={}),
     # bottom-right causal with seqlen_q > seqlen_k: whole query blocks see no key (the kernels' early exit)
     dict(shape=(1, 300, 20, 2, 2, 64), flags=dict(causal=True)),
-    # the same at d 128: with FA2_PERSISTENT_FWD_CTAS=3 (gpu_validate's persistent sanitizer steps) the tile-counter
+    # the same at d 128: with FA2_DEV_OPTIONS=persistent_forward_ctas=3 (gpu_validate's persistent sanitizer steps) the tile-counter
     # forward, CTAs 1 and 2 starting on blocks without keys
     dict(shape=(2, 600, 100, 2, 2, 128), flags=dict(causal=True)),
     # key-row biases with 16-byte aligned rows: loaded into the K/V stages by the TMA on sm_90a (pipelined at d 64, the
@@ -57,7 +57,7 @@ CASES = [
     dict(shape=(2, 133, 200, 4, 2, 256), flags=dict(causal=True)),  # (d 256: the headdim-split kernel)
     dict(shape=(1, 200, 330, 2, 2, 256), flags={}),  # (d 256 without GQA: T dK, dV, not fp32 partials; a key tail)
     dict(shape=(3, 131, 150, 2, 1, 64), flags={}),
-    # its last wave split (fa2._C.set_bwd_tail_split(1): the default splits only longer query ranges; fewer tiles
+    # its last wave split (fa2.dev option bwd_tail_split=1: the default splits only longer query ranges; fewer tiles
     # than SMs: every tile run as pieces over its query blocks, fp32 dK / dV added into the workspace, the last piece
     # storing the sums; bwd_tail_split_plan), a key tail in a split tile
     dict(shape=(1, 400, 300, 2, 2, 128), flags={}, tail_split=True),
@@ -86,13 +86,13 @@ for dtype in (torch.bfloat16, torch.float16):
             bias[0, ..., 128:256] = bias[0, ..., sk * 3 // 4:] = bias[1] = float("-inf")
         elif case.get("bool_bias"):
             bias = torch.rand(b, h, sq, sk, device="cuda") > 0.2
-        split_before = fa2._C.bwd_tail_split()  # (FA2_BWD_TAIL_SPLIT, or the default)
+        split_before = fa2.dev.options()["bwd_tail_split"]  # (FA2_DEV_OPTIONS', or the default)
         if case.get("tail_split"):
-            fa2._C.set_bwd_tail_split(1)
+            fa2.dev.set_options(bwd_tail_split=1)
         out = fa2.attention(q, k, v, bias, **case["flags"])
         grads = torch.autograd.grad(out, [t for t in (q, k, v, bias) if t is not None and t.requires_grad],
                                     torch.randn_like(out))
-        fa2._C.set_bwd_tail_split(split_before)
+        fa2.dev.set_options(bwd_tail_split=split_before)
         with fa2.deterministic():
             out = fa2.attention(q, k, v, bias, **case["flags"])
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))

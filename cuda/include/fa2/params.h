@@ -85,9 +85,9 @@ struct AttentionParams {
 
   void* workspace = nullptr;    // scratch given by the caller (allocated by torch's caching allocator)
 
-  // Derived by the launchers (launch.h, launch_tile_order_tail), not the caller: how many of the last (batch, head)
-  // pairs start their blocks longest first across heads (tile_order.h); 0: head by head throughout. (Last in the
-  // struct: the other fields keep their offsets in the kernels' parameter space.)
+  // Derived by the launchers from the plan (plan.h, tile_order_tail), not the caller: how many of the last
+  // (batch, head) pairs start their blocks longest first across heads (tile_order.h); 0: head by head throughout.
+  // (Last in the struct: the other fields keep their offsets in the kernels' parameter space.)
   int tile_order_tail = 0;
   // Set by the backward launcher for its dQ conversion only: dq_accum's whole blocks of DqFragmentOrder::kRows
   // queries are in DqFragmentOrder (bwd_kernel.cuh: the headdim-split ws backward's, bwd_ws_dsplit_kernel.cuh), the
@@ -99,8 +99,8 @@ struct AttentionParams {
   // is key_blocks_per_head. nullptr: the conversion runs after the main kernel, as the stream orders it.
   int* key_blocks_done = nullptr;
   int key_blocks_per_head = 0;
-  // Set by the backward launcher where the warp-specialized kernel splits its grid's last partial wave (bwd_launch.h,
-  // bwd_tail_split_plan; bwd_launch_template.cuh, apply_bwd_tail_split): the last bwd_tail_tiles of its
+  // Set by the backward launcher where the warp-specialized kernel splits its grid's last partial wave (plan.h,
+  // BwdTailSplitPlan; bwd_launch_template.cuh, apply_bwd_tail_split): the last bwd_tail_tiles of its
   // bwd_tail_grid_tiles (key block, head) tiles, in launch order, each run as bwd_tail_pieces CTAs over consecutive
   // parts of the tile's query blocks, which add their fp32 dK, dV into bwd_tail_dkv (dK rows, then dV rows:
   // bwd_tail_tiles * kBlockN each, headdim_rounded columns), count themselves in bwd_tail_counts (one per tail tile),
@@ -113,7 +113,7 @@ struct AttentionParams {
   float* bwd_tail_dkv = nullptr;
   int64_t bwd_tail_zero_ints = 0;
   // params.workspace's size in int32s, as the caller allocated it (the backward's tail split runs only where its
-  // scratch fits: bwd_workspace_ints sizes it)
+  // scratch fits: the plan's workspace_ints sizes it)
   int64_t workspace_ints = 0;
 };
 
