@@ -13,6 +13,8 @@ H100, A100 = "h100", "a100"
 
 def kernel(direction, device, **call):
     p = dev.plan(direction, device=device, **call)
+    if "rebuild with FA2_CUDA_ARCHS" in p.get("error", ""):  # (a build without that device's instances)
+        pytest.skip(p["error"])
     assert "error" not in p, p
     return p
 
@@ -195,4 +197,7 @@ def test_explain_plan_and_cli(capsys):
     from fa2.__main__ import plan_main
 
     assert plan_main(["--device", "a100", "--headdim", "64", "--direction", "fwd"]) == 0
-    assert "kernel: fwd_kernel<bf16, 64, sm80, plain, bias none>" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    if "rebuild with FA2_CUDA_ARCHS" in out:  # (a build without the A100's instances, e.g. FA2_CUDA_ARCHS=90;90a)
+        pytest.skip(out)
+    assert "kernel: fwd_kernel<bf16, 64, sm80, plain, bias none>" in out

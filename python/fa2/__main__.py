@@ -70,7 +70,7 @@ def main() -> int:
                      0: "never", 1: "wherever its cost model gains; no mask, bias or GQA"}
             rows.append(("ws backward last-wave split", split.get(opts["bwd_tail_split"], "?")
                          + " (option bwd_tail_split=0 / 1)"))
-            rows.append(("development options", "fa2.dev / FA2_DEV_OPTIONS (docs/development.md, "Options and plans"); "
+            rows.append(("development options", "fa2.dev / FA2_DEV_OPTIONS (docs/development.md: Options and plans); "
                                                 "python -m fa2 plan --help"))
         elif cuda_ok:
             paths.append("CUDA present but fa2 was built without CUDA kernels")

@@ -7,7 +7,7 @@ tests), and the plan of a call ("why did this kernel run").
     print(fa2.dev.explain_plan(q, k, v, causal=True))   # kernel, grid, smem, workspace, reasons
     fa2.dev.plan("bwd", batch=1, nheads=16, seqlen_q=4096, headdim=128, device="h100")
 
-The environment's FA2_DEV_OPTIONS="key=value,..." sets the options at the first call (docs/development.md, "Options and plans").
+The environment's FA2_DEV_OPTIONS="key=value,..." sets the options at the first call (docs/development.md: Options and plans).
 Defaults are what users run.
 """
 from __future__ import annotations
