@@ -57,8 +57,6 @@ echo "$NVCC ${flags[*]} -DFA2_BWD=1 --generate-code=arch=compute_90a,code=[sm_90
 # the sm_90a forward with cp.async loads instead of the TMA (the FA2_SM90_TMA=OFF debugging build) at d 256, whose
 # 80-key tile exists only with the TMA (tile_config.h)
 echo "$NVCC ${flags[*]} -DFA2_HD=256 -DFA2_SM90_TMA=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_cp_async.o" >>"$jobs_file"
-# the ws backward's A/B knobs at their non-default values (bwd_ws_kernel.cuh), so that the old paths keep compiling
-echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_BWD_STMATRIX=0 -DFA2_BWD_PREFETCH_SCORES=0 -DFA2_BWD_STAGED_DKV=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_bwd_knobs.o" >>"$jobs_file"
 # the CTA-timeline build (fa2/cta_trace.cuh, scripts/cta_trace.py) of the harness's backward
 echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_CTA_TRACE=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace.o" >>"$jobs_file"
 # ... and of the forward with every tile of both consumer warpgroups marked (FA2_CTA_TRACE_TILES)
