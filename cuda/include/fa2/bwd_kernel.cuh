@@ -13,8 +13,8 @@
 //         (x (1 - tanh^2) under softcap) and dbias = P (dP - D) together]
 //        ->  dV += P^T dO,  dK += dS^T Q  ->  dQ_partial = dS K, reduced into fp32 dq_accum (red.global.add).
 //      sm_90a (wgmma) instances keep products in flight while the CUDA cores work: dP is issued right behind S (P's
-//      exp2 runs meanwhile), and dQ first, then dV and dK, so that dQ's reduction overlaps them (H200, bf16, bwd
-//      alone, S 1k/4k/16k: +5-8% at d 64 and 128, +2% at d 256; padding masks unchanged).
+//      exp2 runs meanwhile), and dQ first, then dV and dK, so that dQ's reduction overlaps them (measured faster:
+//      docs/tuning.md).
 //      The softmax scale multiplies dK here and dQ in kernel 3 (dS is w.r.t. s = scale q.k).
 //   3. bwd_convert_dq_kernel: dq = scale * dq_accum, to f16/bf16 (behind the sm_90a warp-specialized kernel, started
 //      while that one's last CTAs run: bwd_launch_template.cuh).
@@ -33,9 +33,11 @@
 // zeroed int32s: [ticket counter] [turn counter per (batch, head, query block)] (bwd_launch.h); otherwise a
 // finished-CTA count per (batch, head) for the warp-specialized kernel (params.h, key_blocks_done), then, where that
 // kernel splits its last wave, the split's counts and fp32 dK / dV rows (bwd_tail_split_plan).
-#pragma once
-#include <cstdint>
-#include <type_traits>
+//
+// Parts (bwd/): SharedStorage (shared_storage.cuh), the tile (tile_scheduler.cuh), the producer (sm80_producer.cuh:
+// cp.async of K, V, and per query block Q, dO, lse, D), S / P / dP / dS (sm80_scores.cuh), the products (product.cuh:
+// mma.sync or wgmma), dQ into dq_accum (sm80_dq.cuh), the epilogue (sm80_epilogue.cuh); kernels 1 and 3 and the
+// row statistics kernel in their own headers.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -49,7 +51,12 @@
 #include "fa2/bwd/product.cuh"
 #include "fa2/bwd/row_stats_kernel.cuh"
 #include "fa2/bwd/scores.cuh"
-#include "fa2/bwd/sm80_load.cuh"
+#include "fa2/bwd/shared_storage.cuh"
+#include "fa2/bwd/sm80_dq.cuh"
+#include "fa2/bwd/sm80_epilogue.cuh"
+#include "fa2/bwd/sm80_producer.cuh"
+#include "fa2/bwd/sm80_scores.cuh"
+#include "fa2/bwd/tile_scheduler.cuh"
 #include "fa2/bwd_ptx.cuh"
 #include "fa2/bwd_tile_config.h"
 #include "fa2/params.h"
@@ -80,40 +87,24 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   constexpr bool kWgmma = Cfg::kWgmma;
   static_assert(!kWgmma || kArch == 901, "wgmma needs an sm_90a instance");
 
-  // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] ([Q1] [dO1]) [P (kBlockM, kBlockN)] [dS] [lse, D]0 ([..]1)
-  extern __shared__ __align__(1024) unsigned char smem[];  // 1024: wgmma's 128-byte swizzle period (sm90/wgmma.cuh)
-  const uint32_t sK = ptx::smem_u32(smem);
+  // 1024: wgmma's 128-byte swizzle period (sm90/wgmma.cuh)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const SharedStorageView<Cfg> shared(smem);  // SharedStorage
+  const uint32_t sK = shared.k();
   if constexpr (kWgmma) {
     if (sK % 1024 != 0) __trap();  // the descriptors assume every tile starts at a swizzle period
   }
-  const uint32_t sV = sK + Cfg::kSmemKVBytes;
-  auto sQ = [&](int buf) { return sV + Cfg::kSmemKVBytes + buf * 2 * Cfg::kSmemQBytes; };
-  auto sdO = [&](int buf) { return sQ(buf) + Cfg::kSmemQBytes; };
-  const uint32_t sP = sV + Cfg::kSmemKVBytes + Cfg::kStages * 2 * Cfg::kSmemQBytes;
-  const uint32_t sdS = sP + Cfg::kSmemPBytes;
-  // [lse (kBlockM)] [D (kBlockM)] [shift (kBlockM), score-mod path] fp32 per stage, copied with Q, dO
-  auto sStats = [&](int buf) { return sdS + Cfg::kSmemPBytes + buf * Cfg::kSmemStatsBytes; };
-  // kKeyBias: [the key block's bias (kBlockN fp32)] after the last stage's statistics
-  const uint32_t sKeyBias = sStats(Cfg::kStages);
+  const uint32_t sV = shared.v(), sP = shared.p(), sdS = shared.ds();
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
 
-  // -- which (key block, head, batch): the grid's, or in deterministic mode the order in which CTAs start
-  int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  int* turns = nullptr;
-  if (p.deterministic) {
-    int* ticket = reinterpret_cast<int*>(smem + (sP - sK));  // P's buffer is free until the first iteration
-    int* counters = static_cast<int*>(p.workspace);
-    if (tid == 0) *ticket = atomicAdd(counters, 1);
-    __syncthreads();
-    const int t = *ticket;
-    n_block = t % num_n_blocks;
-    head = (t / num_n_blocks) % p.nheads;
-    batch = t / (num_n_blocks * p.nheads);
-    turns = counters + 1 + (int64_t(batch) * p.nheads + head) * num_m_blocks;
-  }
+  // -- which (key block, head, batch): the grid's, or in deterministic mode the order in which CTAs start (the ticket
+  //    in P's buffer, free until the first iteration)
+  const BwdTile tile = bwd_tile(p, shared.template at<int>(sP), num_n_blocks, num_m_blocks, tid);
+  const int n_block = tile.n_block, head = tile.head, batch = tile.batch;
+  int* const turns = tile.turns;
   const int head_k = head / p.h_h_k_ratio;
   const int n0 = n_block * kBlockN;
   const int rows_k = min(kBlockN, p.seqlen_k - n0);
@@ -136,26 +127,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   float* dbias = p.dbias != nullptr ? p.dbias + bh * p.seqlen_q * p.seqlen_k : nullptr;
   const void* bias_bh = bias_of_head(p, batch, head);
 
-  auto load_q_do = [&](int m, int buf) {
-    const int m0 = m * kBlockM, rows = p.seqlen_q - m0;
-    load_tile<QTile, kBlockM, kHeadDim, kNThreads>(sQ(buf), q + int64_t(m0) * p.q_row_stride,
-                                                              p.q_row_stride, rows, headdim, tid);
-    load_tile<QTile, kBlockM, kHeadDim, kNThreads>(sdO(buf), dout + int64_t(m0) * p.dout_row_stride,
-                                                              p.dout_row_stride, rows, headdim, tid);
-    // lse, D (and the score-mod path's shift) of the block's rows (4-byte copies: lse rows need not be 16-byte
-    // aligned). Rows past seqlen_q read 0: their Q and dO are zero-filled, so P there is 1 against dO = 0 and
-    // dS = 1 * (0 - 0): no contribution.
-    static_assert(2 * kBlockM <= kNThreads, "one 4-byte copy per thread (two for the score-mod path's shift)");
-    if (tid < 2 * kBlockM) {
-      const int row = tid % kBlockM;
-      const float* src = (tid < kBlockM ? lse : dsum_g) + m0 + row;
-      ptx::cp_async_4(sStats(buf) + tid * 4, m0 + row < p.seqlen_q ? src : lse, m0 + row < p.seqlen_q);
-    }
-    if (kRowStats && tid < kBlockM) {
-      ptx::cp_async_4(sStats(buf) + (2 * kBlockM + tid) * 4, m0 + tid < p.seqlen_q ? shift_g + m0 + tid : lse,
-                      m0 + tid < p.seqlen_q);
-    }
-  };
+  // the producer: Q, dO and the rows' statistics of a query block into a stage (cp.async)
+  const Sm80QueryBlockLoader<T, Cfg, kRowStats> load_q_do{p, shared, q, dout, lse, dsum_g, shift_g, headdim, tid};
 
   // deterministic mode: this CTA's turn at query block m's dQ (the number of key blocks below it that touch m), which
   // thread 0 waits for
@@ -173,15 +146,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   // skips the query blocks, in deterministic mode still passing each one's dQ turn on.
   int m_last = m_hi;
   if constexpr (kKeyBias) {
-    static_assert(kBlockN <= kNThreads, "one key per thread");
-    bool padded = true;
-    if (tid < kBlockN) {
-      const bool in_range = n0 + tid < p.seqlen_k;
-      const float b = in_range ? bias_value<T>(p, bias_bh, 0, n0 + tid) : 0.f;
-      reinterpret_cast<float*>(smem + (sKeyBias - sK))[tid] = b;
-      padded = !in_range || b == -INFINITY;
-    }
-    if (__syncthreads_and(padded)) {
+    if (stage_key_bias<T>(p, shared, bias_bh, n0, tid)) {
       if (p.deterministic && tid == 0) {
         for (int m = m_lo; m <= m_hi; ++m) ptx::st_release_gpu(turns + m, wait_dq_turn(m) + 1);
       }
@@ -193,7 +158,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   if (m_lo <= m_last) {
     load_tile<KTile, kBlockN, kHeadDim, kNThreads>(sK, k, p.k_row_stride, rows_k, headdim, tid);
     load_tile<KTile, kBlockN, kHeadDim, kNThreads>(sV, v, p.v_row_stride, rows_k, headdim, tid);
-    load_q_do(m_lo, 0);
+    load_q_do(m_lo, /*buf=*/0);
   }
   ptx::cp_async_commit();
 
@@ -209,14 +174,11 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const int dq_m0 = (warp % Cfg::kWarpsMdQ) * (kBlockM / Cfg::kWarpsMdQ);
   const int dq_d0 = (warp / Cfg::kWarpsMdQ) * (kHeadDim / Cfg::kWarpsDdQ);
   const int group = lane >> 2, tig = lane & 3;
-  // S = Q K^T or dP = dO V^T (acc overwritten): (kBlockM, kBlockN) over the warps. wait: complete on return (always
-  // with mma.sync), or, wgmma with std::false_type, only issued (completed by sm90::wait_hold).
-  using kWaitSync = std::bool_constant<!kWgmma>;  // issued without waiting where that is possible (wgmma)
-  auto product_sdp = [&](auto& acc, uint32_t sA, uint32_t sB, auto wait) {
-    product<T, kWgmma, kSdPM, kSdPN, kHeadDim / 16, false, false, QTile, KTile, true, decltype(wait)::value>(
-        acc, sA, sdp_m0, sB, sdp_n0, lane);
-  };
+  // S, P, dP, dS of a query block (Sm80Scores: the plain path, its key-row bias variant, or the score-mod path)
+  const Sm80Scores<T, Cfg, kScoreMod, kKeyBias> scores{p,      shared, info,   bias_bh, dbias,
+                                                      sdp_m0, sdp_n0, lane,   group,   tig};
 
+  using kWaitSync = std::bool_constant<!kWgmma>;  // issued without waiting where that is possible (wgmma)
   for (int m = m_lo, it = 0; m <= m_last; ++m, ++it) {
     const int buf = Cfg::kStages == 2 ? (it & 1) : 0;
     const int m0 = m * kBlockM;
@@ -230,107 +192,38 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
       ptx::cp_async_commit();
     }
 
-    // -- row statistics of this thread's S rows (smem, copied with Q and dO): lse * log2(e) (+inf: P = 0) and D
+    // -- row statistics of this thread's S rows: lse log2e (+inf: P = 0) and D; the rows' shifts stay in shared memory
     const int row0 = m0 + sdp_m0 + group;  // this thread's first fragment row (global query)
     float lse2[2 * kSdPM], dsum[2 * kSdPM];
-    const float* stats = reinterpret_cast<const float*>(smem + (sStats(buf) - sK));
-#pragma unroll
-    for (int r = 0; r < 2 * kSdPM; ++r) {
-      const int row = sdp_m0 + group + (r >> 1) * 16 + (r & 1) * 8;
-      lse2[r] = stats[row] * kLog2e;
-      dsum[r] = stats[kBlockM + row];
-    }
-    // score-mod path: the rows' shifts, read from shared memory where used (registers are scarce there)
-    const float* shift = stats + 2 * kBlockM + sdp_m0 + group;
+    const float* shift = scores.row_stats(buf, lse2, dsum);
 
     const int col0 = n0 + sdp_n0 + tig * 2;  // this thread's first fragment column (global key)
     const bool needs_mask = info.needs_mask(n_block, kBlockN, m0, kBlockM);
     float acc_s[kSdPM][kSdPN][4], acc_dp[kSdPM][kSdPN][4];  // (kBlockM, kBlockN) split over warps
     if constexpr (!kScoreMod) {
       // One straight-line block per case (masked or not), so that P's exp2 can overlap dP's loads and MMAs.
-      const float* key_bias = reinterpret_cast<const float*>(smem + (sKeyBias - sK)) + sdp_n0 + tig * 2;
-      auto s_p_dp_ds = [&](auto mask) {
-        // -- S = Q K^T;  P = exp2(q.k scale log2e - lse log2e), masked on boundary blocks, rounded to T
-        //    (wgmma: dP = dO V^T is issued right behind S and runs on the tensor cores while P is computed)
-        product_sdp(acc_s, sQ(buf), sK, kWaitSync{});
-        if constexpr (kWgmma) {
-          product_sdp(acc_dp, sdO(buf), sV, std::false_type{});
-          sm90::wait_hold<1>(acc_s);  // one group per product, completing in issue order: <1> leaves dP running
-        }
-        uint32_t p_packed[kSdPM][kSdPN][2];
-        auto to_p = [&](auto masked) {
-          if constexpr (kKeyBias) {
-            key_bias_scores_to_p_packed<T, decltype(masked)::value>(acc_s, p_packed, lse2, shift, key_bias, p.scale,
-                                                                    info, p.seqlen_q, row0, col0);
-          } else {
-            scores_to_p_packed<T, decltype(masked)::value>(acc_s, p_packed, lse2, p.scale_log2, info, row0, col0);
-          }
-        };
-        if constexpr (std::is_same_v<decltype(mask), bool>) {  // the mask decided inside the block
-          if (mask) {
-            to_p(std::true_type{});
-          } else {
-            to_p(std::false_type{});
-          }
-        } else {
-          to_p(mask);
-        }
-        store_packed<PTile>(sP, p_packed, sdp_m0 + group, sdp_n0 + tig * 2);
-        // -- dP = dO V^T;  dS = P (dP - D)
-        if constexpr (kWgmma) {
-          sm90::wait_hold<0>(acc_dp);
-        } else {
-          product_sdp(acc_dp, sdO(buf), sV, std::true_type{});
-        }
-        dp_to_ds<T>(acc_dp, p_packed, dsum);
-        store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
-      };
       if constexpr (!Cfg::kWholeBlockMask) {
-        s_p_dp_ds(needs_mask);
+        scores.plain(acc_s, acc_dp, buf, lse2, dsum, shift, row0, col0, needs_mask);
       } else if (needs_mask) {
-        s_p_dp_ds(std::true_type{});
+        scores.plain(acc_s, acc_dp, buf, lse2, dsum, shift, row0, col0, std::true_type{});
       } else {
-        s_p_dp_ds(std::false_type{});
+        scores.plain(acc_s, acc_dp, buf, lse2, dsum, shift, row0, col0, std::false_type{});
       }
     } else {
-      // -- S = Q K^T, dP = dO V^T (wgmma: both in flight together);  then the forward's score (scale, softcap,
-      //    bias), P, dS and dbias together
-      product_sdp(acc_s, sQ(buf), sK, kWaitSync{});
-      product_sdp(acc_dp, sdO(buf), sV, kWaitSync{});
-      if constexpr (kWgmma) sm90::wait_hold<0>(acc_s, acc_dp);
-      switch (p.bias_type) {
-        case BiasType::kSameAsInput:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const T*>(bias_bh), dbias, info,
-                               needs_mask, row0, col0);
-          break;
-        case BiasType::kFloat32:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const float*>(bias_bh), dbias, info,
-                               needs_mask, row0, col0);
-          break;
-        case BiasType::kBool:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const bool*>(bias_bh), dbias, info,
-                               needs_mask, row0, col0);
-          break;
-        case BiasType::kNone:
-          scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const NoBias*>(nullptr), dbias, info,
-                               needs_mask, row0, col0);
-          break;
-      }
-      store_fragments<T, PTile>(sP, acc_s, sdp_m0 + group, sdp_n0 + tig * 2);
-      store_fragments<T, PTile>(sdS, acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
+      scores.score_mod(acc_s, acc_dp, buf, lse2, dsum, shift, row0, col0, needs_mask);
     }
     if constexpr (kWgmma) sm90::fence_proxy_async();  // P and dS, stored by threads, then read by wgmma
     __syncthreads();
 
     // -- dV += P^T dO, dK += dS^T Q                                       // (kBlockN, d) split over warps
     // -- dQ (partial over this key block) = dS K, reduced into dq_accum   // (kBlockM, d) split over warps
-    // mma.sync: dV, dK, then dQ (dQ last was 2-8% faster on the sm80 path). wgmma: dQ issued first, then dV and dK
+    // mma.sync: dV, dK, then dQ (dQ last measured faster on the sm80 path). wgmma: dQ issued first, then dV and dK
     // behind it, so that dQ's reduction into global memory runs while the tensor cores do dV and dK.
     auto dv_dk = [&](auto wait) {
       product<T, kWgmma, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile, false, decltype(wait)::value>(
-          acc_dv, sP, kv_n0, sdO(buf), kv_d0, lane);
+          acc_dv, sP, kv_n0, shared.dout(buf), kv_d0, lane);
       product<T, kWgmma, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile, false, decltype(wait)::value>(
-          acc_dk, sdS, kv_n0, sQ(buf), kv_d0, lane);
+          acc_dk, sdS, kv_n0, shared.q(buf), kv_d0, lane);
     };
     if constexpr (!kWgmma) dv_dk(std::true_type{});
     {
@@ -350,42 +243,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
         turn = wait_dq_turn(m);
         __syncthreads();
       }
-      // acc_dq (columns dq_d0 + part * kQNPart * 8 ..) into dq_accum
-      auto reduce_dq = [&](auto part) {
-        const int d0 = dq_d0 + decltype(part)::value * kQNPart * 8;
-        float* dq_row0 = dq_accum + int64_t(m0 + dq_m0 + group) * kHeadDim + d0 + tig * 2;
-        if (m0 + kBlockM <= p.seqlen_q && headdim == kHeadDim) {  // the common case: no predicates
-#pragma unroll
-          for (int mt = 0; mt < kQM; ++mt)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-              for (int nt = 0; nt < kQNPart; ++nt)
-                ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
-                                   acc_dq[mt][nt][half * 2 + 1]);
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < kQM; ++mt)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              if (m0 + dq_m0 + mt * 16 + half * 8 + group < p.seqlen_q) {
-#pragma unroll
-                for (int nt = 0; nt < kQNPart; ++nt) {
-                  if (d0 + nt * 8 + tig * 2 < headdim) {
-                    ptx::red_add_f32x2(dq_row0 + (mt * 16 + half * 8) * kHeadDim + nt * 8, acc_dq[mt][nt][half * 2],
-                                       acc_dq[mt][nt][half * 2 + 1]);
-                  }
-                }
-              }
-            }
-        }
-      };
-      reduce_dq(std::integral_constant<int, 0>{});
+      // acc_dq (columns dq_d0 ..) into dq_accum
+      reduce_dq<kHeadDim, kBlockM>(p, acc_dq, dq_accum, m0, dq_m0, dq_d0, group, tig, headdim);
       if constexpr (kDqParts == 2) {
         product<T, kWgmma, kQM, kQNPart, kBlockN / 16, false, true, PTile, KTile, true, false>(
             acc_dq, sdS, dq_m0, sK, dq_d0 + kQNPart * 8, lane);
         sm90::wait_hold<0>(acc_dq);  // (dV and dK, issued before it, complete too)
-        reduce_dq(std::integral_constant<int, 1>{});
+        reduce_dq<kHeadDim, kBlockM>(p, acc_dq, dq_accum, m0, dq_m0, dq_d0 + kQNPart * 8, group, tig, headdim);
       }
       if (p.deterministic) {
         __threadfence();
@@ -398,45 +262,13 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
 
     if constexpr (Cfg::kStages == 1) {
       __syncthreads();  // every warp is done with Q, dO of block m
-      if (m < m_last) load_q_do(m + 1, 0);
+      if (m < m_last) load_q_do(m + 1, /*buf=*/0);
       ptx::cp_async_commit();
     }
   }
 
-  // -- epilogue: dK = scale * dS^T Q, dV; keys past seqlen_k and dims past headdim are not stored. A key block no
-  //    query sees stores zeros.
-#pragma unroll
-  for (int mt = 0; mt < kKVM; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = kv_n0 + mt * 16 + half * 8 + group;
-      if (key < rows_k) {
-#pragma unroll
-        for (int nt = 0; nt < kKVN; ++nt) {
-          const int col = kv_d0 + nt * 8 + tig * 2;
-          if (col < headdim) {
-            const float dk0 = acc_dk[mt][nt][half * 2] * p.scale, dk1 = acc_dk[mt][nt][half * 2 + 1] * p.scale;
-            const float dv0 = acc_dv[mt][nt][half * 2], dv1 = acc_dv[mt][nt][half * 2 + 1];
-            if (p.h_h_k_ratio > 1) {  // fp32 partials per query head, summed over the group by the caller
-              float* dk = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
-                          int64_t(n0 + key) * p.dk_row_stride + col;
-              float* dv = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
-                          int64_t(n0 + key) * p.dv_row_stride + col;
-              *reinterpret_cast<float2*>(dk) = make_float2(dk0, dk1);
-              *reinterpret_cast<float2*>(dv) = make_float2(dv0, dv1);
-            } else {
-              T* dk = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride +
-                      int64_t(n0 + key) * p.dk_row_stride + col;
-              T* dv = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride +
-                      int64_t(n0 + key) * p.dv_row_stride + col;
-              *reinterpret_cast<uint32_t*>(dk) = ptx::pack2<T>(dk0, dk1);
-              *reinterpret_cast<uint32_t*>(dv) = ptx::pack2<T>(dv0, dv1);
-            }
-          }
-        }
-      }
-    }
-  }
+  // -- epilogue: dK = scale * dS^T Q, dV out
+  store_dk_dv<T>(p, acc_dk, acc_dv, batch, head, n0, rows_k, headdim, kv_n0, kv_d0, group, tig);
 }
 
 }  // namespace bwd

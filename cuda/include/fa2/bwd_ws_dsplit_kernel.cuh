@@ -12,11 +12,10 @@
 //   warpgroup 0, at the end of its part: dQ[:, 0:128] = dS K[:, 0:128]; warpgroup 1 the same for columns 128:256 a
 //   query block late (its first pass behind its next dP^T, where it would wait idle for warpgroup 0's P^T; the
 //   second behind that block's dS^T); each in two passes of 64 columns, added into dq_accum from the registers with
-//   red.global.add.v4.f32 in dq_accum's fragment order (DqFragmentOrder, bwd_kernel.cuh: each warp's reduction 512
-//   contiguous bytes; a partial last query block row-major with red.v2), which bwd_convert_dq_kernel reads back.
-//   Against dQ staged in the stage's Q / dO columns for the TMA's reduce-add (the kernel before 2026-12-02; harness,
-//   backward alone, bf16): +0.6..+8.4% from S=2k, -0.8..+3.1% at 1k; without the deferral -1.5..+4.5%; row-major
-//   red.v2 -11..-20% (variants_h200-20261202c-bwd-d256-dq-fragment.json, variants_h200-20261202-bwd-dq-red.json).
+//   red.global.add.v4.f32 in dq_accum's fragment order (DqFragmentOrder, bwd/dq_fragment_order.h: each warp's
+//   reduction 512 contiguous bytes; a partial last query block row-major with red.v2), which bwd_convert_dq_kernel
+//   reads back (faster than dQ staged for the TMA's reduce-add, than no deferral, and than row-major red.v2:
+//   docs/tuning.md).
 // P^T and dS^T have two buffers each (alternating query blocks), so that one warpgroup may write the next while the
 // other's products still read the last; the handshakes are two named barriers (P^T ready, dS^T ready), each
 // arrived at by its writer and waited on by its reader. The plain path and its key-row bias variant (kKeyBias, padding
@@ -125,7 +124,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
                   /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, shared.ds(ds_buffer), 0, sK, col0 + pass * kDqPassCols);
   };
 
-  if (steps > 0) sm90::mbarrier_wait_untimed(shared.kv_loaded(), 0);
+  if (steps > 0) sm90::mbarrier_wait_untimed(shared.kv_loaded(), /*phase=*/0);
   // this step's query block and (batch, head), and the previous step's (warpgroup 1 adds its dQ a step late)
   int m = m_lo, prev_m0 = 0;
   int64_t bh_q = bh, prev_bh = bh;
@@ -180,7 +179,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
           acc_sdp, sV, 0, shared.dout(s), 0);
       // the previous query block's first dQ pass behind dP^T (issued unconditionally, as every wgmma here: in the
       // first iteration it reads a dS^T buffer nothing wrote and its result is dropped)
-      issue_dq(acc_dq_prev, b ^ 1, 0);
+      issue_dq(acc_dq_prev, b ^ 1, /*pass=*/0);
       sm90::wait_hold<1>(acc_sdp);
       // -- dS^T = P^T (dP^T - D), P^T (as rounded for dV_0) from warpgroup 0
       ptx::named_barrier_sync<1, 256>();
@@ -200,8 +199,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
       ptx::named_barrier_arrive<2, 256>();
       sm90::wait_hold<0>(acc_dq_prev);
-      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, 0);
-      issue_dq(acc_dq_prev, b ^ 1, 1);
+      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, /*pass=*/0);
+      issue_dq(acc_dq_prev, b ^ 1, /*pass=*/1);
       // -- dK_1 += dS^T Q[:, kDCols:], dV_1 += P^T dO[:, kDCols:] (P^T from shared memory)
       sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, shared.q(s) + kQHalfBytes);
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
@@ -210,7 +209,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       //  stores, not only this warp's; warpgroup 0 has them through the handshake)
       ptx::named_barrier_sync<5, 128>();
       sm90::wait_hold<2>(acc_dq_prev);  // (the second pass, committed before dK_1 and dV_1)
-      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, 1);
+      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, /*pass=*/1);
       sm90::wait_hold<0>(acc_dv, acc_dk);
       sm90::hold_fragments(a_frag);
     }
@@ -242,7 +241,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
                     batch, dkv_head, n0 + key0, col0, tig);
   // (barrier 6: 1, 2 and 5 are the handshakes' above)
-  ws_key_block_done<Cfg, 6>(p, bh, blk.heads, ctid);
+  ws_key_block_done<Cfg, /*kBarrier=*/6>(p, bh, blk.heads, ctid);
 }
 
 }  // namespace bwd

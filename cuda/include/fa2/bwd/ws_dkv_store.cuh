@@ -38,6 +38,7 @@ template <typename T, int kDTiles>
 __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const float (&dk_frag)[kDTiles][4],
                                                const float (&dv_frag)[kDTiles][4], int batch, int head, int key_first,
                                                int col_first, int tig) {
+  static_assert(kDTiles >= 1, "whole n8 tiles");
   const bool fp32_dkv = p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel;
   if (kDTiles % 4 == 0 && !fp32_dkv) {
     T* dk_bh = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;

@@ -15,7 +15,7 @@ namespace bwd {
 // (row r's 16-byte chunk c at c ^ r % 8).
 // Bank conflicts: a 64-bit store is served per half-warp (4 rows r % 8 = 4 h .. 4 h + 3, all four tig). Were every lane
 // to store tile nt, tig 0-1 (chunk 2 (nt % 4)) and tig 2-3 (chunk 2 (nt % 4) + 1) would land, after the swizzle, in
-// the same four chunks: two wavefronts per half-warp (ncu: 4 per instruction, 2 ideal; ~20% of the d 128 backward's
+// the same four chunks: two wavefronts per half-warp (ncu: 4 per instruction, 2 ideal; a large share of the d 128 backward's
 // issue stalls were MIO throttle on these stores). So tig 2-3 store tile nt ^ 2 where tig 0-1 store nt: the two
 // halves of the half-warp fill different aligned groups of four chunks (the swizzle's r % 4 part stays inside one),
 // 128 bytes over 32 banks, one wavefront. (Two selects per store: the tile is a per-lane choice.)

@@ -89,7 +89,8 @@ struct WsEpilogue : WsConsumer<Cfg> {
   __device__ __forceinline__ volatile int* count_tail_piece(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                                             float (&dk_frag)[kDTiles][4], float (&dv_frag)[kDTiles][4],
                                                             int tail_index) const {
-    reduce_add_dkv(dk_frag, dv_frag, &maps.dk_accum, &maps.dv_accum, tail_index * kBlockN + th.wg * 64, 1.f);
+    reduce_add_dkv(dk_frag, dv_frag, &maps.dk_accum, &maps.dv_accum, tail_index * kBlockN + th.wg * 64,
+                   /*dk_scale=*/1.f);
     if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();
     sm90::fence_proxy_async_global();
     ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
@@ -174,7 +175,7 @@ struct WsEpilogue : WsConsumer<Cfg> {
   // conversion.
   __device__ __forceinline__ void finish(const AttentionParams& p) const {
     if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
-    ws_key_block_done<Cfg, 1>(p, blk.bh, blk.heads, th.ctid);
+    ws_key_block_done<Cfg, /*kBarrier=*/1>(p, blk.bh, blk.heads, th.ctid);
     FA2_CTA_MARK(Base::kTraceEnd, th.ctid == 0);
     FA2_CTA_MARK(trace::kExitNs, th.ctid == 0);
   }

@@ -200,11 +200,11 @@ struct WsMainloop : WsConsumer<Cfg> {
   // again (C7514).
   __device__ __forceinline__ void first_scores(float (&acc_s)[kBlockM / 2]) const {
     if (steps > 0) {
-      sm90::mbarrier_wait_untimed(smem.kv_loaded(), 0);
-      sm90::mbarrier_wait_untimed(smem.full(0), 0);
+      sm90::mbarrier_wait_untimed(smem.kv_loaded(), /*phase=*/0);
+      sm90::mbarrier_wait_untimed(smem.full(/*s=*/0), /*phase=*/0);
     }
     FA2_CTA_MARK(Base::kTraceLanded, th.ctid == 0);
-    issue_s(acc_s, 0);
+    issue_s(acc_s, /*s=*/0);
     sm90::wait_hold<0>(acc_s);
   }
 
