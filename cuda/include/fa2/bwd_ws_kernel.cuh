@@ -85,7 +85,6 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     if (++m > blk.m_hi) m = blk.m_lo, head_row0 += p.seqlen_q;  // (the group's next head)
   }
   FA2_CTA_MARK(consumer.kTraceLoopEnd, consumer.th.ctid == 0);
-  // -- dK = scale dS^T Q, dV out
   // -- dK = scale dS^T Q, dV out: a tail piece's sums first (the last piece to count stores the tile's); then GQA's
   //    accumulators, GQA's fp32 partials, or (the default) staged to 16-byte stores like k
   const WsEpilogue<T, Cfg, kKeyBias> epilogue(consumer);
