@@ -32,7 +32,7 @@
 #include <cstdint>
 
 #include "fa2/block_info.cuh"
-#include "fa2/bwd/dq_fragment_order.h"
+#include "fa2/bwd/ws_dsplit_dq.cuh"
 #include "fa2/bwd/fragments.cuh"  // pack_k16_fragments, ld_shared_pair, unpack2
 #include "fa2/bwd/shared_storage.cuh"
 #include "fa2/bwd/tile_scheduler.cuh"
@@ -95,34 +95,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
 
-  // dQ[:, col0:col0 + kDCols] = dS K[:, col0:] in two passes of kDCols / 2 columns (all kDCols beside dK, dV and the A
-  // fragment made ptxas serialize the wgmmas). Fragment element (nt, 2 half + e): query 16 warp + group + 8 half,
-  // column 8 nt + 2 tig + e of the pass.
-  constexpr int kDqPassCols = kDCols / 2, kDqPassTiles = kDqPassCols / 8;
-  static_assert(kBlockM == DqFragmentOrder::kRows && kHeadDim == DqFragmentOrder::kCols && kDqPassTiles == 8,
-                "the fragment order is of this kernel's tiles: 64 queries, two warpgroups' two passes of 8 n8 tiles");
-  // this thread's dQ fragments of pass `pass` of the query block at m0_of of (batch, head) bh_of added into dq_accum:
-  // in its fragment order where the block is whole (the launcher tells the conversion), else row-major (ws_red_dq)
-  auto red_dq = [&](const float (&acc)[kDqPassCols / 2], int64_t bh_of, int m0_of, int pass) {
-    if (m0_of + kBlockM <= p.seqlen_q) {
-      // (n8 tile 0's place, then each tile's distance from it: one base register for the eight)
-      float* const base = p.dq_accum + (bh_of * p.seqlen_q + m0_of) * int64_t(kHeadDim) +
-                          DqFragmentOrder::fragment_offset(wg, pass, 0, ctid & 127);
-#pragma unroll
-      for (int nt = 0; nt < kDqPassTiles; ++nt) {
-        ptx::red_add_f32x4(base + DqFragmentOrder::fragment_offset(0, 0, nt, 0),
-                           make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
-      }
-    } else {
-      ws_red_dq<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc), bh_of,
-                          m0_of + warp_in_wg * 16 + group, col0 + pass * kDqPassCols + 2 * tig);
-    }
-  };
-  // the dQ product of pass `pass`: dS^T (keys, queries) of buffer `ds_buffer` as the MN-major A (queries = M)
-  auto issue_dq = [&](float (&acc_dq)[kDqPassCols / 2], int ds_buffer, int pass) {
-    sm90::gemm_ss<T, kDqPassCols, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, PTile, KTile,
-                  /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, shared.ds(ds_buffer), 0, sK, col0 + pass * kDqPassCols);
-  };
+  // dQ of a warpgroup's columns, two passes per query block (WsDsplitDq)
+  constexpr int kDqPassCols = kDCols / 2;  // (columns of a pass)
+  const WsDsplitDq<T, Cfg> dq{shared, sK, wg, ctid, warp_in_wg, group, tig, col0};
 
   if (steps > 0) sm90::mbarrier_wait_untimed(shared.kv_loaded(), /*phase=*/0);
   // this step's query block and (batch, head), and the previous step's (warpgroup 1 adds its dQ a step late)
@@ -163,14 +138,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       float acc_dq[kDqPassCols / 2];  // (this warp's 16 queries, one pass's columns)
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
-        issue_dq(acc_dq, b, pass);
+        dq.issue(acc_dq, b, pass);
         if (pass == 0) {
           sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
           sm90::hold_fragments(a_frag);
         } else {
           sm90::wait_hold<0>(acc_dq);
         }
-        red_dq(acc_dq, bh_q, m0, pass);
+        dq.red(p, acc_dq, bh_q, m0, pass);
       }
     } else {
       float acc_dq_prev[kDqPassCols / 2];  // the previous query block's dQ[:, kDCols:], one pass
@@ -179,7 +154,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
           acc_sdp, sV, 0, shared.dout(s), 0);
       // the previous query block's first dQ pass behind dP^T (issued unconditionally, as every wgmma here: in the
       // first iteration it reads a dS^T buffer nothing wrote and its result is dropped)
-      issue_dq(acc_dq_prev, b ^ 1, /*pass=*/0);
+      dq.issue(acc_dq_prev, b ^ 1, /*pass=*/0);
       sm90::wait_hold<1>(acc_sdp);
       // -- dS^T = P^T (dP^T - D), P^T (as rounded for dV_0) from warpgroup 0
       ptx::named_barrier_sync<1, 256>();
@@ -199,8 +174,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
       ptx::named_barrier_arrive<2, 256>();
       sm90::wait_hold<0>(acc_dq_prev);
-      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, /*pass=*/0);
-      issue_dq(acc_dq_prev, b ^ 1, /*pass=*/1);
+      if (it > 0) dq.red(p, acc_dq_prev, prev_bh, prev_m0, /*pass=*/0);
+      dq.issue(acc_dq_prev, b ^ 1, /*pass=*/1);
       // -- dK_1 += dS^T Q[:, kDCols:], dV_1 += P^T dO[:, kDCols:] (P^T from shared memory)
       sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, shared.q(s) + kQHalfBytes);
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
@@ -209,7 +184,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       //  stores, not only this warp's; warpgroup 0 has them through the handshake)
       ptx::named_barrier_sync<5, 128>();
       sm90::wait_hold<2>(acc_dq_prev);  // (the second pass, committed before dK_1 and dV_1)
-      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, /*pass=*/1);
+      if (it > 0) dq.red(p, acc_dq_prev, prev_bh, prev_m0, /*pass=*/1);
       sm90::wait_hold<0>(acc_dv, acc_dk);
       sm90::hold_fragments(a_frag);
     }
@@ -228,9 +203,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     float acc_dq_last[kDqPassCols / 2];
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
-      issue_dq(acc_dq_last, last_b, pass);
+      dq.issue(acc_dq_last, last_b, pass);
       sm90::wait_hold<0>(acc_dq_last);
-      red_dq(acc_dq_last, prev_bh, prev_m0, pass);
+      dq.red(p, acc_dq_last, prev_bh, prev_m0, pass);
     }
   }
 
