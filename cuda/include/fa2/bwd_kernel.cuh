@@ -35,9 +35,10 @@
 // kernel splits its last wave, the split's counts and fp32 dK / dV rows (bwd_tail_split_plan).
 //
 // Parts (bwd/): SharedStorage (shared_storage.cuh), the tile (tile_scheduler.cuh), the producer (sm80_producer.cuh:
-// cp.async of K, V, and per query block Q, dO, lse, D), S / P / dP / dS (sm80_scores.cuh), the products (product.cuh:
-// mma.sync or wgmma), dQ into dq_accum (sm80_dq.cuh), the epilogue (sm80_epilogue.cuh); kernels 1 and 3 and the
-// row statistics kernel in their own headers.
+// cp.async of K, V, and per query block Q, dO, lse, D), S / P / dP / dS (sm80_scores.cuh), dV and dK (sm80_dv_dk.cuh),
+// dQ into dq_accum and the deterministic turns (sm80_dq.cuh), the products (product.cuh: mma.sync or wgmma), the
+// epilogue (sm80_epilogue.cuh); kernels 1 and 3 and the row statistics kernel in their own headers. The loop and its
+// barriers stay in the kernel (a part boundary the code did not have changed the compiler's output: docs/tuning.md).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -53,6 +54,7 @@
 #include "fa2/bwd/scores.cuh"
 #include "fa2/bwd/shared_storage.cuh"
 #include "fa2/bwd/sm80_dq.cuh"
+#include "fa2/bwd/sm80_dv_dk.cuh"
 #include "fa2/bwd/sm80_epilogue.cuh"
 #include "fa2/bwd/sm80_producer.cuh"
 #include "fa2/bwd/sm80_scores.cuh"
@@ -130,16 +132,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   // the producer: Q, dO and the rows' statistics of a query block into a stage (cp.async)
   const Sm80QueryBlockLoader<T, Cfg, kRowStats> load_q_do{p, shared, q, dout, lse, dsum_g, shift_g, headdim, tid};
 
-  // deterministic mode: this CTA's turn at query block m's dQ (the number of key blocks below it that touch m), which
-  // thread 0 waits for
-  auto wait_dq_turn = [&](int m) {
-    const int turn = n_block - range.first_key_block(m, num_n_blocks);
-    if (tid == 0) {
-      while (ptx::ld_acquire_gpu(turns + m) != turn) {
-      }
-    }
-    return turn;
-  };
+  // deterministic mode: this CTA's turns at the query blocks' dQ
+  const DqTurns wait_dq_turn{range, turns, n_block, num_n_blocks, tid};
 
   // kKeyBias: the key block's bias into shared memory (read by every iteration after its block barrier). A block
   // whose every key is padded (-inf / False, or past seqlen_k) gets dK = dV = 0 and adds nothing to dQ: its CTA
@@ -219,12 +213,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
     // -- dQ (partial over this key block) = dS K, reduced into dq_accum   // (kBlockM, d) split over warps
     // mma.sync: dV, dK, then dQ (dQ last measured faster on the sm80 path). wgmma: dQ issued first, then dV and dK
     // behind it, so that dQ's reduction into global memory runs while the tensor cores do dV and dK.
-    auto dv_dk = [&](auto wait) {
-      product<T, kWgmma, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile, false, decltype(wait)::value>(
-          acc_dv, sP, kv_n0, shared.dout(buf), kv_d0, lane);
-      product<T, kWgmma, kKVM, kKVN, kBlockM / 16, true, true, PTile, QTile, false, decltype(wait)::value>(
-          acc_dk, sdS, kv_n0, shared.q(buf), kv_d0, lane);
-    };
+    const Sm80DvDk<T, Cfg> dv_dk{acc_dv, acc_dk, sP, sdS, shared, buf, kv_n0, kv_d0, lane};
     if constexpr (!kWgmma) dv_dk(std::true_type{});
     {
       // dQ in column parts: two with wgmma at d 256 (64 floats a thread in one go, beside dK's and dV's 128, spilled),

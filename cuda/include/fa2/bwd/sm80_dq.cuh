@@ -3,7 +3,8 @@
 #pragma once
 #include <cstdint>
 
-#include "fa2/bwd_ptx.cuh"  // red_add_f32x2
+#include "fa2/bwd/block_range.cuh"
+#include "fa2/bwd_ptx.cuh"  // red_add_f32x2, ld_acquire_gpu
 #include "fa2/params.h"
 
 namespace fa2 {
@@ -44,6 +45,25 @@ __device__ __forceinline__ void reduce_dq(const AttentionParams& p, const float 
       }
   }
 }
+
+
+// The deterministic mode's turns (bwd_kernel.cuh): query block m's dQ reductions happen in increasing key-block order;
+// this CTA's turn at m is the number of key blocks below it that touch m, which thread 0 waits for (the caller
+// passes the turn on after its reduction).
+struct DqTurns {
+  // (references to the kernel's values, as a lambda's captures)
+  const QueryBlockRange& range;
+  int* const& turns;
+  const int &n_block, &num_n_blocks, &tid;
+  __device__ __forceinline__ int operator()(int m) const {
+    const int turn = n_block - range.first_key_block(m, num_n_blocks);
+    if (tid == 0) {
+      while (ptx::ld_acquire_gpu(turns + m) != turn) {
+      }
+    }
+    return turn;
+  }
+};
 
 }  // namespace bwd
 }  // namespace fa2
