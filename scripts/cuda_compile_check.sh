@@ -6,7 +6,7 @@
 #      and spills (a spill in a kernel is printed as a warning, not a failure; wgmma serialized by ptxas, C751x, fails);
 #   4. the sm90 building-block probes (scripts/dev/sm90_wgmma_probe.cu, sm90_tma_probe.cu) and the forward's variant
 #      harness (scripts/dev/fwd_variant_bench.cu) compile for sm_90a (and its d 256 forward with FA2_SM90_TMA=0, its d 128
-#      backward with the ws backward's knobs at 0 and with FA2_CTA_TRACE), and the generated wgmma wrappers match
+#      backward with FA2_CTA_TRACE), and the generated wgmma wrappers match
 #      their generator.
 # Usage: scripts/cuda_compile_check.sh [headdims: one, or a CMake list such as "64;128;256" (default 128)];
 # env NVCC, CXX, FA2_JOBS (default 2), FA2_CHECK_DTYPES (a CMake list, default fp16: the kernels of fp16 and bf16 differ
@@ -57,8 +57,6 @@ echo "$NVCC ${flags[*]} -DFA2_BWD=1 --generate-code=arch=compute_90a,code=[sm_90
 # the sm_90a forward with cp.async loads instead of the TMA (the FA2_SM90_TMA=OFF debugging build) at d 256, whose
 # 80-key tile exists only with the TMA (tile_config.h)
 echo "$NVCC ${flags[*]} -DFA2_HD=256 -DFA2_SM90_TMA=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_cp_async.o" >>"$jobs_file"
-# the ws backward's A/B knobs at their non-default values (bwd_ws_kernel.cuh), so that the old paths keep compiling
-echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_BWD_STMATRIX=0 -DFA2_BWD_PREFETCH_SCORES=0 -DFA2_BWD_STAGED_DKV=0 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_bwd_knobs.o" >>"$jobs_file"
 # the CTA-timeline build (fa2/cta_trace.cuh, scripts/dev/cta_trace.py) of the harness's backward
 echo "$NVCC ${flags[*]} -DFA2_HD=128 -DFA2_BWD=1 -DFA2_CTA_TRACE=1 --generate-code=arch=compute_90a,code=[sm_90a] -c scripts/dev/fwd_variant_bench.cu -o $work/fwd_variant_bench_trace.o" >>"$jobs_file"
 # ... and of the forward with every tile of both consumer warpgroups marked (FA2_CTA_TRACE_TILES)

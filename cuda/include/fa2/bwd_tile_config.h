@@ -22,11 +22,8 @@ struct BwdTileShape {
                           // branch around P's mask only
 };
 
-// Starting points from FA-2's sm80 choices, 8 warps, one CTA per SM (fp32 accumulators use ~200 registers).
-// Measured on the H200 (bf16, 16k tokens, bwd kernel alone, TFLOP/s at S=16k non-causal / causal):
-//   d64: 128x128 (4/4/4 warps) 249 / 250 vs 64x128 223 / 225; whole-block mask 249 vs branch around P 240.
-//   d128: 64x128, dK/dV warps 4x2: branch around P 287 / 288 vs whole-block 280 / 281; warps 2x4 286 (same);
-//         128x64 194.  dQ before dV/dK was 2-8% slower at both (dQ comes last).
+// Starting points from FA-2's sm80 choices, 8 warps, one CTA per SM (fp32 accumulators use ~200 registers); d 64
+// and d 128 chosen by measurement among the alternatives (docs/tuning.md, backward tiles).
 // d32/96/192/256 keep the whole-block variant (the one their correctness sweep ran with; not timed).
 // Shared memory per CTA (bytes, b16): (2 block_n d + stages 2 block_m d + 2 block_m block_n) * 2 (+ lse, D, shift;
 // d 64 lands exactly on the A100's 163 KB)
@@ -49,8 +46,7 @@ constexpr BwdTileShape bwd_tile_shape(int headdim) {
 // + 3 * block_m * 4 of row statistics per stage, + block_n * 4 of key-row bias):
 //   d 32: 128x64 -> 72 KB;  d 64: 128x64 single-buffered -> 80 KB;  d 96: 64x64 -> 88 KB;  d 128: 64x64
 //   single-buffered -> 80 KB;  d 192: 64x32 single-buffered -> 80 KB;  d 256: 32x32, 4 warps, single-buffered -> 68 KB.
-// Validated by forcing them on the H200 (sm80-path instances, FA2_DISABLE_SM90_BACKWARD=1 FA2_BWD_SMALL_TILES=1:
-// the CUDA tests of the ops and the API, memcheck, racecheck; 2026-11-30); not yet run on an sm86 / sm89 GPU.
+// Validated by forcing them on an sm90 GPU (docs/tuning.md); not yet run on an sm86 / sm89 GPU.
 constexpr BwdTileShape bwd_tile_shape_small(int headdim) {
   return headdim <= 32    ? BwdTileShape{128, 64, 8, 8, 4, 8, 2, true}
          : headdim <= 64  ? BwdTileShape{128, 64, 8, 8, 4, 8, 1, true}
@@ -72,11 +68,10 @@ constexpr int bwd_min_block_m(int headdim) {
 // (or dK/dV) columns that way between two warpgroups and keep the sm80 warp tiles (bwd_wgmma_headdim).
 //   d 32/64: 128x128, S/dP and dQ 8 x 1 warps (each warpgroup 64 query rows), dK/dV 8 x 1 (64 keys each);
 //   d 128: 64x128, S/dP and dQ 4 x 2 (the warpgroups split keys / headdim), dK/dV 8 x 1; the S..dS block compiled
-//     masked and unmasked (with S and dP in flight together, H200 bf16 S 1k-16k: +0-1% unmasked, +3-4% with a padding
-//     mask, over a branch around P's mask);
-//   d 256: 64x64 single-buffered, everything 4 x 2 (double-buffered Q/dO, 210 KB, ran 8-12% slower on the H200).
-// The default on compute capability 9.0 (set_sm90_backward, bwd_launch.h): on the H200 (bf16, S 2k-16k, causal and
-// not; 2026-11-30) the backward runs 1.22-1.28x the sm80-path one at d 64, 1.26-1.29x at d 128, 1.16-1.19x at d 256.
+//     masked and unmasked (faster than a branch around P's mask, most with a padding mask);
+//   d 256: 64x64 single-buffered, everything 4 x 2 (double-buffered Q/dO, 210 KB, ran slower).
+// The default on compute capability 9.0 (set_sm90_backward, bwd_launch.h): faster than the sm80 path at every
+// instantiated headdim (docs/tuning.md).
 constexpr bool bwd_wgmma_headdim(int headdim) {
   return headdim == 32 || headdim == 64 || headdim == 128 || headdim == 256;
 }
@@ -186,7 +181,7 @@ struct BwdTileConfigSm90a<kHeadDim, true> {
 // shared memory once for dQ = dS K over all kBlockN keys, each warpgroup taking 64 of its query rows (kBlockM 128) or
 // half of its headdim columns (kBlockM 64; each half starts at a swizzle column block).
 // Registers per consumer thread (fp32): d 128 (64 x 128): dK, dV 2 x 64 + S^T, dP^T 2 x 32, then dQ 32 (after S^T and
-// dP^T are packed) beside the next block's S^T 32 (FA2_BWD_PREFETCH_SCORES); d 64 (128 x 128): dK, dV 2 x 32 + S^T,
+// dP^T are packed) beside the next block's S^T 32 (issued behind dQ); d 64 (128 x 128): dK, dV 2 x 32 + S^T,
 // dP^T 2 x 64, then dQ 32 beside the next S^T 64.
 // Shared memory (bytes): K, V 2 x kBlockN d 2 + kStages (Q, dO: 2 x kBlockM d 2 + lse, D, shift: 3 x (kBlockM + 4) 4
 //   rounded up to 128)
@@ -210,34 +205,23 @@ struct BwdWsTileConfig {
   // while dV runs: at 128-query blocks S^T and dP^T take 64 registers each, and keeping the fp32 P beside the packed
   // one spilled 48 B
   static constexpr bool kDsBeforeDv = kBlockM == 128;
-  // Causal launches' tile order with a tail (tile_order.h) at d 128 only: at d 64 (128 queries a step) its -3..+2%
-  // causal did not pay for what the code did to ptxas's schedule of the kernel (H200, bf16, harness, two builds,
-  // 2026-12-02: -0.5..-3% without a causal mask, where the order is unchanged), so the d 64 kernel is compiled
-  // without it (its SASS is then main's)
+  // Causal launches' tile order with a tail (tile_order.h) at d 128 only: at d 64 (128 queries a step) its causal
+  // gain did not pay for what the code did to ptxas's schedule of the kernel without a causal mask (docs/tuning.md),
+  // so the d 64 kernel is compiled without it
   static constexpr bool kTileOrderTail = kHeadDim > 64;
   // The dQ conversion launched to overlap the kernel's last CTAs (bwd_launch_template.cuh; each CTA counts itself
-  // finished at its end, ws_key_block_done) at d 128 only. H200, bf16, backward alone (preprocess + kernel +
-  // conversion), harness, non-causal, two runs of two rounds, against the conversion after the kernel
-  // (variants_h200-20261203-bwd-dq-overlap.json): d 128 -0.7..+2.9% (S 1k-16k, median +0.9%); d 64 median -1.4%
-  // (S 1k -2.2..-3.3%). (d 256: BwdWsSplitTileConfig)
+  // finished at its end, ws_key_block_done) at d 128 only: at d 64 it ran slower (docs/tuning.md). (d 256:
+  // BwdWsSplitTileConfig)
   static constexpr bool kOverlapDqConversion = kHeadDim == 128;
-  // (No clusters sharing Q / dO by multicast, as the d 128 forward's share K / V: a probe with each CTA loading only
-  // one of Q / dO per block, the other buffer keeping an earlier block's real values, gained +1.1 / +0.8 / +2.0% at
-  // S 2k / 4k / 8k, an upper bound before any cluster synchronization (H200, bf16, non-causal, harness, 3 rounds;
-  // variants_h200-20261204e-bwd-probe-half-qdo.json). The same probe with the skipped buffer never loaded, zeros or
-  // NaN, gained 10-12%: the tensor cores draw less power on such data and the power-limited clocks rise. Timing
-  // probes must keep real values in every operand.)
+  // (No clusters sharing Q / dO by multicast, as the d 128 forward's share K / V: a probe bounded the gain at a few
+  // percent before any cluster synchronization, docs/tuning.md. Timing probes must keep real values in every
+  // operand: zeros or NaN draw less power and raise the power-limited clocks.)
   // The grid's last partial wave split into CTAs over parts of a tile's query blocks (tile_order.h, tail_split;
   // kBwdTailSplitTuning) without a causal mask or window: their fp32 dK, dV added by the TMA into the workspace as
   // GQA's accumulators are, the last piece of a tile storing the sums (bwd_ws_kernel.cuh). (d 256: not written)
   static constexpr bool kTailSplit = true;
-  // ... by default (bwd_tail_split -1) only with at least this many query blocks a tile: H200, 16k tokens, no mask,
-  // backward alone and forward + backward, bf16 / fp16, split / not (benchmarks/results/
-  // attention_h200-20261204-tail-split.json, two rounds): d 64 +0.4..+2.6% from S 4k (32 blocks of 128 queries),
-  // -2.5..+0.6% at 1k / 2k. d 128 from S 8k (128 blocks of 64): interleaved call by call, 5 rounds
-  // (attention_h200-20261204f-bwd-split.json), split over not +0.9..+2.0% at 8k in every round (backward and
-  // forward + backward, bf16 and fp16), +0.1..+0.3% at 4k (harness: -0.4%, so 4k stays unsplit), 16k split either way
-  // (+0.6..+1.8% in the 12-04 grid); at 2k -1.6% (harness, variants_h200-20261204e-bwd-d128-tail-split.json)
+  // ... by default (bwd_tail_split -1) only with at least this many query blocks a tile (below it the split ran
+  // slower: docs/tuning.md)
   static constexpr int kTailSplitMinQueryBlocks = kHeadDim <= 64 ? 32 : 128;
   static constexpr int kDqRows = 64, kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   // column blocks of Q, dO, K, V (SwizzledTile; the TMA boxes' width, 128-byte swizzle): a warpgroup's dQ columns
@@ -275,7 +259,7 @@ struct BwdWsTileConfig {
 // warpgroup 0 computes S^T = K Q^T (then P^T), warpgroup 1 dP^T = V dO^T (then dS^T, with P^T from shared memory);
 // each passes its result to the other through shared memory (P^T, dS^T: the other's dV / dK take it as a shared-memory
 // operand). dQ = dS K: each warpgroup half of the columns (64 registers, two passes), added into dq_accum from the
-// registers with red.global.add.v4.f32 in its fragment order (DqFragmentOrder, bwd_kernel.cuh), warpgroup 1's a
+// registers with red.global.add.v4.f32 in its fragment order (DqFragmentOrder, bwd/dq_fragment_order.h), warpgroup 1's a
 // query block late (bwd_ws_dsplit_kernel.cuh).
 // Shared memory: K, V 2 x 32 KB + 2 stages x (Q, dO 2 x 32 KB + lse, D, shift 3 x 384 B) + P^T, dS^T 2 x 2 buffers x
 //   8 KB = 226.3 KB (of 227).
@@ -288,8 +272,8 @@ struct BwdWsSplitTileConfig {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kDCols = kHeadDim / kConsumerWarpgroups;  // dK, dV, dQ columns per warpgroup
   static constexpr bool kTileOrderTail = true;  // (tile_order.h; see BwdWsTileConfig)
-  // (see BwdWsTileConfig) not here: -7.4..-8.4% at S 1k, -2.6..-4.1% at 2k, -1.8..+0.7% from 4k (the CTA's end waits
-  // for its last red.global.add of dQ before it counts itself finished)
+  // (see BwdWsTileConfig) not here: slower at S 1k-2k, no gain from 4k (the CTA's end waits for its last
+  // red.global.add of dQ before it counts itself finished)
   static constexpr bool kOverlapDqConversion = false;
   static constexpr bool kTailSplit = false;  // (see BwdWsTileConfig: its epilogue has no pieces)
   static constexpr int kBlockCols = 64;  // column blocks of Q, dO, K, V (128-byte swizzle)
@@ -326,13 +310,7 @@ constexpr bool kBwdWsSplit = std::is_same_v<BwdWsConfig<kHeadDim>, BwdWsSplitTil
 //     (CTAs / (waves x SMs));
 //   - causal lengths (key block n seen by the queries from its diagonal on; ws CTAs longest first only in the grid's
 //     tail): at least kBwdGqaGroupMinWavesCausal CTAs per SM, the longest CTA being ratio x the partials' longest.
-// H200, bf16, 32 query heads, 16k tokens, S 1k-16k, backward alone, grouped / partials
-// (benchmarks/results/gqa_backward_h200-20261203*.json): no mask, 8 / 2 / 1 kv heads (1024 / 256 / 128 CTAs, waves
-// 97% full): 1.01-1.37x at d 128, 1.02-1.31x at d 64 (largest at 1k); 1 kv head at S 17.5k (140 CTAs, 53% full) 0.61x,
-// at 14.9k (119 CTAs, 90%) 0.97x. Causal: 16 kv heads (15.5 CTAs per SM) 1.04-1.49x; 8 (7.8) 0.96-1.24x at d 128,
-// 1.03-1.36x at d 64; 4 (3.9) 0.91-1.22x, below 1 from 4k; 2 (1.9) 0.75-1.03x; 1 (1.0) 0.53-0.90x. d 256 (64-key CTAs),
-// 16 query heads, S 1k / 4k / 16k (-d256.json): 8 kv heads (15.5 CTAs per SM) 1.02-1.24x, causal 1.03-1.28x; 2 (3.9)
-// 1.02-1.19x, causal 0.66-0.87x.
+// (The thresholds: grouped against partials over kv-head counts, causal and not, d 64 / 128 / 256: docs/tuning.md.)
 constexpr double kBwdGqaGroupMinWaveFill = 0.95;
 constexpr int kBwdGqaGroupMinWavesCausal = 6;
 // Whether a headdim's warp-specialized backward has its dQ conversion overlap it (kOverlapDqConversion).

@@ -12,11 +12,10 @@
 //   warpgroup 0, at the end of its part: dQ[:, 0:128] = dS K[:, 0:128]; warpgroup 1 the same for columns 128:256 a
 //   query block late (its first pass behind its next dP^T, where it would wait idle for warpgroup 0's P^T; the
 //   second behind that block's dS^T); each in two passes of 64 columns, added into dq_accum from the registers with
-//   red.global.add.v4.f32 in dq_accum's fragment order (DqFragmentOrder, bwd_kernel.cuh: each warp's reduction 512
-//   contiguous bytes; a partial last query block row-major with red.v2), which bwd_convert_dq_kernel reads back.
-//   Against dQ staged in the stage's Q / dO columns for the TMA's reduce-add (the kernel before 2026-12-02; harness,
-//   backward alone, bf16): +0.6..+8.4% from S=2k, -0.8..+3.1% at 1k; without the deferral -1.5..+4.5%; row-major
-//   red.v2 -11..-20% (variants_h200-20261202c-bwd-d256-dq-fragment.json, variants_h200-20261202-bwd-dq-red.json).
+//   red.global.add.v4.f32 in dq_accum's fragment order (DqFragmentOrder, bwd/dq_fragment_order.h: each warp's
+//   reduction 512 contiguous bytes; a partial last query block row-major with red.v2), which bwd_convert_dq_kernel
+//   reads back (faster than dQ staged for the TMA's reduce-add, than no deferral, and than row-major red.v2:
+//   docs/tuning.md).
 // P^T and dS^T have two buffers each (alternating query blocks), so that one warpgroup may write the next while the
 // other's products still read the last; the handshakes are two named barriers (P^T ready, dS^T ready), each
 // arrived at by its writer and waited on by its reader. The plain path and its key-row bias variant (kKeyBias, padding
@@ -25,50 +24,32 @@
 // sum its group (ws_groups_gqa) the query blocks come head after head of the group, as in bwd_ws_kernel.cuh
 // (warpgroup 1's late dQ then that of the previous step: the previous head's last block where the head changed).
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
+//
+// Parts: the schedule, the producer and the consumer prologue (ws_prologue.cuh, shared with bwd_ws_kernel.cuh),
+// WsDsplitSharedStorage (shared_storage.cuh), the scores (ws_scores.cuh), the dK / dV stores (ws_dkv_store.cuh).
+// (The per-block handshake stays in this function as one piece: split into functions, the compiler's output changed.)
 #pragma once
 #include <cstdint>
 
 #include "fa2/block_info.cuh"
-#include "fa2/bwd_kernel.cuh"  // st_shared_pair, unpack2, kLog2e, bias_value, DqFragmentOrder
-#include "fa2/bwd_ptx.cuh"     // red_add_f32x2, red_add_f32x4
+#include "fa2/bwd/ws_dsplit_dq.cuh"
+#include "fa2/bwd/fragments.cuh"  // pack_k16_fragments, ld_shared_pair, unpack2
+#include "fa2/bwd/shared_storage.cuh"
+#include "fa2/bwd/tile_scheduler.cuh"
+#include "fa2/bwd/ws_dkv_store.cuh"
+#include "fa2/bwd/ws_dq.cuh"  // ws_red_dq
+#include "fa2/bwd/ws_producer.cuh"  // ws_stats_offset, ws_stats_row
+#include "fa2/bwd/ws_prologue.cuh"
+#include "fa2/bwd/ws_scores.cuh"
+#include "fa2/bwd_ptx.cuh"  // red_add_f32x4
 #include "fa2/bwd_tile_config.h"
-#include "fa2/bwd_ws_kernel.cuh"  // pack_k16_fragments, WsRing, ws_start and the other ws_ pieces
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/sm90/tma.cuh"
 #include "fa2/sm90/wgmma.cuh"
-#include "fa2/softmax.cuh"  // exp2_ftz
 
 namespace fa2 {
 namespace bwd {
-
-// One f16/bf16 pair (columns col, col + 1 of row) from a swizzled shared-memory tile (st_shared_pair's counterpart).
-template <typename Tile>
-__device__ __forceinline__ uint32_t ld_shared_pair(uint32_t sTile, int row, int col) {
-  uint32_t packed;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(packed) : "r"(sTile + (Tile::offset(row, col / 8) + col % 8) * 2)
-               : "memory");
-  return packed;
-}
-
-// A warp's dQ fragments of 16 queries added into dq_accum row-major (rows bh seqlen_q + query, kHeadDim fp32 columns)
-// with red.global.add.v2.f32 from the registers: element (nt, 2 half + e) at query q0 + 8 half, column col0 + 8 nt + e
-// (col0 with the lane's 2 tig). Queries past seqlen_q are not added (their dS^T is 0, and their rows are another
-// head's). (A partial last query block's; whole blocks go in the fragment order.)
-template <int kHeadDim, int kNTiles>
-__device__ __forceinline__ void ws_red_dq(const AttentionParams& p, const float (&dq_frag)[kNTiles][4], int64_t bh,
-                                          int q0, int col0) {
-  float* const row0 = p.dq_accum + (bh * p.seqlen_q + q0) * int64_t(kHeadDim) + col0;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (q0 + 8 * half >= p.seqlen_q) continue;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      ptx::red_add_f32x2(row0 + 8 * half * int64_t(kHeadDim) + 8 * nt, dq_frag[nt][2 * half],
-                         dq_frag[nt][2 * half + 1]);
-    }
-  }
-}
 
 template <typename T, typename Cfg, bool kKeyBias>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
@@ -85,36 +66,21 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   static_assert(kQHalfBytes == (kDCols / kBlockCols) * kBlockM * kBlockCols * 2, "a half is whole column blocks");
   static_assert(kStages >= 2, "the producer loads the next query block while the consumers work on this one");
 
-  // smem: [K (kBlockN, d)] [V] [Q0 (kBlockM, d)] [dO0] [Q1] [dO1].. [P^T 0] [P^T 1] [dS^T 0] [dS^T 1]
-  //       [lse, D (, shift)]0 [lse, D (, shift)]1.. [mbarriers: K/V, full per stage, empty per stage]
   extern __shared__ __align__(1024) unsigned char smem[];
-  const uint32_t sK = ptx::smem_u32(smem);
+  const WsDsplitSmem<Cfg> shared(smem);  // WsDsplitSharedStorage
+  const uint32_t sK = shared.k(), sV = shared.v();
   if (sK % 1024 != 0) __trap();  // the descriptors and the TMA's swizzle assume 1024-byte aligned tiles
-  const uint32_t sV = sK + Cfg::kSmemKVBytes;
-  const uint32_t sRing = sV + Cfg::kSmemKVBytes;
-  auto sP = [&](int b) { return sRing + kStages * 2 * Cfg::kSmemQBytes + b * Cfg::kSmemPBytes; };
-  auto sDs = [&](int b) { return sP(2) + b * Cfg::kSmemPBytes; };
-  const uint32_t sStats0 = sDs(2);
-  static_assert(ws_stat_box_elems<kBlockM>() * 4 <= Cfg::kSmemStatBytes, "a statistic's box fits its space");
-  const WsRing<kStages, Cfg::kSmemQBytes, Cfg::kSmemStatBytes> ring{sRing, sStats0,
-                                                                   sStats0 + kStages * 3 * Cfg::kSmemStatBytes};
-  auto smem_at = [&](uint32_t addr) { return smem + (addr - sK); };
 
-  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, ring, sK, sV);
+  // -- the key block and its query blocks, the ring's barriers; the producer warpgroup's whole part
+  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, shared);
   if (blk.producer) return;
   const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
   const int64_t bh = blk.bh;
-  const int lane = threadIdx.x & 31;
-  // the loop's steps: query blocks m_lo .. m_hi of query head head, then (a CTA that sums a GQA group) of each next
-  // head of the group in turn
-  const int steps = m_hi >= m_lo ? (m_hi - m_lo + 1) * blk.heads : 0;
 
   // -- the consumer warpgroups
-  const int ctid = int(threadIdx.x) - kWsProducerThreads;
-  // (wg broadcast from lane 0: ptxas then treats it as warp-uniform and builds the descriptors of this warpgroup's
-  // K / V rows in uniform registers, not per thread with two R2UR before every wgmma)
-  const int wg = __shfl_sync(0xffffffffu, ctid >> 7, 0);
-  const int warp_in_wg = (ctid >> 5) & 3, group = lane >> 2, tig = lane & 3;
+  const WsConsumerThread th = ws_consumer_thread(blk);
+  const int lane = th.lane, steps = th.steps, ctid = th.ctid, wg = th.wg;
+  const int warp_in_wg = th.warp_in_wg, group = th.group, tig = th.tig;
   const int key0 = warp_in_wg * 16 + group;  // this thread's first fragment row (key in the block), both warpgroups
   const int col0 = wg * kDCols;              // this warpgroup's dK / dV / dQ columns
   // kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys are masked), for warpgroup
@@ -129,52 +95,28 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
 
-  // dQ[:, col0:col0 + kDCols] = dS K[:, col0:] in two passes of kDCols / 2 columns (all kDCols beside dK, dV and the A
-  // fragment made ptxas serialize the wgmmas). Fragment element (nt, 2 half + e): query 16 warp + group + 8 half,
-  // column 8 nt + 2 tig + e of the pass.
-  constexpr int kDqPassCols = kDCols / 2, kDqPassTiles = kDqPassCols / 8;
-  static_assert(kBlockM == DqFragmentOrder::kRows && kHeadDim == DqFragmentOrder::kCols && kDqPassTiles == 8,
-                "the fragment order is of this kernel's tiles: 64 queries, two warpgroups' two passes of 8 n8 tiles");
-  // this thread's dQ fragments of pass `pass` of the query block at m0_of of (batch, head) bh_of added into dq_accum:
-  // in its fragment order where the block is whole (the launcher tells the conversion), else row-major (ws_red_dq)
-  auto red_dq = [&](const float (&acc)[kDqPassCols / 2], int64_t bh_of, int m0_of, int pass) {
-    if (m0_of + kBlockM <= p.seqlen_q) {
-      // (n8 tile 0's place, then each tile's distance from it: one base register for the eight)
-      float* const base = p.dq_accum + (bh_of * p.seqlen_q + m0_of) * int64_t(kHeadDim) +
-                          DqFragmentOrder::fragment_offset(wg, pass, 0, ctid & 127);
-#pragma unroll
-      for (int nt = 0; nt < kDqPassTiles; ++nt) {
-        ptx::red_add_f32x4(base + DqFragmentOrder::fragment_offset(0, 0, nt, 0),
-                           make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
-      }
-    } else {
-      ws_red_dq<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc), bh_of,
-                          m0_of + warp_in_wg * 16 + group, col0 + pass * kDqPassCols + 2 * tig);
-    }
-  };
-  // the dQ product of pass `pass`: dS^T (keys, queries) of buffer `ds_buffer` as the MN-major A (queries = M)
-  auto issue_dq = [&](float (&acc_dq)[kDqPassCols / 2], int ds_buffer, int pass) {
-    sm90::gemm_ss<T, kDqPassCols, kBlockN / 16, /*kAMnMajor=*/true, /*kBMnMajor=*/true, PTile, KTile,
-                  /*kWait=*/false, /*kOverwrite=*/true>(acc_dq, sDs(ds_buffer), 0, sK, col0 + pass * kDqPassCols);
-  };
+  // dQ of a warpgroup's columns, two passes per query block (WsDsplitDq)
+  constexpr int kDqPassCols = kDCols / 2;  // (columns of a pass)
+  const WsDsplitDq<T, Cfg> dq{shared, sK, wg, ctid, warp_in_wg, group, tig, col0};
 
-  if (steps > 0) sm90::mbarrier_wait_untimed(ring.bar_kv, 0);
+  if (steps > 0) sm90::mbarrier_wait_untimed(shared.kv_loaded(), /*phase=*/0);
   // this step's query block and (batch, head), and the previous step's (warpgroup 1 adds its dQ a step late)
   int m = m_lo, prev_m0 = 0;
   int64_t bh_q = bh, prev_bh = bh;
   for (int it = 0; it < steps; ++it) {
     const int s = it % kStages, b = it & 1, m0 = m * kBlockM;
-    sm90::mbarrier_wait_untimed(ring.full(s), (it / kStages) & 1);
+    sm90::mbarrier_wait_untimed(shared.full(s), (it / kStages) & 1);
     const int stats_off = ws_stats_offset(ws_stats_row(bh_q, p.seqlen_q, m0));
-    auto stat_at = [&](int i) { return reinterpret_cast<const float*>(smem_at(ring.stat(s, i))) + stats_off; };
-    const WsStats stats{stat_at(0), stat_at(1), stat_at(2)};
+    const WsStats stats{shared.template at<const float>(shared.lse(s)) + stats_off,
+                        shared.template at<const float>(shared.dsum(s)) + stats_off,
+                        shared.template at<const float>(shared.shift(s)) + stats_off};
     float acc_sdp[kBlockM / 2];  // S^T (warpgroup 0) or dP^T (warpgroup 1)
     auto& sdp_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_sdp);
     uint32_t a_frag[kBlockM / 16][4];  // P^T (warpgroup 0) or dS^T (warpgroup 1): register-A of dV_0 / dK_1
     if (wg == 0) {
       // -- S^T = K Q^T
       sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-          acc_sdp, sK, 0, ring.q(s), 0);
+          acc_sdp, sK, 0, shared.q(s), 0);
       sm90::wait_hold<0>(acc_sdp);
       // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
       if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
@@ -184,35 +126,35 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- P^T to shared memory for warpgroup 1 (its dS^T and dV_1), then dV_0 += P^T dO[:, 0:kDCols]
-      ws_store_a_fragments<PTile>(sP(b), a_frag, key0, tig);
+      ws_store_a_fragments<PTile>(shared.p(b), a_frag, key0);
       sm90::fence_proxy_async();  // P^T, stored by threads, then read by warpgroup 1's wgmma
       ptx::named_barrier_arrive<1, 256>();
-      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, a_frag, ring.dout(s));
+      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dv, a_frag, shared.dout(s));
       // -- dK_0 += dS^T Q[:, 0:kDCols], dS^T from warpgroup 1
       ptx::named_barrier_sync<2, 256>();
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
-          acc_dk, sDs(b), 0, ring.q(s), 0);
+          acc_dk, shared.ds(b), 0, shared.q(s), 0);
       // -- this block's dQ[:, 0:kDCols] (dS^T of both warpgroups' keys: warpgroup 1 stored it all before the handshake)
       float acc_dq[kDqPassCols / 2];  // (this warp's 16 queries, one pass's columns)
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
-        issue_dq(acc_dq, b, pass);
+        dq.issue(acc_dq, b, pass);
         if (pass == 0) {
           sm90::wait_hold<0>(acc_dv, acc_dk, acc_dq);
           sm90::hold_fragments(a_frag);
         } else {
           sm90::wait_hold<0>(acc_dq);
         }
-        red_dq(acc_dq, bh_q, m0, pass);
+        dq.red(p, acc_dq, bh_q, m0, pass);
       }
     } else {
       float acc_dq_prev[kDqPassCols / 2];  // the previous query block's dQ[:, kDCols:], one pass
       // -- dP^T = V dO^T
       sm90::gemm_ss<T, kBlockM, kHeadDim / 16, false, false, KTile, QTile, /*kWait=*/false, /*kOverwrite=*/true>(
-          acc_sdp, sV, 0, ring.dout(s), 0);
+          acc_sdp, sV, 0, shared.dout(s), 0);
       // the previous query block's first dQ pass behind dP^T (issued unconditionally, as every wgmma here: in the
       // first iteration it reads a dS^T buffer nothing wrote and its result is dropped)
-      issue_dq(acc_dq_prev, b ^ 1, 0);
+      dq.issue(acc_dq_prev, b ^ 1, /*pass=*/0);
       sm90::wait_hold<1>(acc_sdp);
       // -- dS^T = P^T (dP^T - D), P^T (as rounded for dV_0) from warpgroup 0
       ptx::named_barrier_sync<1, 256>();
@@ -221,28 +163,28 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
         const float2 dsum = make_float2(stats.dsum[8 * j + 2 * tig], stats.dsum[8 * j + 2 * tig + 1]);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const float2 prob = unpack2<T>(ld_shared_pair<PTile>(sP(b), key0 + 8 * half, 8 * j + 2 * tig));
+          const float2 prob = unpack2<T>(ld_shared_pair<PTile>(shared.p(b), key0 + 8 * half, 8 * j + 2 * tig));
           sdp_frag[j][half * 2] = prob.x * (sdp_frag[j][half * 2] - dsum.x);
           sdp_frag[j][half * 2 + 1] = prob.y * (sdp_frag[j][half * 2 + 1] - dsum.y);
         }
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- dS^T to shared memory for warpgroup 0 (its dK_0) and both dQ products
-      ws_store_a_fragments<PTile>(sDs(b), a_frag, key0, tig);
+      ws_store_a_fragments<PTile>(shared.ds(b), a_frag, key0);
       sm90::fence_proxy_async();  // dS^T, stored by threads, then read by wgmma
       ptx::named_barrier_arrive<2, 256>();
       sm90::wait_hold<0>(acc_dq_prev);
-      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, 0);
-      issue_dq(acc_dq_prev, b ^ 1, 1);
+      if (it > 0) dq.red(p, acc_dq_prev, prev_bh, prev_m0, /*pass=*/0);
+      dq.issue(acc_dq_prev, b ^ 1, /*pass=*/1);
       // -- dK_1 += dS^T Q[:, kDCols:], dV_1 += P^T dO[:, kDCols:] (P^T from shared memory)
-      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, ring.q(s) + kQHalfBytes);
+      sm90::gemm_rs<T, kDCols, kBlockM / 16, QTile, /*kWait=*/false>(acc_dk, a_frag, shared.q(s) + kQHalfBytes);
       sm90::gemm_ss<T, kDCols, kBlockM / 16, /*kAMnMajor=*/false, /*kBMnMajor=*/true, PTile, QTile, /*kWait=*/false>(
-          acc_dv, sP(b), 0, ring.dout(s), kDCols);
+          acc_dv, shared.p(b), 0, shared.dout(s), kDCols);
       // (this block's dQ, in the next iteration, reads every key of dS^T for each warp's queries: all four warps'
       //  stores, not only this warp's; warpgroup 0 has them through the handshake)
       ptx::named_barrier_sync<5, 128>();
       sm90::wait_hold<2>(acc_dq_prev);  // (the second pass, committed before dK_1 and dV_1)
-      if (it > 0) red_dq(acc_dq_prev, prev_bh, prev_m0, 1);
+      if (it > 0) dq.red(p, acc_dq_prev, prev_bh, prev_m0, /*pass=*/1);
       sm90::wait_hold<0>(acc_dv, acc_dk);
       sm90::hold_fragments(a_frag);
     }
@@ -250,7 +192,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     //    wait_group covers the warpgroup's whole wgmma, as the stage release of bwd_ws_kernel.cuh and CUTLASS's consumer
     //    release assume; the other warpgroup's S^T or dP^T, which read all columns, before the handshakes): release it
     __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(ring.empty(s));
+    if (lane == 0) sm90::mbarrier_arrive(shared.empty(s));
     prev_m0 = m0, prev_bh = bh_q;
     if (++m > m_hi) m = m_lo, ++bh_q;  // (the group's next head)
   }
@@ -261,9 +203,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     float acc_dq_last[kDqPassCols / 2];
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
-      issue_dq(acc_dq_last, last_b, pass);
+      dq.issue(acc_dq_last, last_b, pass);
       sm90::wait_hold<0>(acc_dq_last);
-      red_dq(acc_dq_last, prev_bh, prev_m0, pass);
+      dq.red(p, acc_dq_last, prev_bh, prev_m0, pass);
     }
   }
 
@@ -274,7 +216,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
                     batch, dkv_head, n0 + key0, col0, tig);
   // (barrier 6: 1, 2 and 5 are the handshakes' above)
-  ws_key_block_done<Cfg, 6>(p, bh, blk.heads, ctid);
+  ws_key_block_done<Cfg, /*kBarrier=*/6>(p, bh, blk.heads, ctid);
 }
 
 }  // namespace bwd

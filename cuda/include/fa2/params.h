@@ -90,7 +90,7 @@ struct AttentionParams {
   // (Last in the struct: the other fields keep their offsets in the kernels' parameter space.)
   int tile_order_tail = 0;
   // Set by the backward launcher for its dQ conversion only: dq_accum's whole blocks of DqFragmentOrder::kRows
-  // queries are in DqFragmentOrder (bwd_kernel.cuh: the headdim-split ws backward's, bwd_ws_dsplit_kernel.cuh), the
+  // queries are in DqFragmentOrder (bwd/dq_fragment_order.h: the headdim-split ws backward's, bwd_ws_dsplit_kernel.cuh), the
   // rest row-major.
   bool dq_accum_fragment_order = false;
   // Set by the backward launcher (bwd_launch_template.cuh) where its dQ conversion overlaps the warp-specialized main

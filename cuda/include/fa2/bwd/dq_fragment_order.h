@@ -1,0 +1,40 @@
+// The d 256 ws backward's order of dq_accum within whole query blocks (written by bwd_ws_dsplit_kernel.cuh,
+// read back by bwd_convert_dq_kernel).
+#pragma once
+
+namespace fa2 {
+namespace bwd {
+
+// dq_accum's fragment order (the d 256 ws backward's, bwd_ws_dsplit_kernel.cuh: FA-3's layout there): within each
+// whole block of kRows queries (kCols fp32 columns, the block's kRows x kCols floats where row-major has them),
+// warpgroup w's dQ pass `pass` (columns 128 w + 64 pass ..), n8 tile nt, is 512 floats, thread t's (of 128) four at
+// 4 t: fragment element (nt, 2 half + e) of warp t / 32, lane 4 group + tig, which holds query 16 warp + group +
+// 8 half, column 128 w + 64 pass + 8 nt + 2 tig + e. One warp's red.v4 covers 512 contiguous bytes.
+struct DqFragmentOrder {
+  static constexpr int kRows = 64, kCols = 256;
+  // where thread `thread` (of 128) of warpgroup w puts its four floats of pass `pass`, n8 tile nt
+  __host__ __device__ static constexpr int fragment_offset(int w, int pass, int nt, int thread) {
+    return ((w * 2 + pass) * 8 + nt) * 512 + thread * 4;
+  }
+  __host__ __device__ static constexpr int offset(int row, int col) {
+    const int w = col / 128, pass = (col / 64) % 2, nt = (col / 8) % 8, tig = (col / 2) % 4, e = col % 2;
+    const int warp = row / 16, group = row % 8, half = (row / 8) % 2;
+    return fragment_offset(w, pass, nt, warp * 32 + group * 4 + tig) + 2 * half + e;
+  }
+};
+// (compile-time check: every (row, column) of a block at its own place in the block)
+constexpr bool dq_fragment_order_is_a_permutation() {
+  bool seen[DqFragmentOrder::kRows * DqFragmentOrder::kCols] = {};
+  for (int r = 0; r < DqFragmentOrder::kRows; ++r) {
+    for (int c = 0; c < DqFragmentOrder::kCols; ++c) {
+      const int o = DqFragmentOrder::offset(r, c);
+      if (o < 0 || o >= DqFragmentOrder::kRows * DqFragmentOrder::kCols || seen[o]) return false;
+      seen[o] = true;
+    }
+  }
+  return true;
+}
+static_assert(dq_fragment_order_is_a_permutation(), "DqFragmentOrder::offset is a permutation of a block");
+
+}  // namespace bwd
+}  // namespace fa2

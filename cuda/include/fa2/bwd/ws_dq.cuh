@@ -1,0 +1,61 @@
+// The warp-specialized backward's dQ out of the registers: staged in shared memory for the TMA's reduce-add
+// (bwd_ws_kernel; the same staging serves its fp32 dK / dV sums), or added into dq_accum with red.global
+// (bwd_ws_dsplit_kernel's partial last query block).
+#pragma once
+#include <cstdint>
+
+#include "fa2/bwd_ptx.cuh"  // red_add_f32x2
+#include "fa2/params.h"
+
+namespace fa2 {
+namespace bwd {
+
+// One warp's dQ fragments (rows row_first + 8 half, columns 8 nt + 2 tig + e) into the TMA reduce-add's staging:
+// 32-column boxes (n8 tiles 4 box .. 4 box + 3), box b at box_at(b), rows of 128 bytes with the 128-byte swizzle
+// (row r's 16-byte chunk c at c ^ r % 8).
+// Bank conflicts: a 64-bit store is served per half-warp (4 rows r % 8 = 4 h .. 4 h + 3, all four tig). Were every lane
+// to store tile nt, tig 0-1 (chunk 2 (nt % 4)) and tig 2-3 (chunk 2 (nt % 4) + 1) would land, after the swizzle, in
+// the same four chunks: two wavefronts per half-warp (ncu: 4 per instruction, 2 ideal; a large share of the d 128 backward's
+// issue stalls were MIO throttle on these stores). So tig 2-3 store tile nt ^ 2 where tig 0-1 store nt: the two
+// halves of the half-warp fill different aligned groups of four chunks (the swizzle's r % 4 part stays inside one),
+// 128 bytes over 32 banks, one wavefront. (Two selects per store: the tile is a per-lane choice.)
+template <int kNTiles, class BoxAt>
+__device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], BoxAt box_at, int row_first, int tig) {
+  static_assert(kNTiles % 4 == 0, "the dQ staging pairs n8 tiles nt and nt ^ 2 of one 32-column box");
+  const bool swapped = tig >= 2;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row_first + 8 * half;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int lane_nt = swapped ? nt ^ 2 : nt;
+      const int box = nt / 4, chunk = 2 * (lane_nt % 4) + tig / 2;
+      const uint32_t addr = box_at(box) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
+      const float x = swapped ? dq_frag[nt ^ 2][half * 2] : dq_frag[nt][half * 2];
+      const float y = swapped ? dq_frag[nt ^ 2][half * 2 + 1] : dq_frag[nt][half * 2 + 1];
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+    }
+  }
+}
+
+// A warp's dQ fragments of 16 queries added into dq_accum row-major (rows bh seqlen_q + query, kHeadDim fp32 columns)
+// with red.global.add.v2.f32 from the registers: element (nt, 2 half + e) at query q0 + 8 half, column col0 + 8 nt + e
+// (col0 with the lane's 2 tig). Queries past seqlen_q are not added (their dS^T is 0, and their rows are another
+// head's). (A partial last query block's; whole blocks go in the fragment order.)
+template <int kHeadDim, int kNTiles>
+__device__ __forceinline__ void ws_red_dq(const AttentionParams& p, const float (&dq_frag)[kNTiles][4], int64_t bh,
+                                          int q0, int col0) {
+  float* const row0 = p.dq_accum + (bh * p.seqlen_q + q0) * int64_t(kHeadDim) + col0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (q0 + 8 * half >= p.seqlen_q) continue;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      ptx::red_add_f32x2(row0 + 8 * half * int64_t(kHeadDim) + 8 * nt, dq_frag[nt][2 * half],
+                         dq_frag[nt][2 * half + 1]);
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace fa2

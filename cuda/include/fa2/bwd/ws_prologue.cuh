@@ -1,0 +1,107 @@
+// The warp-specialized backward kernels' prologue, shared by both: the schedule (tile_scheduler.cuh), the ring's
+// barriers, the CTA's only barrier, the producer warpgroup's whole part (ws_producer.cuh), and each consumer thread's
+// place in the consumer warpgroups.
+#pragma once
+#include <cstdint>
+
+#include "fa2/bwd/bias_value.cuh"
+#include "fa2/bwd/tile_scheduler.cuh"
+#include "fa2/bwd/ws_producer.cuh"
+#include "fa2/bwd_ptx.cuh"  // launch_dependent_grids
+#include "fa2/params.h"
+#include "fa2/ptx.cuh"
+#include "fa2/sm90/tma.cuh"
+#include "fa2/sm90/wgmma.cuh"
+#include "fa2/tile_config.h"  // kWsProducerThreads
+
+namespace fa2 {
+namespace bwd {
+
+// The CTA's only barrier (the producer warpgroup leaves after it). With kKeyBias it also tells whether every key of
+// the block (kBlockN from n0) is padded (-inf / False, or past seqlen_k): then the block's query range is emptied
+// (returns m_lo - 1: dK = dV = 0 and nothing is added to dQ); else it returns m_hi. (A CTA that sums a GQA group
+// has one bias for all its heads: ws_start.)
+template <typename T, bool kKeyBias, int kBlockN>
+__device__ __forceinline__ int ws_cta_barrier(const AttentionParams& p, int n0, int batch, int head, int m_lo,
+                                              int m_hi) {
+  if constexpr (kKeyBias) {
+    bool padded = true;
+    if (threadIdx.x < kBlockN) {
+      const int key = n0 + int(threadIdx.x);
+      padded = key >= p.seqlen_k || bias_value<T>(p, bias_of_head(p, batch, head), 0, key) == -INFINITY;
+    }
+    if (__syncthreads_and(padded)) return m_lo - 1;
+  } else {
+    __syncthreads();
+  }
+  return m_hi;
+}
+
+// A key-row bias's values at one thread's keys key_first, key_first + 8 (0 past seqlen_k: those keys are masked).
+template <typename T>
+__device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int batch, int head, int key_first,
+                                                 float (&key_bias)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key_first + 8 * half;
+    if (key < p.seqlen_k) key_bias[half] = bias_value<T>(p, bias_of_head(p, batch, head), 0, key);
+  }
+}
+
+// The ws kernels' start once their shared memory is laid out: the key block and its query range (ws_schedule), the
+// ring's barriers, the CTA's only barrier (ws_cta_barrier: with kKeyBias an all-padded key block empties the range),
+// then the producer warpgroup's whole part (its registers given back, one thread streaming the query blocks:
+// ws_produce; a stage goes back to it once its consumers release it) and the consumers' registers taken.
+template <typename T, typename Cfg, bool kKeyBias, class Smem>
+__device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
+                                               const Smem& smem) {
+  static_assert(Cfg::kBlockN <= Cfg::kNThreads, "one key per thread");
+  // (the dQ conversion, launched behind this kernel, may take the SMs its last CTAs leave: ws_key_block_done)
+  if constexpr (Cfg::kOverlapDqConversion) {
+    if (threadIdx.x == 0) ptx::launch_dependent_grids();
+  }
+  WsKeyBlock blk = ws_schedule<Cfg, kKeyBias>(p);
+
+  if (threadIdx.x == 0) smem.init_barriers(4 * Cfg::kConsumerWarpgroups);
+  blk.m_hi = ws_cta_barrier<T, kKeyBias, Cfg::kBlockN>(p, blk.n0, blk.batch, blk.head, blk.m_lo, blk.m_hi);
+
+  blk.producer = threadIdx.x < kWsProducerThreads;
+  if (blk.producer) {
+    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0 && blk.m_lo <= blk.m_hi) {
+      ws_produce<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHeadDim, Cfg::kBlockCols, kKeyBias>(
+          maps, smem, p.seqlen_q, blk.m_lo, blk.m_hi, blk.n0, blk.head, blk.heads, blk.head_k, blk.batch, blk.bh);
+    }
+  } else {
+    sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  }
+  return blk;
+}
+
+// A consumer thread's place: its index among the consumers, its warpgroup (wg), warp in it, and fragment row / column
+// (group = lane / 4, tig = lane % 4); and the consumers' loop steps (WsKeyBlock::steps).
+struct WsConsumerThread {
+  int lane, steps, ctid, wg, warp_in_wg, group, tig;
+  // this warpgroup's own named barrier (2 + wg: bwd_ws_kernel's dQ staging and dK / dV staging)
+  __device__ __forceinline__ void warpgroup_sync() const {
+    if (wg == 0) {
+      ptx::named_barrier_sync<2, 128>();
+    } else {
+      ptx::named_barrier_sync<3, 128>();
+    }
+  }
+};
+__device__ __forceinline__ WsConsumerThread ws_consumer_thread(const WsKeyBlock& blk) {
+  WsConsumerThread th;
+  th.lane = threadIdx.x & 31;
+  th.steps = blk.steps();
+  th.ctid = int(threadIdx.x) - kWsProducerThreads;
+  // (wg broadcast from lane 0: ptxas then treats it as warp-uniform and builds the descriptors of this warpgroup's
+  // K / V rows in uniform registers, not per thread with two R2UR before every wgmma)
+  th.wg = __shfl_sync(0xffffffffu, th.ctid >> 7, 0);
+  th.warp_in_wg = (th.ctid >> 5) & 3, th.group = th.lane >> 2, th.tig = th.lane & 3;
+  return th;
+}
+
+}  // namespace bwd
+}  // namespace fa2
