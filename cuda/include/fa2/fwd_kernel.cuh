@@ -23,6 +23,8 @@
 #include "fa2/cta_trace.cuh"
 #include "fa2/fwd/gemm.cuh"
 #include "fa2/fwd/kernel_config.cuh"
+#include "fa2/fwd/kernel_traits.cuh"
+#include "fa2/fwd/shared_storage.cuh"
 #include "fa2/fwd/load_tile.cuh"
 #include "fa2/fwd/pingpong.cuh"
 #include "fa2/fwd/score_mod.cuh"
@@ -50,97 +52,36 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                          kMode == ScoreMode::kKeyBiasFold ||
                                                          kMode == ScoreMode::kPlain))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
-  constexpr bool kWgmma = kArchTag == 901;
-  constexpr bool kTma = kWgmma && FA2_SM90_TMA;
-  constexpr bool kWs = kWarpSpecialized;
-  using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
-  static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
-  // K/V stages of the ring and the shared memory in all (warp-specialized: deeper where it fits, tile_config.h)
-  constexpr int kRing = kWarpSpecialized ? Cfg::kWsStages : Cfg::kStages;
-  constexpr int kSmemTotal = kWarpSpecialized ? Cfg::kSmemBytesWs : Cfg::kSmemBytes;
-  static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
-  static_assert(!kPingpong || (kWs && Cfg::kNThreads == 256), "ping-pong: two consumer warpgroups, warp-specialized");
-  // kOverlap (warp-specialized, without ping-pong): P V of tile n-1 stays in flight while S of tile n becomes P; O
-  // is rescaled once it completed. The same operations on O in the same order (x c(n-1), + P V(n-1), x c(n), ...).
-  // With kPingpong too, each warpgroup's turn issues both (Q K^T of tile n, P V of tile n-1).
-  static_assert(!kOverlap || kWs, "intra-warpgroup overlap: warp-specialized");
-  // one stage would deadlock a warp-specialized kernel: a consumer waits for tile it before releasing tile it - 1
-  static_assert(!kWs || kRing >= 2, "warp specialization needs at least two K/V stages");
-  // the consumers' registers after setmaxnreg (see ws_consumer_regs)
-  constexpr int kWsConsumerRegs = ws_consumer_regs(Cfg::kNThreads);
-  constexpr int kWsThreads = kWsProducerThreads + Cfg::kNThreads;
-  static_assert(!kWs || kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * kWsConsumerRegs <=
-                            kWsThreads * ((64 * 1024 / kWsThreads) & ~7),
-                "warp specialization: producer + consumer registers within the CTA's launch register pool");
-  using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
-  using KVTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
+  using Traits = FwdKernelTraits<T, kHeadDim, kArchTag, kMode, kBias, kWarpSpecialized, kPingpong, kOverlap,
+                                 kTileCounter, kCluster>;
+  using Cfg = typename Traits::Cfg;
+  constexpr bool kWgmma = Traits::kWgmma, kTma = Traits::kTma, kWs = Traits::kWs;
+  constexpr int kRing = Traits::kRing, kWsConsumerRegs = Traits::kWsConsumerRegs;
+  using QTile = typename Traits::QTile;
+  using KVTile = typename Traits::KVTile;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
   constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
+  constexpr bool kBiasFold = Traits::kBiasFold, kStagedBias = Traits::kStagedBias;
+  constexpr bool kSkipMaskedTiles = Traits::kSkipMaskedTiles, kSplitKV = Traits::kSplitKV;
+  constexpr bool kPersistent = Traits::kPersistent, kQInRegisters = Traits::kQInRegisters;
+  constexpr bool kStagedO = Traits::kStagedO;
+  constexpr int kBlockCols = Traits::kBlockCols, kColBlocks = Traits::kColBlocks;
+  using BiasElem = typename Traits::BiasElem;
+  constexpr uint32_t kBiasTileBytes = Traits::kBiasTileBytes;
 
-  // smem: [Q (kBlockM, d)] [K0 (kBlockN, d)] [V0] ([K1] [V1] ... one pair per stage of the ring)
-  //       (sm_90a: [a key tile of bias per stage] ([the same folded to fp32, per stage]: not warp-specialized)
-  //       [mbarriers])
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
-  const uint32_t sQ = ptx::smem_u32(smem);
+  const FwdSmem<Traits> shared(smem);
+  const uint32_t sQ = shared.q();
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.
   if (sQ % 1024 != 0) __trap();
-  auto sK = [&](int buf) { return sQ + Cfg::kSmemQBytes + buf * 2 * Cfg::kSmemKVBytes; };
-  auto sV = [&](int buf) { return sK(buf) + Cfg::kSmemKVBytes; };
-  auto sBias = [&](int buf) { return sK(kRing) + buf * Cfg::kSmemBiasTileBytes; };  // see kStagedBias
-  auto sBiasFolded = [&](int buf) { return sBias(kRing) + buf * Cfg::kSmemBiasFoldedBytes; };
-  auto smem_at = [&](uint32_t addr) { return smem + (addr - sQ); };  // a shared-memory address as a pointer
 
   // tid / warp: the thread's place among the consumer (computing) threads; the producer warpgroup of a
   // warp-specialized kernel comes first and has tid < 0
   const int tid = int(threadIdx.x) - (kWs ? kWsProducerThreads : 0), warp = tid >> 5, lane = threadIdx.x & 31;
   const int headdim = p.headdim;
-  constexpr bool kBiasFold = kMode == ScoreMode::kBiasFold || kMode == ScoreMode::kKeyBiasFold;
-  static_assert((kMode == ScoreMode::kPlain) == (kBias == BiasType::kNone) || kMode == ScoreMode::kGeneral,
-                "plain means no bias; bias-fold needs one");
-  using BiasElem = typename BiasElement<T, kBias>::type;
-  // sm_90a (TMA loads) with a key-row bias: the thread that issues a K/V tile's copies also loads that tile's bias
-  // (kBlockN keys, by the TMA: maps.bias, zeros past seqlen_k) into the stage, on the same barrier, so that S starts
-  // from it in shared memory instead of from global loads in flight at the wgmma (registers, and their latency, were
-  // what a padding mask cost). The launcher sends only biases with unit key stride and 16-byte aligned rows here.
-  constexpr bool kStagedBias = kTma && kMode == ScoreMode::kKeyBiasFold;
-  constexpr uint32_t kBiasTileBytes = kBlockN * sizeof(BiasElem);
-  static_assert(!kStagedBias || (kBiasTileBytes <= Cfg::kSmemBiasTileBytes && kBiasTileBytes % 16 == 0),
-                "a key tile of bias fits its stage and is a whole number of 16-byte TMA units");
-  // Staged key tiles whose bias is all -inf are skipped (KeyTileKind), except under ping-pong (its warpgroups' turns
-  // count tiles) and in the 128-register key-row kernel at d <= 64 (two CTAs per SM): ptxas spilled 88-92 B a thread
-  // there with the skip's path (52-56 B with only the all-zero one), so it reads them as mixed tiles.
-  constexpr bool kSkipMaskedTiles =
-      kStagedBias && !kPingpong && (kWs || FwdTileConfig<kHeadDim, kWgmma>::min_blocks_per_sm(true) == 0);
   using CheckRows = std::true_type;
   using NoCheckRows = std::false_type;
 
-  // TMA path: mbarriers after the tiles, one for Q and one per K/V stage ("full"; warp-specialized: also one
-  // "empty" per stage, and one for Q); one thread issues every copy, one per column block of a tile (the TMA writes
-  // the SwizzledTile layout itself and zero-fills rows past seqlen and columns past headdim), everyone waits on the
-  // barrier. A stage's barrier completes once per use: use number u (counted across the CTA's query blocks) has
-  // parity (u / kRing) % 2; Q's completes once per query block.
-  constexpr int kBlockCols = Cfg::kSmemBlockCols, kColBlocks = kHeadDim / kBlockCols;
-  // the bytes each barrier expects are the bytes its boxes write (a mismatch would hang the wait)
-  static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
-  static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
-  // kSplitKV: K and V each on a full / empty barrier pair of their own (FA-3's two pipelines), in the overlap
-  // schedules with a two-stage ring (d 256). K is released once Q K^T has completed, V once P V has. With one pair, a
-  // stage stays held until its P V completes, which these schedules issue behind the next tile's Q K^T: with two
-  // stages the producer then had nothing to load ahead (d 256 overlap 0.63-0.78x ping-pong; with the split +6.6..+8.7%
-  // over it, tile_config.h). bar_kv / bar_empty are then K's, bar_v / bar_v_empty V's. Not with a staged bias, which
-  // travels with K/V on one pair (a skipped tile releases both), nor in the persistent kernels (three stages).
-  constexpr bool kSplitKV = kWs && kOverlap && !kStagedBias && kRing == 2;
-  const uint32_t bar_q = sQ + kSmemTotal - Cfg::kSmemBarrierBytes;
-  auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
-  auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
-  const uint32_t bar_q_empty = bar_q + 8 + 16 * kRing;  // warp-specialized: Q read by every consumer warp
-  // the persistent kernel's next tile, written by the producer before it completes bar_q's phase for that tile
-  // (num_tiles: no more tiles); with a tile counter only
-  const uint32_t tile_slot = bar_q_empty + 8;
-  auto bar_v = [&](int buf) { return tile_slot + 8 + 8 * buf; };                  // kSplitKV: V landed
-  auto bar_v_empty = [&](int buf) { return tile_slot + 8 + 8 * kRing + 8 * buf; };  // kSplitKV: V released
-  static_assert(!kTma || 8 * (3 + (kSplitKV ? 4 : 2) * kRing) <= Cfg::kSmemBarrierBytes,
-                "Q, full and empty mbarriers, a slot (kFwdSmemBarrierBytes)");
   // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp); with
   // kSplitKV its K (release_stage) and its V (release_v) separately
   auto release = [&](uint32_t bar) {
@@ -156,8 +97,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if (lane == 0) sm90::mbarrier_arrive_cluster(bar, cta_rank ^ 1);
     }
   };
-  auto release_stage = [&](int buf) { release_kv(bar_empty(buf)); };
-  auto release_v = [&](int buf) { release_kv(kSplitKV ? bar_v_empty(buf) : bar_empty(buf)); };
+  auto release_stage = [&](int buf) { release_kv(shared.bar_empty(buf)); };
+  auto release_v = [&](int buf) { release_kv(kSplitKV ? shared.bar_v_empty(buf) : shared.bar_empty(buf)); };
   // the computing threads' wait for a Q / K+V barrier; untimed in a warp-specialized kernel (see
   // sm90::mbarrier_wait_untimed: its producer's waits keep the trap)
   auto wait_loaded = [&](uint32_t bar, uint32_t phase) {
@@ -168,8 +109,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
   };
   auto tma_q = [&](int m0, int head, int batch) {  // a query block's Q (one thread)
-    sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
-    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ, &maps.q, bar_q, m0, head, batch);
+    sm90::mbarrier_arrive_expect_tx(shared.bar_q(), Cfg::kSmemQBytes);
+    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ, &maps.q, shared.bar_q(), m0, head, batch);
   };
   // kSplitKV: K, or V, of key tile n into dst on its own barrier (one thread)
   auto tma_k_or_v = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int n, int head_k, int batch) {
@@ -183,27 +124,27 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // K and V (and the staged bias) of key tile n into stage buf (one thread)
   auto tma_kv = [&](int n, int buf, int head_k, int batch, int bias_head, int bias_batch) {
     // (kCluster: the whole tile lands here too, half of it from the peer's producer)
-    sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes + (kStagedBias ? kBiasTileBytes : 0));
+    sm90::mbarrier_arrive_expect_tx(shared.bar_kv(buf), 2 * Cfg::kSmemKVBytes + (kStagedBias ? kBiasTileBytes : 0));
     if constexpr (kCluster) {
 #pragma unroll
       for (int i = 0; i < kColBlocks / 2; ++i) {  // column blocks rank, rank + 2, ... into both CTAs
         const int blk = 2 * i + int(cta_rank);
         const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d_multicast(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
+        sm90::tma_load_4d_multicast(shared.k(buf) + offset, &maps.k, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
                                     batch, 0b11);
-        sm90::tma_load_4d_multicast(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
+        sm90::tma_load_4d_multicast(shared.v(buf) + offset, &maps.v, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
                                     batch, 0b11);
       }
     } else {
 #pragma unroll
       for (int blk = 0; blk < kColBlocks; ++blk) {
         const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
-        sm90::tma_load_4d(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
+        sm90::tma_load_4d(shared.k(buf) + offset, &maps.k, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
+        sm90::tma_load_4d(shared.v(buf) + offset, &maps.v, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
       }
     }
     if constexpr (kStagedBias) {
-      sm90::tma_load_3d(sBias(buf), &maps.bias, bar_kv(buf), n * kBlockN, bias_head, bias_batch);
+      sm90::tma_load_3d(shared.bias(buf), &maps.bias, shared.bar_kv(buf), n * kBlockN, bias_head, bias_batch);
     }
   };
 
@@ -219,17 +160,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // heads, batch) grid.
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  constexpr bool kPersistent = kWs && fwd_persistent_headdim(kHeadDim);
-  static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
-  // (kSplitKV: written and run for one tile per CTA, the d 256 kernels'; its use counts carry over as bar_kv's do)
-  static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
   // kCluster: CTAs in pairs (a cluster of two: ranks 0 and 1 are blockIdx.x 2c and 2c + 1) whose tiles t, t + 1 are
   // two query blocks of one (batch, head) with the same key range, so that each K/V tile is read from L2 once for
   // both: each CTA's producer loads half its column blocks and multicasts them into both CTAs' stage (FA-3 runs its
   // d >= 128 non-causal forward in clusters of two). The launcher sends only calls where that holds for every pair:
   // an even grid, an even number of query blocks per head, no causal mask or window, the head-major tile order.
-  static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
-                "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
   const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
   const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;
   // (tile_order.h: a head's longest block, rank 0, is its last query block. The warp-specialized kernels' tiles
@@ -263,16 +198,16 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // (kCluster: launched as the launcher must, in pairs sharing each tile's keys; otherwise the multicasts
         // would go to a CTA that is not there, or the pairs' loads would differ)
         if (kCluster && (sm90::cluster_num_ctas() != 2 || p.tile_order_tail != 0)) __trap();
-        sm90::mbarrier_init(bar_q, 1);
-        if constexpr (kWs) sm90::mbarrier_init(bar_q_empty, Cfg::kNWarps);  // one arrival per consumer warp
+        sm90::mbarrier_init(shared.bar_q(), 1);
+        if constexpr (kWs) sm90::mbarrier_init(shared.bar_q_empty(), Cfg::kNWarps);  // one arrival per consumer warp
 #pragma unroll
         for (int b = 0; b < kRing; ++b) {
-          sm90::mbarrier_init(bar_kv(b), 1);
+          sm90::mbarrier_init(shared.bar_kv(b), 1);
           // one arrival per consumer warp (kCluster: of both CTAs)
-          if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps * (kCluster ? 2 : 1));
+          if constexpr (kWs) sm90::mbarrier_init(shared.bar_empty(b), Cfg::kNWarps * (kCluster ? 2 : 1));
           if constexpr (kSplitKV) {
-            sm90::mbarrier_init(bar_v(b), 1);
-            sm90::mbarrier_init(bar_v_empty(b), Cfg::kNWarps);
+            sm90::mbarrier_init(shared.bar_v(b), 1);
+            sm90::mbarrier_init(shared.bar_v_empty(b), Cfg::kNWarps);
           }
         }
         sm90::fence_barrier_init();
@@ -295,12 +230,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // A persistent CTA's tiles: blockIdx.x, then every gridDim.x-th, or, in the tile-counter kernel
         // (kTileCounter: p.workspace, zeroed, fwd_workspace_ints), the next unclaimed one (tiles below gridDim.x go
         // first, then gridDim.x + the counter's value). There the consumers cannot work out the next tile
-        // themselves, so the producer announces each tile after a CTA's first: its index in tile_slot, then bar_q's
+        // themselves, so the producer announces each tile after a CTA's first: its index in shared.tile_slot(), then shared.bar_q()'s
         // phase completed (by Q's load, or by an arrival alone for a tile without keys), once every consumer warp is
         // done with the previous tile's Q (and so has read the slot); after the last tile, num_tiles.
         auto announce = [&](int t) {
-          if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
-          if constexpr (kTileCounter) *reinterpret_cast<volatile int*>(smem_at(tile_slot)) = t;
+          if (q_loads > 0) sm90::mbarrier_wait(shared.bar_q_empty(), (q_loads - 1) & 1);
+          if constexpr (kTileCounter) *reinterpret_cast<volatile int*>(shared.ptr(shared.tile_slot())) = t;
           ++q_loads;
         };
         // the tile after t: claimed once t's copies are all issued (the producer runs up to a ring ahead of the
@@ -315,7 +250,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           if (range.empty()) {  // (the consumers write its zeros)
             if constexpr (kTileCounter) {
               announce(t);
-              sm90::mbarrier_arrive(bar_q);
+              sm90::mbarrier_arrive(shared.bar_q());
             }
             continue;
           }
@@ -324,14 +259,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in
           // (Q K^T of tile n beside P V of tile n + 1); the last tile's V after the loop
           auto load_v_of = [&](int n, int v_use) {
-            if (v_use >= kRing) sm90::mbarrier_wait(bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
-            tma_k_or_v(&maps.v, sV(v_use % kRing), bar_v(v_use % kRing), n, head_k, batch);
+            if (v_use >= kRing) sm90::mbarrier_wait(shared.bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
+            tma_k_or_v(&maps.v, shared.v(v_use % kRing), shared.bar_v(v_use % kRing), n, head_k, batch);
           };
           for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
             // the stage's previous tile (use - kRing) must have been read by every consumer warp
-            if (use >= kRing) sm90::mbarrier_wait(bar_empty(use % kRing), ((use / kRing) - 1) & 1);
+            if (use >= kRing) sm90::mbarrier_wait(shared.bar_empty(use % kRing), ((use / kRing) - 1) & 1);
             if constexpr (kSplitKV) {
-              tma_k_or_v(&maps.k, sK(use % kRing), bar_kv(use % kRing), n, head_k, batch);
+              tma_k_or_v(&maps.k, shared.k(use % kRing), shared.bar_kv(use % kRing), n, head_k, batch);
               if (n != range.hi - 1) load_v_of(n + 1, use - 1);
             } else {
               tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
@@ -347,14 +282,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         }
         if constexpr (kTileCounter) {  // (no more tiles)
           announce(num_tiles);
-          sm90::mbarrier_arrive(bar_q);
+          sm90::mbarrier_arrive(shared.bar_q());
         }
         if constexpr (kCluster) {
           // The peer's consumer warps arrive on this CTA's empty barriers up to the last stage they read: this thread
           // waits for those arrivals (the releases of the last kRing uses, which no load waited for), so that the
           // CTA, whose shared memory they land in, cannot exit before them.
           for (int u = use; u < use + kRing; ++u) {
-            if (u >= kRing) sm90::mbarrier_wait(bar_empty(u % kRing), ((u / kRing) - 1) & 1);
+            if (u >= kRing) sm90::mbarrier_wait(shared.bar_empty(u % kRing), ((u / kRing) - 1) & 1);
           }
         }
       }
@@ -377,7 +312,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   FA2_CTA_MARK(trace::kSm, tid == 0);
   [[maybe_unused]] int trace_tile = 0;
 
-  // A persistent CTA's next Q loads into Q's shared memory once every consumer warp has released it (bar_q_empty):
+  // A persistent CTA's next Q loads into Q's shared memory once every consumer warp has released it (shared.bar_q_empty()):
   // after the key loop, or, in the persistent d 128 overlap kernels without a staged bias, as soon as it is loaded
   // into registers (kQInRegisters: 32 a thread, ldmatrix'd once per query block, Q K^T then a register-A wgmma), so
   // that its load (about a microsecond) runs behind the tile's whole key loop. (Before, those kernels released Q after
@@ -390,7 +325,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // spilled, reloaded once per tile in the epilogue.) With the P V wait below, against d2e0cc8
   // (variants_h200-20261201-fwd-pv-wait-q-registers.json): +1.0 / +1.8 / +2.6 / +1.9% at S 2k / 4k / 8k / 16k
   // (-0.4% at 1k), causal +0.7 / +1.2 / +1.2 / +2.6 / +3.3% at S 1k..16k.
-  constexpr bool kQInRegisters = kPersistent && kOverlap && !kStagedBias;
   // A CTA that may run a next tile: its consumers release Q once it is in registers or after each tile's key loop (the
   // producer's next Q, or announcement, waits for that) and store O from the registers. With the tile counter they
   // learn each next tile from the producer's announcement (its loop), its Q landed with it. (A kernel template of its
@@ -406,7 +340,6 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // Measured (H200, bf16, d 128 non-causal, harness, 3 rounds ABAB against the direct stores in one call,
   // variants_h200-20261204e-fwd-d128-staged-o.json): +1.2 / +0.7 / +1.6 / +1.1% at S 2k / 4k / 8k / 16k, -0.4% at
   // 1k; out and lse bitwise the same.
-  constexpr bool kStagedO = kQInRegisters && !kTileCounter;
   bool q_in_registers = false;  // kStagedO: this tile's Q was read into q_frag at the end of the previous one
   // kQInRegisters: this warp's 16 rows of Q, as the A fragments of Q K^T (across tiles: kStagedO reads the next
   // tile's at the end of one)
@@ -414,9 +347,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
   auto announced_tile = [&]() {
     // (read by lane 0 and broadcast: each warp's release of Q, lane 0's, then follows its read in program order)
-    wait_loaded(bar_q, q_loads & 1);
+    wait_loaded(shared.bar_q(), q_loads & 1);
     int slot = 0;
-    if (lane == 0) slot = *reinterpret_cast<volatile const int*>(smem_at(tile_slot));
+    if (lane == 0) slot = *reinterpret_cast<volatile const int*>(shared.ptr(shared.tile_slot()));
     return __shfl_sync(0xffffffffu, slot, 0);
   };
   for (int t = first_tile; t < num_tiles; t = kTileCounter ? announced_tile() : t + tile_stride) {
@@ -451,9 +384,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // for parity 1 would return at once while phase 0 is still open (a parity wait counts the phase before
         // the current one as complete) and read the slot before the producer wrote it. For an announced tile the
         // phase has completed already (its next cannot complete before this warp's arrival below).
-        wait_loaded(bar_q, q_loads & 1);
+        wait_loaded(shared.bar_q(), q_loads & 1);
         __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
+        if (lane == 0) sm90::mbarrier_arrive(shared.bar_q_empty());
         ++q_loads;
       }
       continue;
@@ -468,11 +401,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
     auto load_k = [&](int n, int buf, auto check_rows) {
       load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-          sK(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+          shared.k(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
     };
     auto load_v = [&](int n, int buf, auto check_rows) {
       load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-          sV(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
+          shared.v(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
     };
 
     // -- prologue: Q and the first (highest) key tile in flight
@@ -525,17 +458,17 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     bool pv_pending = false;
     // kSplitKV: V of stage buf (use u) has landed (a tile's use is the previous one's + 1: no tile is skipped there)
     auto wait_v = [&](int buf, int u) {
-      if constexpr (kSplitKV) wait_loaded(bar_v(buf), (u / kRing) & 1);
+      if constexpr (kSplitKV) wait_loaded(shared.bar_v(buf), (u / kRing) & 1);
     };
     // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
     // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
     // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
     // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
     bool heavy_rows_possible = !kStagedBias || kWs;
-    // kQInRegisters: this warp's rows of the Q in Q's tile (the Q load completing bar_q's phase of that parity) into
+    // kQInRegisters: this warp's rows of the Q in Q's tile (the Q load completing shared.bar_q()'s phase of that parity) into
     // q_frag
     auto read_q_rows = [&](uint32_t phase) {
-      wait_loaded(bar_q, phase);
+      wait_loaded(shared.bar_q(), phase);
 #pragma unroll
       for (int kt = 0; kt < kHeadDim / 16; ++kt) {
         ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
@@ -544,7 +477,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if (kQInRegisters && !q_in_registers) {
       read_q_rows(q_loads & 1);
       // (the arrive orders the warp's loads before it; the next Q's TMA waits for every warp's)
-      if (more_tiles) release(bar_q_empty);
+      if (more_tiles) release(shared.bar_q_empty());
     }
     for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
       const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
@@ -577,13 +510,13 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
       //    warp is done with the buffers about to be refilled
       if constexpr (kTma) {
-        if (!kQInRegisters && it == 0) wait_loaded(bar_q, q_loads & 1);
-        wait_loaded(bar_kv(buf), (use / kRing) & 1);
+        if (!kQInRegisters && it == 0) wait_loaded(shared.bar_q(), q_loads & 1);
+        wait_loaded(shared.bar_kv(buf), (use / kRing) & 1);
         // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
         // read (KeyTileKind). Padding masks are mostly such tiles.
         KeyTileKind bias_kind = KeyTileKind::kMixed;
         if constexpr (kStagedBias) {
-          bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(smem_at(sBias(buf)), lane,
+          bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(shared.ptr(shared.bias(buf)), lane,
                                                                                        p.seqlen_k - n * kBlockN);
         }
         if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
@@ -594,8 +527,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
             // converting the columns it holds to 0.80-0.89x.
             // (a -inf tile is read as a mixed one where it is not skipped)
             if (bias_kind == KeyTileKind::kMixed || (!kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
-              const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem_at(sBias(buf)));
-              float* folded = reinterpret_cast<float*>(smem_at(sBiasFolded(buf)));
+              const BiasElem* raw = reinterpret_cast<const BiasElem*>(shared.ptr(shared.bias(buf)));
+              float* folded = reinterpret_cast<float*>(shared.ptr(shared.bias_folded(buf)));
               // one key per thread: a loop here cost the 128-register d 64 kernel spills in its key loop (ptxas)
               static_assert(kBlockN <= kNThreads, "a key tile's bias is folded one key per thread");
               bool heavy_key = false;
@@ -625,7 +558,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
               // producer would wait for it to be released, this warp for the producer). O gets the same operations
               // in the same order as if this tile were computed (x 1 exactly, + P V of zeros).
               if (pv_pending) {
-                gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
+                gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, shared.v(buf_prev));
                 release_stage(buf_prev);
                 pv_pending = false;
               }
@@ -640,10 +573,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
               overwrite_s = true;
             }
           } else if constexpr (kWs) {
-            init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem_at(sBias(buf))) + (lane & 3) * 2,
+            init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(shared.ptr(shared.bias(buf))) + (lane & 3) * 2,
                                       p.inv_scale);
           } else {
-            init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem_at(sBiasFolded(buf))) + (lane & 3));
+            init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(shared.ptr(shared.bias_folded(buf))) + (lane & 3));
           }
         }
       } else {
@@ -673,14 +606,14 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
         if constexpr (kPingpong) pingpong_wait(warp >> 2);
         if constexpr (kQInRegisters) {
-          gemm_qk_wgmma_rs<T, KVTile, kNTiles, kHeadDim>(acc_s, q_frag, sK(buf));
+          gemm_qk_wgmma_rs<T, KVTile, kNTiles, kHeadDim>(acc_s, q_frag, shared.k(buf));
         } else {
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, shared.k(buf));
         }
         const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
         if (kSkipMaskedTiles ? pv_pending : it > 0) {
           wait_v(buf_prev, use - 1);
-          gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
+          gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, shared.v(buf_prev));
           if (end_turn) pingpong_signal_other(warp >> 2);
           sm90::wait_hold</*kPending=*/1>(acc_s);
         } else {
@@ -692,7 +625,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
         // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
         if (it == 0) pingpong_wait(warp >> 2);
-        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, shared.k(buf));
         pingpong_signal_other(warp >> 2);
         sm90::wait_hold<0>(acc_s);
       } else if constexpr (kWgmma) {
@@ -700,12 +633,12 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at
           // d 64 with a bool padding mask 0.96-0.99x of the unmasked speed, from 0.91-0.94x)
           ptx::zero(acc_s);
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, sK(buf));
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, shared.k(buf));
         } else {
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, sK(buf));
+          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, shared.k(buf));
         }
       } else {
-        gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
+        gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, shared.k(buf) + k_lane);
       }
       if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
       // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
@@ -771,9 +704,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // -- O += P V
       if constexpr (kPingpong) pingpong_wait(warp >> 2);  // this warpgroup's next slot: P V, then the next Q K^T
       if constexpr (kWgmma) {
-        gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, sV(buf));
+        gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, shared.v(buf));
       } else {
-        gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
+        gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, shared.v(buf) + v_lane);
       }
       // both products of this warp have completed (each waits for its wgmma group): its reads of stage buf are done
       if constexpr (kWs) release_stage(buf);
@@ -785,7 +718,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if constexpr (kOverlap) {  // the last tile's P V (the key range is not empty, but its tiles may all be skipped)
       if (!kSkipMaskedTiles || pv_pending) {
         wait_v(buf_prev, use0 + (range.hi - range.lo) - 1);
-        gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
+        gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, shared.v(buf_prev));
         release_v(buf_prev);
       }
     }
@@ -851,7 +784,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                        [&] {
                                                          if (q_in_registers) {
                                                            sm90::fence_proxy_async();
-                                                           release(bar_q_empty);
+                                                           release(shared.bar_q_empty());
                                                          }
                                                        });
     } else if (more_tiles) {
@@ -863,7 +796,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // d 128, harness, variants_h200-20261201-fwd-tile-counter-o16.json): +5.5 / +2.6 / +2.4 / +2.5 / +3.8% at S 1k /
       // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kQInRegisters Q is released once the
       // key loop is done: the next tile's Q loads behind the last P V and these stores.
-      if constexpr (!kQInRegisters) release(bar_q_empty);
+      if constexpr (!kQInRegisters) release(shared.bar_q_empty());
       static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
       store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
 #pragma unroll
