@@ -25,8 +25,11 @@
 #include "fa2/fwd/kernel_config.cuh"
 #include "fa2/fwd/kernel_traits.cuh"
 #include "fa2/fwd/shared_storage.cuh"
+#include "fa2/fwd/tile_scheduler.cuh"
 #include "fa2/fwd/load_tile.cuh"
 #include "fa2/fwd/pingpong.cuh"
+#include "fa2/fwd/pipeline.cuh"
+#include "fa2/fwd/producer.cuh"
 #include "fa2/fwd/score_mod.cuh"
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
@@ -82,217 +85,27 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   using CheckRows = std::true_type;
   using NoCheckRows = std::false_type;
 
-  // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp); with
-  // kSplitKV its K (release_stage) and its V (release_v) separately
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar);
-  };
-  // kCluster: a stage's K/V land in both CTAs of the pair from both producers (each multicasts half the column
-  // blocks), so each consumer warp releases it to both: its own CTA's empty barrier and the peer's
-  const uint32_t cta_rank = kCluster ? sm90::cluster_cta_rank() : 0;
-  auto release_kv = [&](uint32_t bar) {
-    release(bar);
-    if constexpr (kCluster) {
-      if (lane == 0) sm90::mbarrier_arrive_cluster(bar, cta_rank ^ 1);
-    }
-  };
-  auto release_stage = [&](int buf) { release_kv(shared.bar_empty(buf)); };
-  auto release_v = [&](int buf) { release_kv(kSplitKV ? shared.bar_v_empty(buf) : shared.bar_empty(buf)); };
-  // the computing threads' wait for a Q / K+V barrier; untimed in a warp-specialized kernel (see
-  // sm90::mbarrier_wait_untimed: its producer's waits keep the trap)
-  auto wait_loaded = [&](uint32_t bar, uint32_t phase) {
-    if constexpr (kWs) {
-      sm90::mbarrier_wait_untimed(bar, phase);
-    } else {
-      sm90::mbarrier_wait(bar, phase);
-    }
-  };
-  auto tma_q = [&](int m0, int head, int batch) {  // a query block's Q (one thread)
-    sm90::mbarrier_arrive_expect_tx(shared.bar_q(), Cfg::kSmemQBytes);
-    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ, &maps.q, shared.bar_q(), m0, head, batch);
-  };
-  // kSplitKV: K, or V, of key tile n into dst on its own barrier (one thread)
-  auto tma_k_or_v = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int n, int head_k, int batch) {
-    sm90::mbarrier_arrive_expect_tx(bar, Cfg::kSmemKVBytes);
-#pragma unroll
-    for (int blk = 0; blk < kColBlocks; ++blk) {
-      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
-    }
-  };
-  // K and V (and the staged bias) of key tile n into stage buf (one thread)
-  auto tma_kv = [&](int n, int buf, int head_k, int batch, int bias_head, int bias_batch) {
-    // (kCluster: the whole tile lands here too, half of it from the peer's producer)
-    sm90::mbarrier_arrive_expect_tx(shared.bar_kv(buf), 2 * Cfg::kSmemKVBytes + (kStagedBias ? kBiasTileBytes : 0));
-    if constexpr (kCluster) {
-#pragma unroll
-      for (int i = 0; i < kColBlocks / 2; ++i) {  // column blocks rank, rank + 2, ... into both CTAs
-        const int blk = 2 * i + int(cta_rank);
-        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d_multicast(shared.k(buf) + offset, &maps.k, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
-                                    batch, 0b11);
-        sm90::tma_load_4d_multicast(shared.v(buf) + offset, &maps.v, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
-                                    batch, 0b11);
-      }
-    } else {
-#pragma unroll
-      for (int blk = 0; blk < kColBlocks; ++blk) {
-        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d(shared.k(buf) + offset, &maps.k, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
-        sm90::tma_load_4d(shared.v(buf) + offset, &maps.v, shared.bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
-      }
-    }
-    if constexpr (kStagedBias) {
-      sm90::tma_load_3d(shared.bias(buf), &maps.bias, shared.bar_kv(buf), n * kBlockN, bias_head, bias_batch);
-    }
-  };
+  // the loads' barriers (fwd/pipeline.cuh) and the TMA copies (fwd/producer.cuh)
+  const FwdPipeline<Traits> pipe{shared, lane, /*cta_rank=*/kCluster ? sm90::cluster_cta_rank() : 0};
+  const FwdTmaLoads<Traits> tma{maps, shared, pipe.cta_rank};
 
-  // Query blocks ("tiles": kBlockM queries of one (batch, head)). The warp-specialized kernels take a 1-D grid of tiles
-  // (fwd_launch_template.cuh): at the persistent headdims (tile_config.h, fwd_persistent_headdim) at most one CTA per
-  // SM, CTA b taking tiles b, b + grid, b + 2 grid, ... (with a tile counter: b, then the next unclaimed), so that its
-  // producer loads the next tile's K/V and Q while the consumers finish the current one (no CTA launch, prologue and
-  // epilogue between tiles); elsewhere one tile per CTA, in a loop the compiler sees run once (with the loop, the d 256
-  // kernels ran 2-3% slower: d94fbd9). Tile t is query block num_m_blocks - 1 - t % num_m_blocks of head (t /
-  // num_m_blocks) % nheads, batch t / (num_m_blocks nheads): the blocks of one head together (their K/V shared in L2),
-  // the longest (causal) rows first; with causal lengths the last heads' blocks go longest first across those heads
-  // (tile_order.h, p.tile_order_tail). The other kernels: one tile per CTA, the same order from a (query blocks,
-  // heads, batch) grid.
+  // which keys a tile's queries see (block_info.cuh) and which tiles this CTA runs (fwd/tile_scheduler.cuh)
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  // kCluster: CTAs in pairs (a cluster of two: ranks 0 and 1 are blockIdx.x 2c and 2c + 1) whose tiles t, t + 1 are
-  // two query blocks of one (batch, head) with the same key range, so that each K/V tile is read from L2 once for
-  // both: each CTA's producer loads half its column blocks and multicasts them into both CTAs' stage (FA-3 runs its
-  // d >= 128 non-causal forward in clusters of two). The launcher sends only calls where that holds for every pair:
-  // an even grid, an even number of query blocks per head, no causal mask or window, the head-major tile order.
-  const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
-  const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;
-  // (tile_order.h: a head's longest block, rank 0, is its last query block. The warp-specialized kernels' tiles
-  //  number at most 2^30 - 1 (the launcher checks); a (query blocks, heads, batch) grid's tiles start in linear
-  //  blockIdx order, and with a tail, which the launcher sets only where batch * nheads * blocks fits an int, go
-  //  through the same order. The sm80-path kernels keep blockIdx: the order's code cost the d 128 ones 50-110 B more
-  //  spills, not timed on an sm80 GPU; their launcher sets no tail.)
-  auto tile_at = [&](int t, int& m_block, int& head, int& batch) {
-    int bh = 0, rank = 0;
-    if constexpr (kWs) {
-      TileOrder{num_m_blocks, p.nheads * p.batch, p.tile_order_tail}.at(t, bh, rank);
-    } else {
-      m_block = gridDim.x - 1 - blockIdx.x;
-      head = blockIdx.y;
-      batch = blockIdx.z;
-      if (!kWgmma || p.tile_order_tail == 0) return;
-      TileOrder{num_m_blocks, p.nheads * p.batch, p.tile_order_tail}.at(
-          int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), bh, rank);
-    }
-    m_block = num_m_blocks - 1 - rank;
-    head = bh % p.nheads;
-    batch = bh / p.nheads;
-  };
+  const FwdTileScheduler<Traits> scheduler(p);
+  const int num_tiles = scheduler.num_tiles, first_tile = scheduler.first_tile, tile_stride = scheduler.tile_stride;
+  auto tile_at = [&](int t, int& m_block, int& head, int& batch) { scheduler.at(t, m_block, head, batch); };
 
   // TMA path: the mbarriers' initialization, then a CTA barrier. A warp-specialized kernel runs it once, before its
   // tiles; the pipelined one after its (one) tile's empty-range check, as before the tile loop existed: run first,
   // ptxas spilled 20 -> 44-68 B more in the 128-register d 64 key-row kernel.
   auto init_barriers = [&]() {
-    if constexpr (kTma) {
-      if (threadIdx.x == 0) {
-        // (kCluster: launched as the launcher must, in pairs sharing each tile's keys; otherwise the multicasts
-        // would go to a CTA that is not there, or the pairs' loads would differ)
-        if (kCluster && (sm90::cluster_num_ctas() != 2 || p.tile_order_tail != 0)) __trap();
-        sm90::mbarrier_init(shared.bar_q(), 1);
-        if constexpr (kWs) sm90::mbarrier_init(shared.bar_q_empty(), Cfg::kNWarps);  // one arrival per consumer warp
-#pragma unroll
-        for (int b = 0; b < kRing; ++b) {
-          sm90::mbarrier_init(shared.bar_kv(b), 1);
-          // one arrival per consumer warp (kCluster: of both CTAs)
-          if constexpr (kWs) sm90::mbarrier_init(shared.bar_empty(b), Cfg::kNWarps * (kCluster ? 2 : 1));
-          if constexpr (kSplitKV) {
-            sm90::mbarrier_init(shared.bar_v(b), 1);
-            sm90::mbarrier_init(shared.bar_v_empty(b), Cfg::kNWarps);
-          }
-        }
-        sm90::fence_barrier_init();
-      }
-      // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below (kCluster: cluster-wide,
-      // so that neither CTA arrives on or copies into the other's barriers before they are initialized)
-      if constexpr (kCluster) {
-        sm90::cluster_sync();
-      } else {
-        __syncthreads();
-      }
-    }
+    if constexpr (kTma) pipe.init(p);
   };
   if constexpr (kWs) {  // (kWs implies kTma)
     init_barriers();
     if (tid < 0) {  // -- the producer warpgroup: one thread streams every tile's K/V tiles and Q into the ring
       sm90::setmaxnreg_dec<kWsProducerRegs>();
-      if (threadIdx.x == 0) {
-        int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
-        // A persistent CTA's tiles: blockIdx.x, then every gridDim.x-th, or, in the tile-counter kernel
-        // (kTileCounter: p.workspace, zeroed, fwd_workspace_ints), the next unclaimed one (tiles below gridDim.x go
-        // first, then gridDim.x + the counter's value). There the consumers cannot work out the next tile
-        // themselves, so the producer announces each tile after a CTA's first: its index in shared.tile_slot(), then shared.bar_q()'s
-        // phase completed (by Q's load, or by an arrival alone for a tile without keys), once every consumer warp is
-        // done with the previous tile's Q (and so has read the slot); after the last tile, num_tiles.
-        auto announce = [&](int t) {
-          if (q_loads > 0) sm90::mbarrier_wait(shared.bar_q_empty(), (q_loads - 1) & 1);
-          if constexpr (kTileCounter) *reinterpret_cast<volatile int*>(shared.ptr(shared.tile_slot())) = t;
-          ++q_loads;
-        };
-        // the tile after t: claimed once t's copies are all issued (the producer runs up to a ring ahead of the
-        // consumers, which hides the atomic's latency; claimed any earlier, a CTA would hold tiles back from others)
-        auto next_tile = [&](int t) {
-          return kTileCounter ? int(gridDim.x) + atomicAdd(static_cast<int*>(p.workspace), 1) : t + tile_stride;
-        };
-        for (int t = first_tile; t < num_tiles; t = next_tile(t)) {
-          int m_block, head, batch;
-          tile_at(t, m_block, head, batch);
-          const KeyBlockRange range = info.key_blocks(m_block * kBlockM, kBlockM, kBlockN);
-          if (range.empty()) {  // (the consumers write its zeros)
-            if constexpr (kTileCounter) {
-              announce(t);
-              sm90::mbarrier_arrive(shared.bar_q());
-            }
-            continue;
-          }
-          const int head_k = head / p.h_h_k_ratio;
-          const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-          // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in
-          // (Q K^T of tile n beside P V of tile n + 1); the last tile's V after the loop
-          auto load_v_of = [&](int n, int v_use) {
-            if (v_use >= kRing) sm90::mbarrier_wait(shared.bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
-            tma_k_or_v(&maps.v, shared.v(v_use % kRing), shared.bar_v(v_use % kRing), n, head_k, batch);
-          };
-          for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
-            // the stage's previous tile (use - kRing) must have been read by every consumer warp
-            if (use >= kRing) sm90::mbarrier_wait(shared.bar_empty(use % kRing), ((use / kRing) - 1) & 1);
-            if constexpr (kSplitKV) {
-              tma_k_or_v(&maps.k, shared.k(use % kRing), shared.bar_kv(use % kRing), n, head_k, batch);
-              if (n != range.hi - 1) load_v_of(n + 1, use - 1);
-            } else {
-              tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
-            }
-            if (n == range.hi - 1) {
-              // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's
-              // first K/V, which need not wait for that
-              announce(t);
-              tma_q(m_block * kBlockM, head, batch);
-            }
-          }
-          if constexpr (kSplitKV) load_v_of(range.lo, use - 1);
-        }
-        if constexpr (kTileCounter) {  // (no more tiles)
-          announce(num_tiles);
-          sm90::mbarrier_arrive(shared.bar_q());
-        }
-        if constexpr (kCluster) {
-          // The peer's consumer warps arrive on this CTA's empty barriers up to the last stage they read: this thread
-          // waits for those arrivals (the releases of the last kRing uses, which no load waited for), so that the
-          // CTA, whose shared memory they land in, cannot exit before them.
-          for (int u = use; u < use + kRing; ++u) {
-            if (u >= kRing) sm90::mbarrier_wait(shared.bar_empty(u % kRing), ((u / kRing) - 1) & 1);
-          }
-        }
-      }
+      if (threadIdx.x == 0) run_producer(p, tma, scheduler, info);
       return;
     }
     sm90::setmaxnreg_inc<kWsConsumerRegs>();
@@ -345,14 +158,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // tile's at the end of one)
   uint32_t q_frag[kHeadDim / 16][4];
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
-  auto announced_tile = [&]() {
-    // (read by lane 0 and broadcast: each warp's release of Q, lane 0's, then follows its read in program order)
-    wait_loaded(shared.bar_q(), q_loads & 1);
-    int slot = 0;
-    if (lane == 0) slot = *reinterpret_cast<volatile const int*>(shared.ptr(shared.tile_slot()));
-    return __shfl_sync(0xffffffffu, slot, 0);
-  };
-  for (int t = first_tile; t < num_tiles; t = kTileCounter ? announced_tile() : t + tile_stride) {
+  for (int t = first_tile; t < num_tiles; t = scheduler.consumers_next(t, pipe, q_loads)) {
     int m_block, head, batch;
     tile_at(t, m_block, head, batch);
     const int m0 = m_block * kBlockM;
@@ -384,7 +190,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // for parity 1 would return at once while phase 0 is still open (a parity wait counts the phase before
         // the current one as complete) and read the slot before the producer wrote it. For an announced tile the
         // phase has completed already (its next cannot complete before this warp's arrival below).
-        wait_loaded(shared.bar_q(), q_loads & 1);
+        pipe.wait_loaded(shared.bar_q(), q_loads & 1);
         __syncwarp();
         if (lane == 0) sm90::mbarrier_arrive(shared.bar_q_empty());
         ++q_loads;
@@ -421,8 +227,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       } else {
         init_barriers();
         if (tid == 0) {
-          tma_q(m0, head, batch);
-          tma_kv(range.hi - 1, 0, head_k, batch, bias_head, bias_batch);
+          tma.q(m0, head, batch);
+          tma.kv(range.hi - 1, 0, head_k, batch, bias_head, bias_batch);
         }
       }
     } else {
@@ -458,7 +264,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     bool pv_pending = false;
     // kSplitKV: V of stage buf (use u) has landed (a tile's use is the previous one's + 1: no tile is skipped there)
     auto wait_v = [&](int buf, int u) {
-      if constexpr (kSplitKV) wait_loaded(shared.bar_v(buf), (u / kRing) & 1);
+      if constexpr (kSplitKV) pipe.wait_loaded(shared.bar_v(buf), (u / kRing) & 1);
     };
     // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
     // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
@@ -468,7 +274,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // kQInRegisters: this warp's rows of the Q in Q's tile (the Q load completing shared.bar_q()'s phase of that parity) into
     // q_frag
     auto read_q_rows = [&](uint32_t phase) {
-      wait_loaded(shared.bar_q(), phase);
+      pipe.wait_loaded(shared.bar_q(), phase);
 #pragma unroll
       for (int kt = 0; kt < kHeadDim / 16; ++kt) {
         ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
@@ -477,7 +283,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     if (kQInRegisters && !q_in_registers) {
       read_q_rows(q_loads & 1);
       // (the arrive orders the warp's loads before it; the next Q's TMA waits for every warp's)
-      if (more_tiles) release(shared.bar_q_empty());
+      if (more_tiles) pipe.release(shared.bar_q_empty());
     }
     for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
       const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
@@ -510,8 +316,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
       //    warp is done with the buffers about to be refilled
       if constexpr (kTma) {
-        if (!kQInRegisters && it == 0) wait_loaded(shared.bar_q(), q_loads & 1);
-        wait_loaded(shared.bar_kv(buf), (use / kRing) & 1);
+        if (!kQInRegisters && it == 0) pipe.wait_loaded(shared.bar_q(), q_loads & 1);
+        pipe.wait_loaded(shared.bar_kv(buf), (use / kRing) & 1);
         // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
         // read (KeyTileKind). Padding masks are mostly such tiles.
         KeyTileKind bias_kind = KeyTileKind::kMixed;
@@ -549,7 +355,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
             __syncthreads();
           }
           // overlaps this whole iteration
-          if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1, head_k, batch, bias_head, bias_batch);
+          if (tid == 0 && n > range.lo) tma.kv(n - 1, buf ^ 1, head_k, batch, bias_head, bias_batch);
         }
         if constexpr (kStagedBias) {
           if (kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
@@ -559,11 +365,11 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
               // in the same order as if this tile were computed (x 1 exactly, + P V of zeros).
               if (pv_pending) {
                 gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, shared.v(buf_prev));
-                release_stage(buf_prev);
+                pipe.release_stage(buf_prev);
                 pv_pending = false;
               }
             }
-            if constexpr (kWs) release_stage(buf);
+            if constexpr (kWs) pipe.release_stage(buf);
             continue;
           }
           if (bias_kind == KeyTileKind::kZero) {
@@ -620,7 +426,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           if (end_turn) pingpong_signal_other(warp >> 2);
           sm90::wait_hold<0>(acc_s);
         }
-        if constexpr (kSplitKV) release_stage(buf);  // (K only: Q K^T has completed in this warp)
+        if constexpr (kSplitKV) pipe.release_stage(buf);  // (K only: Q K^T has completed in this warp)
       } else if constexpr (kPingpong) {
         // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
         // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
@@ -676,7 +482,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         auto o_free_rescale = [&](bool release_prev) {
           sm90::wait_hold<0>(acc_o);
           sm90::hold_fragments(p_prev);
-          if (release_prev) release_v(buf_prev);
+          if (release_prev) pipe.release_v(buf_prev);
           softmax.rescale(acc_o, correction);
         };
         const bool prev_pending = kSkipMaskedTiles ? pv_pending : it > 0;  // (the same in every warp)
@@ -709,7 +515,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, shared.v(buf) + v_lane);
       }
       // both products of this warp have completed (each waits for its wgmma group): its reads of stage buf are done
-      if constexpr (kWs) release_stage(buf);
+      if constexpr (kWs) pipe.release_stage(buf);
     }
 
     if constexpr (kPingpong && !kOverlap) {
@@ -719,7 +525,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       if (!kSkipMaskedTiles || pv_pending) {
         wait_v(buf_prev, use0 + (range.hi - range.lo) - 1);
         gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, shared.v(buf_prev));
-        release_v(buf_prev);
+        pipe.release_v(buf_prev);
       }
     }
 
@@ -784,7 +590,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                        [&] {
                                                          if (q_in_registers) {
                                                            sm90::fence_proxy_async();
-                                                           release(shared.bar_q_empty());
+                                                           pipe.release(shared.bar_q_empty());
                                                          }
                                                        });
     } else if (more_tiles) {
@@ -796,7 +602,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // d 128, harness, variants_h200-20261201-fwd-tile-counter-o16.json): +5.5 / +2.6 / +2.4 / +2.5 / +3.8% at S 1k /
       // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kQInRegisters Q is released once the
       // key loop is done: the next tile's Q loads behind the last P V and these stores.
-      if constexpr (!kQInRegisters) release(shared.bar_q_empty());
+      if constexpr (!kQInRegisters) pipe.release(shared.bar_q_empty());
       static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
       store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
 #pragma unroll
