@@ -21,10 +21,12 @@
 #include "fa2/bias.cuh"  // load_bias
 #include "fa2/block_info.cuh"
 #include "fa2/cta_trace.cuh"
+#include "fa2/fwd/epilogue.cuh"
 #include "fa2/fwd/gemm.cuh"
 #include "fa2/fwd/kernel_config.cuh"
 #include "fa2/fwd/kernel_traits.cuh"
 #include "fa2/fwd/shared_storage.cuh"
+#include "fa2/fwd/tile_context.cuh"
 #include "fa2/fwd/tile_scheduler.cuh"
 #include "fa2/fwd/load_tile.cuh"
 #include "fa2/fwd/pingpong.cuh"
@@ -153,10 +155,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   // Measured (H200, bf16, d 128 non-causal, harness, 3 rounds ABAB against the direct stores in one call,
   // variants_h200-20261204e-fwd-d128-staged-o.json): +1.2 / +0.7 / +1.6 / +1.1% at S 2k / 4k / 8k / 16k, -0.4% at
   // 1k; out and lse bitwise the same.
-  bool q_in_registers = false;  // kStagedO: this tile's Q was read into q_frag at the end of the previous one
-  // kQInRegisters: this warp's 16 rows of Q, as the A fragments of Q K^T (across tiles: kStagedO reads the next
-  // tile's at the end of one)
-  uint32_t q_frag[kHeadDim / 16][4];
+  FwdConsumerState<Traits> state;
   int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
   for (int t = first_tile; t < num_tiles; t = scheduler.consumers_next(t, pipe, q_loads)) {
     int m_block, head, batch;
@@ -176,25 +175,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                         : -1;
     FA2_CTA_MARK(trace_base, trace_base >= 0);
     if (range.empty()) {
-      // -- no query of this block sees any key: out = 0, lse = +inf
-      for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
-        const int row = idx / kDTiles, chunk = idx % kDTiles;
-        if (row < rows_q && chunk * 8 < headdim) {
-          *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) = make_uint4(0, 0, 0, 0);
-        }
-      }
-      for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
-      if constexpr (kTileCounter) {
-        // Its announcement counts as a Q load: waited for here too, because a CTA's first tile is not announced
-        // to the consumers (announced_tile) yet its phase is completed; without this wait, the next tile's wait
-        // for parity 1 would return at once while phase 0 is still open (a parity wait counts the phase before
-        // the current one as complete) and read the slot before the producer wrote it. For an announced tile the
-        // phase has completed already (its next cannot complete before this warp's arrival below).
-        pipe.wait_loaded(shared.bar_q(), q_loads & 1);
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(shared.bar_q_empty());
-        ++q_loads;
-      }
+      FwdEpilogue<Traits>::store_empty(p, pipe, q_loads, out, lse, rows_q, headdim, tid);
       continue;
     }
 
@@ -272,16 +253,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
     bool heavy_rows_possible = !kStagedBias || kWs;
     // kQInRegisters: this warp's rows of the Q in Q's tile (the Q load completing shared.bar_q()'s phase of that parity) into
-    // q_frag
-    auto read_q_rows = [&](uint32_t phase) {
-      pipe.wait_loaded(shared.bar_q(), phase);
-#pragma unroll
-      for (int kt = 0; kt < kHeadDim / 16; ++kt) {
-        ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
-      }
-    };
-    if (kQInRegisters && !q_in_registers) {
-      read_q_rows(q_loads & 1);
+    // state.q_frag
+    if (kQInRegisters && !state.q_in_registers) {
+      state.read_q_rows(pipe, q_lane, q_loads & 1);
       // (the arrive orders the warp's loads before it; the next Q's TMA waits for every warp's)
       if (more_tiles) pipe.release(shared.bar_q_empty());
     }
@@ -412,7 +386,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
         // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
         if constexpr (kPingpong) pingpong_wait(warp >> 2);
         if constexpr (kQInRegisters) {
-          gemm_qk_wgmma_rs<T, KVTile, kNTiles, kHeadDim>(acc_s, q_frag, shared.k(buf));
+          gemm_qk_wgmma_rs<T, KVTile, kNTiles, kHeadDim>(acc_s, state.q_frag, shared.k(buf));
         } else {
           gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, shared.k(buf));
         }
@@ -574,8 +548,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
           t_next += tile_stride;
         }
       }
-      q_in_registers = t_next < num_tiles;
-      if (q_in_registers) read_q_rows((q_loads + 1) & 1);
+      state.q_in_registers = t_next < num_tiles;
+      if (state.q_in_registers) state.read_q_rows(pipe, q_lane, (q_loads + 1) & 1);
       // every lane's reads of this warp's rows (the ldmatrix above) before any lane's O lands there
       __syncwarp();
       stage_o();
@@ -588,7 +562,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
       // the global stores: the fence is a MEMBAR.ALL.CTA, which would also wait for them)
       copy_out_rows<QTile, kDTiles, kWarpOutIters, 32>(sO, out, p.out_row_stride, q_row0, lane, rows_q, headdim,
                                                        [&] {
-                                                         if (q_in_registers) {
+                                                         if (state.q_in_registers) {
                                                            sm90::fence_proxy_async();
                                                            pipe.release(shared.bar_q_empty());
                                                          }
