@@ -223,20 +223,10 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
     ptx::zero(acc_o);
     OnlineSoftmax<kMTiles> softmax;
-    const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
-    const float heavy_s = kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : p.heavy_score;  // softmax.cuh
-    const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
-    // this warpgroup's first row (wgmma's Q operand), broadcast from lane 0: ptxas then treats it as warp-uniform and
-    // builds the Q descriptors in uniform registers, not per thread with an R2UR before every wgmma
-    const int wg_row0 = __shfl_sync(0xffffffffu, q_row0 & ~63, 0);
-    const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
-    // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
-    //   Q (A operand):       rows 0..15 by lane % 16, chunk + lane / 16
-    //   K (B of Q K^T):      rows lane % 8 + 8 (lane / 16), chunk + (lane / 8) % 2
-    //   V (B of P V, .trans): rows lane % 8 + 8 ((lane / 8) % 2), chunk + lane / 16
-    const uint32_t q_lane = sQ + QTile::const_bytes(q_row0, 0) + QTile::lane_bytes(lane & 15, lane >> 4);
-    const uint32_t k_lane = KVTile::lane_bytes((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-    const uint32_t v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+    const FwdThreadRows<Traits> rows(p, sQ, m0, warp, lane);
+    const float mult = rows.mult, heavy_s = rows.heavy_s;
+    const int q_row0 = rows.q_row0, wg_row0 = rows.wg_row0, row0 = rows.row0;
+    const uint32_t q_lane = rows.q_lane, k_lane = rows.k_lane, v_lane = rows.v_lane;
 
     uint32_t p_prev[kNTiles / 2][4];  // kOverlap: P of the previous tile, packed, and its stage
     int buf_prev = 0;
@@ -504,114 +494,9 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
     }
 
     FA2_CTA_MARK(trace_base + kTraceIters + 1, trace_base >= 0);
-    // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
-    float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
-    softmax.finalize(mult, inv_sum, row_lse);
-    // O / l as T pairs, per row of this thread (row in the block): store_row(row, its pairs, one per n8 tile)
-    auto store_o = [&](auto&& store_row) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
-          const float inv = inv_sum[mt * 2 + half];
-          uint32_t pairs[kDTiles];
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            pairs[dt] = ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
-          }
-          store_row(row, pairs);
-        }
-      }
-    };
-    // O / l into this warp's own rows of Q's tile (QTile's layout at smem), a thread's 4-byte pairs: the staged copy
-    // below reads them back 16 bytes a lane (copy_out_rows)
-    unsigned char* const sO = smem;
-    auto stage_o = [&]() {
-      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = pairs[dt];
-        }
-      });
-    };
-    if (kStagedO && more_tiles) {
-      // (see kStagedO) the next tile with keys, if any: its Q is the next the producer loads
-      // (searched only where a tile can be keyless: the search's two divisions and its loop were a chain of ~60
-      // uniform-datapath instructions ahead of O's normalization at the end of every tile, sm_90a SASS, d 128)
-      int t_next = t + tile_stride;
-      if (!info.every_block_sees_keys()) {
-        while (t_next < num_tiles) {
-          int next_m_block, next_head, next_batch;
-          tile_at(t_next, next_m_block, next_head, next_batch);
-          if (!info.key_blocks(next_m_block * kBlockM, kBlockM, kBlockN).empty()) break;
-          t_next += tile_stride;
-        }
-      }
-      state.q_in_registers = t_next < num_tiles;
-      if (state.q_in_registers) state.read_q_rows(pipe, q_lane, (q_loads + 1) & 1);
-      // every lane's reads of this warp's rows (the ldmatrix above) before any lane's O lands there
-      __syncwarp();
-      stage_o();
-      __syncwarp();
-      // this warp's kRowsPerWarp rows, 16 bytes a lane: whole 256-byte rows per 16 lanes (coalesced)
-      constexpr int kWarpOutIters = Cfg::kRowsPerWarp * kDTiles / 32;
-      static_assert(Cfg::kRowsPerWarp * kDTiles % 32 == 0, "a warp's 16-byte chunks split evenly over its lanes");
-      // (release: the warp's shared-memory reads of O, then lane 0's arrival; the Q after next may then land here,
-      // written by the TMA: the async proxy, ordered after this warp's generic writes of O by the proxy fence. Before
-      // the global stores: the fence is a MEMBAR.ALL.CTA, which would also wait for them)
-      copy_out_rows<QTile, kDTiles, kWarpOutIters, 32>(sO, out, p.out_row_stride, q_row0, lane, rows_q, headdim,
-                                                       [&] {
-                                                         if (state.q_in_registers) {
-                                                           sm90::fence_proxy_async();
-                                                           pipe.release(shared.bar_q_empty());
-                                                         }
-                                                       });
-    } else if (more_tiles) {
-      // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
-      // tile's Q (or be on its way there), so O goes from the registers straight to global memory. A quad's four
-      // lanes hold 4 bytes each of every n8 tile of their row; 4 x 4 transposes within the quad (ptx::quad_transpose)
-      // give each lane whole n8 tiles, stored 16 bytes at a time: a quarter of the store instructions, which had
-      // stalled the warps on the LSU queue for ~2.4k cycles a tile (H200 trace, d 128). Against 4-byte stores (H200,
-      // d 128, harness, variants_h200-20261201-fwd-tile-counter-o16.json): +5.5 / +2.6 / +2.4 / +2.5 / +3.8% at S 1k /
-      // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kQInRegisters Q is released once the
-      // key loop is done: the next tile's Q loads behind the last P V and these stores.
-      if constexpr (!kQInRegisters) pipe.release(shared.bar_q_empty());
-      static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
-      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
-#pragma unroll
-        for (int g = 0; g < kDTiles / 4; ++g) {
-          uint32_t x[4] = {pairs[4 * g], pairs[4 * g + 1], pairs[4 * g + 2], pairs[4 * g + 3]};
-          ptx::quad_transpose(x, lane);  // this lane: n8 tile 4 g + lane % 4
-          const int col = (4 * g + (lane & 3)) * 8;
-          if (row < rows_q && col < headdim) {
-            *reinterpret_cast<uint4*>(out + row * p.out_row_stride + col) = make_uint4(x[0], x[1], x[2], x[3]);
-          }
-        }
-      });
-    } else {
-      // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
-      // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
-      // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
-      __syncwarp();
-      stage_o();
-      if constexpr (kWs) {
-        ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
-      } else {
-        __syncthreads();
-      }
-      constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
-      static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
-      copy_out_rows<QTile, kDTiles, kOutIters, kNThreads>(sO, out, p.out_row_stride, 0, tid, rows_q, headdim, [] {});
-    }
-    // (lse after O: in the staged path behind the release of Q's tile, whose fence would otherwise wait for them too)
-    if ((lane & 3) == 0) {
-#pragma unroll
-      for (int r = 0; r < 2 * kMTiles; ++r) {
-        const int row = q_row0 + (r >> 1) * 16 + (r & 1) * 8 + (lane >> 2);
-        if (row < rows_q) lse[row] = row_lse[r];
-      }
-    }
+    // -- epilogue: O / l, lse
+    FwdEpilogue<Traits>::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_q, headdim, tid, lane,
+                               more_tiles, q_loads, scheduler, info, t);
     FA2_CTA_MARK(trace_base + kTraceIters + 2, trace_base >= 0);
     use0 += range.hi - range.lo;
     ++q_loads;

@@ -48,15 +48,17 @@ struct FwdEpilogue {
     }
   }
 
-  // -- O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row). t_next: the tile this CTA runs
-  // next without a tile counter (kStagedO reads its Q into registers here).
-  __device__ __forceinline__ static void store(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
+  // -- O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row), for tile t (out, lse: its first
+  // row's; rows_q of its rows below seqlen_q). more_tiles: the CTA may run a next tile (FwdTileScheduler::more_tiles),
+  // whose Q kStagedO reads into registers here.
+  __device__ __forceinline__ static void store(const AttentionParams& p, const FwdSmem<Traits>& smem,
+                                               const FwdPipeline<Traits>& pipe, const FwdThreadRows<Traits>& rows,
                                                FwdConsumerState<Traits>& state, float (&acc_o)[kMTiles][kDTiles][4],
-                                               OnlineSoftmax<kMTiles>& softmax, T* out, float* lse,
-                                               const FwdTileScheduler<Traits>& scheduler, int t) {
-    const AttentionParams& p = tile.p;
-    const FwdPipeline<Traits>& pipe = tile.pipe;
-    const int lane = tile.lane, q_row0 = rows.q_row0, rows_q = tile.rows_q, headdim = p.headdim;
+                                               OnlineSoftmax<kMTiles>& softmax, T* out, float* lse, int rows_q,
+                                               int headdim, int tid, int lane, bool more_tiles, int q_loads,
+                                               const FwdTileScheduler<Traits>& scheduler, const BlockInfo& info,
+                                               int t) {
+    const int q_row0 = rows.q_row0;
     float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
     softmax.finalize(rows.mult, inv_sum, row_lse);
     // O / l as T pairs, per row of this thread (row in the block): store_row(row, its pairs, one per n8 tile)
@@ -78,7 +80,7 @@ struct FwdEpilogue {
     };
     // O / l into this warp's own rows of Q's tile (QTile's layout), a thread's 4-byte pairs: the staged copy below
     // reads them back 16 bytes a lane (copy_out_rows)
-    unsigned char* const sO = tile.smem.smem;
+    unsigned char* const sO = smem.smem;
     auto stage_o = [&]() {
       store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
 #pragma unroll
@@ -87,15 +89,15 @@ struct FwdEpilogue {
         }
       });
     };
-    if (Traits::kStagedO && tile.more_tiles) {
+    if (Traits::kStagedO && more_tiles) {
       // kStagedO: O staged in the warp's rows of Q's tile and copied out 16 bytes a lane with no shuffles (the direct
       // stores below take ~500 instructions a warp for a tile's O, the 4 x 4 quad transposes most of them). Q's tile
       // holds the next tile's Q by then, so each warp first reads its rows of that into its registers (they are the
       // next tile's Q K^T operand), and releases Q's tile to the producer only once its O has left: the Q after next
       // then loads during the next tile. The next tile with keys, if any, is the one whose Q the producer loads.
-      const int t_next = scheduler.next_with_keys(scheduler.next_static(t), tile.info);
+      const int t_next = scheduler.next_with_keys(scheduler.next_static(t), info);
       state.q_in_registers = t_next < scheduler.num_tiles;
-      if (state.q_in_registers) state.read_q_rows(pipe, rows.q_lane, (state.q_loads + 1) & 1);
+      if (state.q_in_registers) state.read_q_rows(pipe, rows.q_lane, (q_loads + 1) & 1);
       // every lane's reads of this warp's rows (the ldmatrix above) before any lane's O lands there
       __syncwarp();
       stage_o();
@@ -113,7 +115,7 @@ struct FwdEpilogue {
                                                                         pipe.release(pipe.smem.bar_q_empty());
                                                                       }
                                                                     });
-    } else if (tile.more_tiles) {
+    } else if (more_tiles) {
       // Persistent, warp-specialized: Q's shared memory may already hold the next tile's Q (or be on its way there),
       // so O goes from the registers straight to global memory. A quad's four lanes hold 4 bytes each of every n8 tile
       // of their row; 4 x 4 transposes within the quad (ptx::quad_transpose) give each lane whole n8 tiles, stored 16
@@ -145,7 +147,7 @@ struct FwdEpilogue {
       }
       constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
       static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
-      copy_out_rows<QTile, kDTiles, kOutIters, kNThreads>(sO, out, p.out_row_stride, /*row0=*/0, tile.tid, rows_q,
+      copy_out_rows<QTile, kDTiles, kOutIters, kNThreads>(sO, out, p.out_row_stride, /*row0=*/0, tid, rows_q,
                                                           headdim, [] {});
     }
     // (lse after O: in the staged path behind the release of Q's tile, whose fence would otherwise wait for them too)

@@ -80,16 +80,15 @@ struct FwdThreadRows {
   //   V (B of P V, .trans): rows lane % 8 + 8 ((lane / 8) % 2), chunk + lane / 16
   uint32_t q_lane, k_lane, v_lane;
 
-  __device__ __forceinline__ explicit FwdThreadRows(const FwdTile<Traits>& tile) {
+  __device__ __forceinline__ FwdThreadRows(const AttentionParams& p, uint32_t s_q, int m0, int warp, int lane) {
     using QTile = typename Traits::QTile;
     using KVTile = typename Traits::KVTile;
-    const int lane = tile.lane;
-    mult = Traits::kMode == ScoreMode::kGeneral ? kLog2e : tile.p.scale_log2;
-    heavy_s = Traits::kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : tile.p.heavy_score;
-    q_row0 = tile.warp * Traits::kRowsPerWarp;
+    mult = Traits::kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
+    heavy_s = Traits::kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : p.heavy_score;
+    q_row0 = warp * Traits::kRowsPerWarp;
     wg_row0 = __shfl_sync(0xffffffffu, q_row0 & ~63, 0);
-    row0 = tile.m0 + q_row0 + (lane >> 2);
-    q_lane = tile.smem.q() + QTile::const_bytes(q_row0, 0) + QTile::lane_bytes(lane & 15, lane >> 4);
+    row0 = m0 + q_row0 + (lane >> 2);
+    q_lane = s_q + QTile::const_bytes(q_row0, 0) + QTile::lane_bytes(lane & 15, lane >> 4);
     k_lane = KVTile::lane_bytes((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
     v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
   }
