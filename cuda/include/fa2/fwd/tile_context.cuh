@@ -50,7 +50,7 @@ struct FwdTile {
   FwdTmaLoads<Traits> tma;  // (the pipelined kernel's thread 0 issues the next stage)
   // tid / warp: the thread's place among the consumer (computing) threads (the producer warpgroup of a
   // warp-specialized kernel comes first and has tid < 0)
-  int tid, warp, lane;
+  int tid, warp, lane, headdim;
   FwdTileCoord coord;
   int m0, rows_q;
   KeyBlockRange range;
