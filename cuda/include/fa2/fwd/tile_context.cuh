@@ -44,7 +44,7 @@ template <class Traits>
 struct FwdTile {
   using T = typename Traits::T;
   const AttentionParams& p;
-  BlockInfo info;  // (a copy: a reference here kept the kernel's from being promoted to registers early)
+  const BlockInfo& info;
   FwdSmem<Traits> smem;
   FwdPipeline<Traits> pipe;
   FwdTmaLoads<Traits> tma;  // (the pipelined kernel's thread 0 issues the next stage)
