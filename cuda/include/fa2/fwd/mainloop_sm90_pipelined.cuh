@@ -32,11 +32,10 @@ struct FwdMainloopSm90Pipelined {
   }
 
   // The staged bias tile of stage buf folded (bias / scale, finite when the bias is) to fp32 once for the CTA, one
-  // key per thread, before the CTA barrier; every warp then reads its columns' values as they are (at d 64 0.80-0.89x
-  // of the unmasked speed with a padding mask, from 0.71-0.79x with every thread converting the columns it holds).
-  // Returns whether a key of the tile is heavy (below heavy_s, finite), which the barrier tells every thread: the tiles
-  // of a padding mask (0 / -inf) then run the softmax without the heavy-row branch (at d 64 0.92-0.94x of the
-  // unmasked speed, from 0.87-0.89x).
+  // key per thread, before the CTA barrier; every warp then reads its columns' values as they are (faster than every
+  // thread converting the columns it holds). Returns whether a key of the tile is heavy (below heavy_s, finite), which
+  // the barrier tells every thread: the tiles of a padding mask (0 / -inf) then run the softmax without the heavy-row
+  // branch. (Measurements: docs/tuning-fwd.md.)
   __device__ __forceinline__ static bool fold_staged_bias(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
                                                           int buf) {
     const BiasElem* raw = reinterpret_cast<const BiasElem*>(tile.smem.ptr(tile.smem.bias(buf)));
@@ -104,8 +103,8 @@ struct FwdMainloopSm90Pipelined {
       using QTile = typename Traits::QTile;
       using KVTile = typename Traits::KVTile;
       if (Traits::kStagedBias && overwrite_s) {
-        // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at d 64
-        // with a bool padding mask 0.96-0.99x of the unmasked speed, from 0.91-0.94x)
+        // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing, slower:
+        // docs/tuning-fwd.md)
         ptx::zero(acc_s);
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, tile.smem.q(), rows.wg_row0, tile.smem.k(buf));
       } else {

@@ -20,7 +20,7 @@ struct FwdTileCoord {
 // (tile_config.h, fwd_persistent_headdim) at most one CTA per SM, CTA b taking tiles b, b + grid, b + 2 grid, ...
 // (with a tile counter: b, then the next unclaimed), so that its producer loads the next tile's K/V and Q while the
 // consumers finish the current one (no CTA launch, prologue and epilogue between tiles); elsewhere one tile per CTA,
-// in a loop the compiler sees run once (with a real loop the d 256 kernels ran 2-3% slower). Tile t is query block
+// in a loop the compiler sees run once (a real loop slowed the d 256 kernels: docs/tuning-fwd.md). Tile t is query block
 // num_m_blocks - 1 - rank of (batch, head) bh, (bh, rank) from TileOrder (tile_order.h): the blocks of one head
 // together (their K/V shared in L2), the longest (causal) rows first, with causal lengths the last heads' blocks
 // longest first across those heads (p.tile_order_tail). The other kernels: one tile per CTA, the same order from a
@@ -48,7 +48,7 @@ struct FwdTileScheduler {
 
   // Whether this CTA may run more than one tile: its consumers then release Q to the producer after each tile and
   // store O from registers or staged rows of Q's tile. (A kernel template of its own: as a run-time choice in the one
-  // kernel, the consumers spilled ~80 B and the forward ran 2-3.5% slower without a causal mask, 3-8% with one.)
+  // kernel, the consumers spilled ~80 B and the forward ran slower: docs/tuning-fwd.md.)
   __device__ __forceinline__ bool more_tiles() const {
     return Traits::kPersistent && (Traits::kTileCounter || tile_stride < num_tiles);
   }
