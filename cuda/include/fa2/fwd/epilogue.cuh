@@ -23,6 +23,7 @@ struct FwdEpilogue {
   static constexpr int kMTiles = Traits::kMTiles, kDTiles = Traits::kDTiles, kBlockM = Traits::kBlockM;
   static constexpr int kNThreads = Traits::kNThreads, kRowsPerWarp = Traits::kRowsPerWarp;
   static_assert(kDTiles % 4 == 0, "the n8 tiles of a row go in groups of four, one per lane of a quad");
+  static_assert(!Traits::kStagedO || Traits::kQInRegisters, "staged O reuses Q's rows once Q is in registers");
 
   // -- no query of this block sees any key: out = 0, lse = +inf
   __device__ __forceinline__ static void store_empty(const AttentionParams& p, const FwdPipeline<Traits>& pipe,

@@ -13,6 +13,7 @@ namespace fwd {
 template <class Traits>
 struct FwdPipeline {
   static constexpr int kRing = Traits::kRing, kNWarps = Traits::kNWarps;
+  static_assert(kRing >= 1 && (!Traits::kSplitKV || kRing == 2), "a ring of stages; split K/V barriers: two stages");
   FwdSmem<Traits> smem;
   int lane;
   // kCluster: this CTA's rank in its pair (a stage's K/V land in both CTAs, half from each producer)
@@ -26,15 +27,15 @@ struct FwdPipeline {
       // (kCluster: launched as the launcher must, in pairs sharing each tile's keys; otherwise the multicasts
       // would go to a CTA that is not there, or the pairs' loads would differ)
       if (Traits::kCluster && (sm90::cluster_num_ctas() != 2 || p.tile_order_tail != 0)) __trap();
-      sm90::mbarrier_init(smem.bar_q(), 1);
+      sm90::mbarrier_init(smem.bar_q(), /*arrivals=*/1);
       if constexpr (Traits::kWs) sm90::mbarrier_init(smem.bar_q_empty(), kNWarps);  // one arrival per consumer warp
 #pragma unroll
       for (int b = 0; b < kRing; ++b) {
-        sm90::mbarrier_init(smem.bar_kv(b), 1);
+        sm90::mbarrier_init(smem.bar_kv(b), /*arrivals=*/1);
         // one arrival per consumer warp (kCluster: of both CTAs)
         if constexpr (Traits::kWs) sm90::mbarrier_init(smem.bar_empty(b), kNWarps * (Traits::kCluster ? 2 : 1));
         if constexpr (Traits::kSplitKV) {
-          sm90::mbarrier_init(smem.bar_v(b), 1);
+          sm90::mbarrier_init(smem.bar_v(b), /*arrivals=*/1);
           sm90::mbarrier_init(smem.bar_v_empty(b), kNWarps);
         }
       }

@@ -21,6 +21,7 @@ struct FwdTmaLoads {
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockCols = Traits::kBlockCols, kColBlocks = Traits::kColBlocks;
   static constexpr int kKVBytes = Traits::Cfg::kSmemKVBytes;
+  static_assert(!Traits::kCluster || kColBlocks % 2 == 0, "a cluster pair multicasts half the column blocks each");
   const sm90::FwdTensorMaps& maps;
   FwdSmem<Traits> smem;
   uint32_t cta_rank;  // kCluster: this CTA's rank in its pair
@@ -143,6 +144,7 @@ template <class Traits>
 struct FwdCpAsyncLoads {
   using T = typename Traits::T;
   static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim, kNThreads = Traits::kNThreads;
+  static_assert(!Traits::kTma, "cp.async loads: the sm80 path, or sm_90a with FA2_SM90_TMA=0");
   const AttentionParams& p;
   FwdSmem<Traits> smem;
   const T* k;  // this (batch, kv head)'s first key row

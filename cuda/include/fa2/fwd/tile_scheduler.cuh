@@ -31,6 +31,7 @@ struct FwdTileCoord {
 // query blocks per head, no causal mask or window, the head-major tile order.
 template <class Traits>
 struct FwdTileScheduler {
+  static_assert(!Traits::kTileCounter || Traits::kPersistent, "the tile counter serves persistent CTAs");
   const AttentionParams& p;
   int num_m_blocks;  // query blocks per (batch, head)
   int num_tiles;     // tiles below num_tiles run (a one-tile CTA: its own index + 1)
