@@ -92,10 +92,9 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
     const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
     const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-    const FwdTile<Traits> tile{p,          info,       shared, pipe,   tma,       tid,        warp,
-                               lane,       headdim,    {m_block, head, batch},    m0,         rows_q,
-                               range,      head_k,     bias_head,                 bias_batch, q,
-                               k,          v,          bias_bh, more_tiles,       trace_base};
+    const FwdTile<Traits> tile{p,      info,    shared,    pipe,       tma, tid, lane, headdim, {m_block, head, batch},
+                               m0,     rows_q,  range,     head_k,     bias_head,    bias_batch,   q,  k,  v,
+                               bias_bh, more_tiles, trace_base};
     // -- prologue: Q and the first (highest) key tile in flight
     Mainloop::prologue(tile);
     float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
@@ -136,8 +135,8 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
   const FwdSmem<Traits> shared(smem);
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.
   if (shared.q() % 1024 != 0) __trap();
-  // tid / warp: the thread's place among the consumer (computing) threads; the producer warpgroup of a
-  // warp-specialized kernel comes first and has tid < 0
+  // tid: the thread's place among the consumer (computing) threads; the producer warpgroup of a warp-specialized
+  // kernel comes first and has tid < 0
   const int tid = int(threadIdx.x) - (kWarpSpecialized ? kWsProducerThreads : 0), warp = tid >> 5;
   const int lane = threadIdx.x & 31;
   const int headdim = p.headdim;

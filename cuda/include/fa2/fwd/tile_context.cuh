@@ -48,9 +48,9 @@ struct FwdTile {
   FwdSmem<Traits> smem;
   FwdPipeline<Traits> pipe;
   FwdTmaLoads<Traits> tma;  // (the pipelined kernel's thread 0 issues the next stage)
-  // tid / warp: the thread's place among the consumer (computing) threads (the producer warpgroup of a
-  // warp-specialized kernel comes first and has tid < 0)
-  int tid, warp, lane, headdim;
+  // tid: the thread's place among the consumer (computing) threads (the producer warpgroup of a warp-specialized
+  // kernel comes first and has tid < 0)
+  int tid, lane, headdim;
   FwdTileCoord coord;
   int m0, rows_q;
   KeyBlockRange range;
