@@ -117,17 +117,5 @@ struct FwdTileScheduler {
   }
 };
 
-// A tile's queries and the key blocks they see (BlockInfo: causal, windows; varlen and paged KV change these).
-struct FwdTileKeys {
-  int m0;      // first query of the block
-  int rows_q;  // queries of the block below seqlen_q
-  KeyBlockRange range;
-};
-template <class Traits>
-__device__ __forceinline__ FwdTileKeys tile_keys(const BlockInfo& info, const AttentionParams& p, int m_block) {
-  const int m0 = m_block * Traits::kBlockM;
-  return {m0, min(Traits::kBlockM, p.seqlen_q - m0), info.key_blocks(m0, Traits::kBlockM, Traits::kBlockN)};
-}
-
 }  // namespace fwd
 }  // namespace fa2
