@@ -40,7 +40,7 @@ __host__ __device__ inline const void* bias_of_head(const AttentionParams& p, in
 }
 
 // Whether every (batch, head) row of the bias starts 16-byte aligned and runs along keys with unit stride: what the
-// sm_90a forward needs to load key tiles of a key-row bias by the TMA (fwd_kernel.cuh, kStagedBias).
+// sm_90a forward needs to load key tiles of a key-row bias by the TMA (fwd/kernel_traits.cuh, kStagedBias).
 inline bool bias_rows_tma_loadable(const AttentionParams& p) {
   const int64_t elem = bias_element_bytes(p.bias_type);
   return p.bias_col_stride == 1 && reinterpret_cast<uintptr_t>(p.bias) % 16 == 0 &&

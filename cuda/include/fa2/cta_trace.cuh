@@ -1,11 +1,10 @@
 // CTA timelines for diagnosis: where a kernel's CTAs spend their time, from stamps each CTA writes at fixed points
-// (clock64 within the CTA, globaltimer at its entry and exit, the SM it ran on). Off in every library build; a
-// harness build with -DFA2_CTA_TRACE=1 (scripts/fwd_variant_bench.cu, single translation unit: the buffer is one
-// __device__ array) records the last launch of an instrumented kernel and dumps it to $FA2_TRACE_OUT, and
-// scripts/cta_trace.py summarizes it. Instrumented: the warp-specialized backward (bwd_ws_kernel.cuh; it found that
-// kernel's epilogue taking 14% of a CTA at S 1k: variants_h200-20261201-bwd-staged-dkv.json) and the forward
-// (fwd_kernel.cuh: the persistent d 128 tile's boundary, ~9k cycles at S 2k: variants_h200-20261201-fwd-staged-o.json;
-// with -DFA2_CTA_TRACE_TILES=1 too, every tile of both consumer warpgroups instead of two tiles' key iterations).
+// (clock64 within the CTA, globaltimer at its entry and exit, the SM it ran on). A development tool, off in every
+// library build; a harness build with -DFA2_CTA_TRACE=1 (scripts/fwd_variant_bench.cu, single translation unit: the
+// buffer is one __device__ array) records the last launch of an instrumented kernel and dumps it to $FA2_TRACE_OUT,
+// and scripts/cta_trace.py summarizes it. Instrumented: the warp-specialized backward (bwd_ws_kernel.cuh) and the
+// forward (fwd_kernel.cuh, fwd/tile_context.cuh: FwdTrace; with -DFA2_CTA_TRACE_TILES=1 too, every tile of both
+// consumer warpgroups instead of two tiles' key iterations). What they found: docs/tuning-fwd.md.
 #pragma once
 
 #ifndef FA2_CTA_TRACE

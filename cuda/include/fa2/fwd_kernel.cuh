@@ -1,4 +1,4 @@
-// FlashAttention-2 forward. One kernel body, three ways to run it (template arguments):
+// FlashAttention-2 forward. One kernel, three ways to run it (template arguments):
 //   sm80 instruction path (mma.sync m16n8k16, ldmatrix, cp.async): runs on sm80..sm90;
 //   sm_90a (kArchTag 901): the same per-warp work with wgmma products (a warpgroup per 64 query rows) and TMA loads;
 //   sm_90a warp-specialized (the default at d >= 128: tile_config.h): a producer warpgroup streams K/V into a ring of
@@ -13,460 +13,114 @@
 //   S = Q K^T (fp32, registers)  ->  [score mod: scale, softcap, bias]  ->  [mask, boundary tiles only]
 //   ->  online softmax (exp2, scale*log2e folded into one FMA)  ->  P to f16/bf16 in registers  ->  O += P V
 // Key tiles are visited from the last visible one down to the first, only those the causal/window range allows.
+//
+// The kernel is a composition of parts along FlashAttention-3's seams: fwd/kernel_traits.cuh (what an instance
+// decides at compile time), fwd/shared_storage.cuh (shared memory as a struct), fwd/tile_scheduler.cuh (which tiles a
+// CTA runs: varlen and split-KV go there), block_info.cuh (which keys a tile sees), fwd/producer.cuh and
+// fwd/pipeline.cuh (the loads and their mbarriers: paged KV goes there), fwd/mainloop_*.cuh (one key loop per
+// schedule, over fwd/mainloop_steps.cuh), fwd/epilogue.cuh (O and lse: split-KV's partials go there).
 #pragma once
-#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
-#include "fa2/bias.cuh"  // load_bias
 #include "fa2/block_info.cuh"
 #include "fa2/cta_trace.cuh"
+#include "fa2/fwd/epilogue.cuh"
+#include "fa2/fwd/kernel_config.cuh"  // FwdKernelConfig, fwd_kernel_threads (the launchers')
+#include "fa2/fwd/kernel_traits.cuh"
+#include "fa2/fwd/mainloop_cp_async.cuh"
+#include "fa2/fwd/mainloop_sm90_overlap.cuh"
+#include "fa2/fwd/mainloop_sm90_pipelined.cuh"
+#include "fa2/fwd/mainloop_sm90_ws.cuh"
+#include "fa2/fwd/pipeline.cuh"
+#include "fa2/fwd/producer.cuh"
+#include "fa2/fwd/score_mod.cuh"  // ScoreMode (the launchers')
+#include "fa2/fwd/shared_storage.cuh"
+#include "fa2/fwd/tile_context.cuh"
+#include "fa2/fwd/tile_scheduler.cuh"
 #include "fa2/params.h"
-#include "fa2/ptx.cuh"
-#include "fa2/sm90/tma.cuh"    // only used by sm_90a instances
-#include "fa2/sm90/wgmma.cuh"  // only instantiated by sm_90a instances
-
+#include "fa2/sm90/tma.cuh"  // FwdTensorMaps
 #include "fa2/softmax.cuh"
 #include "fa2/tile_config.h"  // (and FA2_SM90_TMA's default)
-#include "fa2/tile_order.h"
 
 namespace fa2 {
 namespace fwd {
 
-constexpr float kLog2e = 1.4426950408889634f;
+// The key loop of an instance's schedule.
+template <class Traits>
+using FwdMainloop = std::conditional_t<
+    !Traits::kTma, FwdMainloopCpAsync<Traits>,
+    std::conditional_t<!Traits::kWs, FwdMainloopSm90Pipelined<Traits>,
+                       std::conditional_t<Traits::kOverlap, FwdMainloopSm90Overlap<Traits>, FwdMainloopSm90Ws<Traits>>>>;
 
-// Starts the cp.async copy of a (kRows, kHeadDim) tile; rows >= rows_valid (when kCheckRows) and columns >= headdim
-// become zeros. Threads form a (kNThreads / kThreadsPerRow, kThreadsPerRow) grid over (rows, 16-byte chunks) with
-// kThreadsPerRow = the chunks of one swizzle block, so 8 consecutive lanes cover one 128-byte line (or two
-// 64-byte rows): coalesced reads, conflict-free swizzled writes, and a thread's copies sit at compile-time smem
-// offsets from one base (passes move by whole 8-row groups, which keeps the swizzle).
-// The global pointer advances by a running sum so that no per-pass offset is hoisted out of the key loop.
-template <typename Tile, int kRows, int kHeadDim, int kNThreads, bool kCheckRows, typename T>
-__device__ __forceinline__ void load_tile_async(uint32_t smem, const T* gmem, int64_t row_stride, int rows_valid,
-                                                int headdim, int tid) {
-  constexpr int kThreadsPerRow = Tile::kChunksPerBlock;
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  constexpr int kRowsPerPass = kNThreads / kThreadsPerRow;
-  static_assert(kChunksPerRow % kThreadsPerRow == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0,
-                "whole chunks per thread; passes of whole swizzle periods");
-  const int row = tid / kThreadsPerRow, chunk = tid % kThreadsPerRow;
-  const uint32_t dst = smem + Tile::offset(row, chunk) * 2;
-  const T* src = gmem + row * row_stride + chunk * 8;
-  const int64_t pass_stride = kRowsPerPass * row_stride;
-#pragma unroll
-  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-#pragma unroll
-    for (int j = 0; j < kChunksPerRow / kThreadsPerRow; ++j) {
-      const bool pred =
-          (!kCheckRows || row + i * kRowsPerPass < rows_valid) && (chunk + j * kThreadsPerRow) * 8 < headdim;
-      ptx::cp_async_16(dst + Tile::const_bytes(i * kRowsPerPass, j * kThreadsPerRow),
-                       pred ? src + j * kThreadsPerRow * 8 : gmem, pred);
+// The consumer (computing) threads of a CTA: tile after tile, its loads in flight, the key loop, the epilogue.
+// (headdim: p.headdim, read once at the kernel's start.)
+template <class Traits>
+__device__ __forceinline__ void run_consumers(const AttentionParams& p, const FwdSmem<Traits>& shared,
+                                              const FwdPipeline<Traits>& pipe, const FwdTmaLoads<Traits>& tma,
+                                              const BlockInfo& info, const FwdTileScheduler<Traits>& scheduler,
+                                              int tid, int warp, int lane, int headdim) {
+  using T = typename Traits::T;
+  using Mainloop = FwdMainloop<Traits>;
+  using Epilogue = FwdEpilogue<Traits>;
+  constexpr int kMTiles = Traits::kMTiles, kDTiles = Traits::kDTiles;
+  FA2_CTA_MARK(trace::kEntry, tid == 0);
+  FA2_CTA_MARK(trace::kEntryNs, tid == 0);
+  FA2_CTA_MARK(trace::kSm, tid == 0);
+  [[maybe_unused]] int trace_tile = 0;
+  const bool more_tiles = scheduler.more_tiles();
+  FwdConsumerState<Traits> state;
+  int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (the barriers' phases)
+  for (int t = scheduler.first_tile; t < scheduler.num_tiles; t = scheduler.consumers_next(t, pipe, q_loads)) {
+    int m_block, head, batch;
+    scheduler.at(t, m_block, head, batch);
+    // -- the tile: its queries, outputs and the key blocks they see
+    const int m0 = m_block * Traits::kBlockM;
+    const int rows_q = min(Traits::kBlockM, p.seqlen_q - m0);
+    T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
+    float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+    const KeyBlockRange range = info.key_blocks(m0, Traits::kBlockM, Traits::kBlockN);
+    [[maybe_unused]] const int trace_base = FwdTrace::base(tid, trace_tile);
+    FA2_CTA_MARK(trace_base, trace_base >= 0);
+    if (range.empty()) {  // -- no query sees a key: out = 0, lse = +inf
+      Epilogue::store_empty(p, pipe, q_loads, out, lse, rows_q, headdim, tid);
+      continue;
     }
-    src += pass_stride;
+    const int head_k = head / p.h_h_k_ratio;
+    const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
+    const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+    const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+    const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
+    const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
+    const FwdTile<Traits> tile{p,      info,    shared,    pipe,       tma, tid, lane, headdim, {m_block, head, batch},
+                               m0,     rows_q,  range,     head_k,     bias_head,    bias_batch,   q,  k,  v,
+                               bias_bh, more_tiles, trace_base};
+    // -- prologue: Q and the first (highest) key tile in flight
+    Mainloop::prologue(tile);
+    float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
+    ptx::zero(acc_o);
+    OnlineSoftmax<kMTiles> softmax;
+    const FwdThreadRows<Traits> rows(p, shared.q(), m0, warp, lane);
+    // -- the key tiles, last to first: S = Q K^T, softmax, O += P V
+    Mainloop::run(tile, rows, state, use0, q_loads, acc_o, softmax);
+    FA2_CTA_MARK(trace_base + FwdTrace::kIters + 1, trace_base >= 0);
+    // -- epilogue: O / l, lse
+    Epilogue::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_q, headdim, tid, lane, more_tiles,
+                    q_loads, scheduler, info, t);
+    FA2_CTA_MARK(trace_base + FwdTrace::kIters + 2, trace_base >= 0);
+    use0 += range.hi - range.lo;
+    ++q_loads;
+#if FA2_CTA_TRACE
+    ++trace_tile;
+#endif
   }
-}
-
-// acc_s (kMTiles, kNTiles) += Q (this warp's rows) K^T; both operands by ldmatrix from swizzled smem.
-// q_lane / k_lane: this lane's ldmatrix bases (SwizzledTile::lane_bytes), see fwd_kernel.
-template <typename T, typename QTile, typename KTile, int kMTiles, int kNTiles, int kHeadDim>
-__device__ __forceinline__ void gemm_qk(float (&acc_s)[kMTiles][kNTiles][4], uint32_t q_lane, uint32_t k_lane) {
-  static_assert(kNTiles % 2 == 0, "K fragments are loaded for pairs of n8 tiles");
-#pragma unroll
-  for (int kt = 0; kt < kHeadDim / 16; ++kt) {
-    uint32_t a[kMTiles][4];  // Q (16 rows, 16 dims) per m tile
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(a[mt], QTile::fragment_address(q_lane, mt * 16, kt * 2));
-#pragma unroll
-    for (int np = 0; np < kNTiles / 2; ++np) {
-      uint32_t b[4];  // K rows 16 np.. +15, dims 16 kt.. +15: {b0, b1} of n tile 2np, then of 2np+1
-      ptx::ldmatrix_x4(b, KTile::fragment_address(k_lane, np * 16, kt * 2));
-      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        ptx::mma_m16n8k16<T>(acc_s[mt][2 * np], a[mt], b_lo);
-        ptx::mma_m16n8k16<T>(acc_s[mt][2 * np + 1], a[mt], b_hi);
-      }
-    }
-  }
-}
-
-
-// acc_o (kMTiles, kDTiles) += P V, P (= acc_s after the softmax, fp32) packed to T in registers as the A operand
-// (ptx::pack_k16), V by ldmatrix.trans.
-template <typename T, typename VTile, int kMTiles, int kNTiles, int kDTiles>
-__device__ __forceinline__ void gemm_pv(float (&acc_o)[kMTiles][kDTiles][4], const float (&p)[kMTiles][kNTiles][4],
-                                        uint32_t v_lane) {
-  static_assert(kDTiles % 2 == 0, "V fragments are loaded for pairs of n8 tiles");
-#pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) {
-    uint32_t a[kMTiles][4];  // P (16 rows, keys 16 kt.. +15)
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) ptx::pack_k16<T>(p[mt], kt, a[mt]);
-#pragma unroll
-    for (int dp = 0; dp < kDTiles / 2; ++dp) {
-      uint32_t b[4];  // V keys 16 kt.. +15, dims 16 dp.. +15, transposed: {b0, b1} of d tile 2dp, then 2dp+1
-      ptx::ldmatrix_x4_trans(b, VTile::fragment_address(v_lane, kt * 16, dp * 2));
-      const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        ptx::mma_m16n8k16<T>(acc_o[mt][2 * dp], a[mt], b_lo);
-        ptx::mma_m16n8k16<T>(acc_o[mt][2 * dp + 1], a[mt], b_hi);
-      }
-    }
-  }
-}
-
-// ---- the same two products with wgmma (sm_90a) --------------------------------------------------------------
-// A warpgroup (4 warps) multiplies its 64 query rows at once; its m64nN accumulators are, per warp, exactly the
-// (16 rows) x (N / 8 n8 tiles) x 4 fragments of the mma.sync path, so everything between the products is shared.
-// Each product waits for its own completion (no overlap with the softmax yet: the next steps of the Hopper path).
-
-// acc_s (this warp's 16 rows, kNTiles n8 tiles) += Q (the warpgroup's 64 rows from wg_row0) K^T, both K-major in
-// shared memory (SwizzledTile layouts, see sm90/wgmma.cuh).
-// kWait = false: only issued (and committed); sm90::wait_hold completes it.
-template <typename T, typename QTile, typename KTile, int kNTiles, int kHeadDim, bool kWait = true>
-__device__ __forceinline__ void gemm_qk_wgmma(float (&acc_s)[1][kNTiles][4], uint32_t s_q, int wg_row0, uint32_t s_k) {
-  using QDesc = sm90::TileDescriptors<QTile>;
-  using KDesc = sm90::TileDescriptors<KTile>;
-  float(&d)[kNTiles * 4] = reinterpret_cast<float(&)[kNTiles * 4]>(acc_s);
-  sm90::hold_registers(d);  // see sm90::hold_registers
-  sm90::fence();
-#pragma unroll
-  for (int k16 = 0; k16 < kHeadDim / 16; ++k16) {
-    sm90::Wgmma<T, kNTiles * 8>::template ss<0>(d, QDesc::k_major(s_q, wg_row0, k16), KDesc::k_major(s_k, 0, k16), 1);
-  }
-  sm90::commit_group();
-  if constexpr (kWait) {
-    sm90::wait_group<0>();
-    sm90::hold_registers(d);
-  }
-}
-
-// The same with Q from registers (q[k16]: the warp's A fragment of dims 16 k16 .. 16 k16 + 15, by ldmatrix once per
-// query block): only K is read from shared memory (K-major). Issued only; q is never written.
-template <typename T, typename KTile, int kNTiles, int kHeadDim>
-__device__ __forceinline__ void gemm_qk_wgmma_rs(float (&acc_s)[1][kNTiles][4], uint32_t (&q)[kHeadDim / 16][4],
-                                                 uint32_t s_k) {
-  sm90::gemm_rs<T, kNTiles * 8, kHeadDim / 16, KTile, /*kWait=*/false, /*kBMnMajor=*/false>(
-      reinterpret_cast<float(&)[kNTiles * 4]>(acc_s), q, s_k);
-}
-
-// acc_o (this warp's 16 rows, kDTiles n8 tiles) += P V: P from registers (ptx::pack_k16), V (keys x d) as
-// an N-major B operand from shared memory.
-// The same from P already packed (a[kt]: keys 16 kt .. 16 kt + 15). kWait = false: only issued; the caller waits
-// (wait_group) and then pins acc_o and a (hold_registers / hold_fragments) before touching either.
-template <typename T, typename VTile, int kNTiles, int kDTiles, bool kWait = true>
-__device__ __forceinline__ void gemm_pv_wgmma_packed(float (&acc_o)[1][kDTiles][4], uint32_t (&a)[kNTiles / 2][4],
-                                                     uint32_t s_v) {
-  sm90::gemm_rs<T, kDTiles * 8, kNTiles / 2, VTile, kWait>(reinterpret_cast<float(&)[kDTiles * 4]>(acc_o), a, s_v);
-}
-template <typename T, typename VTile, int kNTiles, int kDTiles>
-__device__ __forceinline__ void gemm_pv_wgmma(float (&acc_o)[1][kDTiles][4], const float (&p)[1][kNTiles][4],
-                                              uint32_t s_v) {
-  uint32_t a[kNTiles / 2][4];
-#pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(p[0], kt, a[kt]);
-  gemm_pv_wgmma_packed<T, VTile, kNTiles, kDTiles>(acc_o, a, s_v);
-}
-
-// ---- score modification (the general path): s = scale * q.k; softcap; + bias --------------------------------
-// s += bias[row, col] for the fragment elements (row0 + 16 mt + 8 half, col0 + 8 nt + e); out-of-range
-// elements are not read (they are masked anyway). A bias broadcast along queries (row stride 0, e.g. a
-// (batch, 1, 1, seqlen_k) key padding mask) is read once per column rather than once per element.
-// Pointers advance by running sums (not base + i * stride) so the compiler has no per-element offsets to hoist
-// out of the key loop.
-template <typename B, int kMTiles, int kNTiles>
-__device__ __forceinline__ void add_bias(float (&s)[kMTiles][kNTiles][4], const B* bias, int64_t row_stride,
-                                         int64_t col_stride, int row0, int col0, int seqlen_q, int seqlen_k) {
-  const int64_t step8 = 8 * col_stride;
-  if (row_stride == 0) {
-    const B* ptr = bias + col0 * col_stride;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      const int col = col0 + nt * 8;
-      const float b0 = col < seqlen_k ? load_bias(ptr) : 0.f;
-      const float b1 = col + 1 < seqlen_k ? load_bias(ptr + col_stride) : 0.f;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        s[mt][nt][0] += b0;
-        s[mt][nt][1] += b1;
-        s[mt][nt][2] += b0;
-        s[mt][nt][3] += b1;
-      }
-      ptr += step8;
-    }
-  } else {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row0 + mt * 16 + half * 8;
-        const B* ptr = bias + row * row_stride + col0 * col_stride;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          const int col = col0 + nt * 8;
-          if (row < seqlen_q && col < seqlen_k) s[mt][nt][half * 2] += load_bias(ptr);
-          if (row < seqlen_q && col + 1 < seqlen_k) s[mt][nt][half * 2 + 1] += load_bias(ptr + col_stride);
-          ptr += step8;
-        }
-      }
-    }
-  }
-}
-
-// acc[.][nt] = (b0, b1) in both rows of every m16 tile: a key-row bias's columns 8 nt + (lane % 4) * 2, + 1, the same
-// for every query row.
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void fill_key_pair(float (&acc)[kMTiles][kNTiles][4], int nt, float b0, float b1) {
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-    acc[mt][nt][0] = b0;
-    acc[mt][nt][1] = b1;
-    acc[mt][nt][2] = b0;
-    acc[mt][nt][3] = b1;
-  }
-}
-
-// bias / scale for the bias-fold path, kept finite when the bias is: finfo.min / scale would overflow to -inf and
-// read as a masked key (the row would output 0 instead of its uniform average; see kHeavyRowLog2).
-__device__ __forceinline__ float fold_bias(float bias, float inv_scale) {
-  const float v = bias * inv_scale;
-  return v == -INFINITY && bias != -INFINITY ? -FLT_MAX : v;
-}
-
-// acc = bias[row, col] * inv_scale for the fragment elements (the bias-fold path: Q K^T then accumulates on
-// top, and scale*log2(e) applied to the sum gives (scale q.k + bias) log2(e) with the plain path's one FMA).
-// Elements past seqlen_k are 0 and not read (they are masked; kCheckCols only for the tile that crosses seqlen_k);
-// rows past seqlen_q are 0 too, except with kKeyRow, where they get the (in-bounds) key row: they are never stored.
-// kKeyRow: the bias is the same for every query row (row stride 0, e.g. a key padding mask): one load per column,
-// shared by the thread's rows. A separate kernel variant because the per-element loads cost registers: at d 64 on
-// sm_90a (bf16) the bias-fold variants take 156-192, the key-row ones 129-141 unbounded, which min_blocks_per_sm
-// (tile_config.h) then holds to 128 for a second CTA per SM.
-template <bool kKeyRow, bool kCheckCols, typename B, int kMTiles, int kNTiles>
-__device__ __forceinline__ void init_from_bias(float (&acc)[kMTiles][kNTiles][4], const B* bias, int64_t row_stride,
-                                               int64_t col_stride, int row0, int col0, int seqlen_q, int seqlen_k,
-                                               float inv_scale) {
-  const int64_t step8 = 8 * col_stride;
-  if constexpr (kKeyRow) {  // the same for every query row: one load per column
-    const B* ptr = bias + col0 * col_stride;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      const int col = col0 + nt * 8;
-      const float b0 = !kCheckCols || col < seqlen_k ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
-      const float b1 = !kCheckCols || col + 1 < seqlen_k ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
-      fill_key_pair(acc, nt, b0, b1);
-      ptr += step8;
-    }
-  } else {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row0 + mt * 16 + half * 8;
-        const bool row_ok = row < seqlen_q;
-        const B* ptr = bias + (row_ok ? row : 0) * row_stride + col0 * col_stride;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          const int col = col0 + nt * 8;
-          acc[mt][nt][half * 2] =
-              row_ok && (!kCheckCols || col < seqlen_k) ? fold_bias(load_bias(ptr), inv_scale) : 0.f;
-          acc[mt][nt][half * 2 + 1] =
-              row_ok && (!kCheckCols || col + 1 < seqlen_k) ? fold_bias(load_bias(ptr + col_stride), inv_scale) : 0.f;
-          ptr += step8;
-        }
-      }
-    }
-  }
-}
-
-// Element i of a bias tile staged in shared memory, as fp32 (load_bias's meaning; a bool is read as its byte).
-template <typename B>
-__device__ __forceinline__ float staged_bias_value(const B* tile, int i) {
-  using Raw = std::conditional_t<std::is_same_v<B, bool>, unsigned char, B>;
-  return bias_to_float(reinterpret_cast<const Raw*>(tile)[i]);
-}
-
-// acc = bias / scale for the fragment elements, from one key tile of a key-row bias (the same for every query row)
-// staged in shared memory; `tile` points at this thread's first column ((lane % 4) * 2) of it. Same values as
-// init_from_bias<kKeyRow = true> reading them from global memory.
-template <typename B, int kMTiles, int kNTiles>
-__device__ __forceinline__ void init_from_staged_key_bias(float (&acc)[kMTiles][kNTiles][4], const B* tile,
-                                                          float inv_scale) {
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    const float b0 = fold_bias(staged_bias_value(tile, nt * 8), inv_scale);
-    const float b1 = fold_bias(staged_bias_value(tile, nt * 8 + 1), inv_scale);
-    fill_key_pair(acc, nt, b0, b1);
-  }
-}
-
-// The same from the tile already folded (fp32 bias / scale per key); `pairs` points at this thread's first column
-// pair ((lane % 4) * 2).
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void init_from_folded_key_bias(float (&acc)[kMTiles][kNTiles][4], const float2* pairs) {
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    const float2 b = pairs[nt * 4];  // columns 8 nt + (lane % 4) * 2, + 1
-    fill_key_pair(acc, nt, b.x, b.y);
-  }
-}
-
-// What one staged key tile of a key-row bias holds, so that a padding mask costs only the tiles it cuts:
-//   kZero    every key's bias is +0 (a kept key): S starts from 0, as without a bias;
-//   kMasked  every key's bias is -inf (a padded key; a bool False): the tile adds nothing to any row (its scores are
-//            -inf, so exp2 gives 0, and the running max, the sum and O keep their bits: the rescale is exactly 1,
-//            softmax.cuh), so the kernel skips it;
-//   kMixed   anything else (finfo.min included: a row that sees only such keys averages them): S starts from the bias.
-enum class KeyTileKind : int { kZero, kMasked, kMixed };
-
-// The kind of the kTileBytes-byte tile of B at `tile` (shared memory), decided by every warp on its own from the
-// raw bits: each lane reads a chunk of it (below) and the warp votes (no block barrier; the same answer in every
-// warp). Conservative: -0.0 or a bool byte other than 0/1 counts as kMixed. kValidKeysOnly: only the first
-// valid_keys keys count (the TMA fills the rest of the tile that crosses seqlen_k with zeros, and those keys are
-// masked anyway; a lane whose bytes straddle valid_keys votes kMixed), so that a padded tail there is skipped too;
-// not in the 128-register d 64 kernel, which skips nothing and spilled 8-12 B more with it (ptxas).
-// (A lane reads the smallest of 2, 4, 8 or 16 bytes with which the warp covers the tile; lanes past the tile vote
-// either way. Tiles of 32 x that many bytes use every lane.)
-template <typename B, int kTileBytes, bool kValidKeysOnly>
-__device__ __forceinline__ KeyTileKind classify_key_bias_tile(const unsigned char* tile, int lane, int valid_keys) {
-  constexpr int kLaneBytes = kTileBytes <= 64 ? 2 : kTileBytes <= 128 ? 4 : kTileBytes <= 256 ? 8 : 16;
-  constexpr int kLanes = kTileBytes / kLaneBytes;
-  static_assert(kTileBytes % kLaneBytes == 0 && kLanes <= 32, "the warp covers the tile in 2, 4, 8 or 16 bytes a lane");
-  const bool in_tile = kLanes == 32 || lane < kLanes;
-  const int chunk = in_tile ? lane : 0;  // (a lane past the tile reads the first chunk; its vote is either below)
-  // each 32-bit word of an all-kept / all-padded tile (a bool's True is the byte 1 and keeps the key: bias 0)
-  constexpr uint32_t kZeroWord = std::is_same_v<B, bool> ? 0x01010101u : 0u;
-  constexpr uint32_t kMaskedWord = std::is_same_v<B, float>    ? 0xff800000u
-                                   : std::is_same_v<B, __half> ? 0xfc00fc00u
-                                   : std::is_same_v<B, bool>   ? 0u
-                                                               : 0xff80ff80u;  // bf16
-  bool zero = true, masked = true;
-  if constexpr (kLaneBytes == 2) {
-    const uint32_t w = reinterpret_cast<const uint16_t*>(tile)[chunk];
-    zero = w == (kZeroWord & 0xffffu);
-    masked = w == (kMaskedWord & 0xffffu);
-  } else {
-    constexpr int kWords = kLaneBytes / 4;
-    uint32_t w[kWords];
-    if constexpr (kWords == 4) {
-      const uint4 v = reinterpret_cast<const uint4*>(tile)[chunk];
-      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    } else if constexpr (kWords == 2) {
-      const uint2 v = reinterpret_cast<const uint2*>(tile)[chunk];
-      w[0] = v.x, w[1] = v.y;
-    } else {
-      w[0] = reinterpret_cast<const uint32_t*>(tile)[chunk];
-    }
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      zero &= w[i] == kZeroWord;
-      masked &= w[i] == kMaskedWord;
-    }
-  }
-  if constexpr (kValidKeysOnly) {
-    constexpr int kLaneKeys = kLaneBytes / int(sizeof(B));
-    const int keys_here = valid_keys - chunk * kLaneKeys;  // of this lane's keys, how many are below seqlen_k
-    if (keys_here <= 0) {
-      zero = masked = true;  // all past seqlen_k: either
-    } else if (keys_here < kLaneKeys) {
-      zero = masked = false;  // straddles it
-    }
-  }
-  if (!in_tile) zero = masked = true;
-  if (__all_sync(0xffffffffu, zero)) return KeyTileKind::kZero;
-  return __all_sync(0xffffffffu, masked) ? KeyTileKind::kMasked : KeyTileKind::kMixed;
-}
-
-template <typename T, BiasType kBias>
-struct BiasElement;  // the C++ type of a bias element
-template <typename T>
-struct BiasElement<T, BiasType::kNone> { using type = unsigned char; };  // (no bias: never read)
-template <typename T>
-struct BiasElement<T, BiasType::kSameAsInput> { using type = T; };
-template <typename T>
-struct BiasElement<T, BiasType::kFloat32> { using type = float; };
-template <typename T>
-struct BiasElement<T, BiasType::kBool> { using type = bool; };
-
-// s = scale * q.k (or softcap * tanh(scale * q.k / softcap)), then + bias: everything before the mask.
-template <typename T, BiasType kBias, int kMTiles, int kNTiles>
-__device__ __forceinline__ void score_mod(float (&s)[kMTiles][kNTiles][4], const AttentionParams& p,
-                                          const void* bias_bh, int row0, int col0) {
-  if (p.softcap > 0.f) {
-    const float scale_over_cap = p.scale / p.softcap;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) s[mt][nt][r] = p.softcap * tanhf(s[mt][nt][r] * scale_over_cap);
-  } else {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) s[mt][nt][r] *= p.scale;
-  }
-  if constexpr (kBias != BiasType::kNone) {
-    using B = typename BiasElement<T, kBias>::type;
-    add_bias(s, static_cast<const B*>(bias_bh), p.bias_row_stride, p.bias_col_stride, row0, col0, p.seqlen_q,
-             p.seqlen_k);
-  }
-}
-
-// How scores become exp2 arguments (chosen per call by the launcher):
-//   kPlain     scale > 0, no softcap, no bias: S stays raw q.k, scale*log2(e) folded into the exp2's one FMA.
-//   kBiasFold  scale > 0, no softcap, a bias: S starts from bias / scale (loaded while the tile's barrier waits)
-//              and Q K^T accumulates on top; from there exactly the plain path (one FMA before exp2).
-//   kKeyBiasFold  the same for a bias with row stride 0 (one value per key: padding masks), in fewer registers.
-//   kGeneral   softcap > 0 or scale <= 0: S = scale q.k, soft-capped, + bias in fp32, in log2(e) units.
-enum class ScoreMode : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFold = 3 };
-
-// Warp specialization (sm_90a with TMA loads; kWarpSpecialized): one more warpgroup, the producer, runs ahead
-// issuing the K/V copies into the ring (waiting on "empty" barriers the consumer warps arrive on once their products
-// have read a stage) with its registers given back (kWsProducerRegs); the kNWarps consumer warps take what is left of
-// the CTA's pool (ws_consumer_regs, tile_config.h: 240 with two consumer warpgroups, 160 with three) and never sync
-// the whole CTA inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
-// Ping-pong (with warp specialization, kPingpong): the two consumer warpgroups take turns issuing their products, one
-// "slot" each (P V of tile n, then Q K^T of tile n + 1), so that one's softmax runs while the other's products
-// occupy the tensor cores. Named barriers 2 + w: warpgroup w waits on its own to start a slot, the other arrives on
-// it when its slot ends (1: the consumers' epilogue barrier). Named barriers count arrivals without phases, so this
-// relies on strict alternation: both warpgroups visit the same key tiles, every iteration opens and closes exactly
-// one slot each (no per-warpgroup skipping, no break/continue in the loop), or the pairing shifts and the CTA hangs.
-constexpr int kPingpongBarrier = 2;
-// Warpgroup wg (0 or 1) of the two consumer warpgroups waits for its own ping-pong barrier / arrives on the other's.
-__device__ __forceinline__ void pingpong_wait(int wg) {
-  if (wg == 0) {
-    ptx::named_barrier_sync<kPingpongBarrier, 256>();
-  } else {
-    ptx::named_barrier_sync<kPingpongBarrier + 1, 256>();
-  }
-}
-__device__ __forceinline__ void pingpong_signal_other(int wg) {
-  if (wg == 0) {
-    ptx::named_barrier_arrive<kPingpongBarrier + 1, 256>();
-  } else {
-    ptx::named_barrier_arrive<kPingpongBarrier, 256>();
-  }
-}
-
-// The tile config of one forward kernel: the wide shape for a warp-specialized one without ping-pong where
-// fwd_wide_warp_specialized (tile_config.h), else the arch's shape.
-template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
-using FwdKernelConfig =
-    FwdTileConfig<kHeadDim, kArchTag == 901, kWarpSpecialized && !kPingpong && fwd_wide_warp_specialized(kHeadDim)>;
-
-template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
-constexpr int fwd_kernel_threads() {
-  return FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>::kNThreads +
-         (kWarpSpecialized ? kWsProducerThreads : 0);
+  FA2_CTA_MARK(trace::kExitNs, tid == 0);
 }
 
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build
-// (cmake/Kernels.cmake):
-// 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
-// maps: the TMA descriptors of q, k, v (sm_90a instances with FA2_SM90_TMA; unused otherwise).
+// (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
+// maps: the TMA descriptors of q, k, v and a staged key-row bias (sm_90a instances with FA2_SM90_TMA; unused
+// otherwise).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
@@ -475,863 +129,34 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                          kMode == ScoreMode::kKeyBiasFold ||
                                                          kMode == ScoreMode::kPlain))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
-  constexpr bool kWgmma = kArchTag == 901;
-  constexpr bool kTma = kWgmma && FA2_SM90_TMA;
-  constexpr bool kWs = kWarpSpecialized;
-  using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
-  static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
-  // K/V stages of the ring and the shared memory in all (warp-specialized: deeper where it fits, tile_config.h)
-  constexpr int kRing = kWarpSpecialized ? Cfg::kWsStages : Cfg::kStages;
-  constexpr int kSmemTotal = kWarpSpecialized ? Cfg::kSmemBytesWs : Cfg::kSmemBytes;
-  static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
-  static_assert(!kPingpong || (kWs && Cfg::kNThreads == 256), "ping-pong: two consumer warpgroups, warp-specialized");
-  // kOverlap (warp-specialized, without ping-pong): P V of tile n-1 stays in flight while S of tile n becomes P; O
-  // is rescaled once it completed. The same operations on O in the same order (x c(n-1), + P V(n-1), x c(n), ...).
-  // With kPingpong too, each warpgroup's turn issues both (Q K^T of tile n, P V of tile n-1).
-  static_assert(!kOverlap || kWs, "intra-warpgroup overlap: warp-specialized");
-  // one stage would deadlock a warp-specialized kernel: a consumer waits for tile it before releasing tile it - 1
-  static_assert(!kWs || kRing >= 2, "warp specialization needs at least two K/V stages");
-  // the consumers' registers after setmaxnreg (see ws_consumer_regs)
-  constexpr int kWsConsumerRegs = ws_consumer_regs(Cfg::kNThreads);
-  constexpr int kWsThreads = kWsProducerThreads + Cfg::kNThreads;
-  static_assert(!kWs || kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * kWsConsumerRegs <=
-                            kWsThreads * ((64 * 1024 / kWsThreads) & ~7),
-                "warp specialization: producer + consumer registers within the CTA's launch register pool");
-  using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
-  using KVTile = SwizzledTile<Cfg::kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
-  constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
-
-  // smem: [Q (kBlockM, d)] [K0 (kBlockN, d)] [V0] ([K1] [V1] ... one pair per stage of the ring)
-  //       (sm_90a: [a key tile of bias per stage] ([the same folded to fp32, per stage]: not warp-specialized)
-  //       [mbarriers])
+  using Traits = FwdKernelTraits<T, kHeadDim, kArchTag, kMode, kBias, kWarpSpecialized, kPingpong, kOverlap,
+                                 kTileCounter, kCluster>;
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
-  const uint32_t sQ = ptx::smem_u32(smem);
+  const FwdSmem<Traits> shared(smem);
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.
-  if (sQ % 1024 != 0) __trap();
-  auto sK = [&](int buf) { return sQ + Cfg::kSmemQBytes + buf * 2 * Cfg::kSmemKVBytes; };
-  auto sV = [&](int buf) { return sK(buf) + Cfg::kSmemKVBytes; };
-  auto sBias = [&](int buf) { return sK(kRing) + buf * Cfg::kSmemBiasTileBytes; };  // see kStagedBias
-  auto sBiasFolded = [&](int buf) { return sBias(kRing) + buf * Cfg::kSmemBiasFoldedBytes; };
-  auto smem_at = [&](uint32_t addr) { return smem + (addr - sQ); };  // a shared-memory address as a pointer
-
-  // tid / warp: the thread's place among the consumer (computing) threads; the producer warpgroup of a
-  // warp-specialized kernel comes first and has tid < 0
-  const int tid = int(threadIdx.x) - (kWs ? kWsProducerThreads : 0), warp = tid >> 5, lane = threadIdx.x & 31;
+  if (shared.q() % 1024 != 0) __trap();
+  // tid: the thread's place among the consumer (computing) threads; the producer warpgroup of a warp-specialized
+  // kernel comes first and has tid < 0
+  const int tid = int(threadIdx.x) - (kWarpSpecialized ? kWsProducerThreads : 0), warp = tid >> 5;
+  const int lane = threadIdx.x & 31;
   const int headdim = p.headdim;
-  constexpr bool kBiasFold = kMode == ScoreMode::kBiasFold || kMode == ScoreMode::kKeyBiasFold;
-  static_assert((kMode == ScoreMode::kPlain) == (kBias == BiasType::kNone) || kMode == ScoreMode::kGeneral,
-                "plain means no bias; bias-fold needs one");
-  using BiasElem = typename BiasElement<T, kBias>::type;
-  // sm_90a (TMA loads) with a key-row bias: the thread that issues a K/V tile's copies also loads that tile's bias
-  // (kBlockN keys, by the TMA: maps.bias, zeros past seqlen_k) into the stage, on the same barrier, so that S starts
-  // from it in shared memory instead of from global loads in flight at the wgmma (registers, and their latency, were
-  // what a padding mask cost). The launcher sends only biases with unit key stride and 16-byte aligned rows here.
-  constexpr bool kStagedBias = kTma && kMode == ScoreMode::kKeyBiasFold;
-  constexpr uint32_t kBiasTileBytes = kBlockN * sizeof(BiasElem);
-  static_assert(!kStagedBias || (kBiasTileBytes <= Cfg::kSmemBiasTileBytes && kBiasTileBytes % 16 == 0),
-                "a key tile of bias fits its stage and is a whole number of 16-byte TMA units");
-  // Staged key tiles whose bias is all -inf are skipped (KeyTileKind), except under ping-pong (its warpgroups' turns
-  // count tiles) and in the 128-register key-row kernel at d <= 64 (two CTAs per SM): ptxas spilled 88-92 B a thread
-  // there with the skip's path (52-56 B with only the all-zero one), so it reads them as mixed tiles.
-  constexpr bool kSkipMaskedTiles =
-      kStagedBias && !kPingpong && (kWs || FwdTileConfig<kHeadDim, kWgmma>::min_blocks_per_sm(true) == 0);
-  using CheckRows = std::true_type;
-  using NoCheckRows = std::false_type;
-
-  // TMA path: mbarriers after the tiles, one for Q and one per K/V stage ("full"; warp-specialized: also one
-  // "empty" per stage, and one for Q); one thread issues every copy, one per column block of a tile (the TMA writes
-  // the SwizzledTile layout itself and zero-fills rows past seqlen and columns past headdim), everyone waits on the
-  // barrier. A stage's barrier completes once per use: use number u (counted across the CTA's query blocks) has
-  // parity (u / kRing) % 2; Q's completes once per query block.
-  constexpr int kBlockCols = Cfg::kSmemBlockCols, kColBlocks = kHeadDim / kBlockCols;
-  // the bytes each barrier expects are the bytes its boxes write (a mismatch would hang the wait)
-  static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
-  static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
-  // kSplitKV: K and V each on a full / empty barrier pair of their own (FA-3's two pipelines), in the overlap
-  // schedules with a two-stage ring (d 256). K is released once Q K^T has completed, V once P V has. With one pair, a
-  // stage stays held until its P V completes, which these schedules issue behind the next tile's Q K^T: with two
-  // stages the producer then had nothing to load ahead (d 256 overlap 0.63-0.78x ping-pong; with the split +6.6..+8.7%
-  // over it, tile_config.h). bar_kv / bar_empty are then K's, bar_v / bar_v_empty V's. Not with a staged bias, which
-  // travels with K/V on one pair (a skipped tile releases both), nor in the persistent kernels (three stages).
-  constexpr bool kSplitKV = kWs && kOverlap && !kStagedBias && kRing == 2;
-  const uint32_t bar_q = sQ + kSmemTotal - Cfg::kSmemBarrierBytes;
-  auto bar_kv = [&](int buf) { return bar_q + 8 + 8 * buf; };
-  auto bar_empty = [&](int buf) { return bar_q + 8 + 8 * kRing + 8 * buf; };  // warp-specialized: released
-  const uint32_t bar_q_empty = bar_q + 8 + 16 * kRing;  // warp-specialized: Q read by every consumer warp
-  // the persistent kernel's next tile, written by the producer before it completes bar_q's phase for that tile
-  // (num_tiles: no more tiles); with a tile counter only
-  const uint32_t tile_slot = bar_q_empty + 8;
-  auto bar_v = [&](int buf) { return tile_slot + 8 + 8 * buf; };                  // kSplitKV: V landed
-  auto bar_v_empty = [&](int buf) { return tile_slot + 8 + 8 * kRing + 8 * buf; };  // kSplitKV: V released
-  static_assert(!kTma || 8 * (3 + (kSplitKV ? 4 : 2) * kRing) <= Cfg::kSmemBarrierBytes,
-                "Q, full and empty mbarriers, a slot (kFwdSmemBarrierBytes)");
-  // a consumer warp whose products have completed releases stage buf to the producer (one arrival per warp); with
-  // kSplitKV its K (release_stage) and its V (release_v) separately
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar);
-  };
-  // kCluster: a stage's K/V land in both CTAs of the pair from both producers (each multicasts half the column
-  // blocks), so each consumer warp releases it to both: its own CTA's empty barrier and the peer's
-  const uint32_t cta_rank = kCluster ? sm90::cluster_cta_rank() : 0;
-  auto release_kv = [&](uint32_t bar) {
-    release(bar);
-    if constexpr (kCluster) {
-      if (lane == 0) sm90::mbarrier_arrive_cluster(bar, cta_rank ^ 1);
-    }
-  };
-  auto release_stage = [&](int buf) { release_kv(bar_empty(buf)); };
-  auto release_v = [&](int buf) { release_kv(kSplitKV ? bar_v_empty(buf) : bar_empty(buf)); };
-  // the computing threads' wait for a Q / K+V barrier; untimed in a warp-specialized kernel (see
-  // sm90::mbarrier_wait_untimed: its producer's waits keep the trap)
-  auto wait_loaded = [&](uint32_t bar, uint32_t phase) {
-    if constexpr (kWs) {
-      sm90::mbarrier_wait_untimed(bar, phase);
-    } else {
-      sm90::mbarrier_wait(bar, phase);
-    }
-  };
-  auto tma_q = [&](int m0, int head, int batch) {  // a query block's Q (one thread)
-    sm90::mbarrier_arrive_expect_tx(bar_q, Cfg::kSmemQBytes);
-    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(sQ, &maps.q, bar_q, m0, head, batch);
-  };
-  // kSplitKV: K, or V, of key tile n into dst on its own barrier (one thread)
-  auto tma_k_or_v = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int n, int head_k, int batch) {
-    sm90::mbarrier_arrive_expect_tx(bar, Cfg::kSmemKVBytes);
-#pragma unroll
-    for (int blk = 0; blk < kColBlocks; ++blk) {
-      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
-    }
-  };
-  // K and V (and the staged bias) of key tile n into stage buf (one thread)
-  auto tma_kv = [&](int n, int buf, int head_k, int batch, int bias_head, int bias_batch) {
-    // (kCluster: the whole tile lands here too, half of it from the peer's producer)
-    sm90::mbarrier_arrive_expect_tx(bar_kv(buf), 2 * Cfg::kSmemKVBytes + (kStagedBias ? kBiasTileBytes : 0));
-    if constexpr (kCluster) {
-#pragma unroll
-      for (int i = 0; i < kColBlocks / 2; ++i) {  // column blocks rank, rank + 2, ... into both CTAs
-        const int blk = 2 * i + int(cta_rank);
-        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d_multicast(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
-                                    batch, 0b11);
-        sm90::tma_load_4d_multicast(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k,
-                                    batch, 0b11);
-      }
-    } else {
-#pragma unroll
-      for (int blk = 0; blk < kColBlocks; ++blk) {
-        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d(sK(buf) + offset, &maps.k, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
-        sm90::tma_load_4d(sV(buf) + offset, &maps.v, bar_kv(buf), blk * kBlockCols, n * kBlockN, head_k, batch);
-      }
-    }
-    if constexpr (kStagedBias) {
-      sm90::tma_load_3d(sBias(buf), &maps.bias, bar_kv(buf), n * kBlockN, bias_head, bias_batch);
-    }
-  };
-
-  // Query blocks ("tiles": kBlockM queries of one (batch, head)). The warp-specialized kernels take a 1-D grid of tiles
-  // (fwd_launch_template.cuh): at the persistent headdims (tile_config.h, fwd_persistent_headdim) at most one CTA per
-  // SM, CTA b taking tiles b, b + grid, b + 2 grid, ... (with a tile counter: b, then the next unclaimed), so that its
-  // producer loads the next tile's K/V and Q while the consumers finish the current one (no CTA launch, prologue and
-  // epilogue between tiles); elsewhere one tile per CTA, in a loop the compiler sees run once (with the loop, the d 256
-  // kernels ran 2-3% slower: d94fbd9). Tile t is query block num_m_blocks - 1 - t % num_m_blocks of head (t /
-  // num_m_blocks) % nheads, batch t / (num_m_blocks nheads): the blocks of one head together (their K/V shared in L2),
-  // the longest (causal) rows first; with causal lengths the last heads' blocks go longest first across those heads
-  // (tile_order.h, p.tile_order_tail). The other kernels: one tile per CTA, the same order from a (query blocks,
-  // heads, batch) grid.
+  // the loads' barriers (fwd/pipeline.cuh) and the TMA copies (fwd/producer.cuh)
+  const FwdPipeline<Traits> pipe{shared, lane, /*cta_rank=*/kCluster ? sm90::cluster_cta_rank() : 0};
+  const FwdTmaLoads<Traits> tma{maps, shared, pipe.cta_rank};
+  // which keys a tile's queries see (block_info.cuh) and which tiles this CTA runs (fwd/tile_scheduler.cuh)
   const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  constexpr bool kPersistent = kWs && fwd_persistent_headdim(kHeadDim);
-  static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
-  // (kSplitKV: written and run for one tile per CTA, the d 256 kernels'; its use counts carry over as bar_kv's do)
-  static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
-  // kCluster: CTAs in pairs (a cluster of two: ranks 0 and 1 are blockIdx.x 2c and 2c + 1) whose tiles t, t + 1 are
-  // two query blocks of one (batch, head) with the same key range, so that each K/V tile is read from L2 once for
-  // both: each CTA's producer loads half its column blocks and multicasts them into both CTAs' stage (FA-3 runs its
-  // d >= 128 non-causal forward in clusters of two). The launcher sends only calls where that holds for every pair:
-  // an even grid, an even number of query blocks per head, no causal mask or window, the head-major tile order.
-  static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
-                "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
-  const int num_tiles = kPersistent ? num_m_blocks * p.nheads * p.batch : kWs ? int(blockIdx.x) + 1 : 1;
-  const int first_tile = kWs ? int(blockIdx.x) : 0, tile_stride = kPersistent ? int(gridDim.x) : 1;
-  // (tile_order.h: a head's longest block, rank 0, is its last query block. The warp-specialized kernels' tiles
-  //  number at most 2^30 - 1 (the launcher checks); a (query blocks, heads, batch) grid's tiles start in linear
-  //  blockIdx order, and with a tail, which the launcher sets only where batch * nheads * blocks fits an int, go
-  //  through the same order. The sm80-path kernels keep blockIdx: the order's code cost the d 128 ones 50-110 B more
-  //  spills, not timed on an sm80 GPU; their launcher sets no tail.)
-  auto tile_at = [&](int t, int& m_block, int& head, int& batch) {
-    int bh = 0, rank = 0;
-    if constexpr (kWs) {
-      TileOrder{num_m_blocks, p.nheads * p.batch, p.tile_order_tail}.at(t, bh, rank);
-    } else {
-      m_block = gridDim.x - 1 - blockIdx.x;
-      head = blockIdx.y;
-      batch = blockIdx.z;
-      if (!kWgmma || p.tile_order_tail == 0) return;
-      TileOrder{num_m_blocks, p.nheads * p.batch, p.tile_order_tail}.at(
-          int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), bh, rank);
-    }
-    m_block = num_m_blocks - 1 - rank;
-    head = bh % p.nheads;
-    batch = bh / p.nheads;
-  };
-
-  // TMA path: the mbarriers' initialization, then a CTA barrier. A warp-specialized kernel runs it once, before its
-  // tiles; the pipelined one after its (one) tile's empty-range check, as before the tile loop existed: run first,
-  // ptxas spilled 20 -> 44-68 B more in the 128-register d 64 key-row kernel.
-  auto init_barriers = [&]() {
-    if constexpr (kTma) {
-      if (threadIdx.x == 0) {
-        // (kCluster: launched as the launcher must, in pairs sharing each tile's keys; otherwise the multicasts
-        // would go to a CTA that is not there, or the pairs' loads would differ)
-        if (kCluster && (sm90::cluster_num_ctas() != 2 || p.tile_order_tail != 0)) __trap();
-        sm90::mbarrier_init(bar_q, 1);
-        if constexpr (kWs) sm90::mbarrier_init(bar_q_empty, Cfg::kNWarps);  // one arrival per consumer warp
-#pragma unroll
-        for (int b = 0; b < kRing; ++b) {
-          sm90::mbarrier_init(bar_kv(b), 1);
-          // one arrival per consumer warp (kCluster: of both CTAs)
-          if constexpr (kWs) sm90::mbarrier_init(bar_empty(b), Cfg::kNWarps * (kCluster ? 2 : 1));
-          if constexpr (kSplitKV) {
-            sm90::mbarrier_init(bar_v(b), 1);
-            sm90::mbarrier_init(bar_v_empty(b), Cfg::kNWarps);
-          }
-        }
-        sm90::fence_barrier_init();
-      }
-      // the last CTA-wide barrier of a warp-specialized kernel: its producer leaves below (kCluster: cluster-wide,
-      // so that neither CTA arrives on or copies into the other's barriers before they are initialized)
-      if constexpr (kCluster) {
-        sm90::cluster_sync();
-      } else {
-        __syncthreads();
-      }
-    }
-  };
-  if constexpr (kWs) {  // (kWs implies kTma)
-    init_barriers();
+  const FwdTileScheduler<Traits> scheduler(p);
+  if constexpr (kWarpSpecialized) {
+    // the barriers once, before the tiles (the pipelined kernel: in its prologue)
+    pipe.init(p);
     if (tid < 0) {  // -- the producer warpgroup: one thread streams every tile's K/V tiles and Q into the ring
       sm90::setmaxnreg_dec<kWsProducerRegs>();
-      if (threadIdx.x == 0) {
-        int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
-        // A persistent CTA's tiles: blockIdx.x, then every gridDim.x-th, or, in the tile-counter kernel
-        // (kTileCounter: p.workspace, zeroed, fwd_workspace_ints), the next unclaimed one (tiles below gridDim.x go
-        // first, then gridDim.x + the counter's value). There the consumers cannot work out the next tile
-        // themselves, so the producer announces each tile after a CTA's first: its index in tile_slot, then bar_q's
-        // phase completed (by Q's load, or by an arrival alone for a tile without keys), once every consumer warp is
-        // done with the previous tile's Q (and so has read the slot); after the last tile, num_tiles.
-        auto announce = [&](int t) {
-          if (q_loads > 0) sm90::mbarrier_wait(bar_q_empty, (q_loads - 1) & 1);
-          if constexpr (kTileCounter) *reinterpret_cast<volatile int*>(smem_at(tile_slot)) = t;
-          ++q_loads;
-        };
-        // the tile after t: claimed once t's copies are all issued (the producer runs up to a ring ahead of the
-        // consumers, which hides the atomic's latency; claimed any earlier, a CTA would hold tiles back from others)
-        auto next_tile = [&](int t) {
-          return kTileCounter ? int(gridDim.x) + atomicAdd(static_cast<int*>(p.workspace), 1) : t + tile_stride;
-        };
-        for (int t = first_tile; t < num_tiles; t = next_tile(t)) {
-          int m_block, head, batch;
-          tile_at(t, m_block, head, batch);
-          const KeyBlockRange range = info.key_blocks(m_block * kBlockM, kBlockM, kBlockN);
-          if (range.empty()) {  // (the consumers write its zeros)
-            if constexpr (kTileCounter) {
-              announce(t);
-              sm90::mbarrier_arrive(bar_q);
-            }
-            continue;
-          }
-          const int head_k = head / p.h_h_k_ratio;
-          const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-          // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in
-          // (Q K^T of tile n beside P V of tile n + 1); the last tile's V after the loop
-          auto load_v_of = [&](int n, int v_use) {
-            if (v_use >= kRing) sm90::mbarrier_wait(bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
-            tma_k_or_v(&maps.v, sV(v_use % kRing), bar_v(v_use % kRing), n, head_k, batch);
-          };
-          for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
-            // the stage's previous tile (use - kRing) must have been read by every consumer warp
-            if (use >= kRing) sm90::mbarrier_wait(bar_empty(use % kRing), ((use / kRing) - 1) & 1);
-            if constexpr (kSplitKV) {
-              tma_k_or_v(&maps.k, sK(use % kRing), bar_kv(use % kRing), n, head_k, batch);
-              if (n != range.hi - 1) load_v_of(n + 1, use - 1);
-            } else {
-              tma_kv(n, use % kRing, head_k, batch, bias_head, bias_batch);
-            }
-            if (n == range.hi - 1) {
-              // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's
-              // first K/V, which need not wait for that
-              announce(t);
-              tma_q(m_block * kBlockM, head, batch);
-            }
-          }
-          if constexpr (kSplitKV) load_v_of(range.lo, use - 1);
-        }
-        if constexpr (kTileCounter) {  // (no more tiles)
-          announce(num_tiles);
-          sm90::mbarrier_arrive(bar_q);
-        }
-        if constexpr (kCluster) {
-          // The peer's consumer warps arrive on this CTA's empty barriers up to the last stage they read: this thread
-          // waits for those arrivals (the releases of the last kRing uses, which no load waited for), so that the
-          // CTA, whose shared memory they land in, cannot exit before them.
-          for (int u = use; u < use + kRing; ++u) {
-            if (u >= kRing) sm90::mbarrier_wait(bar_empty(u % kRing), ((u / kRing) - 1) & 1);
-          }
-        }
-      }
+      if (threadIdx.x == 0) run_producer(p, tma, scheduler, info);
       return;
     }
-    sm90::setmaxnreg_inc<kWsConsumerRegs>();
+    sm90::setmaxnreg_inc<Traits::kWsConsumerRegs>();
   }
-  // (FA2_CTA_TRACE: for the CTA's first two tiles warpgroup 0's first thread marks the tile's start, the start of
-  // each of its first kTraceIters key iterations, the loop's end and the epilogue's end; warpgroup 1's first thread
-  // the same for the second tile. The consumers of the d 128 ping-pong-overlap kernel then spill ~90 B, outside the
-  // key loop. With FA2_CTA_TRACE_TILES, each consumer warpgroup's first thread marks the start, the loop's end and the
-  // epilogue's end of each of the CTA's first kTraceTiles tiles, no key iterations: both warpgroups' tile switches.)
-  constexpr bool kTraceEveryTile = FA2_CTA_TRACE_TILES;
-  constexpr int kTraceIters = kTraceEveryTile ? 0 : 17, kTraceTileSlots = kTraceIters + 3;
-  constexpr int kTraceTiles = kTraceEveryTile ? (trace::kSlots - trace::kFirstEvent) / (2 * kTraceTileSlots) : 2;
-  static_assert(trace::kFirstEvent + (kTraceEveryTile ? 2 * kTraceTiles : 3) * kTraceTileSlots <= trace::kSlots,
-                "the events fit a CTA's slots");
-  FA2_CTA_MARK(trace::kEntry, tid == 0);
-  FA2_CTA_MARK(trace::kEntryNs, tid == 0);
-  FA2_CTA_MARK(trace::kSm, tid == 0);
-  [[maybe_unused]] int trace_tile = 0;
-
-  // A persistent CTA's next Q loads into Q's shared memory once every consumer warp has released it (bar_q_empty):
-  // after the key loop, or, in the persistent d 128 overlap kernels without a staged bias, as soon as it is loaded
-  // into registers (kQInRegisters: 32 a thread, ldmatrix'd once per query block, Q K^T then a register-A wgmma), so
-  // that its load (about a microsecond) runs behind the tile's whole key loop. (Before, those kernels released Q after
-  // the tile's last Q K^T: +2.6 / +1.0 / +0.7% at S 1k / 2k / 4k over releasing it after the loop,
-  // variants_h200-20261130-early-q.json; the staged-bias kernels, which may skip the last key tile, never could.)
-  // Q K^T then reads only K from shared memory (with both operands from there an m64n128k16 reads 6 KB in its ~64
-  // cycles, by our count, beside the TMA's K/V writes; not measured directly). Against Q K^T from shared memory (H200,
-  // bf16, scripts/fwd_variant_bench.cu, 2 rounds, bitwise-equal outputs, variants_h200-20261201-fwd-q-registers.json):
-  // +0.5 / +1.4 / +0.9 / +1.6% at S 2k / 4k / 8k / 16k non-causal (-1.4% at 1k), causal +1.3..+2.0%. (ptxas: 8 B
-  // spilled, reloaded once per tile in the epilogue.) With the P V wait below, against d2e0cc8
-  // (variants_h200-20261201-fwd-pv-wait-q-registers.json): +1.0 / +1.8 / +2.6 / +1.9% at S 2k / 4k / 8k / 16k
-  // (-0.4% at 1k), causal +0.7 / +1.2 / +1.2 / +2.6 / +3.3% at S 1k..16k.
-  constexpr bool kQInRegisters = kPersistent && kOverlap && !kStagedBias;
-  // A CTA that may run a next tile: its consumers release Q once it is in registers or after each tile's key loop (the
-  // producer's next Q, or announcement, waits for that) and store O from the registers. With the tile counter they
-  // learn each next tile from the producer's announcement (its loop), its Q landed with it. (A kernel template of its
-  // own: as a run-time choice in the one kernel, the consumers spilled ~80 B and the forward ran 2-3.5% slower without
-  // a causal mask, 3-8% with one, H200 d 128.)
-  const bool more_tiles = kPersistent && (kTileCounter || tile_stride < num_tiles);
-  // kStagedO: a persistent CTA's epilogue stages O in shared memory, in each warp's own rows of Q's tile, and copies it
-  // out 16 bytes a lane with no shuffles (the direct stores below take ~500 instructions a warp for a tile's O, the
-  // 4 x 4 quad transposes most of them: ~2k cycles of a ~46k-cycle tile at S 2k, H200 trace and ncu). Q's tile holds
-  // the next tile's Q by then, so each warp first reads its rows of that into its registers (kQInRegisters: they are
-  // the next tile's Q K^T operand), and releases Q's tile to the producer only once its O has left: the Q after next
-  // then loads during the next tile, as before. Not with the tile counter, whose next tile the producer announces.
-  // Measured (H200, bf16, d 128 non-causal, harness, 3 rounds ABAB against the direct stores in one call,
-  // variants_h200-20261204e-fwd-d128-staged-o.json): +1.2 / +0.7 / +1.6 / +1.1% at S 2k / 4k / 8k / 16k, -0.4% at
-  // 1k; out and lse bitwise the same.
-  constexpr bool kStagedO = kQInRegisters && !kTileCounter;
-  bool q_in_registers = false;  // kStagedO: this tile's Q was read into q_frag at the end of the previous one
-  // kQInRegisters: this warp's 16 rows of Q, as the A fragments of Q K^T (across tiles: kStagedO reads the next
-  // tile's at the end of one)
-  uint32_t q_frag[kHeadDim / 16][4];
-  int use0 = 0, q_loads = 0;  // the K/V stage uses and Q loads of the CTA's earlier tiles (warp-specialized)
-  auto announced_tile = [&]() {
-    // (read by lane 0 and broadcast: each warp's release of Q, lane 0's, then follows its read in program order)
-    wait_loaded(bar_q, q_loads & 1);
-    int slot = 0;
-    if (lane == 0) slot = *reinterpret_cast<volatile const int*>(smem_at(tile_slot));
-    return __shfl_sync(0xffffffffu, slot, 0);
-  };
-  for (int t = first_tile; t < num_tiles; t = kTileCounter ? announced_tile() : t + tile_stride) {
-    int m_block, head, batch;
-    tile_at(t, m_block, head, batch);
-    const int m0 = m_block * kBlockM;
-    const int rows_q = min(kBlockM, p.seqlen_q - m0);
-    T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
-    float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
-    const KeyBlockRange range = info.key_blocks(m0, kBlockM, kBlockN);
-    // (FA2_CTA_TRACE: this thread's first slot for this tile, -1 if it marks none)
-    [[maybe_unused]] const int trace_base =
-        kTraceEveryTile ? ((tid == 0 || tid == 128) && trace_tile < kTraceTiles
-                               ? trace::kFirstEvent + ((tid >> 7) * kTraceTiles + trace_tile) * kTraceTileSlots
-                               : -1)
-        : tid == 0 && trace_tile < 2    ? trace::kFirstEvent + trace_tile * kTraceTileSlots
-        : tid == 128 && trace_tile == 1 ? trace::kFirstEvent + 2 * kTraceTileSlots
-                                        : -1;
-    FA2_CTA_MARK(trace_base, trace_base >= 0);
-    if (range.empty()) {
-      // -- no query of this block sees any key: out = 0, lse = +inf
-      for (int idx = tid; idx < kBlockM * kDTiles; idx += kNThreads) {
-        const int row = idx / kDTiles, chunk = idx % kDTiles;
-        if (row < rows_q && chunk * 8 < headdim) {
-          *reinterpret_cast<uint4*>(out + row * p.out_row_stride + chunk * 8) = make_uint4(0, 0, 0, 0);
-        }
-      }
-      for (int row = tid; row < rows_q; row += kNThreads) lse[row] = INFINITY;
-      if constexpr (kTileCounter) {
-        // Its announcement counts as a Q load: waited for here too, because a CTA's first tile is not announced
-        // to the consumers (announced_tile) yet its phase is completed; without this wait, the next tile's wait
-        // for parity 1 would return at once while phase 0 is still open (a parity wait counts the phase before
-        // the current one as complete) and read the slot before the producer wrote it. For an announced tile the
-        // phase has completed already (its next cannot complete before this warp's arrival below).
-        wait_loaded(bar_q, q_loads & 1);
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bar_q_empty);
-        ++q_loads;
-      }
-      continue;
-    }
-
-    const int head_k = head / p.h_h_k_ratio;
-    const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
-    const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-    const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
-    const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
-    const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-    // Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row predicate.
-    auto load_k = [&](int n, int buf, auto check_rows) {
-      load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-          sK(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
-    };
-    auto load_v = [&](int n, int buf, auto check_rows) {
-      load_tile_async<KVTile, kBlockN, kHeadDim, kNThreads, decltype(check_rows)::value>(
-          sV(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim, tid);
-    };
-
-    // -- prologue: Q and the first (highest) key tile in flight
-    if constexpr (kTma) {
-      if constexpr (kWs) {
-        // ping-pong: warpgroup 0 takes the tile's first slot. Each warpgroup waits for its own barrier once per key
-        // tile plus once, and gets as many arrivals: this one from warpgroup 1, one per key tile from each other
-        // slot's end, and warpgroup 0's last one after the loop (warpgroup 1's last slot ends with nobody waiting).
-        // (pingpong-overlap: one turn per key tile, see the loop.) The count is per tile, so tiles do not mix.
-        if constexpr (kPingpong) {
-          if (warp >> 2 == 1) pingpong_signal_other(1);
-        }
-      } else {
-        init_barriers();
-        if (tid == 0) {
-          tma_q(m0, head, batch);
-          tma_kv(range.hi - 1, 0, head_k, batch, bias_head, bias_batch);
-        }
-      }
-    } else {
-      load_tile_async<QTile, kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(sQ, q, p.q_row_stride, rows_q, headdim,
-                                                                                tid);
-      load_k(range.hi - 1, 0, CheckRows{});
-      if constexpr (Cfg::kStages == 2) load_v(range.hi - 1, 0, CheckRows{});
-      ptx::cp_async_commit();
-    }
-
-    float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
-    ptx::zero(acc_o);
-    OnlineSoftmax<kMTiles> softmax;
-    const float mult = kMode == ScoreMode::kGeneral ? kLog2e : p.scale_log2;
-    const float heavy_s = kMode == ScoreMode::kGeneral ? -kHeavyRowLog2 / kLog2e : p.heavy_score;  // softmax.cuh
-    const int q_row0 = warp * Cfg::kRowsPerWarp;         // this warp's first row in the block
-    // this warpgroup's first row (wgmma's Q operand), broadcast from lane 0: ptxas then treats it as warp-uniform and
-    // builds the Q descriptors in uniform registers, not per thread with an R2UR before every wgmma
-    const int wg_row0 = __shfl_sync(0xffffffffu, q_row0 & ~63, 0);
-    const int row0 = m0 + q_row0 + (lane >> 2);           // this thread's first fragment row (global)
-    // ldmatrix lane bases (ptx.cuh): which row / chunk of a 16x16 fragment this lane addresses
-    //   Q (A operand):       rows 0..15 by lane % 16, chunk + lane / 16
-    //   K (B of Q K^T):      rows lane % 8 + 8 (lane / 16), chunk + (lane / 8) % 2
-    //   V (B of P V, .trans): rows lane % 8 + 8 ((lane / 8) % 2), chunk + lane / 16
-    const uint32_t q_lane = sQ + QTile::const_bytes(q_row0, 0) + QTile::lane_bytes(lane & 15, lane >> 4);
-    const uint32_t k_lane = KVTile::lane_bytes((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-    const uint32_t v_lane = KVTile::lane_bytes((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
-
-    uint32_t p_prev[kNTiles / 2][4];  // kOverlap: P of the previous tile, packed, and its stage
-    int buf_prev = 0;
-    // kOverlap: whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped
-    // (kSkipMaskedTiles) that is `it > 0`, kept as that expression there (see the sm90::wait_hold<0>(acc_o) below).
-    bool pv_pending = false;
-    // kSplitKV: V of stage buf (use u) has landed (a tile's use is the previous one's + 1: no tile is skipped there)
-    auto wait_v = [&](int buf, int u) {
-      if constexpr (kSplitKV) wait_loaded(bar_v(buf), (u / kRing) & 1);
-    };
-    // Whether a tile visited so far held a bias below heavy_s (finite): the only way a row becomes heavy (softmax.cuh).
-    // The pipelined key-row kernel learns it from each tile's fold (below), every other kernel assumes it. Once set it
-    // stays set: a row made heavy by one tile needs the heavy-row update on every later one too (the ordinary update's
-    // m * mult of a heavy max overflows to -inf when mult > 1, and -inf - -inf is NaN).
-    bool heavy_rows_possible = !kStagedBias || kWs;
-    // kQInRegisters: this warp's rows of the Q in Q's tile (the Q load completing bar_q's phase of that parity) into
-    // q_frag
-    auto read_q_rows = [&](uint32_t phase) {
-      wait_loaded(bar_q, phase);
-#pragma unroll
-      for (int kt = 0; kt < kHeadDim / 16; ++kt) {
-        ptx::ldmatrix_x4(q_frag[kt], QTile::fragment_address(q_lane, 0, kt * 2));
-      }
-    };
-    if (kQInRegisters && !q_in_registers) {
-      read_q_rows(q_loads & 1);
-      // (the arrive orders the warp's loads before it; the next Q's TMA waits for every warp's)
-      if (more_tiles) release(bar_q_empty);
-    }
-    for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
-      const int use = use0 + it;  // (the same as it in a kernel that is not warp-specialized: one tile)
-      FA2_CTA_MARK(trace_base + 1 + it, trace_base >= 0 && it < kTraceIters);
-      const int buf = kRing == 1 ? 0 : use % kRing;
-      const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
-      float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
-      // A staged key tile of zero bias: S = Q K^T as on the plain path, whose wgmma ptxas issues without reading the
-      // accumulator, dropping the zeroing (kStagedBias; where the compiler sees the zeros, below). Clear: S += Q K^T.
-      bool overwrite_s = false;
-      if constexpr (kStagedBias) {
-        // S starts from the stage's bias once it has landed (below)
-      } else if constexpr (kBiasFold) {
-        // issued before the barrier so that the loads' latency overlaps the wait
-        using B = BiasElem;
-        constexpr bool kKeyRow = kMode == ScoreMode::kKeyBiasFold;
-        // (divided here rather than read from p.inv_scale, the same value: ptxas spilled 0 -> 88 B in sm80 d 128)
-        const float inv_scale = 1.f / p.scale;
-        const B* bias_b = static_cast<const B*>(bias_bh);
-        if (n * kBlockN + kBlockN > p.seqlen_k) {
-          init_from_bias<kKeyRow, /*kCheckCols=*/true>(acc_s, bias_b, p.bias_row_stride, p.bias_col_stride, row0,
-                                                       col0, p.seqlen_q, p.seqlen_k, inv_scale);
-        } else {
-          init_from_bias<kKeyRow, /*kCheckCols=*/false>(acc_s, bias_b, p.bias_row_stride, p.bias_col_stride, row0,
-                                                        col0, p.seqlen_q, p.seqlen_k, inv_scale);
-        }
-      } else {
-        ptx::zero(acc_s);
-      }
-      // -- tile n has landed (cp.async: this thread's copies, then the barrier; TMA: the stage's mbarrier), and every
-      //    warp is done with the buffers about to be refilled
-      if constexpr (kTma) {
-        if (!kQInRegisters && it == 0) wait_loaded(bar_q, q_loads & 1);
-        wait_loaded(bar_kv(buf), (use / kRing) & 1);
-        // a staged bias tile of zeros is no bias; one of -infs is skipped (kSkipMaskedTiles); only the others are
-        // read (KeyTileKind). Padding masks are mostly such tiles.
-        KeyTileKind bias_kind = KeyTileKind::kMixed;
-        if constexpr (kStagedBias) {
-          bias_kind = classify_key_bias_tile<BiasElem, kBiasTileBytes, kSkipMaskedTiles>(smem_at(sBias(buf)), lane,
-                                                                                       p.seqlen_k - n * kBlockN);
-        }
-        if constexpr (!kWs) {  // (warp-specialized: the producer refills a stage once its empty barrier completes)
-          if constexpr (kStagedBias) {
-            // the tile's bias folded (bias / scale, finite when the bias is) to fp32 once for the CTA, one key per
-            // thread, before the barrier; every warp then reads its columns' values as they are. At d 64 (H200, bf16
-            // padding mask, S 1k-16k) the forward went from 0.71-0.79x of its unmasked speed with every thread
-            // converting the columns it holds to 0.80-0.89x.
-            // (a -inf tile is read as a mixed one where it is not skipped)
-            if (bias_kind == KeyTileKind::kMixed || (!kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
-              const BiasElem* raw = reinterpret_cast<const BiasElem*>(smem_at(sBias(buf)));
-              float* folded = reinterpret_cast<float*>(smem_at(sBiasFolded(buf)));
-              // one key per thread: a loop here cost the 128-register d 64 kernel spills in its key loop (ptxas)
-              static_assert(kBlockN <= kNThreads, "a key tile's bias is folded one key per thread");
-              bool heavy_key = false;
-              if (tid < kBlockN) {
-                const float folded_key = fold_bias(staged_bias_value(raw, tid), p.inv_scale);
-                folded[tid] = folded_key;
-                heavy_key = folded_key < heavy_s && folded_key != -INFINITY;
-              }
-              // the block barrier, that also tells every thread whether a key of the tile is that low. Then the
-              // tiles of a padding mask (0 / -inf) run the softmax without the heavy-row branch: at d 64 (H200, bf16
-              // or fp32 mask) 0.92-0.94x of the unmasked speed, from 0.87-0.89x (scripts/fwd_variants.sh)
-              const bool heavy_tile = __syncthreads_or(heavy_key) != 0;
-              heavy_rows_possible = heavy_rows_possible || heavy_tile;
-            } else {
-              __syncthreads();  // (all +0)
-            }
-          } else {
-            __syncthreads();
-          }
-          // overlaps this whole iteration
-          if (tid == 0 && n > range.lo) tma_kv(n - 1, buf ^ 1, head_k, batch, bias_head, bias_batch);
-        }
-        if constexpr (kStagedBias) {
-          if (kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
-            if constexpr (kOverlap) {
-              // the previous tile's P V goes out now: its stage must not stay held while the ring moves on (the
-              // producer would wait for it to be released, this warp for the producer). O gets the same operations
-              // in the same order as if this tile were computed (x 1 exactly, + P V of zeros).
-              if (pv_pending) {
-                gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
-                release_stage(buf_prev);
-                pv_pending = false;
-              }
-            }
-            if constexpr (kWs) release_stage(buf);
-            continue;
-          }
-          if (bias_kind == KeyTileKind::kZero) {
-            if constexpr (kOverlap || kPingpong) {
-              ptx::zero(acc_s);
-            } else {
-              overwrite_s = true;
-            }
-          } else if constexpr (kWs) {
-            init_from_staged_key_bias(acc_s, reinterpret_cast<const BiasElem*>(smem_at(sBias(buf))) + (lane & 3) * 2,
-                                      p.inv_scale);
-          } else {
-            init_from_folded_key_bias(acc_s, reinterpret_cast<const float2*>(smem_at(sBiasFolded(buf))) + (lane & 3));
-          }
-        }
-      } else {
-        ptx::cp_async_wait<0>();
-        if constexpr (kWgmma) sm90::fence_proxy_async();  // cp.async's writes, then read by wgmma (async proxy)
-        __syncthreads();
-        if constexpr (Cfg::kStages == 2) {
-          if (n > range.lo) {  // prefetch tile n-1 into the other buffer: overlaps this whole iteration
-            load_k(n - 1, buf ^ 1, NoCheckRows{});
-            load_v(n - 1, buf ^ 1, NoCheckRows{});
-          }
-        } else {
-          if (n == range.hi - 1) {
-            load_v(n, 0, CheckRows{});  // overlaps S = Q K^T
-          } else {
-            load_v(n, 0, NoCheckRows{});
-          }
-        }
-        ptx::cp_async_commit();
-      }
-
-      // -- S (+)= Q K^T
-      if constexpr (kOverlap) {
-        // Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in order).
-        // With ping-pong, both go out in this warpgroup's turn: one turn per iteration, the other warpgroup's next one
-        // opening once both are issued (warpgroup 1's last turn opens none: the after-loop P V takes no turn, and
-        // warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
-        if constexpr (kPingpong) pingpong_wait(warp >> 2);
-        if constexpr (kQInRegisters) {
-          gemm_qk_wgmma_rs<T, KVTile, kNTiles, kHeadDim>(acc_s, q_frag, sK(buf));
-        } else {
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
-        }
-        const bool end_turn = kPingpong && (warp >> 2 == 0 || n > range.lo);
-        if (kSkipMaskedTiles ? pv_pending : it > 0) {
-          wait_v(buf_prev, use - 1);
-          gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, sV(buf_prev));
-          if (end_turn) pingpong_signal_other(warp >> 2);
-          sm90::wait_hold</*kPending=*/1>(acc_s);
-        } else {
-          if (end_turn) pingpong_signal_other(warp >> 2);
-          sm90::wait_hold<0>(acc_s);
-        }
-        if constexpr (kSplitKV) release_stage(buf);  // (K only: Q K^T has completed in this warp)
-      } else if constexpr (kPingpong) {
-        // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
-        // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
-        if (it == 0) pingpong_wait(warp >> 2);
-        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, sQ, wg_row0, sK(buf));
-        pingpong_signal_other(warp >> 2);
-        sm90::wait_hold<0>(acc_s);
-      } else if constexpr (kWgmma) {
-        if (kStagedBias && overwrite_s) {
-          // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing; at
-          // d 64 with a bool padding mask 0.96-0.99x of the unmasked speed, from 0.91-0.94x)
-          ptx::zero(acc_s);
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, sK(buf));
-        } else {
-          gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, sQ, wg_row0, sK(buf));
-        }
-      } else {
-        gemm_qk<T, QTile, KVTile, kMTiles, kNTiles, kHeadDim>(acc_s, q_lane, sK(buf) + k_lane);
-      }
-      if constexpr (kMode == ScoreMode::kGeneral) score_mod<T, kBias>(acc_s, p, bias_bh, row0, col0);
-      // -- mask only the tiles that cross a boundary (sequence tail, causal diagonal, window edge)
-      if (info.needs_mask(n, kBlockN, m0, kBlockM)) info.apply_mask(acc_s, row0, col0);
-
-      if constexpr (Cfg::kStages == 1) {
-        ptx::cp_async_wait<0>();  // V[n] landed; every warp is done reading K[n]
-        if constexpr (kWgmma) sm90::fence_proxy_async();
-        __syncthreads();
-        if (n > range.lo) load_k(n - 1, 0, NoCheckRows{});  // overlaps the softmax and P V
-        ptx::cp_async_commit();
-      }
-
-      // -- online softmax: m, l updated, O rescaled, S -> P
-      // heavy rows (softmax.cuh) only where a float bias can push every score of a row that low
-      constexpr bool kHeavyRows = kBias == BiasType::kSameAsInput || kBias == BiasType::kFloat32;
-      if constexpr (kOverlap) {
-        float correction[2 * kMTiles];
-        softmax.template update_scores<kHeavyRows>(acc_s, mult, heavy_s, correction);
-        // the previous P V is done: O can be rescaled, the previous stage released, P_prev rewritten. Every path waits,
-        // the first iteration's too (nothing is pending there): with the wait only where the issue's condition holds,
-        // ptxas saw a path where O is rescaled with P V in flight and serialized every wgmma (C7515). The wait goes in
-        // a basic block of its own, behind a branch that every warp of the warpgroup takes alike (wait_group is
-        // .aligned): ptxas schedules a wait_group early in its block (it depends on no register), and written after the
-        // softmax, in the softmax's block, it ran ahead of it, so that the softmax waited for the P V it was meant to
-        // overlap (WARPGROUP.DEPBAR.LE gsb0, 0x0 before the first MUFU.EX2 in every overlap kernel's SASS). O is
-        // rescaled inside each arm: after the join, ptxas took the rescale for a write to the accumulators of a wgmma
-        // in flight and serialized every wgmma (C7515). Against d2e0cc8 (H200, bf16, scripts/fwd_variant_bench.cu, 2
-        // rounds, bitwise-equal outputs, variants_h200-20261201-fwd-pv-wait-q-registers.json, d 128 with kQInRegisters
-        // too): d 192 +3.7 / +5.0 / +4.7% at S 1k / 4k / 16k (causal +1.3 / +2.2 / +2.4%), d 256 +1.3 / +0.0 / +1.6%
-        // (causal +0.1..+0.5%). A first version branched on the rescale's per-warp vote (warps of one warpgroup then
-        // reached different wait_group instructions: synccheck's "mismatching warpgroup instruction pc") and measured
-        // alike (variants_h200-20261201-fwd-pv-wait.json); there the staged-bias kernel (padding masks: overlap without
-        // ping-pong at d 128) ran +0.1..-1.6% (causal -0.6..-2.9%), so it keeps the wait where ptxas puts it.
-        auto o_free_rescale = [&](bool release_prev) {
-          sm90::wait_hold<0>(acc_o);
-          sm90::hold_fragments(p_prev);
-          if (release_prev) release_v(buf_prev);
-          softmax.rescale(acc_o, correction);
-        };
-        const bool prev_pending = kSkipMaskedTiles ? pv_pending : it > 0;  // (the same in every warp)
-        if (kStagedBias) {
-          o_free_rescale(prev_pending);  // (one block: the wait where ptxas puts it)
-        } else if (prev_pending) {
-          o_free_rescale(true);
-        } else {
-          o_free_rescale(false);
-        }
-#pragma unroll
-        for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc_s[0], kt, p_prev[kt]);
-        buf_prev = buf;
-        pv_pending = true;
-        continue;  // this tile's P V goes out with the next tile's Q K^T (or after the loop)
-      } else {
-        // (a row can still end up below heavy_s without a bias that low, through q.k alone: as on the plain path, it
-        // then takes the ordinary update, whose error there is about |m * mult| 2^-24, small until |m| is huge)
-        if (kHeavyRows && heavy_rows_possible) {
-          softmax.template update<kHeavyRows>(acc_s, acc_o, mult, heavy_s);
-        } else {
-          softmax.template update<false>(acc_s, acc_o, mult, heavy_s);
-        }
-      }
-      // -- O += P V
-      if constexpr (kPingpong) pingpong_wait(warp >> 2);  // this warpgroup's next slot: P V, then the next Q K^T
-      if constexpr (kWgmma) {
-        gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, sV(buf));
-      } else {
-        gemm_pv<T, KVTile, kMTiles, kNTiles, kDTiles>(acc_o, acc_s, sV(buf) + v_lane);
-      }
-      // both products of this warp have completed (each waits for its wgmma group): its reads of stage buf are done
-      if constexpr (kWs) release_stage(buf);
-    }
-
-    if constexpr (kPingpong && !kOverlap) {
-      if (warp >> 2 == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
-    }
-    if constexpr (kOverlap) {  // the last tile's P V (the key range is not empty, but its tiles may all be skipped)
-      if (!kSkipMaskedTiles || pv_pending) {
-        wait_v(buf_prev, use0 + (range.hi - range.lo) - 1);
-        gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles>(acc_o, p_prev, sV(buf_prev));
-        release_v(buf_prev);
-      }
-    }
-
-    FA2_CTA_MARK(trace_base + kTraceIters + 1, trace_base >= 0);
-    // -- epilogue: O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row)
-    float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
-    softmax.finalize(mult, inv_sum, row_lse);
-    // O / l as T pairs, per row of this thread (row in the block): store_row(row, its pairs, one per n8 tile)
-    auto store_o = [&](auto&& store_row) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = q_row0 + mt * 16 + half * 8 + (lane >> 2);
-          const float inv = inv_sum[mt * 2 + half];
-          uint32_t pairs[kDTiles];
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            pairs[dt] = ptx::pack2<T>(acc_o[mt][dt][half * 2] * inv, acc_o[mt][dt][half * 2 + 1] * inv);
-          }
-          store_row(row, pairs);
-        }
-      }
-    };
-    // O / l into this warp's own rows of Q's tile (QTile's layout at smem), a thread's 4-byte pairs: the staged copy
-    // below reads them back 16 bytes a lane (copy_out_rows)
-    unsigned char* const sO = smem;
-    auto stage_o = [&]() {
-      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          *reinterpret_cast<uint32_t*>(sO + (QTile::offset(row, dt) + (lane & 3) * 2) * 2) = pairs[dt];
-        }
-      });
-    };
-    if (kStagedO && more_tiles) {
-      // (see kStagedO) the next tile with keys, if any: its Q is the next the producer loads
-      // (searched only where a tile can be keyless: the search's two divisions and its loop were a chain of ~60
-      // uniform-datapath instructions ahead of O's normalization at the end of every tile, sm_90a SASS, d 128)
-      int t_next = t + tile_stride;
-      if (!info.every_block_sees_keys()) {
-        while (t_next < num_tiles) {
-          int next_m_block, next_head, next_batch;
-          tile_at(t_next, next_m_block, next_head, next_batch);
-          if (!info.key_blocks(next_m_block * kBlockM, kBlockM, kBlockN).empty()) break;
-          t_next += tile_stride;
-        }
-      }
-      q_in_registers = t_next < num_tiles;
-      if (q_in_registers) read_q_rows((q_loads + 1) & 1);
-      // every lane's reads of this warp's rows (the ldmatrix above) before any lane's O lands there
-      __syncwarp();
-      stage_o();
-      __syncwarp();
-      // this warp's kRowsPerWarp rows, 16 bytes a lane: whole 256-byte rows per 16 lanes (coalesced)
-      constexpr int kWarpOutIters = Cfg::kRowsPerWarp * kDTiles / 32;
-      static_assert(Cfg::kRowsPerWarp * kDTiles % 32 == 0, "a warp's 16-byte chunks split evenly over its lanes");
-      // (release: the warp's shared-memory reads of O, then lane 0's arrival; the Q after next may then land here,
-      // written by the TMA: the async proxy, ordered after this warp's generic writes of O by the proxy fence. Before
-      // the global stores: the fence is a MEMBAR.ALL.CTA, which would also wait for them)
-      copy_out_rows<QTile, kDTiles, kWarpOutIters, 32>(sO, out, p.out_row_stride, q_row0, lane, rows_q, headdim,
-                                                       [&] {
-                                                         if (q_in_registers) {
-                                                           sm90::fence_proxy_async();
-                                                           release(bar_q_empty);
-                                                         }
-                                                       });
-    } else if (more_tiles) {
-      // Warp-specialized, persistent (CTAs with more than one tile): Q's shared memory may already hold the next
-      // tile's Q (or be on its way there), so O goes from the registers straight to global memory. A quad's four
-      // lanes hold 4 bytes each of every n8 tile of their row; 4 x 4 transposes within the quad (ptx::quad_transpose)
-      // give each lane whole n8 tiles, stored 16 bytes at a time: a quarter of the store instructions, which had
-      // stalled the warps on the LSU queue for ~2.4k cycles a tile (H200 trace, d 128). Against 4-byte stores (H200,
-      // d 128, harness, variants_h200-20261201-fwd-tile-counter-o16.json): +5.5 / +2.6 / +2.4 / +2.5 / +3.8% at S 1k /
-      // 2k / 4k / 8k / 16k. (One-tile CTAs keep the staged stores below.) Without kQInRegisters Q is released once the
-      // key loop is done: the next tile's Q loads behind the last P V and these stores.
-      if constexpr (!kQInRegisters) release(bar_q_empty);
-      static_assert(kDTiles % 4 == 0, "the n8 tiles go in groups of four, one per lane of a quad");
-      store_o([&](int row, uint32_t (&pairs)[kDTiles]) {
-#pragma unroll
-        for (int g = 0; g < kDTiles / 4; ++g) {
-          uint32_t x[4] = {pairs[4 * g], pairs[4 * g + 1], pairs[4 * g + 2], pairs[4 * g + 3]};
-          ptx::quad_transpose(x, lane);  // this lane: n8 tile 4 g + lane % 4
-          const int col = (4 * g + (lane & 3)) * 8;
-          if (row < rows_q && col < headdim) {
-            *reinterpret_cast<uint4*>(out + row * p.out_row_stride + col) = make_uint4(x[0], x[1], x[2], x[3]);
-          }
-        }
-      });
-    } else {
-      // O -> smem (this warp's own Q rows: no block barrier before overwriting them) -> 16-byte global stores.
-      // __syncwarp: one lane's O store may hit Q bytes another lane of this warp read with ldmatrix in the last
-      // Q K^T; lanes are not ordered without it (racecheck reported these hazards on the H200).
-      __syncwarp();
-      stage_o();
-      if constexpr (kWs) {
-        ptx::named_barrier_sync<1, kNThreads>();  // the consumer warps only (the producer has left)
-      } else {
-        __syncthreads();
-      }
-      constexpr int kOutIters = kBlockM * kDTiles / kNThreads;
-      static_assert(kBlockM * kDTiles % kNThreads == 0, "the output's 16-byte chunks split evenly over the threads");
-      copy_out_rows<QTile, kDTiles, kOutIters, kNThreads>(sO, out, p.out_row_stride, 0, tid, rows_q, headdim, [] {});
-    }
-    // (lse after O: in the staged path behind the release of Q's tile, whose fence would otherwise wait for them too)
-    if ((lane & 3) == 0) {
-#pragma unroll
-      for (int r = 0; r < 2 * kMTiles; ++r) {
-        const int row = q_row0 + (r >> 1) * 16 + (r & 1) * 8 + (lane >> 2);
-        if (row < rows_q) lse[row] = row_lse[r];
-      }
-    }
-    FA2_CTA_MARK(trace_base + kTraceIters + 2, trace_base >= 0);
-    use0 += range.hi - range.lo;
-    ++q_loads;
-#if FA2_CTA_TRACE
-    ++trace_tile;
-#endif
-  }  // tiles
-  FA2_CTA_MARK(trace::kExitNs, tid == 0);
+  run_consumers(p, shared, pipe, tma, info, scheduler, tid, warp, lane, headdim);
 }
 
 }  // namespace fwd

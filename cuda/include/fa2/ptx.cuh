@@ -244,9 +244,7 @@ struct SwizzledTile {
 // below headdim (the reads take the whole tile's rows: staged bytes, in bounds). Every shared-memory read first, then
 // predicated stores: written as a read and an `if` around a store per step, ptxas made each store a branch with its
 // own 64-bit address arithmetic, behind its read, and the next read waited for that store (the register it reused):
-// kIters round trips (sm_90a SASS; the forward's O at d 128 lost ~190 instructions). H200, bf16, d 128 non-causal,
-// harness, 3 rounds, checksums bitwise equal (variants_h200-20261204f-fwd-copy-out-loads-first.json): forward
-// +1.5 / +0.6 / +0.2 / 0.0 / +0.4% at S 1k / 2k / 4k / 8k / 16k.
+// kIters round trips (docs/tuning-fwd.md).
 // after_reads() runs between the two: the shared bytes may be released there, before the stores are issued.
 template <typename Tile, int kDTiles, int kIters, int kThreads, typename T, typename AfterReads>
 __device__ __forceinline__ void copy_out_rows(const unsigned char* tile, T* out, int64_t row_stride, int row0,

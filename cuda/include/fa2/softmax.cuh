@@ -27,9 +27,7 @@ constexpr float kHeavyRowLog2 = 8192.f;
 
 // How far (log2 units) a row's running max may fall behind before it is raised (FlashAttention-4's conditional
 // rescaling): p <= 2^8 = 256, which bf16 / fp16 P and the fp32 O and l hold without loss. Most tiles then leave
-// every row's max alone and skip O's rescaling. Measured (H200, bf16, non-causal, scripts/fwd_variant_bench.cu,
-// two rounds, with the wgmma descriptor change; variants_h200-20261130-fwd-softmax.json): d 128 forward +1-4%,
-// d 256 with a padding mask +4-7%, d 64 plain within 1% (-1% at S 1k).
+// every row's max alone and skip O's rescaling (measured faster at d 128 and with padding masks: docs/tuning-fwd.md).
 constexpr float kStaleMaxLog2 = 8.f;
 
 template <int kMTiles>

@@ -11,13 +11,10 @@
 // d 128 / 256, S 1k-8k, 16k tokens (one CTA per SM). So the last `tail` heads go rank-major instead (their longest
 // blocks first, all of those heads at once), the tail sized so that its work outlasts its longest block
 // (tile_order_tail); the same model then loses 0.2-1.5%. rank: a block's place in its head by length, 0 the longest.
-// Measured (H200, bf16, causal, 16k tokens, scripts/fwd_variant_bench.cu against head-major throughout;
-// benchmarks/results/variants_h200-20261202-tile-order-tail.json, -2.json): forward +2.2..+4.9% at S 2k-8k (d 64 /
-// 128 / 256), backward +0.5..+4.5% (d 128 / 256; 64 blocks a head and fewer); at 128 blocks a head (d 256 forward and
-// d 128 backward at S 16k, d 256 backward at 8k), where the model's loss is under 0.5%, the tail lost 2-8% (its
-// heads' K / V or Q / dO no longer shared in L2 by the CTAs running at once, we think; not measured), so above half as
-// many blocks as slots there is none (between 64 and 128 blocks: not measured). The d 64 backward kernel is compiled
-// without it (bwd_tile_config.h, kTileOrderTail).
+// Measured faster in the forward (d 64 / 128 / 256) and backward (d 128 / 256) up to 64 blocks a head; at 128 blocks
+// a head, where the model's loss is under 0.5%, the tail lost (its heads' K / V or Q / dO no longer shared in L2 by
+// the CTAs running at once, we think), so above half as many blocks as slots there is none (docs/tuning-fwd.md).
+// The d 64 backward kernel is compiled without it (bwd_tile_config.h, kTileOrderTail).
 #pragma once
 #include <cstdint>
 

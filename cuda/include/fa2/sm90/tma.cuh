@@ -215,8 +215,8 @@ __device__ __forceinline__ uint32_t cluster_num_ctas() {
 // One arrival on the barrier at shared-memory offset `bar` of the cluster's CTA `cta` (this CTA's too), with
 // mbarrier.arrive's default semantics (release at CTA scope), as CUTLASS's cluster pipelines release a stage: what it
 // orders are reads of the stage that have completed already (a consumer releases a stage after its wgmma's wait).
-// (With .release.cluster each arrival waited on the thread's earlier memory operations at cluster scope: the d 128
-// forward in clusters ran 9-13% below the cluster-free kernel, H200; with this one 1-4% above it.)
+// (With .release.cluster each arrival waited on the thread's earlier memory operations at cluster scope, and the d 128
+// forward in clusters ran below the cluster-free kernel: docs/tuning-fwd.md.)
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"

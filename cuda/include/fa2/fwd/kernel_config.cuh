@@ -1,0 +1,21 @@
+// Which tile config and how many threads one forward kernel instance runs with (host and device).
+#pragma once
+#include "fa2/tile_config.h"
+
+namespace fa2 {
+namespace fwd {
+
+// The tile config of one forward kernel: the wide shape for a warp-specialized one without ping-pong where
+// fwd_wide_warp_specialized (tile_config.h), else the arch's shape.
+template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
+using FwdKernelConfig =
+    FwdTileConfig<kHeadDim, kArchTag == 901, kWarpSpecialized && !kPingpong && fwd_wide_warp_specialized(kHeadDim)>;
+
+template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
+constexpr int fwd_kernel_threads() {
+  return FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>::kNThreads +
+         (kWarpSpecialized ? kWsProducerThreads : 0);
+}
+
+}  // namespace fwd
+}  // namespace fa2

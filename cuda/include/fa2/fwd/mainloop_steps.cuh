@@ -1,0 +1,86 @@
+// The steps of one key tile that every forward mainloop shares: S's starting value (a bias folded from global
+// memory), the wait for a TMA stage with its staged key bias, the score modification and mask, and the online
+// softmax. Each schedule's mainloop (fwd/mainloop_*.cuh) puts them around its own products.
+#pragma once
+#include <cmath>
+
+#include "fa2/fwd/score_bias.cuh"
+#include "fa2/fwd/score_mod.cuh"
+#include "fa2/fwd/tile_context.cuh"
+#include "fa2/softmax.cuh"
+
+namespace fa2 {
+namespace fwd {
+
+// -- S's starting value. Bias-fold (not staged): bias / scale, loaded before the tile's wait so that the loads'
+// latency overlaps it; a staged bias: nothing yet (S starts from the stage's bias once it has landed); else zeros.
+template <class Traits, int kMTiles, int kNTiles>
+__device__ __forceinline__ void start_scores(float (&acc_s)[kMTiles][kNTiles][4], const FwdTile<Traits>& tile,
+                                             const FwdThreadRows<Traits>& rows, int n, int col0) {
+  constexpr int kBlockN = Traits::kBlockN;
+  if constexpr (Traits::kStagedBias) {
+  } else if constexpr (Traits::kBiasFold) {
+    using B = typename Traits::BiasElem;
+    constexpr bool kKeyRow = Traits::kMode == ScoreMode::kKeyBiasFold;
+    const AttentionParams& p = tile.p;
+    // (divided here rather than read from p.inv_scale, the same value: ptxas spilled 0 -> 88 B in sm80 d 128)
+    const float inv_scale = 1.f / p.scale;
+    const B* bias_b = static_cast<const B*>(tile.bias_bh);
+    if (n * kBlockN + kBlockN > p.seqlen_k) {
+      init_from_bias<kKeyRow, /*kCheckCols=*/true>(acc_s, bias_b, p.bias_row_stride, p.bias_col_stride, rows.row0,
+                                                   col0, p.seqlen_q, p.seqlen_k, inv_scale);
+    } else {
+      init_from_bias<kKeyRow, /*kCheckCols=*/false>(acc_s, bias_b, p.bias_row_stride, p.bias_col_stride, rows.row0,
+                                                    col0, p.seqlen_q, p.seqlen_k, inv_scale);
+    }
+  } else {
+    ptx::zero(acc_s);
+  }
+}
+
+// -- TMA: tile n's stage (use number `use`) has landed, and Q with the tile's first (it == 0; not where Q is read into
+// registers before the loop). Returns what a staged key bias tile holds (kMixed without one): a tile of zeros is no
+// bias, one of -infs is skipped (kSkipMaskedTiles); only the others are read. Padding masks are mostly such tiles.
+template <class Traits>
+__device__ __forceinline__ KeyTileKind wait_stage(const FwdTile<Traits>& tile, const int& q_loads, int it, int buf, int use,
+                                                  int n) {
+  const FwdSmem<Traits>& smem = tile.smem;
+  if (!Traits::kQInRegisters && it == 0) tile.pipe.wait_loaded(smem.bar_q(), q_loads & 1);
+  tile.pipe.wait_loaded(smem.bar_kv(buf), (use / Traits::kRing) & 1);
+  KeyTileKind bias_kind = KeyTileKind::kMixed;
+  if constexpr (Traits::kStagedBias) {
+    bias_kind = classify_key_bias_tile<typename Traits::BiasElem, Traits::kBiasTileBytes, Traits::kSkipMaskedTiles>(
+        smem.ptr(smem.bias(buf)), tile.lane, tile.p.seqlen_k - n * Traits::kBlockN);
+  }
+  return bias_kind;
+}
+
+// -- S (kGeneral: scale, softcap, + bias), then -inf where a key is out of sight: only the tiles that cross a boundary
+// (sequence tail, causal diagonal, window edge)
+template <class Traits, int kMTiles, int kNTiles>
+__device__ __forceinline__ void mod_and_mask_scores(float (&acc_s)[kMTiles][kNTiles][4], const FwdTile<Traits>& tile,
+                                                    const FwdThreadRows<Traits>& rows, int n, int col0) {
+  if constexpr (Traits::kMode == ScoreMode::kGeneral) {
+    score_mod<typename Traits::T, Traits::kBias>(acc_s, tile.p, tile.bias_bh, rows.row0, col0);
+  }
+  if (tile.info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) tile.info.apply_mask(acc_s, rows.row0, col0);
+}
+
+// -- online softmax: m, l updated, O rescaled, S -> P. heavy_rows_possible: whether a tile visited so far held a bias
+// below heavy_s (the only way a row becomes heavy). (A row can still end up below heavy_s without a bias that low,
+// through q.k alone: as on the plain path, it then takes the ordinary update, whose error there is about
+// |m * mult| 2^-24, small until |m| is huge.)
+template <class Traits, int kMTiles, int kNTiles, int kDTiles>
+__device__ __forceinline__ void softmax_step(OnlineSoftmax<kMTiles>& softmax, float (&acc_s)[kMTiles][kNTiles][4],
+                                             float (&acc_o)[kMTiles][kDTiles][4], const FwdThreadRows<Traits>& rows,
+                                             bool heavy_rows_possible) {
+  constexpr bool kHeavyRows = Traits::kHeavyRows;
+  if (kHeavyRows && heavy_rows_possible) {
+    softmax.template update<kHeavyRows>(acc_s, acc_o, rows.mult, rows.heavy_s);
+  } else {
+    softmax.template update<false>(acc_s, acc_o, rows.mult, rows.heavy_s);
+  }
+}
+
+}  // namespace fwd
+}  // namespace fa2

@@ -1,0 +1,173 @@
+// The forward's loads (FA-3's producer): the TMA copies of Q and of K/V stages (one thread issues every copy, one per
+// column block of a tile; the TMA writes the SwizzledTile layout itself and zero-fills rows past seqlen and columns
+// past headdim), the warp-specialized producer's loop over a CTA's tiles, and the cp.async loads of the sm80 path.
+// Paged KV changes where a K/V tile comes from: here.
+#pragma once
+#include <cstdint>
+
+#include "fa2/block_info.cuh"
+#include "fa2/fwd/load_tile.cuh"
+#include "fa2/fwd/shared_storage.cuh"
+#include "fa2/fwd/tile_scheduler.cuh"
+#include "fa2/params.h"
+#include "fa2/sm90/tma.cuh"
+
+namespace fa2 {
+namespace fwd {
+
+// TMA copies into the storage, each on its barrier (issued by one thread).
+template <class Traits>
+struct FwdTmaLoads {
+  static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  static constexpr int kBlockCols = Traits::kBlockCols, kColBlocks = Traits::kColBlocks;
+  static constexpr int kKVBytes = Traits::Cfg::kSmemKVBytes;
+  static_assert(!Traits::kCluster || kColBlocks % 2 == 0, "a cluster pair multicasts half the column blocks each");
+  const sm90::FwdTensorMaps& maps;
+  FwdSmem<Traits> smem;
+  uint32_t cta_rank;  // kCluster: this CTA's rank in its pair
+
+  // a query block's Q (the block's first query m0)
+  __device__ __forceinline__ void q(int m0, int head, int batch) const {
+    sm90::mbarrier_arrive_expect_tx(smem.bar_q(), Traits::Cfg::kSmemQBytes);
+    sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(smem.q(), &maps.q, smem.bar_q(), m0, head, batch);
+  }
+  // kSplitKV: K, or V, of key tile n into dst on its own barrier
+  __device__ __forceinline__ void k_or_v(const CUtensorMap* map, uint32_t dst, uint32_t bar, int n, int head_k,
+                                         int batch) const {
+    sm90::mbarrier_arrive_expect_tx(bar, kKVBytes);
+#pragma unroll
+    for (int blk = 0; blk < kColBlocks; ++blk) {
+      const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
+    }
+  }
+  // K and V (and the staged bias) of key tile n into stage buf. kCluster: the whole tile lands here too, half of it
+  // from the peer's producer (each multicasts half the column blocks into both CTAs' stage).
+  __device__ __forceinline__ void kv(int n, int buf, int head_k, int batch, int bias_head, int bias_batch) const {
+    const uint32_t bar = smem.bar_kv(buf);
+    sm90::mbarrier_arrive_expect_tx(bar, 2 * kKVBytes + (Traits::kStagedBias ? Traits::kBiasTileBytes : 0));
+    if constexpr (Traits::kCluster) {
+#pragma unroll
+      for (int i = 0; i < kColBlocks / 2; ++i) {  // column blocks rank, rank + 2, ... into both CTAs
+        const int blk = 2 * i + int(cta_rank);
+        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+        sm90::tma_load_4d_multicast(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, n * kBlockN, head_k,
+                                    batch, /*cta_mask=*/0b11);
+        sm90::tma_load_4d_multicast(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, n * kBlockN, head_k,
+                                    batch, /*cta_mask=*/0b11);
+      }
+    } else {
+#pragma unroll
+      for (int blk = 0; blk < kColBlocks; ++blk) {
+        const uint32_t offset = blk * kBlockN * kBlockCols * 2;
+        sm90::tma_load_4d(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
+        sm90::tma_load_4d(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
+      }
+    }
+    if constexpr (Traits::kStagedBias) {
+      sm90::tma_load_3d(smem.bias(buf), &maps.bias, bar, n * kBlockN, bias_head, bias_batch);
+    }
+  }
+};
+
+// The warp-specialized kernel's producer: one thread streams every tile's K/V tiles and Q into the ring, running up
+// to kRing stages ahead of the consumers (a stage is refilled once its empty barrier completes).
+// With the tile counter (kTileCounter: p.workspace, zeroed, fwd_workspace_ints) the consumers cannot work out the
+// next tile themselves, so the producer announces each tile after a CTA's first: its index in the tile slot, then
+// bar_q's phase completed (by Q's load, or by an arrival alone for a tile without keys), once every consumer warp is
+// done with the previous tile's Q (and so has read the slot); after the last tile, num_tiles.
+template <class Traits>
+__device__ __forceinline__ void run_producer(const AttentionParams& p, const FwdTmaLoads<Traits>& load,
+                                             const FwdTileScheduler<Traits>& scheduler, const BlockInfo& info) {
+  constexpr int kRing = Traits::kRing, kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  const FwdSmem<Traits>& smem = load.smem;
+  int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
+  auto announce = [&](int t) {
+    if (q_loads > 0) sm90::mbarrier_wait(smem.bar_q_empty(), (q_loads - 1) & 1);
+    if constexpr (Traits::kTileCounter) *reinterpret_cast<volatile int*>(smem.ptr(smem.tile_slot())) = t;
+    ++q_loads;
+  };
+  for (int t = scheduler.first_tile; t < scheduler.num_tiles; t = scheduler.claim_next(t)) {
+    const FwdTileCoord tile = scheduler.coord(t);
+    const KeyBlockRange range = info.key_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);
+    if (range.empty()) {  // (the consumers write its zeros)
+      if constexpr (Traits::kTileCounter) {
+        announce(t);
+        sm90::mbarrier_arrive(smem.bar_q());
+      }
+      continue;
+    }
+    const int head_k = tile.head / p.h_h_k_ratio;
+    const int bias_head = p.bias_head_stride == 0 ? 0 : tile.head, bias_batch = p.bias_batch_stride == 0 ? 0 : tile.batch;
+    // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in
+    // (Q K^T of tile n beside P V of tile n + 1); the last tile's V after the loop
+    auto load_v_of = [&](int n, int v_use) {
+      if (v_use >= kRing) sm90::mbarrier_wait(smem.bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
+      load.k_or_v(&load.maps.v, smem.v(v_use % kRing), smem.bar_v(v_use % kRing), n, head_k, tile.batch);
+    };
+    for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
+      // the stage's previous tile (use - kRing) must have been read by every consumer warp
+      if (use >= kRing) sm90::mbarrier_wait(smem.bar_empty(use % kRing), ((use / kRing) - 1) & 1);
+      if constexpr (Traits::kSplitKV) {
+        load.k_or_v(&load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, tile.batch);
+        if (n != range.hi - 1) load_v_of(n + 1, use - 1);
+      } else {
+        load.kv(n, use % kRing, head_k, tile.batch, bias_head, bias_batch);
+      }
+      if (n == range.hi - 1) {
+        // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's first K/V,
+        // which need not wait for that
+        announce(t);
+        load.q(tile.m_block * kBlockM, tile.head, tile.batch);
+      }
+    }
+    if constexpr (Traits::kSplitKV) load_v_of(range.lo, use - 1);
+  }
+  if constexpr (Traits::kTileCounter) {  // (no more tiles)
+    announce(scheduler.num_tiles);
+    sm90::mbarrier_arrive(smem.bar_q());
+  }
+  if constexpr (Traits::kCluster) {
+    // The peer's consumer warps arrive on this CTA's empty barriers up to the last stage they read: this thread waits
+    // for those arrivals (the releases of the last kRing uses, which no load waited for), so that the CTA, whose
+    // shared memory they land in, cannot exit before them.
+    for (int u = use; u < use + kRing; ++u) {
+      if (u >= kRing) sm90::mbarrier_wait(smem.bar_empty(u % kRing), ((u / kRing) - 1) & 1);
+    }
+  }
+}
+
+// cp.async loads of one tile's Q and K/V tiles (every computing thread takes its part; sm80 path, and sm_90a with
+// FA2_SM90_TMA=0). Only the first key tile visited (the highest) can run past seqlen_k: later ones skip the row
+// predicate (kCheckRows false).
+template <class Traits>
+struct FwdCpAsyncLoads {
+  using T = typename Traits::T;
+  static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim, kNThreads = Traits::kNThreads;
+  static_assert(!Traits::kTma, "cp.async loads: the sm80 path, or sm_90a with FA2_SM90_TMA=0");
+  const AttentionParams& p;
+  FwdSmem<Traits> smem;
+  const T* k;  // this (batch, kv head)'s first key row
+  const T* v;
+  int headdim, tid;
+
+  __device__ __forceinline__ void q(const T* q_rows, int rows_q) const {
+    load_tile_async<typename Traits::QTile, Traits::kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(
+        smem.q(), q_rows, p.q_row_stride, rows_q, headdim, tid);
+  }
+  template <bool kCheckRows>
+  __device__ __forceinline__ void k_tile(int n, int buf) const {
+    load_tile_async<typename Traits::KVTile, kBlockN, kHeadDim, kNThreads, kCheckRows>(
+        smem.k(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim,
+        tid);
+  }
+  template <bool kCheckRows>
+  __device__ __forceinline__ void v_tile(int n, int buf) const {
+    load_tile_async<typename Traits::KVTile, kBlockN, kHeadDim, kNThreads, kCheckRows>(
+        smem.v(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim,
+        tid);
+  }
+};
+
+}  // namespace fwd
+}  // namespace fa2
