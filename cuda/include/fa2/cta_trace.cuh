@@ -1,8 +1,8 @@
 // CTA timelines for diagnosis: where a kernel's CTAs spend their time, from stamps each CTA writes at fixed points
 // (clock64 within the CTA, globaltimer at its entry and exit, the SM it ran on). A development tool, off in every
-// library build; a harness build with -DFA2_CTA_TRACE=1 (scripts/fwd_variant_bench.cu, single translation unit: the
+// library build; a harness build with -DFA2_CTA_TRACE=1 (scripts/dev/fwd_variant_bench.cu, single translation unit: the
 // buffer is one __device__ array) records the last launch of an instrumented kernel and dumps it to $FA2_TRACE_OUT,
-// and scripts/cta_trace.py summarizes it. Instrumented: the warp-specialized backward (bwd_ws_kernel.cuh) and the
+// and scripts/dev/cta_trace.py summarizes it. Instrumented: the warp-specialized backward (bwd_ws_kernel.cuh) and the
 // forward (fwd_kernel.cuh, fwd/tile_context.cuh: FwdTrace; with -DFA2_CTA_TRACE_TILES=1 too, every tile of both
 // consumer warpgroups instead of two tiles' key iterations). What they found: docs/tuning-fwd.md.
 #pragma once
@@ -17,7 +17,7 @@
 namespace fa2::trace {
 
 // Per CTA (linear block index below kCtas) kSlots 64-bit values: kEntry / kEntryNs / kSm / kExitNs, then the
-// kernel's own events (clock64) from kFirstEvent on; scripts/cta_trace.py reads the same layout.
+// kernel's own events (clock64) from kFirstEvent on; scripts/dev/cta_trace.py reads the same layout.
 constexpr int kCtas = 4096, kSlots = 128;
 constexpr int kEntry = 0, kEntryNs = 1, kSm = 2, kExitNs = 3, kFirstEvent = 4;
 

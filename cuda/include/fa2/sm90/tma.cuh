@@ -3,7 +3,7 @@
 // tracked by a shared-memory mbarrier; also 1-D fp32 boxes (row statistics) and the reduce-add of a shared-memory
 // fp32 box into global memory (the backward's dQ). Host side: make_*_tensor_map (driver entry point, no libcuda
 // link).
-// Second building block of the sm90 kernel family; checked by scripts/sm90_tma_probe.cu.
+// Second building block of the sm90 kernel family; checked by scripts/dev/sm90_tma_probe.cu.
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums (types only)
 #include <cudaTypedefs.h>

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) warpgroup MMA: shared-memory matrix descriptors for fa2's swizzled tiles, and the
 // fence / commit / wait that order wgmma.mma_async with the registers and shared memory around it.
-// First building block of the sm90 kernel family (issue: Hopper path); checked by scripts/sm90_wgmma_probe.cu.
+// First building block of the sm90 kernel family (issue: Hopper path); checked by scripts/dev/sm90_wgmma_probe.cu.
 #pragma once
 #include <cstdint>
 
