@@ -7,7 +7,7 @@
 # (and .ab_base carried to the machine). Its ops are renamed to the fa2ab namespace so that both libraries load into
 # one process. Both builds: CMake + ninja, FA2_CUDA_ARCHS (default 90;90a), 8 jobs each, side by side; the head's
 # extension lands in python/fa2 (PYTHONPATH=python), the base's in BASE_TREE/build/ab. env OUT (default out/ab_library),
-# PYTHON (python3), AB_SKIP_BUILD=1 to reuse both builds.
+# PYTHON (python3), AB_SKIP_BUILD=1 to reuse both builds, AB_BUILD_ONLY=1 to build and stop.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 base=$(cd "$1" && pwd)
@@ -35,5 +35,6 @@ if [ "${AB_SKIP_BUILD:-0}" != 1 ]; then
   so=$(ls build/ab_head/_C*.so | head -1)
   cp "$so" python/fa2/ && cp build/ab_head/_build_info.json python/fa2/_build_info.json
 fi
+[ "${AB_BUILD_ONLY:-0}" = 1 ] && exit 0
 PYTHONPATH=python PYTHONUNBUFFERED=1 "$PY" scripts/dev/ab_library.py --base-lib "$(ls "$base"/build/ab/_C*.so | head -1)" \
   --out "$OUT" "$@"
