@@ -411,7 +411,8 @@ void sum_dq_splits(const BwdProblem<scalar_t>& bp, const BwdPartition& part, con
       const int64_t group_index = b * bp.nheads_k + h / bp.group, g = h % bp.group;
       std::fill(sum.begin(), sum.end(), acc_t(0));
       for (int64_t split = 0; split < part.splits; ++split) {
-        const acc_t* src = dq_acc.data() + (split * num_groups + group_index) * group_dq_size + (g * seqlen_q + i) * headdim;
+        const acc_t* src =
+            dq_acc.data() + (split * num_groups + group_index) * group_dq_size + (g * seqlen_q + i) * headdim;
         for (int64_t d = 0; d < headdim; ++d) sum[d] += src[d];
       }
       store_row(dq_rows.row(b, i, h), sum.data(), headdim, acc_t(1));
