@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh) and runs the test suite. CI runs exactly this (see .ci/run).
-# FA2_CI=1 (default here) uses the short hypothesis profile and skips tests marked slow; FA2_CI=0 runs them all.
+# FA2_CI=1 (default here) uses the short hypothesis profile and skips tests marked slow; FA2_CI=0 runs them all
+# (docs/testing.md: what each profile runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

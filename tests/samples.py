@@ -7,7 +7,21 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 import torch
+
+
+# Tests that loop over many samples take a share as a parameter: "quick" (every QUICK_STRIDE-th item) runs in the quick
+# run (FA2_CI=1, scripts/test.sh), "rest" (the others) is marked slow; FA2_CI=0 (and the GPU runs) run both, every item.
+QUICK_STRIDE = 4
+SHARES = [pytest.param("quick", id="quick"), pytest.param("rest", id="rest", marks=pytest.mark.slow)]
+
+
+def share_of(items, share: str) -> list:
+    items = list(items)
+    if share == "quick":
+        return items[::QUICK_STRIDE]
+    return [x for i, x in enumerate(items) if i % QUICK_STRIDE]
 
 
 def devices() -> list[str]:

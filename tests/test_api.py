@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 import fa2
 from fa2.reference import attention_ref
 from numerics import assert_close_rule, hi_dtype
-from samples import devices, dtypes_for, make_bias, make_qkv, sample_inputs
+from samples import SHARES, devices, dtypes_for, make_bias, make_qkv, sample_inputs, share_of
 
 DEVICE_DTYPES = [(d, t) for d in devices() for t in dtypes_for(d)]
 IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
@@ -19,14 +19,15 @@ IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
 
 # ---- opcheck --------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("device", devices())
-def test_opcheck_every_op(device):
+def test_opcheck_every_op(device, share):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     samples = sample_inputs(device, dtype, requires_grad=True, seed=3)
     # A representative subset: opcheck runs each op several times (schema, fake, autograd registration, aot).
     picked = [s for s in samples if s.q.shape[1] * s.k.shape[1] <= 20_000][::3]
     assert len(picked) >= 8
-    for s in picked:
+    for s in share_of(picked, share):
         torch.library.opcheck(torch.ops.fa2.attention.default, s.args())
         torch.library.opcheck(torch.ops.fa2.fwd.default, s.args())
         with torch.no_grad():
@@ -42,7 +43,7 @@ def test_opcheck_every_op(device):
 # ---- torch.compile --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dynamic", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_compile_fullgraph_no_graph_break(device, dynamic):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     torch._dynamo.reset()

@@ -21,7 +21,7 @@ _CUDA = torch.cuda.is_available()
 _no_cuda = pytest.mark.skipif(not _CUDA, reason="no CUDA")
 DEVICE_DTYPES = [
     pytest.param("cpu", torch.float32, id="cpu-float32"),
-    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16"),
+    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16", marks=pytest.mark.slow),
     pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=_no_cuda),
     pytest.param("cuda", torch.float16, id="cuda-float16", marks=_no_cuda),
 ]
@@ -60,8 +60,13 @@ def test_register_is_idempotent():
     assert "fa2" in AttentionMaskInterface._global_mapping
 
 
+# The quick run: GQA, softcap with sliding and global layers, padding mask, trained bias; the others in the slow profile.
+QUICK_MODELS = {"llama", "gemma2", "bert", "t5"}
+
+
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
-@pytest.mark.parametrize("name", [m.name for m in zoo.ZOO])
+@pytest.mark.parametrize("name", [pytest.param(m.name, marks=() if m.name in QUICK_MODELS else pytest.mark.slow)
+                                  for m in zoo.ZOO])
 def test_matches_eager(name, device, dtype):
     entry = zoo.ZOO_BY_NAME[name]
     model = zoo.build(name, device, dtype, attn="fa2").train()
@@ -211,6 +216,7 @@ def test_a_noted_mask_is_causal_whatever_the_module_says():
     torch.testing.assert_close(out, want)
 
 
+@pytest.mark.slow  # (HF under torch.compile: test_compiles_without_graph_breaks in the quick run)
 def test_padded_batch_compiles_without_graph_breaks():
     """Under torch.compile the 4-D mask is used as it is (nothing noted while tracing): no graph break, eager's result."""
     model = zoo.build("llama", "cpu", torch.float32, attn="fa2").eval()

@@ -106,6 +106,7 @@ def test_triangular_buffer_mask_becomes_causal(kind, device):
     assert all(r.flags.get("causal") is True and "bias" not in r.flags for r in records), [str(r) for r in records]
 
 
+@pytest.mark.slow  # (causal buffers through the pass: test_triangular_buffer_mask_becomes_causal in the quick run)
 def test_inductor_backend_and_explain_see_the_causal_buffer():
     """The same through backend="fa2" (Inductor) and fa2.explain, on the demo's NanoGPT (the README's first
     command): its tril buffer gives causal=True."""

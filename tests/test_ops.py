@@ -12,7 +12,7 @@ import fa2
 from fa2.reference import attention_ref
 from kernels import cuda_kernel_names, switch
 from numerics import assert_close_rule, hi_dtype
-from samples import devices, dtypes_for, make_qkv, sample_inputs
+from samples import SHARES, devices, dtypes_for, make_qkv, sample_inputs, share_of
 
 # fp64 on the CPU as well: its gradients must be fp64-accurate, although lse is float32 (the CPU backward
 # recomputes each row's statistics in fp64)
@@ -32,9 +32,10 @@ def _refs(sample, **extra):
     return out_hi, lse_hi, out_naive
 
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
-def test_forward_matches_reference(device, dtype):
-    for s in sample_inputs(device, dtype, full=(device == "cuda")):
+def test_forward_matches_reference(device, dtype, share):
+    for s in share_of(sample_inputs(device, dtype, full=(device == "cuda")), share):
         out, lse = torch.ops.fa2.fwd(*s.args())
         assert out.shape == s.q.shape and out.dtype == dtype and out.is_contiguous(), s
         assert lse.shape == (s.q.shape[0], s.q.shape[2], s.q.shape[1]) and lse.dtype == torch.float32, s
@@ -186,10 +187,11 @@ def test_forward_with_rising_row_max_follows_the_rule(device, dtype, d):
                 assert torch.equal(out_s, out_p) and torch.equal(lse_s, lse_p), f"{what}: {schedule} vs pipelined"
 
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
-def test_backward_matches_reference(device, dtype):
+def test_backward_matches_reference(device, dtype, share):
     hi = hi_dtype(dtype)
-    for s in sample_inputs(device, dtype, requires_grad=True, full=(device == "cuda"), seed=1):
+    for s in share_of(sample_inputs(device, dtype, requires_grad=True, full=(device == "cuda"), seed=1), share):
         bias = s.kwargs.get("attn_bias")
         diff = [s.q, s.k, s.v] + ([bias] if bias is not None and bias.requires_grad else [])
         out = fa2.attention(*s.args())
@@ -249,14 +251,19 @@ def test_degenerate_sizes(device, shape):
         assert (dk == 0).all() and (dv == 0).all()
 
 
-def test_gradcheck_float64():
+@pytest.mark.parametrize("share", [pytest.param("quick", id="quick"),
+                                   pytest.param("rest", id="rest", marks=pytest.mark.slow)])
+def test_gradcheck_float64(share):
     torch.manual_seed(0)
-    for flags, bias_shape in [({}, None), ({"causal": True}, (1, 2, 5, 7)), ({"softcap": 2.0}, (2, 1, 1, 7)),
-                              ({"window_left": 2, "window_right": 1}, (5, 7)), ({"scale": 0.7}, None)]:
+    cases = [({}, None), ({"causal": True}, (1, 2, 5, 7)), ({"softcap": 2.0}, (2, 1, 1, 7)),
+             ({"window_left": 2, "window_right": 1}, (5, 7)), ({"scale": 0.7}, None)]
+    for index, (flags, bias_shape) in enumerate(cases):
         q, k, v = make_qkv(2, 5, 7, 2, 1, 6, dtype=torch.float64, device="cpu", requires_grad=True)
         inputs = [q, k, v]
         if bias_shape is not None:
             inputs.append(torch.randn(bias_shape, dtype=torch.float64, requires_grad=True))
+        if (index in (1, 2)) != (share == "quick"):  # (inputs drawn for every case: each keeps the same ones)
+            continue
         fn = lambda *xs: fa2.attention(*xs[:3], xs[3] if len(xs) > 3 else None, **flags)  # noqa: E731
         assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7), flags
 

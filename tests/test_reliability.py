@@ -112,6 +112,7 @@ def test_very_unequal_seqlens(device, sq, sk):
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", devices())
 def test_no_memory_growth_over_many_calls(device):
     dt = _dtype(device)

@@ -50,9 +50,27 @@ def _check(got, naive, hi, what):
     zoo.assert_grads_close(what, got[1], hi[1], naive[1])
 
 
+# On the CPU, Inductor's code generation (C++ compiled by the host compiler) is most of a zoo model's test: the quick run
+# checks the pass on QUICK_MODELS with backend="fa2_eager" (test_zoo_model_pass_only) and leaves test_zoo_model
+# (backend="fa2", every model) to the slow profile; real code generation stays in the quick run through test_api's
+# and test_inductor_patterns' compile tests.
+QUICK_MODELS = ["llama", "gemma2", "bert"]  # GQA; softcap with sliding and global layers; padding mask
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("name", [m.name for m in zoo.ZOO])
 def test_zoo_model(name, device, dtype):
+    _check_zoo_model(name, device, dtype, backend="fa2")
+
+
+@pytest.mark.parametrize("name", QUICK_MODELS)
+def test_zoo_model_pass_only(name):
+    """test_zoo_model's checks with backend="fa2_eager": the same pass, no code generation."""
+    _check_zoo_model(name, "cpu", torch.float32, backend="fa2_eager")
+
+
+def _check_zoo_model(name, device, dtype, backend):
     entry = zoo.ZOO_BY_NAME[name]
     model = zoo.build(name, device, dtype)
     model.train()
@@ -61,7 +79,7 @@ def test_zoo_model(name, device, dtype):
     hi_inputs = entry.inputs(device, hi_dtype(dtype))
 
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="fa2")
+    compiled = torch.compile(model, backend=backend)
     with recording() as records, without_aot_cache():
         got_inf = _step(compiled, inputs, train=False)
         got_train = _step(compiled, inputs, train=True)
@@ -84,6 +102,7 @@ def test_zoo_model(name, device, dtype):
     _check(got_train, naive_train, hi_train, f"{name} training")
 
 
+@pytest.mark.slow  # (dynamic shapes through the pass: test_inductor_patterns, test_api in the quick run)
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES[:1] + DEVICE_DTYPES[2:3])
 def test_zoo_dynamic_shapes(device, dtype):
     """dynamic=True: still rewritten, and a new sequence length reuses the graph (the pass adds no guards)."""
@@ -104,7 +123,7 @@ def test_zoo_dynamic_shapes(device, dtype):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
-@pytest.mark.parametrize("name", ["llama", "bert", "t5"])
+@pytest.mark.parametrize("name", ["llama", "bert", pytest.param("t5", marks=pytest.mark.slow)])
 def test_zoo_sdpa_implementation(name):
     """attn_implementation="sdpa": the scaled_dot_product_attention calls (fused op, or SDPA's math path with T5's
     trained bias) become fa2 too. backend="fa2_eager": the same pass, no code generation."""

@@ -1,7 +1,6 @@
 // bf16 tile products of our own on AVX512-BF16 (vdpbf16ps: fp32 += bf16 pair · bf16 pair), for CPUs that have it
-// without AMX: there MKL's gemm_bf16bf16f32 runs no faster than sgemm on converted tiles (an AMD EPYC with
-// AVX512-BF16, 2026-12-03: 66-90 GFLOP/s a core for both at the forward's tile shapes), while these reach 136-176
-// (packing included, one core). On AMX CPUs MKL's product is used (cpu/blas.h).
+// without AMX: there MKL's gemm_bf16bf16f32 runs no faster than sgemm on converted tiles, while these run about twice
+// as fast (packing included; docs/tuning.md, CPU kernel). On AMX CPUs MKL's product is used (cpu/blas.h).
 // Row-major operands given as bf16 bits with leading dimensions; fp32 C = alpha A B + beta C. B is packed per call
 // into VNNI pairs (word (p, n) = B's elements k = 2p, 2p + 1 of column n); A's pairs are read in place.
 #pragma once

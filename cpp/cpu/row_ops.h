@@ -4,7 +4,7 @@
 // with GCC's target_clones (AVX-512, AVX2+FMA, baseline SSE2) and picked at load time. The bodies are templates
 // on float/double written so that -O3 vectorizes them: reductions keep kLanes independent partial results (no
 // reassociation needed, and the final combine has a fixed order, so results are deterministic), and exp is a
-// branch-free polynomial (libm's exp does not vectorize; it cost the fp64 forward 1.7x). The float exp loop, the
+// branch-free polynomial (libm's exp does not vectorize, and it dominated the fp64 forward). The float exp loop, the
 // hottest one, also has an AVX-512 intrinsics version (below), picked at run time.
 #pragma once
 #include <cmath>
@@ -103,8 +103,8 @@ FA2_ALWAYS_INLINE double tanh_poly(double u) { return std::tanh(u); }
 
 // ---- bodies --------------------------------------------------------------------------------------------------
 
-// Max of a row, NaNs ignored (the select compiles to vmaxps: 0.16 ns/element; tracking NaNs in the same loop
-// stopped GCC from vectorizing it, 0.5-0.8 ns/element, 30% of the forward). Rows that come out -inf are checked
+// Max of a row, NaNs ignored (the select compiles to vmaxps; tracking NaNs in the same loop stopped GCC from
+// vectorizing it, 3-5x slower per element). Rows that come out -inf are checked
 // with any_nan, so a row of NaN scores still gives NaN instead of looking like a row that sees no key.
 template <typename T>
 FA2_ALWAYS_INLINE T row_max_impl(const T* x, int64_t n) {
@@ -216,7 +216,7 @@ FA2_ROW_OPS(double)
 // float on AVX-512: the same computation in 11 instructions per 16 floats instead of 16, through the instructions
 // GCC does not emit from portable code: vreduceps (f = t - round(t)) and vscalefps (p · 2^n, which also flushes
 // n = -inf to exactly 0). 2^f by its degree-6 Taylor polynomial on |f| <= 1/2 (rel. error 1.2e-7). 0.156 vs 0.224
-// ns/element; about 2% of the fp32 forward.
+// ns/element.
 #if defined(__GNUC__) && defined(__x86_64__)
 #define FA2_AVX512 __attribute__((target("avx512f,avx512dq")))
 // GCC 12 flags the intentionally undefined pass-through operand inside its own AVX-512 intrinsics (false positive).
@@ -291,7 +291,7 @@ double exp_sub_sum_max(double* x, int64_t n, double shift, double* input_max) {
 
 // ---- float16 -> float32 ----------------------------------------------------------------------------------------
 // The fp16 path converts every K/V tile it reads; c10::Half's portable conversion is bit manipulation that does not
-// vectorize (fp16 forward 30% slower than fp32 with it). F16C's vcvtph2ps does 8 per instruction.
+// vectorize (it made the fp16 forward much slower than the fp32 one). F16C's vcvtph2ps does 8 per instruction.
 #if defined(__GNUC__) && defined(__x86_64__)
 __attribute__((target("avx,f16c"))) void half_bits_to_float_f16c(const uint16_t* src, float* dst, int64_t n) {
   int64_t j = 0;

@@ -1,0 +1,239 @@
+// The CPU forward: tasks (batch, head, query block); each loops over the key blocks its window reaches with the
+// online softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one pass
+// over each score tile) and stores O / l and lse = m + log l.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "checks.h"
+#include "cpu/blas.h"
+#include "cpu/operand_tiles.h"
+#include "cpu/parallel.h"
+#include "cpu/row_ops.h"
+#include "cpu/score_mods.h"
+#include "cpu/tile_config.h"
+
+namespace fa2::cpu {
+namespace {
+
+// The forward's inputs, outputs and tile sizes, as every task reads them.
+template <typename scalar_t>
+struct FwdProblem {
+  using acc_t = acc_type<scalar_t>;
+  int64_t seqlen_q, nheads, headdim, group;
+  CpuTiles tiles;
+  ScoreMods<acc_t> mods;
+  acc_t scale;
+  HeadRows<const scalar_t> q_rows, k_rows, v_rows;
+  HeadRows<scalar_t> out_rows;  // (batch, seqlen_q, nheads, headdim)
+  float* lse_data;              // (batch, nheads, seqlen_q), contiguous
+  // bf16 with bf16_gemm_available(): both products on bf16 operands (no conversion of Q, K, V; P rounded to bf16 for
+  // P V, as the GPU kernels do; fp32 accumulation, softmax and O as for the other dtypes). Else every tile converted
+  // to acc_t for sgemm / dgemm.
+  bool bf16_products;
+
+  FwdProblem(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+             at::Tensor& out, at::Tensor& lse)
+      : seqlen_q(p.seqlen_q),
+        nheads(p.nheads),
+        headdim(p.headdim),
+        group(p.nheads / p.nheads_k),
+        tiles(fwd_tiles(p.batch * p.nheads, p.seqlen_q, at::get_num_threads())),
+        mods(ScoreMods<acc_t>::from(p)),
+        scale(static_cast<acc_t>(p.scale)),
+        q_rows(q),
+        k_rows(k),
+        v_rows(v),
+        out_rows(out),
+        lse_data(lse.data_ptr<float>()),
+        bf16_products(std::is_same_v<scalar_t, at::BFloat16> && bf16_gemm_available()) {}
+};
+
+// One row's step of the online softmax over its next score tile row s_row (cols keys): s_row becomes P = exp(S - m),
+// and the running reference max m, the row sum l and the row's unnormalized O follow. m is a reference point, not
+// necessarily the exact max: lse = m + log l is exact either way (natural-log units). recompute_row() writes the
+// row's S again, for the rare step where exp(S - m_old) overflowed.
+template <typename acc_t, typename RecomputeRow>
+void online_softmax_row(acc_t* s_row, int64_t cols, acc_t& m, acc_t& l, acc_t* o_row, int64_t headdim,
+                        const RecomputeRow& recompute_row) {
+  constexpr acc_t kRescaleThreshold = 8;  // P <= e^8 ~ 3e3 between rescales
+  constexpr acc_t kOverflowGuard = 80;    // float exp overflows past 88
+  constexpr acc_t kNegInfinity = -std::numeric_limits<acc_t>::infinity();
+  const acc_t m_old = m;
+  acc_t m_new, p_sum;
+  if (m_old == kNegInfinity) {
+    // first keys this row sees: exact max, then exp (two passes)
+    m_new = row_max(s_row, cols);
+    if (m_new == kNegInfinity) {
+      if (!any_nan(s_row, cols)) {
+        std::fill(s_row, s_row + cols, acc_t(0));  // nothing visible yet: P = 0, O and l stay 0
+        return;
+      }
+      m_new = std::numeric_limits<acc_t>::quiet_NaN();  // NaN in, NaN out (not "sees no key")
+    }
+    p_sum = exp_sub_sum(s_row, cols, m_new);
+  } else {
+    // One pass: P = exp(S - m_old) and the tile's max together; m only moves when that max exceeds it by more than
+    // kRescaleThreshold (P stays <= e^threshold, far from overflow, precision unchanged). Saves the max pass.
+    acc_t tile_max;
+    p_sum = exp_sub_sum_max(s_row, cols, m_old, &tile_max);
+    m_new = m_old;
+    if (tile_max > m_old + kRescaleThreshold) {
+      m_new = tile_max;
+      if (tile_max - m_old <= kOverflowGuard) {
+        const acc_t shift_p = std::exp(m_old - m_new);
+        scale_row(s_row, cols, shift_p);
+        p_sum *= shift_p;
+      } else {
+        // exp(S - m_old) overflowed: recompute this row of S (rare: a jump of > 80 in the logits)
+        recompute_row();
+        p_sum = exp_sub_sum(s_row, cols, m_new);
+      }
+      const acc_t alpha = std::exp(m_old - m_new);
+      l *= alpha;
+      scale_row(o_row, headdim, alpha);
+    }
+  }
+  l += p_sum;
+  m = m_new;
+}
+
+// One thread's forward: its tiles, and the steps of one query block.
+template <typename scalar_t>
+class FwdWorker {
+  using acc_t = acc_type<scalar_t>;
+  static constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
+
+ public:
+  explicit FwdWorker(const FwdProblem<scalar_t>& problem)
+      : fp_(problem),
+        block_q_(problem.tiles.block_q),
+        block_k_(problem.tiles.block_k),
+        headdim_(problem.headdim) {
+    const bool bf16 = fp_.bf16_products;
+    // converted rows when the tiles are acc_t, copied bf16 rows (where their leading dim is not BLAS's) and P
+    // rounded when they are bf16
+    q_pack_.resize((bf16 ? 0 : block_q_) * headdim_);
+    k_pack_.resize((bf16 ? 0 : block_k_) * headdim_);
+    v_pack_.resize((bf16 ? 0 : block_k_) * headdim_);
+    q_bits_pack_.resize((bf16 ? block_q_ : 0) * headdim_);
+    k_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_);
+    v_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_);
+    p_bits_.resize((bf16 ? block_q_ : 0) * block_k_);
+    scores_.resize(block_q_ * block_k_);
+    o_acc_.resize(block_q_ * headdim_);
+    m_.resize(block_q_);
+    l_.resize(block_q_);
+  }
+
+  // O and lse of query rows [q_begin, q_begin + block_q) of head (b, h).
+  void query_block(int64_t b, int64_t h, int64_t q_begin) {
+    const int64_t rows = std::min(block_q_, fp_.seqlen_q - q_begin);
+    const ProductTile<acc_t> q_tile = product_tile(fp_.q_rows.row(b, q_begin, h), fp_.q_rows.stride_s, rows,
+                                                   headdim_, fp_.bf16_products, q_pack_.data(), q_bits_pack_.data());
+    acc_t* s = scores_.data();
+    acc_t* o = o_acc_.data();
+    std::fill(o, o + rows * headdim_, acc_t(0));
+    std::fill(m_.begin(), m_.begin() + rows, -std::numeric_limits<acc_t>::infinity());
+    std::fill(l_.begin(), l_.begin() + rows, acc_t(0));
+
+    // Keys outside [k_first, k_last] are masked for every row of the block: never loaded.
+    const WindowMask& window = fp_.mods.window;
+    const int64_t h_k = h / fp_.group;
+    const int64_t k_first = window.first_key(q_begin), k_last = window.last_key(q_begin + rows - 1);
+    for (int64_t k_begin = k_first; k_begin <= k_last; k_begin += block_k_) {
+      const int64_t cols = std::min(block_k_, k_last + 1 - k_begin);
+      const ProductTile<acc_t> k_tile = product_tile(fp_.k_rows.row(b, k_begin, h_k), fp_.k_rows.stride_s, cols,
+                                                     headdim_, fp_.bf16_products, k_pack_.data(), k_bits_pack_.data());
+      const ProductTile<acc_t> v_tile = product_tile(fp_.v_rows.row(b, k_begin, h_k), fp_.v_rows.stride_s, cols,
+                                                     headdim_, fp_.bf16_products, v_pack_.data(), v_bits_pack_.data());
+      // S rows [r0, r0 + n) = scale · Q Kᵀ, then softcap, bias, mask           (n, cols), row stride block_k
+      auto scores = [&](int64_t r0, int64_t n) {
+        product_abt(n, cols, headdim_, fp_.scale, q_tile, r0, k_tile, s + r0 * block_k_, block_k_);
+        fp_.mods.apply(s + r0 * block_k_, block_k_, b, h, q_begin + r0, n, k_begin, cols, /*dtanh=*/nullptr);
+      };
+
+      // -- S                                                                  (rows, cols)
+      scores(0, rows);
+      // -- P = exp(S - m), update m and l, rescale O by exp(m_old - m_new) when m moves
+      for (int64_t r = 0; r < rows; ++r) {
+        online_softmax_row(s + r * block_k_, cols, m_[r], l_[r], o + r * headdim_, headdim_, [&] { scores(r, 1); });
+      }
+      // -- O += P V                                                           (rows, headdim)
+      add_pv(rows, cols, v_tile);
+    }
+    store_o_and_lse(b, h, q_begin, rows);
+  }
+
+ private:
+  // O (rows, headdim) += P (rows, cols) V (cols, headdim); P rounded to bf16 for the bf16 product, as the GPU
+  // kernels do.
+  void add_pv(int64_t rows, int64_t cols, const ProductTile<acc_t>& v_tile) {
+    const acc_t* p = scores_.data();
+    if (v_tile.bits != nullptr) {
+      if constexpr (kBf16) {
+        for (int64_t r = 0; r < rows; ++r) float_to_bf16_bits(p + r * block_k_, p_bits_.data() + r * block_k_, cols);
+        gemm_ab_bf16(rows, headdim_, cols, 1.f, p_bits_.data(), block_k_, v_tile.bits, v_tile.ld, 1.f, o_acc_.data(),
+                     headdim_);
+      }
+    } else {
+      gemm_ab<acc_t>(rows, headdim_, cols, acc_t(1), p, block_k_, v_tile.values, v_tile.ld, acc_t(1), o_acc_.data(),
+                     headdim_);
+    }
+  }
+
+  // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN.
+  void store_o_and_lse(int64_t b, int64_t h, int64_t q_begin, int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = q_begin + r;
+      scalar_t* out_row = fp_.out_rows.row(b, i, h);
+      float& lse_value = fp_.lse_data[(b * fp_.nheads + h) * fp_.seqlen_q + i];
+      if (l_[r] != acc_t(0)) {
+        store_row(out_row, o_acc_.data() + r * headdim_, headdim_, acc_t(1) / l_[r]);
+        lse_value = static_cast<float>(m_[r] + std::log(l_[r]));
+      } else {
+        std::fill(out_row, out_row + headdim_, scalar_t(0));
+        lse_value = std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+
+  const FwdProblem<scalar_t>& fp_;
+  const int64_t block_q_, block_k_, headdim_;
+  std::vector<acc_t> q_pack_, k_pack_, v_pack_;                     // (block_q | block_k, headdim)
+  std::vector<at::BFloat16> q_bits_pack_, k_bits_pack_, v_bits_pack_;  // (block_q | block_k, headdim)
+  std::vector<uint16_t> p_bits_;                                    // (block_q, block_k)
+  std::vector<acc_t> scores_;                                       // (block_q, block_k): S, then P in place
+  std::vector<acc_t> o_acc_;                                        // (block_q, headdim): unnormalized O
+  std::vector<acc_t> m_, l_;  // (block_q): running reference max, row sum of exp(S - m)
+};
+
+// Query block visited by the t-th task of a head: 0, n-1, 1, n-2, ... at::parallel_for hands each thread a
+// contiguous task range, and with a causal mask the block cost grows with its index; pairing cheap and costly
+// blocks keeps the threads' shares equal.
+int64_t balanced_block_order(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
+
+template <typename scalar_t>
+void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                at::Tensor& out, at::Tensor& lse) {
+  if (p.batch * p.nheads * p.seqlen_q == 0) return;  // nothing to write
+  const FwdProblem<scalar_t> problem(p, q, k, v, out, lse);
+  const int64_t num_q_blocks = ceil_div(p.seqlen_q, problem.tiles.block_q);
+  parallel_for(0, p.batch * p.nheads * num_q_blocks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
+    FwdWorker<scalar_t> worker(problem);
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t bh = task / num_q_blocks;
+      const int64_t q_block = balanced_block_order(task % num_q_blocks, num_q_blocks);
+      worker.query_block(bh / p.nheads, bh % p.nheads, q_block * problem.tiles.block_q);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace fa2::cpu
