@@ -1,4 +1,4 @@
-"""The numerics rule of DESIGN.md (as flash-attn's own test suite), in one place.
+"""The numerics rule of docs/design.md (as flash-attn's own test suite), in one place.
 
 |out - ref_hi| <= factor * |out_naive - ref_hi| (+ a floor: the output dtype's rounding of ref_hi), where ref_hi is the
 math in fp32 (fp64 for fp32/fp64 inputs) and out_naive the same math done naively in the input dtype.

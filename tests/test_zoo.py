@@ -2,7 +2,7 @@
 
 For each model, inference (no_grad) and a training step (loss.backward()): every attention site found in the compiled
 graphs is rewritten into fa2 (the pass's report, and the fa2.fwd / fa2.bwd ops counted in the rewritten graphs: the
-backward uses fa2.bwd), and outputs and gradients match eager within the numerics rule (DESIGN.md) against a
+backward uses fa2.bwd), and outputs and gradients match eager within the numerics rule (docs/design.md) against a
 float32/float64 reference.
 """
 from __future__ import annotations

@@ -164,7 +164,7 @@ def main_output(output) -> torch.Tensor:
 
 
 def assert_model_close(name, got, ref_hi, ref_naive, factor, scale=0.0):
-    """The numerics rule (DESIGN.md) for a whole model's output or gradient: float32 by the max error; in half
+    """The numerics rule (docs/design.md) for a whole model's output or gradient: float32 by the max error; in half
     precision by the norm of the error, since a few ReLU/GELU inputs that round across zero differently in any
     two low-precision runs flip whole terms of a weight gradient, with a floor of 1e-3 (a quarter of a bf16 ulp)
     of max(|ref_hi|, ``scale``). Never NaN."""
