@@ -4,7 +4,7 @@
 // buffer is one __device__ array) records the last launch of an instrumented kernel and dumps it to $FA2_TRACE_OUT,
 // and scripts/dev/cta_trace.py summarizes it. Instrumented: the warp-specialized backward (bwd_ws_kernel.cuh) and the
 // forward (fwd_kernel.cuh, fwd/tile_context.cuh: FwdTrace; with -DFA2_CTA_TRACE_TILES=1 too, every tile of both
-// consumer warpgroups instead of two tiles' key iterations). What they found: docs/tuning-fwd.md.
+// consumer warpgroups instead of two tiles' key iterations). What they found: docs/tuning.md.
 #pragma once
 
 #ifndef FA2_CTA_TRACE

@@ -244,7 +244,7 @@ struct SwizzledTile {
 // below headdim (the reads take the whole tile's rows: staged bytes, in bounds). Every shared-memory read first, then
 // predicated stores: written as a read and an `if` around a store per step, ptxas made each store a branch with its
 // own 64-bit address arithmetic, behind its read, and the next read waited for that store (the register it reused):
-// kIters round trips (docs/tuning-fwd.md).
+// kIters round trips (docs/tuning.md).
 // after_reads() runs between the two: the shared bytes may be released there, before the stores are issued.
 template <typename Tile, int kDTiles, int kIters, int kThreads, typename T, typename AfterReads>
 __device__ __forceinline__ void copy_out_rows(const unsigned char* tile, T* out, int64_t row_stride, int row0,

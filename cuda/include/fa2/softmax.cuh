@@ -27,7 +27,7 @@ constexpr float kHeavyRowLog2 = 8192.f;
 
 // How far (log2 units) a row's running max may fall behind before it is raised (FlashAttention-4's conditional
 // rescaling): p <= 2^8 = 256, which bf16 / fp16 P and the fp32 O and l hold without loss. Most tiles then leave
-// every row's max alone and skip O's rescaling (measured faster at d 128 and with padding masks: docs/tuning-fwd.md).
+// every row's max alone and skip O's rescaling (measured faster at d 128 and with padding masks: docs/tuning.md).
 constexpr float kStaleMaxLog2 = 8.f;
 
 template <int kMTiles>

@@ -36,7 +36,7 @@ struct FwdTileShape {
 //   (block_m + stages * 2 * block_n) * headdim * 2
 // d <= 64: 128x128, d 96/128: 128x64, both double-buffered (<= 96 KB, two CTAs per SM on A100/H100/H200);
 // d >= 192: 64x64 single-buffered (72 / 96 KB, 2-3 CTAs per SM; two stages would leave one). Measured against
-// torch's FA-2 forward: docs/tuning-fwd.md.
+// torch's FA-2 forward: docs/tuning.md.
 constexpr FwdTileShape fwd_tile_shape(int headdim) {
   return headdim <= 64    ? FwdTileShape{128, 128, 4, 2}
          : headdim <= 128 ? FwdTileShape{128, 64, 4, 2}
@@ -52,7 +52,7 @@ constexpr FwdTileShape fwd_tile_shape(int headdim) {
 // registers under ping-pong, and two stages fit (225 KB). d 256 keeps 64 keys in a build whose sm_90a kernels load
 // with cp.async (FA2_SM90_TMA=0: passes of 32 rows, which 80 is not a multiple of).
 // d 192: 96-key tiles (two stages: 193 KB; 96 rows split into the cp.async passes): faster than 64-key tiles under
-// the overlap schedule, 0 spills. Measurements of both: docs/tuning-fwd.md.
+// the overlap schedule, 0 spills. Measurements of both: docs/tuning.md.
 constexpr int kFwdWgmmaKeysD256 = FA2_SM90_TMA ? 80 : 64;
 constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
   return headdim <= 128 ? FwdTileShape{128, 128, 8, 2}
@@ -63,7 +63,7 @@ constexpr FwdTileShape fwd_tile_shape_wgmma(int headdim) {
 // The warp-specialized sm_90a kernel without ping-pong at d <= 64 ("wide"): three consumer warpgroups, 192 query rows
 // against each 128-key tile (FA-3's d 64 tile), one 512-thread CTA per SM: K/V are read by 1.5x the rows of the
 // two-warpgroup tile, and the 160 registers a consumer gets are enough at d 64 (the pipelined kernel needs 128).
-// Behind the pipelined kernel at short sequences (docs/tuning-fwd.md), so not a default; it serves d <= 64 when "ws"
+// Behind the pipelined kernel at short sequences (docs/tuning.md), so not a default; it serves d <= 64 when "ws"
 // is forced (plain calls and key-row biases: fwd_launch_template.cuh). Its results are bitwise those of the
 // pipelined kernel: the wider block only adds key tiles fully masked for some rows, which rescale by exactly 1
 // (OnlineSoftmax keeps the factor 1 when the max does not move: before a row's first visible key it stays -inf, and
@@ -88,7 +88,7 @@ constexpr int fwd_ws_stages(FwdTileShape shape, int headdim) {
 }
 // With a key-row bias (padding masks) the wide kernel is the default at d 64 from this many keys on (the launcher,
 // fwd_launch_template.cuh; d 32 was not measured and keeps the pipelined kernel): it skips whole -inf key tiles, the
-// pipelined kernel cannot (its 128 registers); from 8k keys it is the faster one (docs/tuning-fwd.md).
+// pipelined kernel cannot (its 128 registers); from 8k keys it is the faster one (docs/tuning.md).
 constexpr int kWideKeyBiasMinKeys = 8192;
 constexpr bool fwd_wide_key_bias_by_default(int headdim, int seqlen_k) {
   return headdim == 64 && seqlen_k >= kWideKeyBiasMinKeys;
@@ -113,7 +113,7 @@ constexpr bool sm90_schedule_overlap(Sm90Schedule s) {
   return s == Sm90Schedule::kOverlap || s == Sm90Schedule::kPingpongOverlap;
 }
 
-// The schedule each headdim runs by default, the fastest measured on the H200 (docs/tuning-fwd.md): d <= 96 the
+// The schedule each headdim runs by default, the fastest measured on the H200 (docs/tuning.md): d <= 96 the
 // pipelined kernel (two CTAs per SM at d 64; at d 96 and 32 the others were within noise); d 128 the overlap alone
 // where no causal mask or window bounds the keys (`windowed` false: every query block sees every key, the persistent
 // kernel's tiles all of one length) and ping-pong-overlap otherwise (the overlap alone lost there); d 192 the
@@ -140,13 +140,13 @@ constexpr Sm90Schedule sm90_key_bias_schedule(int headdim) {
 
 // Whether the warp-specialized forward runs persistent by default (fwd_kernel.cuh; without a causal mask or window:
 // fwd_launch_template.cuh). d 128 gains; at d 256 its O (64 x 256 a warpgroup) stored straight from the registers
-// costs more than the tile switch saves; d 64 (wide), 96 and 192 were not measured (docs/tuning-fwd.md).
+// costs more than the tile switch saves; d 64 (wide), 96 and 192 were not measured (docs/tuning.md).
 constexpr bool fwd_persistent_headdim(int headdim) { return headdim > 96 && headdim <= 128; }
 // Whether the persistent forward's plain overlap kernel (d 128's default without a causal mask or window) also comes
 // in clusters of two CTAs that share each K/V tile's L2 read (fwd/tile_scheduler.cuh, kCluster; TMA multicast, each CTA
 // loading half the 64-column blocks: an even number of them; FA-3 runs d >= 128 non-causal so). The launcher takes it
 // wherever a call allows (fwd_launch_template.cuh); out is bitwise that of the cluster-free kernel, and the halved L2
-// reads gain (docs/tuning-fwd.md).
+// reads gain (docs/tuning.md).
 // (128: the persistent headdims' one instance, fwd_persistent_headdim, whose two column blocks split between the CTAs)
 constexpr bool fwd_cluster_headdim(int headdim) { return headdim == 128; }
 
@@ -170,7 +170,7 @@ struct FwdTileConfig {
   // CTAs per SM the register allocation must allow (__launch_bounds__'s minimum), for the lean variants (the plain
   // one and a key-row bias): sm_90a at d <= 64 asks for 2, i.e. <= 128 registers a thread, which two CTAs' 82 KB of
   // shared memory allow (unbounded, the plain variant took 130 registers, one CTA per SM, and ran slower:
-  // docs/tuning-fwd.md). 0 (everything else) leaves the compiler free: an explicit 1 is not the same (the plain
+  // docs/tuning.md). 0 (everything else) leaves the compiler free: an explicit 1 is not the same (the plain
   // variant then took 152).
   static constexpr int min_blocks_per_sm(bool lean) { return lean && kWgmma && kHeadDim_ <= 64 ? 2 : 0; }
 
