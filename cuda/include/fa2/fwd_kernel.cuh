@@ -102,7 +102,8 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     OnlineSoftmax<kMTiles> softmax;
     const FwdThreadRows<Traits> rows(p, shared.q(), m0, warp, lane);
     // -- the key tiles, last to first: S = Q K^T, softmax, O += P V
-    Mainloop::run(tile, rows, state, use0, q_loads, acc_o, softmax);
+    Mainloop mainloop;  // per tile: what its key loop carries between key tiles (fwd/mainloop_sm90_overlap.cuh)
+    mainloop.run(tile, rows, state, use0, q_loads, acc_o, softmax);
     FA2_CTA_MARK(trace_base + FwdTrace::kIters + 1, trace_base >= 0);
     // -- epilogue: O / l, lse
     Epilogue::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_q, headdim, tid, lane, more_tiles,

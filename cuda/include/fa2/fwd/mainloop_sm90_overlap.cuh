@@ -22,6 +22,9 @@ struct FwdMainloopSm90Overlap {
   static constexpr bool kPingpong = Traits::kPingpong, kSkip = Traits::kSkipMaskedTiles;
   static_assert(Traits::kWs && Traits::kOverlap && kMTiles == 1, "warp-specialized wgmma, P V behind the softmax");
 
+  // P of the previous key tile, packed, in the object the consumers make per query tile (see p_prev in run)
+  uint32_t carried_p[kNTiles / 2][4];
+
   // ping-pong: warpgroup 0 takes the tile's first turn (from warpgroup 1, here); one turn per key tile (see run)
   __device__ __forceinline__ static void prologue(const FwdTile<Traits>& tile) {
     if constexpr (kPingpong) {
@@ -29,16 +32,21 @@ struct FwdMainloopSm90Overlap {
     }
   }
 
-  __device__ __forceinline__ static void run(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
-                                             FwdConsumerState<Traits>& state, const int& use0, const int& q_loads,
-                                             float (&acc_o)[kMTiles][kDTiles][4], OnlineSoftmax<kMTiles>& softmax) {
+  __device__ __forceinline__ void run(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
+                                      FwdConsumerState<Traits>& state, const int& use0, const int& q_loads,
+                                      float (&acc_o)[kMTiles][kDTiles][4], OnlineSoftmax<kMTiles>& softmax) {
     using QTile = typename Traits::QTile;
     using KVTile = typename Traits::KVTile;
     const FwdPipeline<Traits>& pipe = tile.pipe;
     const FwdSmem<Traits>& smem = tile.smem;
     const KeyBlockRange range = tile.range;
     const int lane = tile.lane, warpgroup = tile.tid >> 7;  // (tid, not warp: the same shifts folded)
-    uint32_t p_prev[kNTiles / 2][4];  // P of the previous tile, packed, and its stage
+    // P of the previous tile, packed, and its stage. The same values wherever p_prev lives, but nvcc numbers the
+    // registers by it and ptxas allocates by that numbering: a local of run gave the ping-pong tile-counter kernel
+    // more instructions and another allocation throughout (key loop included), the object's array the staged-bias
+    // kernels theirs. Each keeps the SASS it had with the loop written in the kernel.
+    uint32_t local_p[kNTiles / 2][4];
+    uint32_t (&p_prev)[kNTiles / 2][4] = Traits::kStagedBias ? local_p : carried_p;
     int buf_prev = 0;
     // whether p_prev holds a tile's P whose P V is still to be issued. When no tile is skipped (kSkipMaskedTiles)
     // that is `it > 0`, kept as that expression there (see the wait_hold<0>(acc_o) below).

@@ -34,10 +34,11 @@ struct FwdMainloopSm90Pipelined {
   // The staged bias tile of stage buf folded (bias / scale, finite when the bias is) to fp32 once for the CTA, one
   // key per thread, before the CTA barrier; every warp then reads its columns' values as they are (faster than every
   // thread converting the columns it holds). Returns whether a key of the tile is heavy (below heavy_s, finite), which
-  // the barrier tells every thread: the tiles of a padding mask (0 / -inf) then run the softmax without the heavy-row
-  // branch. (Measurements: docs/tuning-fwd.md.)
-  __device__ __forceinline__ static bool fold_staged_bias(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
-                                                          int buf) {
+  // the barrier tells every thread (nonzero: an int, as __syncthreads_or gives it; a bool returned here made nvcc
+  // combine it with heavy_rows_possible in 16-bit registers, not predicates): the tiles of a padding mask (0 / -inf)
+  // then run the softmax without the heavy-row branch. (Measurements: docs/tuning-fwd.md.)
+  __device__ __forceinline__ static int fold_staged_bias(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
+                                                         int buf) {
     const BiasElem* raw = reinterpret_cast<const BiasElem*>(tile.smem.ptr(tile.smem.bias(buf)));
     float* folded = reinterpret_cast<float*>(tile.smem.ptr(tile.smem.bias_folded(buf)));
     // one key per thread: a loop here cost the 128-register d 64 kernel spills in its key loop (ptxas)
@@ -48,7 +49,7 @@ struct FwdMainloopSm90Pipelined {
       folded[tile.tid] = folded_key;
       heavy_key = folded_key < rows.heavy_s && folded_key != -INFINITY;
     }
-    return __syncthreads_or(heavy_key) != 0;
+    return __syncthreads_or(heavy_key);
   }
 
   __device__ __forceinline__ static void run(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
@@ -77,7 +78,7 @@ struct FwdMainloopSm90Pipelined {
       if constexpr (Traits::kStagedBias) {
         // (a -inf tile is read as a mixed one where it is not skipped)
         if (bias_kind == KeyTileKind::kMixed || (!Traits::kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked)) {
-          const bool heavy_tile = fold_staged_bias(tile, rows, buf);
+          const bool heavy_tile = fold_staged_bias(tile, rows, buf) != 0;
           heavy_rows_possible = heavy_rows_possible || heavy_tile;
         } else {
           __syncthreads();  // (all +0)
