@@ -35,9 +35,14 @@ struct FwdMainloopCpAsync {
     ptx::cp_async_commit();
   }
 
-  __device__ __forceinline__ static void run(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
-                                             FwdConsumerState<Traits>& state, const int& use0, const int& q_loads,
-                                             float (&acc_o)[kMTiles][kDTiles][4], OnlineSoftmax<kMTiles>& softmax) {
+  // S (kRowsPerWarp, kBlockN) of this warp for the current key tile. In the object the consumers make per query tile,
+  // not a local of run: the same values, but nvcc numbers S's registers by where it is declared and ptxas allocates
+  // by that numbering (as a local of run, the key-row bias-fold kernels with a float bias got another allocation).
+  float acc_s[kMTiles][kNTiles][4];
+
+  __device__ __forceinline__ void run(const FwdTile<Traits>& tile, const FwdThreadRows<Traits>& rows,
+                                      FwdConsumerState<Traits>& state, const int& use0, const int& q_loads,
+                                      float (&acc_o)[kMTiles][kDTiles][4], OnlineSoftmax<kMTiles>& softmax) {
     const FwdCpAsyncLoads<Traits> load = loads(tile);
     const KeyBlockRange range = tile.range;
     const int lane = tile.lane;
@@ -46,7 +51,6 @@ struct FwdMainloopCpAsync {
       FA2_CTA_MARK(tile.trace_base + 1 + it, tile.trace_base >= 0 && it < FwdTrace::kIters);
       const int buf = Traits::kRing == 1 ? 0 : use % Traits::kRing;
       const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
-      float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
       start_scores(acc_s, tile, rows, n, col0);
 
       // -- tile n has landed (this thread's copies, then the barrier), and every warp is done with the buffers about
