@@ -17,11 +17,12 @@ QUICK_STRIDE = 4
 SHARES = [pytest.param("quick", id="quick"), pytest.param("rest", id="rest", marks=pytest.mark.slow)]
 
 
+def in_share(index: int, share: str) -> bool:
+    return (index % QUICK_STRIDE == 0) == (share == "quick")
+
+
 def share_of(items, share: str) -> list:
-    items = list(items)
-    if share == "quick":
-        return items[::QUICK_STRIDE]
-    return [x for i, x in enumerate(items) if i % QUICK_STRIDE]
+    return [x for i, x in enumerate(items) if in_share(i, share)]
 
 
 def devices() -> list[str]:
