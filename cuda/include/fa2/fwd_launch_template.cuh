@@ -254,8 +254,7 @@ template <typename T, int kHeadDim, int kArch>
 const char* run_fwd_instance(const AttentionParams& p, cudaStream_t stream) {
   DevOptions options;
   if (const char* e = dev_options(&options)) return e;
-  const InstanceDesc instance{std::is_same_v<T, __nv_bfloat16> ? DType::kBFloat16 : DType::kFloat16, kHeadDim,
-                              kArch / 10, kArch % 10 == 1};
+  const InstanceDesc instance = instance_desc(std::is_same_v<T, __nv_bfloat16>, kHeadDim, kArch);
   const FwdPlan plan = plan_fwd(p, current_device(), options, &instance, 1, PlanBuffers::kGiven);
   if (plan.error != nullptr) return plan.error;
   return run_fwd_instance<T, kHeadDim, kArch>(plan, p, stream);

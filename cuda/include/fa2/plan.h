@@ -30,6 +30,11 @@ struct InstanceDesc {
   bool arch_specific;
 };
 
+// The InstanceDesc of an instance's template arguments (arch_tag: its kernels' tag, 800 / 900 / 901).
+constexpr InstanceDesc instance_desc(bool bf16, int headdim, int arch_tag) {
+  return InstanceDesc{bf16 ? DType::kBFloat16 : DType::kFloat16, headdim, arch_tag / 10, arch_tag % 10 == 1};
+}
+
 // Notes on why each choice was made, filled only where the caller asks (printing a plan; launches pass nullptr).
 using PlanNotes = std::vector<std::string>;
 
