@@ -21,4 +21,21 @@ TORCH_LIBRARY(fa2, m) {
       "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_bias=None, float? scale=None, bool causal=False, "
       "int window_left=-1, int window_right=-1, float softcap=0.0) -> Tensor",
       {at::Tag::pt2_compliant_tag});
+  // Variable length (packed sequences), as flash-attn's varlen API: q (total_q, nheads, headdim), k / v (total_k,
+  // nheads_k, headdim); sequence b is rows cu_seqlens[b]:cu_seqlens[b+1] (int32, (batch + 1,)); max_seqlen_* size
+  // the grid with no host sync; causal and windows align bottom-right per sequence (over seqused_k[b] keys when
+  // given). out (total_q, nheads, headdim); lse float32 (nheads, total_q), +inf for a row that sees no key.
+  // dropout_p and sinks are accepted here from the start (docs/design.md) and arrive with their own kernels.
+  m.def(
+      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+      "SymInt max_seqlen_k, *, Tensor? seqused_k=None, float? scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1, float softcap=0.0, float dropout_p=0.0, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
+      {at::Tag::pt2_compliant_tag});
+  // Varlen backward by recomputation from lse; dq, dk, dv shaped like q, k, v.
+  m.def(
+      "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, *, Tensor? seqused_k=None, float? scale=None, "
+      "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, float dropout_p=0.0, "
+      "Tensor? sinks=None, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
+      {at::Tag::pt2_compliant_tag});
 }
