@@ -219,11 +219,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_check_compute_capability", [](int major, int minor, const std::string& device, const std::string& name) {
     fa2::check_compute_capability(major, minor, device, name);
   });
-  // the CPU bf16 tile products (forward and backward) on bf16 operands (MKL's gemm_bf16bf16f32 on AMX,
-  // cpu/bf16_dot.h's on AVX512-BF16 without AMX; off: fp32 sgemm on converted tiles); the switch only matters where
-  // cpu_bf16_gemm_supported()
-  m.def("set_cpu_bf16_gemm", [](bool enabled) { fa2::cpu::bf16_gemm_switch().store(enabled); });
-  m.def("cpu_bf16_gemm", &fa2::cpu::bf16_gemm_available);
+  // whether this CPU has bf16 tile products (MKL's gemm_bf16bf16f32 on AMX, cpu/bf16_dot.h's on AVX512-BF16 without
+  // AMX): only there does the development option cpu_bf16_gemm change what runs
   m.def("cpu_bf16_gemm_supported", &fa2::cpu::bf16_gemm_supported);
   // The development options (fa2/dev_options.h; python/fa2/dev.py): the process's (defaults: the built-in ones).
   m.def("dev_options", [](bool defaults) {

@@ -10,18 +10,9 @@ import fa2
 
 @contextlib.contextmanager
 def switch(name, value):
-    """The development option `name` (fa2.dev) set to value inside the block, restored after it; the CPU's
-    cpu_bf16_gemm through fa2._C.set_cpu_bf16_gemm."""
-    if name in fa2.dev.options():
-        with fa2.dev.options_override(**{name: value}):
-            yield
-        return
-    before = getattr(fa2._C, name)()
-    getattr(fa2._C, "set_" + name)(value)
-    try:
+    """The development option `name` (fa2.dev) set to value inside the block, restored after it."""
+    with fa2.dev.options_override(**{name: value}):
         yield
-    finally:
-        getattr(fa2._C, "set_" + name)(before)
 
 
 def cuda_kernel_names(fn):

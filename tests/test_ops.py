@@ -69,7 +69,7 @@ def test_cpu_bf16_forward_follows_the_rule_on_both_product_paths(bf16_gemm):
     jump = [t.to(torch.bfloat16) for t in (q, k, v)]
     outs = []
     with switch("cpu_bf16_gemm", bf16_gemm):
-        assert fa2._C.cpu_bf16_gemm() == bf16_gemm
+        assert fa2.dev.options()["cpu_bf16_gemm"] == bf16_gemm
         for s in samples:
             out, _ = torch.ops.fa2.fwd(*s.args())
             out_hi, _, out_naive = _refs(s)

@@ -153,7 +153,7 @@ def test_options_namespace():
     assert defaults == {"arch_specific_kernels": True, "sm90_schedule": "auto", "persistent_forward_ctas": -1,
                         "fwd_cluster": True, "tile_order_tail": True, "sm90_backward": True, "sm90_ws_backward": True,
                         "key_bias_backward": True, "bwd_small_tiles": False, "bwd_gqa_grouping": -1,
-                        "bwd_gqa_accumulate": True, "bwd_tail_split": -1}
+                        "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1
@@ -178,10 +178,11 @@ def test_environment_options_are_read_once(tmp_path):
     import sys
 
     code = "import fa2, fa2.dev as d; print(d.options()['sm90_schedule'], d.options()['fwd_cluster'], " \
-           "d.options()['sm90_backward'])"
-    env = dict(os.environ, FA2_DEV_OPTIONS="sm90_schedule=pingpong, fwd_cluster=0", FA2_DISABLE_SM90_BACKWARD="1")
+           "d.options()['sm90_backward'], d.options()['cpu_bf16_gemm'])"
+    env = dict(os.environ, FA2_DEV_OPTIONS="sm90_schedule=pingpong, fwd_cluster=0", FA2_DISABLE_SM90_BACKWARD="1",
+               FA2_CPU_BF16_GEMM="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["pingpong", "False", "False"]
+    assert out.split() == ["pingpong", "False", "False", "False"]
     env = dict(os.environ, FA2_DEV_OPTIONS="sm90_schedule=fast")
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "FA2_DEV_OPTIONS" in bad.stderr and "fast" in bad.stderr

@@ -4,7 +4,6 @@
 // plain loops below take over (correct, slower). Inside at::parallel_for the BLAS runs single-threaded (it sees
 // the OpenMP region), which is what we want: parallelism comes from our own tasks.
 #pragma once
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include <type_traits>
 
 #include "cpu/bf16_dot.h"
+#include "fa2/dev_options.h"
 
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
@@ -92,8 +92,8 @@ void gemm_atb(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
 
 // bf16 tile products (bf16 given as bits, fp32 C), where bf16_gemm_available(): a CPU with bf16 dot-product
 // instructions (AVX512-BF16 or AMX; without them MKL emulates bf16, slower than converting to fp32 for sgemm) and the
-// switch on (fa2._C.set_cpu_bf16_gemm; FA2_CPU_BF16_GEMM=0 in the environment starts it off): for A/B timing and for
-// the tests of both paths. On AMX CPUs with MKL, MKL's gemm_bf16bf16f32; with AVX512-BF16 alone our own (bf16_dot.h),
+// development option cpu_bf16_gemm on (fa2/dev_options.h; off: fp32 products, for A/B timing and for the tests of
+// both paths). On AMX CPUs with MKL, MKL's gemm_bf16bf16f32; with AVX512-BF16 alone our own (bf16_dot.h),
 // since MKL's there ran no faster than sgemm.
 inline bool bf16_products_are_ours() {
   static const bool ours = [] {
@@ -118,15 +118,12 @@ inline bool bf16_gemm_supported() {
   }();
   return supported;
 }
-inline std::atomic<bool>& bf16_gemm_switch() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("FA2_CPU_BF16_GEMM");
-    return env == nullptr || std::string(env) != "0";
-  }()};
-  return on;
-}
+// (read once per kernel call: the options' mutex stays out of the tile loops)
 inline bool bf16_gemm_available() {
-  return bf16_gemm_supported() && bf16_gemm_switch().load(std::memory_order_relaxed);
+  if (!bf16_gemm_supported()) return false;
+  DevOptions options;
+  dev_options(&options);  // (an error in FA2_DEV_OPTIONS is reported by the calls that plan CUDA kernels)
+  return options.cpu_bf16_gemm;
 }
 
 namespace blas_detail {

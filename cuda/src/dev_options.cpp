@@ -11,7 +11,8 @@ namespace fa2 {
 const char* const kDevOptionNames[] = {
     "arch_specific_kernels", "sm90_schedule",    "persistent_forward_ctas", "fwd_cluster",
     "tile_order_tail",       "sm90_backward",    "sm90_ws_backward",        "key_bias_backward",
-    "bwd_small_tiles",       "bwd_gqa_grouping", "bwd_gqa_accumulate",      "bwd_tail_split"};
+    "bwd_small_tiles",       "bwd_gqa_grouping", "bwd_gqa_accumulate",      "bwd_tail_split",
+    "cpu_bf16_gemm"};
 const int kNumDevOptions = int(sizeof(kDevOptionNames) / sizeof(kDevOptionNames[0]));
 
 namespace {
@@ -67,6 +68,7 @@ constexpr LegacyVariable kLegacyVariables[] = {
     {"FA2_BWD_GQA_GROUPING", "bwd_gqa_grouping", nullptr},
     {"FA2_BWD_GQA_NO_ACCUMULATE", "bwd_gqa_accumulate", "0"},
     {"FA2_BWD_TAIL_SPLIT", "bwd_tail_split", nullptr},
+    {"FA2_CPU_BF16_GEMM", "cpu_bf16_gemm", nullptr},
 };
 
 // A legacy variable applied as it was read before (lenient: a value it did not take leaves the default, except a
@@ -81,6 +83,10 @@ const char* apply_legacy_variable(const LegacyVariable& var, const char* v, DevO
     if (set_dev_option(options, var.key, v) == nullptr) return nullptr;
     return message(std::string("fa2: FA2_SM90_SCHEDULE=") + v + " is not an sm_90a schedule (one of " +
                    schedule_choices() + ")");
+  }
+  if (std::strcmp(var.key, "cpu_bf16_gemm") == 0) {  // (on unless "0")
+    options->cpu_bf16_gemm = std::strcmp(v, "0") != 0;
+    return nullptr;
   }
   if (std::strcmp(var.key, "persistent_forward_ctas") == 0) {
     int ctas = -1;
@@ -132,6 +138,7 @@ const char* set_dev_option(DevOptions* o, const char* key, const char* value) {
   else if (k == "key_bias_backward") ok = parse_bool(value, &o->key_bias_backward);
   else if (k == "bwd_small_tiles") ok = parse_bool(value, &o->bwd_small_tiles);
   else if (k == "bwd_gqa_accumulate") ok = parse_bool(value, &o->bwd_gqa_accumulate);
+  else if (k == "cpu_bf16_gemm") ok = parse_bool(value, &o->cpu_bf16_gemm);
   else if (k == "persistent_forward_ctas") ok = parse_int(value, -1, 1 << 30, &o->persistent_forward_ctas);
   else if (k == "bwd_gqa_grouping") ok = parse_int(value, -1, 1, &o->bwd_gqa_grouping);
   else if (k == "bwd_tail_split") ok = parse_int(value, -1, 1, &o->bwd_tail_split);
@@ -187,6 +194,7 @@ std::string dev_option_value(const DevOptions& o, const char* key) {
   if (k == "bwd_gqa_grouping") return std::to_string(o.bwd_gqa_grouping);
   if (k == "bwd_gqa_accumulate") return b(o.bwd_gqa_accumulate);
   if (k == "bwd_tail_split") return std::to_string(o.bwd_tail_split);
+  if (k == "cpu_bf16_gemm") return b(o.cpu_bf16_gemm);
   return "";
 }
 

@@ -141,6 +141,7 @@ LEGACY_VARIABLES = {
     "sm90_ws_backward": "FA2_DISABLE_SM90_WS_BACKWARD", "key_bias_backward": "FA2_DISABLE_KEY_BIAS_BWD",
     "bwd_small_tiles": "FA2_BWD_SMALL_TILES", "bwd_gqa_grouping": "FA2_BWD_GQA_GROUPING",
     "bwd_gqa_accumulate": "FA2_BWD_GQA_NO_ACCUMULATE", "bwd_tail_split": "FA2_BWD_TAIL_SPLIT",
+    "cpu_bf16_gemm": "FA2_CPU_BF16_GEMM",
 }
 
 

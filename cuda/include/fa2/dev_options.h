@@ -36,6 +36,9 @@ struct DevOptions {
   // the warp-specialized backward's split of its last partial wave: -1 where measured to pay, 0 never, 1 wherever
   // the cost model gains
   int bwd_tail_split = -1;
+  // the CPU's bf16 tile products on bf16 operands where the CPU has bf16 dot products (cpu/blas.h); off: converted
+  // to fp32 for sgemm
+  bool cpu_bf16_gemm = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).
