@@ -8,6 +8,11 @@ Implementations (``--impls``):
   efficient  ... pinned to SDPBackend.EFFICIENT_ATTENTION (memory-efficient / xformers kernel)
   math       ... pinned to SDPBackend.MATH (materializes the S x S scores)
   flex       torch.compile(flex_attention), with a causal block mask when causal and a score_mod for biases
+  fa4        FlashAttention-4 (PyPI flash-attn-4: flash_attn.cute.flash_attn_func, CuTe DSL, an sm90 forward and
+             backward), flash-attn layout like fa2, no masks; not in the defaults. Where flash_attn.cute is not
+             importable its rows are "n/a" with the reason (the GPU machine installs it from carried wheels:
+             docs/performance.md, "FA-4 beside fa2"). It compiles each kernel on its first call (1-3 s): the check
+             call below is its warm-up, outside the timing.
   sdpa       F.scaled_dot_product_attention with PyTorch's own backend choice (not in the defaults)
 
 Grid (the FA-2 paper's, Dao 2023, section 4.1): 16k tokens (batch = 16384 // seqlen), hidden 2048
@@ -25,7 +30,9 @@ left the GPU in, which moved the H200's ratios by a median 2-3%).
 
 Every failure (unsupported shape or dtype, OOM, missing backend, a wrong result) is recorded with its reason
 and the run goes on. Each implementation's first output (and its gradients) is compared with an fp32 reference
-on the first batch and first two heads; a mismatch is flagged with '!' in the table and kept in the JSON.
+on the first batch and first two heads; a mismatch is flagged with '!' in the table and kept in the JSON. Where fa2
+runs in the same job, every peer's output and gradients on that slice are also compared with fa2's (check.vs_fa2:
+relative differences, recorded, not flagged: the fp32 reference judges both).
 
 Usage:
   python benchmarks/bench_attention.py --quick                       # ~1 minute on an H200
@@ -94,7 +101,7 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-nocluster": {"fwd_cluster": False}}
 IMPLS = ("fa2", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe",
          "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "fa2-nocluster", "torch-fa2", "cudnn",
-         "efficient", "math", "flex", "sdpa")
+         "efficient", "math", "flex", "sdpa", "fa4")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
@@ -346,6 +353,38 @@ def reset_flex():
     torch._dynamo.reset()
 
 
+_FA4 = {}
+FA4_INSTALL_HINT = "bash .fa4/install.sh .fa4 installs it on the GPU machine (docs/performance.md, FA-4 beside fa2)"
+
+
+def import_fa4(device) -> tuple:
+    """(flash_attn.cute.flash_attn_func, None), or (None, why FA-4 cannot run here). Imported once."""
+    if device.type != "cuda":
+        return None, "FA-4 runs on CUDA GPUs only (flash_attn.cute, CuTe DSL kernels)"
+    if "result" not in _FA4:
+        try:
+            from flash_attn.cute import flash_attn_func
+            _FA4["result"] = (flash_attn_func, None)
+        except Exception as e:  # ImportError where not installed; the DSL's own errors where its wheels mismatch
+            _FA4["result"] = (None, f"flash_attn.cute is not importable ({short_error(e)[:200]}); {FA4_INSTALL_HINT}")
+    return _FA4["result"]
+
+
+def fa4_version() -> dict:
+    """flash-attn-4's and the CuTe DSL's versions where installed (the run's environment record)."""
+    from importlib.metadata import PackageNotFoundError, version
+    got = {}
+    for name in ("flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels"):
+        with contextlib.suppress(PackageNotFoundError):
+            got[name] = version(name)
+    return got
+
+
+# Implementations whose output (and dout) is in the flash-attn layout (B, S, H, D); the others' is (B, H, S, D).
+def flash_layout(impl: str) -> bool:
+    return impl == "fa2" or impl in FA2_SWITCHES or impl == "fa4"
+
+
 def make_call(impl: str, cfg: Config, bias, fa2_mod, device):
     """(f, to_bhsd): f(q, k, v) runs the implementation on (B, H, S, D) tensors and returns its output in its own
     layout; to_bhsd(out) views that output as (B, H, S, D)."""
@@ -357,6 +396,18 @@ def make_call(impl: str, cfg: Config, bias, fa2_mod, device):
         def f(q, k, v):
             return fa2_mod.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias,
                                      causal=causal)
+        return f, lambda out: out.transpose(1, 2)
+    if impl == "fa4":
+        fa4, why = import_fa4(device)
+        if fa4 is None:
+            raise RuntimeError(why)
+        if bias is not None:
+            raise RuntimeError("FA-4 takes no additive attn_bias here (its masks are mask_mod / score_mod callables):"
+                               " masks none only")
+        # flash_attn_func(q, k, v, softmax_scale=None, causal=False, ...) -> (out, lse), (B, S, H, D) in and out;
+        # the transposed views pass without a copy (their last dim is contiguous, strides 16-byte aligned).
+        def f(q, k, v):
+            return fa4(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)[0]
         return f, lambda out: out.transpose(1, 2)
     if impl in SDPA_BACKENDS:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -462,6 +513,7 @@ def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, 
             results += [rec(impl, p, status, reason=reason) for p in passes]
         else:
             ready[impl] = got
+    compare_with_fa2(ready)
 
     def failed(impl, pass_, e, check):
         return rec(impl, pass_, "oom" if is_oom(e) else "error", reason=short(e), check=check)
@@ -470,7 +522,7 @@ def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, 
         flops = attention_flops(cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen, cfg.headdim, cfg.causal, pass_)
         fns = {}
         try:
-            for impl, (f, grad_ok, note, check, dout) in ready.items():
+            for impl, (f, grad_ok, note, check, dout, _) in ready.items():
                 if pass_ != "fwd" and not grad_ok:
                     results.append(rec(impl, pass_, "n/a", reason=note, check=check))
                     continue
@@ -513,9 +565,11 @@ def run_jobs(cfg: Config, impls: list[str], passes, fa2_mod, device, warmup_ms, 
 
 
 def _prepare(cfg: Config, impl: str, q, k, v, bias, fa2_mod, device):
-    """(f, grad_ok, note, check, dout) for impl on these inputs: its first call (flex compiles there; a backend that
-    does not take the problem says so) and its output and gradients checked against fp32 math on a slice (dout: the
-    output gradient, kept for the timed backward); or "status|reason" where the first call failed."""
+    """(f, grad_ok, note, check, dout, sample) for impl on these inputs: its first call (flex and FA-4 compile there,
+    the backward in the check's gradients: their warm-up, outside the timing; a backend that does not take the
+    problem says so) and its output and gradients checked against fp32 math on a slice (dout: the output gradient,
+    kept for the timed backward; sample: that slice's output and gradients in fp32, (B, H, S, D), which run_jobs
+    compares with fa2's); or "status|reason" where the first call failed."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -524,24 +578,33 @@ def _prepare(cfg: Config, impl: str, q, k, v, bias, fa2_mod, device):
             # grad, and a compiled flex that raised once stays slow): time its forward on no-grad inputs.
             grad_ok = not (impl == "flex" and device.type == "cpu")
             note = None if grad_ok else "no backward on this device: forward timed on no-grad inputs"
+            t_first = time.perf_counter()
             out = f(q, k, v) if grad_ok else f(q.detach(), k.detach(), v.detach())
             sync(device)
+            first_call_s = time.perf_counter() - t_first
         except Exception as e:
             status = "oom" if is_oom(e) else "n/a"
             _free(device)
             return f"{status}|{short(e, caught)}"
 
     tol = TOLERANCE[DTYPES[cfg.dtype]]
-    check = {}
-    dout = torch.randn(out.shape, device=device, dtype=out.dtype,
-                       generator=torch.Generator(device=device).manual_seed(cfg.seed() + 1))
+    check = {"first_call_s": round(first_call_s, 3)}  # (a JIT's compile time: flex, FA-4)
+    sample = None
+    # dout: the same values (B, H, S, D) for every implementation (so that their gradients compare), stored in the
+    # implementation's own output layout and memory order (as its training step would get it)
+    dout = torch.empty_like(out)
+    to_bhsd(dout).copy_(torch.randn(to_bhsd(out).shape, device=device, dtype=out.dtype,
+                                    generator=torch.Generator(device=device).manual_seed(cfg.seed() + 1)))
     try:
         ref_out, ref_grads = reference(cfg, q, k, v, bias, to_bhsd(dout))
         h = ref_out.shape[1]
-        check["out_rel_err"] = rel_err(to_bhsd(out)[:1, :h], ref_out)
+        out_slice = to_bhsd(out)[:1, :h].detach().float()
+        check["out_rel_err"] = rel_err(out_slice, ref_out)
+        sample = (out_slice, None)
         if grad_ok:
             grads = torch.autograd.grad(out, (q, k, v), dout)
             check["grad_rel_err"] = max(rel_err(g[:1, :h], r) for g, r in zip(grads, ref_grads))
+            sample = (out_slice, [g[:1, :h].detach().float() for g in grads])
             del grads
         errs = [x for x in (check.get("out_rel_err"), check.get("grad_rel_err")) if x is not None]
         check["ok"] = all(x <= tol for x in errs)  # NaN compares False: not ok
@@ -550,7 +613,24 @@ def _prepare(cfg: Config, impl: str, q, k, v, bias, fa2_mod, device):
         check.update(ok=None, error=short(e))
         if is_oom(e):
             _free(device)
-    return f, grad_ok, note, check, dout
+    return f, grad_ok, note, check, dout, sample
+
+
+def compare_with_fa2(ready: dict) -> None:
+    """check["vs_fa2"] of every prepared peer where fa2 was prepared too: the relative difference of its output and
+    (the largest of) its gradients from fa2's on the checked slice (the same inputs and dout)."""
+    base = ready.get("fa2")
+    if base is None or base[5] is None:
+        return
+    base_out, base_grads = base[5]
+    for impl, (_, _, _, check, _, sample) in ready.items():
+        if impl == "fa2" or sample is None:
+            continue
+        out, grads = sample
+        diff = {"out_rel_diff": rel_err(out, base_out)}
+        if grads is not None and base_grads is not None:
+            diff["grad_rel_diff"] = max(rel_err(g, b) for g, b in zip(grads, base_grads))
+        check["vs_fa2"] = diff
 
 
 def _pass_fn(f, pass_, q, k, v, grad_ok, dout):
@@ -587,8 +667,8 @@ def run_memory(impls, seqlens, nheads, headdim, dtype, fa2_mod, device) -> list[
                     warnings.simplefilter("always")
                     q, k, v, _ = make_inputs(cfg, device)
                     f, _ = make_call(impl, cfg, None, fa2_mod, device)
-                    # dout in the implementation's own output layout: fa2 (B, S, H, D), SDPA (B, H, S, D)
-                    shape = (1, S, nheads, headdim) if impl.startswith("fa2") else (1, nheads, S, headdim)
+                    # dout in the implementation's own output layout: fa2, fa4 (B, S, H, D), SDPA (B, H, S, D)
+                    shape = (1, S, nheads, headdim) if flash_layout(impl) else (1, nheads, S, headdim)
                     dout = torch.randn(shape, device=device, dtype=q.dtype)
                     with PeakMemory(device) as pm:
                         out = f(q, k, v)
@@ -819,6 +899,11 @@ def main(argv=None):
 
     fa2_mod, fa2_err = import_fa2()
     env = environment(device, fa2_mod, fa2_err)
+    if "fa4" in impls or "fa4" in csv(args.mem_impls):
+        fa4, fa4_err = import_fa4(device)
+        env["fa4"] = fa4_version() if fa4 is not None else {"error": fa4_err}
+        if fa4 is None:  # (each of its rows says so too, status n/a)
+            print(f"fa4: not measured: {fa4_err}", flush=True)
     gpu_short = (env.get("gpu", "").replace("NVIDIA", "").strip().split() or ["gpu"])[0].lower() \
         if device.type == "cuda" else "cpu"
     tag = args.tag or f"{gpu_short}-{datetime.date.today():%Y%m%d}" + ("-quick" if args.quick else "")

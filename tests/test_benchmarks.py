@@ -201,6 +201,56 @@ def test_a_failing_implementation_does_not_take_its_peers_rows_with_it(monkeypat
     assert by_impl["sdpa"]["status"] == "error" and "boom" in by_impl["sdpa"]["reason"]
 
 
+def test_fa4_is_listed_and_says_why_it_is_not_measured(monkeypatch):
+    """FlashAttention-4 is an implementation of the grid (--impls fa4); where it cannot run (a CPU run, or a GPU
+    machine without flash_attn.cute) its rows are n/a with the reason and the install command, its peers measured."""
+    assert "fa4" in bench.IMPLS
+    monkeypatch.setattr(bench, "_FA4", {})
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # (import flash_attn.cute raises ImportError)
+    fa4, why = bench.import_fa4(torch.device("cuda"))
+    assert fa4 is None and "flash_attn.cute is not importable" in why and "bash .fa4/install.sh .fa4" in why
+    cfg = bench.Config("fp32", 16, 32, 1, 2, False, "none")
+    with pytest.raises(RuntimeError, match="not importable"):
+        bench.make_call("fa4", cfg, None, None, torch.device("cuda"))
+    rows = bench.run_jobs(cfg, ["math", "fa4"], ["fwd", "fwdbwd"], None, torch.device("cpu"), 1, 2)
+    by = {(r["impl"], r["pass"]): r for r in rows}
+    assert len(rows) == 4 and by[("math", "fwd")]["status"] == "ok" and by[("math", "fwdbwd")]["status"] == "ok"
+    for p_ in ("fwd", "fwdbwd"):
+        assert by[("fa4", p_)]["status"] == "n/a" and "CUDA GPUs only" in by[("fa4", p_)]["reason"]
+
+
+def test_fa4_gets_flash_layout_views_and_its_output_compares_with_fa2s(monkeypatch):
+    """fa4's call: flash_attn_func on (B, S, H, D) views of the grid's (B, H, S, D) inputs, its out the first of
+    (out, lse); masks are refused with a reason. compare_with_fa2 records a peer's difference from fa2's sample."""
+    seen = {}
+
+    def fake_flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+        seen.update(shape=tuple(q.shape), causal=causal, contiguous_last=q.stride(-1) == 1)
+        s = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        out = (torch.softmax(s, -1) @ v.transpose(1, 2)).transpose(1, 2)
+        return out, torch.logsumexp(s, -1)
+
+    monkeypatch.setattr(bench, "_FA4", {"result": (fake_flash_attn_func, None)})
+    cfg = bench.Config("fp64", 8, 5, 2, 3, True, "none")
+    q, k, v, _ = bench.make_inputs(cfg, torch.device("cpu"))
+    f, to_bhsd = bench.make_call("fa4", cfg, None, None, torch.device("cuda"))
+    out = f(q, k, v)
+    assert seen == {"shape": (2, 5, 3, 8), "causal": True, "contiguous_last": True} and out.shape == (2, 5, 3, 8)
+    ref, _ = bench.reference(cfg, q, k, v, None, torch.zeros(2, 3, 5, 8, dtype=torch.float64))
+    torch.testing.assert_close(to_bhsd(out)[:1, :2].float(), ref)
+    with pytest.raises(RuntimeError, match="no additive attn_bias"):
+        bench.make_call("fa4", cfg, torch.zeros(2, 1, 1, 5), None, torch.device("cuda"))
+
+    sample = (torch.ones(1, 2, 5, 8), [torch.ones(1, 2, 5, 8)] * 3)
+    ready = {"fa2": (None, True, None, {}, None, sample),
+             "fa4": (None, True, None, {}, None, (sample[0] * 1.5, [sample[1][0], sample[1][1] * 0.5, sample[1][2]]))}
+    bench.compare_with_fa2(ready)
+    assert "vs_fa2" not in ready["fa2"][3]
+    assert ready["fa4"][3]["vs_fa2"] == {"out_rel_diff": pytest.approx(0.5), "grad_rel_diff": pytest.approx(0.5)}
+
+
 def test_bars_read_a_grid():
     """benchmarks/bars.py: issue 8's bars off a grid JSON (a made-up one: one cell below, one that did not run)."""
     import bars
