@@ -17,7 +17,7 @@ EXT = r"(?:json|png|py|sh|cu|cuh|h|cpp|md|cmake|toml|in|txt)"
 WORD = re.compile(r"(?<![\w/.<{-])([\w.*/-]*[\w*]\." + EXT + r")(?![\w/])")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # produced at run time, or another project's file, named on purpose
-NOT_IN_REPO = {".fa4/install.sh", "modeling_llama.py", "tile_size.h"}
+NOT_IN_REPO = {".fa4/install.sh", "../shared/tools/fa4/prepare.sh", "modeling_llama.py", "tile_size.h"}
 PLACEHOLDER = re.compile(r"[A-Z]{3,}")  # attention_TAG.json, FILE.json
 
 
