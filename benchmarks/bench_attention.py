@@ -590,9 +590,9 @@ def _prepare(cfg: Config, impl: str, q, k, v, bias, fa2_mod, device):
     tol = TOLERANCE[DTYPES[cfg.dtype]]
     check = {"first_call_s": round(first_call_s, 3)}  # (a JIT's compile time: flex, FA-4)
     sample = None
-    # dout: the same values (B, H, S, D) for every implementation (so that their gradients compare), stored in the
-    # implementation's own output layout and memory order (as its training step would get it)
-    dout = torch.empty_like(out)
+    # dout: the same values (B, H, S, D) for every implementation (so that their gradients compare), stored
+    # contiguous in the implementation's own output shape
+    dout = torch.empty(out.shape, device=device, dtype=out.dtype)
     to_bhsd(dout).copy_(torch.randn(to_bhsd(out).shape, device=device, dtype=out.dtype,
                                     generator=torch.Generator(device=device).manual_seed(cfg.seed() + 1)))
     try:
