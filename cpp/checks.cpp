@@ -1,6 +1,8 @@
 #include "checks.h"
 
 #include <c10/util/Exception.h>
+
+#include <array>
 #include <cmath>
 #include <sstream>
 
@@ -30,7 +32,7 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                     " dims with shape ", shape_str(q));
   TORCH_CHECK_VALUE(k.dim() == 4, "fa2: k must have 4 dims (batch, seqlen_k, nheads_k, headdim), got ", k.dim(),
                     " dims with shape ", shape_str(k));
-  TORCH_CHECK_VALUE(v.dim() == 4, "fa2: v must have 4 dims (batch, seqlen_k, nheads_k, headdim), got ", v.dim(),
+  TORCH_CHECK_VALUE(v.dim() == 4, "fa2: v must have 4 dims (batch, seqlen_k, nheads_k, headdim_v), got ", v.dim(),
                     " dims with shape ", shape_str(v));
   TORCH_CHECK(k.device() == q.device(), "fa2: k must be on the same device as q (", q.device(), "), got ",
               k.device());
@@ -49,9 +51,12 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                     " and ", v.size(1));
   TORCH_CHECK_VALUE(k.size(2) == v.size(2), "fa2: k and v must have the same nheads_k (dim 2), got ", k.size(2),
                     " and ", v.size(2));
-  TORCH_CHECK_VALUE(k.size(3) == headdim && v.size(3) == headdim, "fa2: headdim (dim 3) must match: q has ",
-                    headdim, ", k has ", k.size(3), ", v has ", v.size(3));
-  TORCH_CHECK_VALUE(headdim >= 1 && headdim <= 256, "fa2: headdim must be in [1, 256], got ", headdim);
+  // q and k share a head dim (their dot products); v's may differ (out takes it), as in DeepSeek's MLA (192 and 128)
+  TORCH_CHECK_VALUE(k.size(3) == headdim, "fa2: headdim (dim 3) of q and k must match: q has ", headdim, ", k has ",
+                    k.size(3), " (v's may differ: v has ", v.size(3), ")");
+  TORCH_CHECK_VALUE(headdim >= 1 && headdim <= 256, "fa2: q's headdim must be in [1, 256], got ", headdim);
+  TORCH_CHECK_VALUE(v.size(3) >= 1 && v.size(3) <= 256, "fa2: v's headdim (v.size(3)) must be in [1, 256], got ",
+                    v.size(3));
   const int64_t nheads = q.size(2), nheads_k = k.size(2);
   TORCH_CHECK_VALUE(nheads_k >= 1 || nheads == 0, "fa2: k must have at least one head, got nheads_k=", nheads_k);
   TORCH_CHECK_VALUE(nheads_k == 0 || nheads % nheads_k == 0,
@@ -113,6 +118,7 @@ AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
   p.seqlen_q = q.size(1);
   p.nheads = q.size(2);
   p.headdim = q.size(3);
+  p.headdim_v = v.size(3);
   p.seqlen_k = k.size(1);
   p.nheads_k = k.size(2);
   p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.headdim));
@@ -142,9 +148,11 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
                                   bool causal, int64_t window_left, int64_t window_right, double softcap,
                                   bool bias_requires_grad) {
   AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap);
+  const std::array<int64_t, 4> out_shape{p.batch, p.seqlen_q, p.nheads, p.headdim_v};
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {
-    TORCH_CHECK_VALUE(t.sizes() == q.sizes(), "fa2.bwd: ", name, " must have q's shape ", shape_str(q), ", got ",
-                      shape_str(t));
+    TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(out_shape), "fa2.bwd: ", name,
+                      " must have shape (batch, seqlen_q, nheads, headdim_v) = ", at::IntArrayRef(out_shape),
+                      " (q's with v's headdim), got ", shape_str(t));
     TORCH_CHECK(t.device() == q.device(), "fa2.bwd: ", name, " must be on q's device (", q.device(), "), got ",
                 t.device());
     TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "fa2.bwd: ", name, " must have q's dtype (",

@@ -11,8 +11,10 @@ namespace fa2 {
 // Sizes and flags of one attention call after validation. The causal flag is folded into the window:
 // query i sees key j iff  i + sk - sq - window_left <= j <= i + sk - sq + window_right,  -1 = unbounded.
 struct AttentionProblem {
-  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, nheads = 0, nheads_k = 0, headdim = 0;
-  double scale = 1.0;       // resolved (headdim ** -0.5 when not given)
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, nheads = 0, nheads_k = 0;
+  int64_t headdim = 0;      // q's and k's (the q·k products)
+  int64_t headdim_v = 0;    // v's, and so out's, dout's and dv's (may differ from headdim, as in DeepSeek's MLA)
+  double scale = 1.0;       // resolved (headdim ** -0.5 when not given: q·k's head dim)
   double softcap = 0.0;     // 0 = off
   bool causal = false;      // as given (already folded into window_right)
   int64_t window_left = -1;
@@ -25,7 +27,8 @@ AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                   bool causal, int64_t window_left, int64_t window_right, double softcap);
 
-// Checks the forward's inputs again plus dout/out/lse, and that dbias can be produced when asked for.
+// Checks the forward's inputs again plus dout/out/lse (dout and out: (batch, seqlen_q, nheads, headdim_v)), and
+// that dbias can be produced when asked for.
 AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,

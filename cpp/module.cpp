@@ -77,7 +77,8 @@ std::vector<fa2::InstanceDesc> plan_instances(bool forward) {
 }
 
 // A described call (plan's arguments) as the glue would fill the params: contiguous (batch, seqlen, heads, headdim)
-// tensors, aligned; a bias "key_row" (a padding mask: (batch, 1, 1, seqlen_k) broadcast) or "full" (batch, nheads,
+// tensors, aligned, zero-padded to one headdim (fa2::kernel_headdim) where headdim_v (v's) differs from headdim (q's
+// and k's); a bias "key_row" (a padding mask: (batch, 1, 1, seqlen_k) broadcast) or "full" (batch, nheads,
 // seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool").
 fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::InstanceDesc>& instances) {
   auto get = [&](const char* k, auto fallback) {
@@ -86,8 +87,9 @@ fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::
   fa2::AttentionParams p;
   p.batch = get("batch", 1), p.nheads = get("nheads", 1), p.nheads_k = get("nheads_k", p.nheads);
   p.seqlen_q = get("seqlen_q", 1), p.seqlen_k = get("seqlen_k", p.seqlen_q);
-  const int headdim = get("headdim", 64);
-  p.headdim = (headdim + 7) / 8 * 8;
+  const int headdim = get("headdim", 64), headdim_v = get("headdim_v", headdim);  // q/k's, v's
+  p.headdim = fa2::kernel_headdim(headdim, headdim_v);
+  p.call_headdim_qk = headdim, p.call_headdim_v = headdim_v;
   p.headdim_rounded = fa2::plan_rounded_headdim(instances.data(), int(instances.size()), p.headdim);
   if (p.nheads_k <= 0 || p.nheads % p.nheads_k != 0) {
     throw py::value_error("fa2: nheads must be a multiple of nheads_k");
@@ -175,6 +177,8 @@ py::dict plan_of(const std::string& direction, const py::dict& call, const py::o
     d = plan_dict(plan, p.dtype, notes);
     d["tail_split_plan"] = py::make_tuple(plan.tail_split.tiles, plan.tail_split.pieces, plan.tail_split.grid_tiles);
   }
+  const std::string padding = fa2::headdim_padding(p);
+  d["padding"] = padding.empty() ? std::string("none") : padding;
   d["device"] = py::dict(py::arg("cc") = dev.cc, py::arg("sm_count") = dev.sm_count,
                          py::arg("smem_optin") = dev.smem_optin);
   return d;

@@ -53,18 +53,20 @@ class Sample:
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, *, dtype, device, layout="bshd",
-             requires_grad=False, generator=None, magnitude=1.0):
+             requires_grad=False, generator=None, magnitude=1.0, headdim_v=None):
     """Random (never zero) q/k/v in fa2's (B, S, H, D) layout. layout="bhsd" gives the same logical tensors as
-    transposed views of (B, H, S, D) storage, as Hugging Face models and SDPA users have them."""
-    def one(s, h):
+    transposed views of (B, H, S, D) storage, as Hugging Face models and SDPA users have them. headdim_v: v's own
+    head dim (default headdim, q's and k's)."""
+    def one(s, h, d):
         if layout == "bhsd":
-            t = torch.randn(batch, h, s, headdim, dtype=torch.float32, device=device, generator=generator)
+            t = torch.randn(batch, h, s, d, dtype=torch.float32, device=device, generator=generator)
             t = (t * magnitude).to(dtype).transpose(1, 2)
         else:
-            t = (torch.randn(batch, s, h, headdim, dtype=torch.float32, device=device, generator=generator)
+            t = (torch.randn(batch, s, h, d, dtype=torch.float32, device=device, generator=generator)
                  * magnitude).to(dtype)
         return t.requires_grad_(requires_grad)
-    return one(seqlen_q, nheads), one(seqlen_k, nheads_k), one(seqlen_k, nheads_k)
+    headdim_v = headdim if headdim_v is None else headdim_v
+    return one(seqlen_q, nheads, headdim), one(seqlen_k, nheads_k, headdim), one(seqlen_k, nheads_k, headdim_v)
 
 
 def make_bias(kind, batch, nheads, seqlen_q, seqlen_k, *, dtype, device, requires_grad=False, generator=None):
@@ -122,15 +124,16 @@ def sample_inputs(device, dtype, *, requires_grad=False, full=False, seed=0):
     shapes = SHAPES if full else [s for s in SHAPES if s[1] * s[2] <= 250_000]
     out = []
 
-    def add(name, shape, flags, bias_kind=None, layout="bshd"):
+    def add(name, shape, flags, bias_kind=None, layout="bshd", headdim_v=None):
         b, sq, sk, h, hk, d = shape
         q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device=device, layout=layout,
-                           requires_grad=requires_grad, generator=g)
+                           requires_grad=requires_grad, generator=g, headdim_v=headdim_v)
         kw = dict(flags)
         if bias_kind is not None:
             kw["attn_bias"] = make_bias(bias_kind, b, h, sq, sk, dtype=dtype, device=device,
                                         requires_grad=requires_grad, generator=g)
-        out.append(Sample(f"{name}-{shape}-{flags}-{bias_kind}-{layout}", q, k, v, kw))
+        dv = "" if headdim_v is None else f"-dv{headdim_v}"
+        out.append(Sample(f"{name}-{shape}{dv}-{flags}-{bias_kind}-{layout}", q, k, v, kw))
 
     for shape in shapes:
         add("shape", shape, {})
@@ -151,4 +154,10 @@ def sample_inputs(device, dtype, *, requires_grad=False, full=False, seed=0):
     # A row that sees no key: window that excludes everything for early rows, and an all-False bool bias row.
     add("empty-rows", (1, 64, 32, 2, 2, 64), {"causal": True})
     add("empty-rows-window", (1, 48, 48, 2, 1, 32), {"window_left": 0, "window_right": 0})
+    # v's own head dim (last, so that the samples above keep their inputs): DeepSeek's MLA (q/k 192, v 128), v wider
+    # than q/k, odd ones; with GQA, causal, windows, softcap, a bias, the transposed layout
+    add("headdim-v", (1, 37, 53, 4, 2, 192), {"causal": True}, headdim_v=128)
+    add("headdim-v", (2, 29, 29, 2, 2, 64), {"window_left": 8, "window_right": 4, "softcap": 5.0}, headdim_v=128)
+    add("headdim-v", (1, 33, 47, 4, 1, 40), {}, "full", headdim_v=24)
+    add("headdim-v", (1, 17, 9, 2, 2, 24), {"causal": True}, "bool_padding", layout="bhsd", headdim_v=40)
     return out

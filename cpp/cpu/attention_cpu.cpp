@@ -21,7 +21,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                            bool causal, int64_t window_left, int64_t window_right, double softcap) {
   const AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap);
-  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim}, q.options());
+  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim_v}, q.options());
   at::Tensor lse = at::empty({p.batch, p.nheads, p.seqlen_q}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fa2_fwd_cpu",
                                   [&] { fwd_kernel<scalar_t>(p, q, k, v, out, lse); });

@@ -26,12 +26,13 @@ namespace {
 template <typename scalar_t>
 struct BwdProblem {
   using acc_t = acc_type<scalar_t>;
-  int64_t batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, group;
+  int64_t batch, seqlen_q, seqlen_k, nheads, nheads_k, group;
+  int64_t headdim, headdim_v;  // q's and k's (dq, dk); v's (out, dout, dv)
   CpuTiles tiles;
   ScoreMods<acc_t> mods;
   acc_t scale;
   HeadRows<const scalar_t> q_rows, k_rows, v_rows, out_rows, dout_rows;
-  HeadRows<scalar_t> dk_rows, dv_rows;  // (batch, seqlen_k, nheads_k, headdim)
+  HeadRows<scalar_t> dk_rows, dv_rows;  // (batch, seqlen_k, nheads_k, headdim | headdim_v)
   const float* lse_data;
   int64_t lse_stride_b, lse_stride_h, lse_stride_q;
   acc_t* dbias_data;  // (batch, nheads, seqlen_q, seqlen_k), or null when dbias is not asked for
@@ -48,8 +49,9 @@ struct BwdProblem {
         seqlen_k(p.seqlen_k),
         nheads(p.nheads),
         nheads_k(p.nheads_k),
-        headdim(p.headdim),
         group(p.nheads_k == 0 ? 0 : p.nheads / p.nheads_k),
+        headdim(p.headdim),
+        headdim_v(p.headdim_v),
         tiles(bwd_tiles()),
         mods(ScoreMods<acc_t>::from(p)),
         scale(static_cast<acc_t>(p.scale)),
@@ -85,7 +87,7 @@ std::vector<acc_t> rowsum_dout_out(const BwdProblem<scalar_t>& bp) {
       const scalar_t* o_row = bp.out_rows.row(b, i, h);
       const scalar_t* do_row = bp.dout_rows.row(b, i, h);
       acc_t sum = 0;
-      for (int64_t d = 0; d < bp.headdim; ++d) sum += static_cast<acc_t>(do_row[d]) * static_cast<acc_t>(o_row[d]);
+      for (int64_t d = 0; d < bp.headdim_v; ++d) sum += static_cast<acc_t>(do_row[d]) * static_cast<acc_t>(o_row[d]);
       dout_dot_out[row] = sum;
     }
   });
@@ -223,22 +225,23 @@ class BwdWorker {
         dout_dot_out_(dout_dot_out),
         block_q_(problem.tiles.block_q),
         block_k_(problem.tiles.block_k),
-        headdim_(problem.headdim) {
+        headdim_(problem.headdim),
+        headdim_v_(problem.headdim_v) {
     const bool bf16 = bp_.bf16_products;
     // converted rows when the tiles are acc_t; copied bf16 rows (where their leading dim is not BLAS's), P and dS
     // rounded (rows, cols) and their transposes (cols, rows) when they are bf16
     q_pack_.resize((bf16 ? 0 : block_q_) * headdim_);
-    dout_pack_.resize((bf16 ? 0 : block_q_) * headdim_);
+    dout_pack_.resize((bf16 ? 0 : block_q_) * headdim_v_);
     k_pack_.resize((bf16 ? 0 : block_k_) * headdim_);
-    v_pack_.resize((bf16 ? 0 : block_k_) * headdim_);
+    v_pack_.resize((bf16 ? 0 : block_k_) * headdim_v_);
     q_bits_pack_.resize((bf16 ? block_q_ : 0) * headdim_);
-    dout_bits_pack_.resize((bf16 ? block_q_ : 0) * headdim_);
+    dout_bits_pack_.resize((bf16 ? block_q_ : 0) * headdim_v_);
     k_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_);
-    v_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_);
+    v_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_v_);
     scores_bits_.resize((bf16 ? block_q_ : 0) * block_k_);
     scores_bits_t_.resize((bf16 ? block_k_ : 0) * block_q_);
     dk_acc_.resize(block_k_ * headdim_);
-    dv_acc_.resize(block_k_ * headdim_);
+    dv_acc_.resize(block_k_ * headdim_v_);
     p_tile_.resize(block_q_ * block_k_);
     ds_tile_.resize(block_q_ * block_k_);
     dtanh_tile_.resize(bp_.mods.softcap > 0 ? block_q_ * block_k_ : 0);
@@ -251,9 +254,9 @@ class BwdWorker {
     const ProductTile<acc_t> k_tile = product_tile(bp_.k_rows.row(b, k_begin, h_k), bp_.k_rows.stride_s, cols,
                                                    headdim_, bp_.bf16_products, k_pack_.data(), k_bits_pack_.data());
     const ProductTile<acc_t> v_tile = product_tile(bp_.v_rows.row(b, k_begin, h_k), bp_.v_rows.stride_s, cols,
-                                                   headdim_, bp_.bf16_products, v_pack_.data(), v_bits_pack_.data());
+                                                   headdim_v_, bp_.bf16_products, v_pack_.data(), v_bits_pack_.data());
     std::fill(dk_acc_.begin(), dk_acc_.begin() + cols * headdim_, acc_t(0));
-    std::fill(dv_acc_.begin(), dv_acc_.begin() + cols * headdim_, acc_t(0));
+    std::fill(dv_acc_.begin(), dv_acc_.begin() + cols * headdim_v_, acc_t(0));
 
     // Queries outside [q_first, q_last] see none of these keys: skipped.
     const WindowMask& window = bp_.mods.window;
@@ -269,7 +272,7 @@ class BwdWorker {
     // -- store dK, dV of this key block
     for (int64_t r = 0; r < cols; ++r) {
       store_row(bp_.dk_rows.row(b, k_begin + r, h_k), dk_acc_.data() + r * headdim_, headdim_, acc_t(1));
-      store_row(bp_.dv_rows.row(b, k_begin + r, h_k), dv_acc_.data() + r * headdim_, headdim_, acc_t(1));
+      store_row(bp_.dv_rows.row(b, k_begin + r, h_k), dv_acc_.data() + r * headdim_v_, headdim_v_, acc_t(1));
     }
   }
 
@@ -289,7 +292,7 @@ class BwdWorker {
     const ProductTile<acc_t> q_tile = product_tile(bp_.q_rows.row(b, q_begin, h), bp_.q_rows.stride_s, rows,
                                                    headdim_, bp_.bf16_products, q_pack_.data(), q_bits_pack_.data());
     const ProductTile<acc_t> do_tile = product_tile(bp_.dout_rows.row(b, q_begin, h), bp_.dout_rows.stride_s, rows,
-                                                    headdim_, bp_.bf16_products, dout_pack_.data(),
+                                                    headdim_v_, bp_.bf16_products, dout_pack_.data(),
                                                     dout_bits_pack_.data());
     acc_t* p = p_tile_.data();
     acc_t* ds = ds_tile_.data();
@@ -300,20 +303,20 @@ class BwdWorker {
     bp_.mods.apply(p, block_k_, b, h, q_begin, rows, t.k_begin, cols, dtanh);
     for (int64_t r = 0; r < rows; ++r) probabilities_row(t, r, p + r * block_k_);
 
-    // -- dV += Pᵀ dO                                                         (cols, headdim)
+    // -- dV += Pᵀ dO                                                         (cols, headdim_v)
     if (bp_.bf16_products) {
       if constexpr (kBf16) {  // (acc_t is float)
         round_to_bf16(p, rows, cols);
-        gemm_ab_bf16(cols, headdim_, rows, 1.f, scores_bits_t_.data(), block_q_, do_tile.bits, do_tile.ld, 1.f,
-                     dv_acc_.data(), headdim_);
+        gemm_ab_bf16(cols, headdim_v_, rows, 1.f, scores_bits_t_.data(), block_q_, do_tile.bits, do_tile.ld, 1.f,
+                     dv_acc_.data(), headdim_v_);
       }
     } else {
-      gemm_atb<acc_t>(cols, headdim_, rows, acc_t(1), p, block_k_, do_tile.values, do_tile.ld, acc_t(1),
-                      dv_acc_.data(), headdim_);
+      gemm_atb<acc_t>(cols, headdim_v_, rows, acc_t(1), p, block_k_, do_tile.values, do_tile.ld, acc_t(1),
+                      dv_acc_.data(), headdim_v_);
     }
 
     // -- dP = dO Vᵀ, dS = P ∘ (dP - D)                                        (rows, cols)
-    product_abt(rows, cols, headdim_, acc_t(1), do_tile, 0, v_tile, ds, block_k_);
+    product_abt(rows, cols, headdim_v_, acc_t(1), do_tile, 0, v_tile, ds, block_k_);
     const acc_t* row_d = dout_dot_out_ + bp_.row_index(b, h, q_begin);
     for (int64_t r = 0; r < rows; ++r) {
       acc_t* ds_row = ds + r * block_k_;
@@ -387,11 +390,12 @@ class BwdWorker {
   const BwdProblem<scalar_t>& bp_;
   const ExactRowStats<acc_t>& exact_;
   const acc_t* dout_dot_out_;  // D, (batch, nheads, seqlen_q)
-  const int64_t block_q_, block_k_, headdim_;
-  std::vector<acc_t> q_pack_, dout_pack_, k_pack_, v_pack_;                          // (block_q | block_k, headdim)
-  std::vector<at::BFloat16> q_bits_pack_, dout_bits_pack_, k_bits_pack_, v_bits_pack_;  // (block_q | block_k, headdim)
+  const int64_t block_q_, block_k_, headdim_, headdim_v_;  // headdim: q's and k's; headdim_v: v's, dout's
+  // (block_q | block_k, headdim) for q, k; (block_q | block_k, headdim_v) for dout, v
+  std::vector<acc_t> q_pack_, dout_pack_, k_pack_, v_pack_;
+  std::vector<at::BFloat16> q_bits_pack_, dout_bits_pack_, k_bits_pack_, v_bits_pack_;
   std::vector<uint16_t> scores_bits_, scores_bits_t_;  // (block_q, block_k), (block_k, block_q)
-  std::vector<acc_t> dk_acc_, dv_acc_;                 // (block_k, headdim)
+  std::vector<acc_t> dk_acc_, dv_acc_;                 // (block_k, headdim), (block_k, headdim_v)
   std::vector<acc_t> p_tile_;                          // (block_q, block_k): S, then P
   std::vector<acc_t> ds_tile_;                         // (block_q, block_k): dP, then dS
   std::vector<acc_t> dtanh_tile_;                      // (block_q, block_k), with softcap

@@ -26,12 +26,12 @@ namespace {
 template <typename scalar_t>
 struct FwdProblem {
   using acc_t = acc_type<scalar_t>;
-  int64_t seqlen_q, nheads, headdim, group;
+  int64_t seqlen_q, nheads, headdim, headdim_v, group;  // headdim: q's and k's; headdim_v: v's and out's
   CpuTiles tiles;
   ScoreMods<acc_t> mods;
   acc_t scale;
   HeadRows<const scalar_t> q_rows, k_rows, v_rows;
-  HeadRows<scalar_t> out_rows;  // (batch, seqlen_q, nheads, headdim)
+  HeadRows<scalar_t> out_rows;  // (batch, seqlen_q, nheads, headdim_v)
   float* lse_data;              // (batch, nheads, seqlen_q), contiguous
   // bf16 with bf16_gemm_available(): both products on bf16 operands (no conversion of Q, K, V; P rounded to bf16 for
   // P V, as the GPU kernels do; fp32 accumulation, softmax and O as for the other dtypes). Else every tile converted
@@ -43,6 +43,7 @@ struct FwdProblem {
       : seqlen_q(p.seqlen_q),
         nheads(p.nheads),
         headdim(p.headdim),
+        headdim_v(p.headdim_v),
         group(p.nheads / p.nheads_k),
         tiles(fwd_tiles(p.batch * p.nheads, p.seqlen_q, at::get_num_threads())),
         mods(ScoreMods<acc_t>::from(p)),
@@ -60,7 +61,7 @@ struct FwdProblem {
 // necessarily the exact max: lse = m + log l is exact either way (natural-log units). recompute_row() writes the
 // row's S again, for the rare step where exp(S - m_old) overflowed.
 template <typename acc_t, typename RecomputeRow>
-void online_softmax_row(acc_t* s_row, int64_t cols, acc_t& m, acc_t& l, acc_t* o_row, int64_t headdim,
+void online_softmax_row(acc_t* s_row, int64_t cols, acc_t& m, acc_t& l, acc_t* o_row, int64_t headdim_v,
                         const RecomputeRow& recompute_row) {
   constexpr acc_t kRescaleThreshold = 8;  // P <= e^8 ~ 3e3 between rescales
   constexpr acc_t kOverflowGuard = 80;    // float exp overflows past 88
@@ -97,7 +98,7 @@ void online_softmax_row(acc_t* s_row, int64_t cols, acc_t& m, acc_t& l, acc_t* o
       }
       const acc_t alpha = std::exp(m_old - m_new);
       l *= alpha;
-      scale_row(o_row, headdim, alpha);
+      scale_row(o_row, headdim_v, alpha);
     }
   }
   l += p_sum;
@@ -115,19 +116,20 @@ class FwdWorker {
       : fp_(problem),
         block_q_(problem.tiles.block_q),
         block_k_(problem.tiles.block_k),
-        headdim_(problem.headdim) {
+        headdim_(problem.headdim),
+        headdim_v_(problem.headdim_v) {
     const bool bf16 = fp_.bf16_products;
     // converted rows when the tiles are acc_t, copied bf16 rows (where their leading dim is not BLAS's) and P
     // rounded when they are bf16
     q_pack_.resize((bf16 ? 0 : block_q_) * headdim_);
     k_pack_.resize((bf16 ? 0 : block_k_) * headdim_);
-    v_pack_.resize((bf16 ? 0 : block_k_) * headdim_);
+    v_pack_.resize((bf16 ? 0 : block_k_) * headdim_v_);
     q_bits_pack_.resize((bf16 ? block_q_ : 0) * headdim_);
     k_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_);
-    v_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_);
+    v_bits_pack_.resize((bf16 ? block_k_ : 0) * headdim_v_);
     p_bits_.resize((bf16 ? block_q_ : 0) * block_k_);
     scores_.resize(block_q_ * block_k_);
-    o_acc_.resize(block_q_ * headdim_);
+    o_acc_.resize(block_q_ * headdim_v_);
     m_.resize(block_q_);
     l_.resize(block_q_);
   }
@@ -139,7 +141,7 @@ class FwdWorker {
                                                    headdim_, fp_.bf16_products, q_pack_.data(), q_bits_pack_.data());
     acc_t* s = scores_.data();
     acc_t* o = o_acc_.data();
-    std::fill(o, o + rows * headdim_, acc_t(0));
+    std::fill(o, o + rows * headdim_v_, acc_t(0));
     std::fill(m_.begin(), m_.begin() + rows, -std::numeric_limits<acc_t>::infinity());
     std::fill(l_.begin(), l_.begin() + rows, acc_t(0));
 
@@ -152,7 +154,8 @@ class FwdWorker {
       const ProductTile<acc_t> k_tile = product_tile(fp_.k_rows.row(b, k_begin, h_k), fp_.k_rows.stride_s, cols,
                                                      headdim_, fp_.bf16_products, k_pack_.data(), k_bits_pack_.data());
       const ProductTile<acc_t> v_tile = product_tile(fp_.v_rows.row(b, k_begin, h_k), fp_.v_rows.stride_s, cols,
-                                                     headdim_, fp_.bf16_products, v_pack_.data(), v_bits_pack_.data());
+                                                     headdim_v_, fp_.bf16_products, v_pack_.data(),
+                                                     v_bits_pack_.data());
       // S rows [r0, r0 + n) = scale · Q Kᵀ, then softcap, bias, mask           (n, cols), row stride block_k
       auto scores = [&](int64_t r0, int64_t n) {
         product_abt(n, cols, headdim_, fp_.scale, q_tile, r0, k_tile, s + r0 * block_k_, block_k_);
@@ -163,28 +166,29 @@ class FwdWorker {
       scores(0, rows);
       // -- P = exp(S - m), update m and l, rescale O by exp(m_old - m_new) when m moves
       for (int64_t r = 0; r < rows; ++r) {
-        online_softmax_row(s + r * block_k_, cols, m_[r], l_[r], o + r * headdim_, headdim_, [&] { scores(r, 1); });
+        online_softmax_row(s + r * block_k_, cols, m_[r], l_[r], o + r * headdim_v_, headdim_v_,
+                           [&] { scores(r, 1); });
       }
-      // -- O += P V                                                           (rows, headdim)
+      // -- O += P V                                                           (rows, headdim_v)
       add_pv(rows, cols, v_tile);
     }
     store_o_and_lse(b, h, q_begin, rows);
   }
 
  private:
-  // O (rows, headdim) += P (rows, cols) V (cols, headdim); P rounded to bf16 for the bf16 product, as the GPU
+  // O (rows, headdim_v) += P (rows, cols) V (cols, headdim_v); P rounded to bf16 for the bf16 product, as the GPU
   // kernels do.
   void add_pv(int64_t rows, int64_t cols, const ProductTile<acc_t>& v_tile) {
     const acc_t* p = scores_.data();
     if (v_tile.bits != nullptr) {
       if constexpr (kBf16) {
         for (int64_t r = 0; r < rows; ++r) float_to_bf16_bits(p + r * block_k_, p_bits_.data() + r * block_k_, cols);
-        gemm_ab_bf16(rows, headdim_, cols, 1.f, p_bits_.data(), block_k_, v_tile.bits, v_tile.ld, 1.f, o_acc_.data(),
-                     headdim_);
+        gemm_ab_bf16(rows, headdim_v_, cols, 1.f, p_bits_.data(), block_k_, v_tile.bits, v_tile.ld, 1.f,
+                     o_acc_.data(), headdim_v_);
       }
     } else {
-      gemm_ab<acc_t>(rows, headdim_, cols, acc_t(1), p, block_k_, v_tile.values, v_tile.ld, acc_t(1), o_acc_.data(),
-                     headdim_);
+      gemm_ab<acc_t>(rows, headdim_v_, cols, acc_t(1), p, block_k_, v_tile.values, v_tile.ld, acc_t(1),
+                     o_acc_.data(), headdim_v_);
     }
   }
 
@@ -195,22 +199,22 @@ class FwdWorker {
       scalar_t* out_row = fp_.out_rows.row(b, i, h);
       float& lse_value = fp_.lse_data[(b * fp_.nheads + h) * fp_.seqlen_q + i];
       if (l_[r] != acc_t(0)) {
-        store_row(out_row, o_acc_.data() + r * headdim_, headdim_, acc_t(1) / l_[r]);
+        store_row(out_row, o_acc_.data() + r * headdim_v_, headdim_v_, acc_t(1) / l_[r]);
         lse_value = static_cast<float>(m_[r] + std::log(l_[r]));
       } else {
-        std::fill(out_row, out_row + headdim_, scalar_t(0));
+        std::fill(out_row, out_row + headdim_v_, scalar_t(0));
         lse_value = std::numeric_limits<float>::infinity();
       }
     }
   }
 
   const FwdProblem<scalar_t>& fp_;
-  const int64_t block_q_, block_k_, headdim_;
-  std::vector<acc_t> q_pack_, k_pack_, v_pack_;                     // (block_q | block_k, headdim)
-  std::vector<at::BFloat16> q_bits_pack_, k_bits_pack_, v_bits_pack_;  // (block_q | block_k, headdim)
+  const int64_t block_q_, block_k_, headdim_, headdim_v_;  // headdim: q's and k's; headdim_v: v's and out's
+  std::vector<acc_t> q_pack_, k_pack_, v_pack_;                     // (block_q | block_k, headdim | headdim_v)
+  std::vector<at::BFloat16> q_bits_pack_, k_bits_pack_, v_bits_pack_;  // (block_q | block_k, headdim | headdim_v)
   std::vector<uint16_t> p_bits_;                                    // (block_q, block_k)
   std::vector<acc_t> scores_;                                       // (block_q, block_k): S, then P in place
-  std::vector<acc_t> o_acc_;                                        // (block_q, headdim): unnormalized O
+  std::vector<acc_t> o_acc_;                                        // (block_q, headdim_v): unnormalized O
   std::vector<acc_t> m_, l_;  // (block_q): running reference max, row sum of exp(S - m)
 };
 

@@ -30,7 +30,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
                                                  window_right, softcap, bias_requires_grad);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t batch = prob.batch, seqlen_q = prob.seqlen_q, seqlen_k = prob.seqlen_k;
-  const int64_t nheads = prob.nheads, nheads_k = prob.nheads_k, headdim = prob.headdim;
+  const int64_t nheads = prob.nheads, nheads_k = prob.nheads_k, headdim = prob.headdim, headdim_v = prob.headdim_v;
 
   Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);  // (the kernels take strides)
   if (batch == 0 || nheads == 0 || seqlen_q == 0 || seqlen_k == 0) {  // nothing attends: all gradients are 0
@@ -42,12 +42,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
     return {dq, dk, dv, dbias};
   }
 
-  // Kernels run on headdim rounded up to a multiple of 8 (zero-padded copies when needed), instantiated for the
-  // next headdim in FA2_HEADDIMS; loads and stores are predicated on the padded headdim.
-  const int64_t headdim_padded = cuda_glue::round_up_8(headdim);
+  // Kernels run on one headdim, the larger of q/k's and v's rounded up to a multiple of 8 (zero-padded copies when
+  // needed: cuda_glue::kernel_headdim), instantiated for the next headdim in FA2_HEADDIMS; loads and stores are
+  // predicated on the padded headdim. Zero columns of q, k give zero columns of dk, dq; of v, out and dout, zero
+  // columns of dv: all sliced off at the end.
+  const int64_t headdim_padded = cuda_glue::kernel_headdim(prob);
   const int headdim_rounded = bwd_headdim_rounded(static_cast<int>(headdim_padded));
-  TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA backward kernel for headdim ", headdim,
-              " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
+  TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA backward kernel for headdim ",
+              cuda_glue::headdims_text(prob), " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded,
+              ")");
   const Tensor qk = cuda_glue::kernel_input(q, headdim_padded);
   const Tensor kk = cuda_glue::kernel_input(k, headdim_padded);
   const Tensor vk = cuda_glue::kernel_input(v, headdim_padded);
@@ -55,14 +58,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   const Tensor doutk = cuda_glue::kernel_input(dout, headdim_padded);
   const Tensor lsek = lse.contiguous();
 
-  const bool padded = headdim_padded != headdim;
+  const bool padded_qk = headdim_padded != headdim, padded_v = headdim_padded != headdim_v;
   const bool gqa = nheads != nheads_k;
   const auto f32 = q.options().dtype(at::kFloat);
-  Tensor dq_k = padded ? at::empty({batch, seqlen_q, nheads, headdim_padded}, q.options()) : dq;
+  Tensor dq_k = padded_qk ? at::empty({batch, seqlen_q, nheads, headdim_padded}, q.options()) : dq;
   // GQA/MQA: like k where the kernel sums each group, else what the plan asks for (below): fp32 accumulators per kv
   // head (rounded to dk, dv at the end) or fp32 partials per query head.
-  Tensor dk_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, k.options()) : dk;
-  Tensor dv_k = padded ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, v.options()) : dv;
+  Tensor dk_k = padded_qk ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, k.options()) : dk;
+  Tensor dv_k = padded_v ? at::empty({batch, seqlen_k, nheads_k, headdim_padded}, v.options()) : dv;
   Tensor softmax_d = at::empty({batch, nheads, seqlen_q}, f32);
   Tensor dq_accum = at::empty({batch, nheads, seqlen_q, headdim_rounded}, f32);  // zeroed by the kernels
   // Only the blocks the mask lets through are written: the rest of the gradient is 0.
@@ -138,14 +141,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
   }
   TORCH_CHECK(err == nullptr, "fa2 backward (CUDA) failed: ", err);
 
-  if (padded) dq.copy_(dq_k.narrow(3, 0, headdim));
+  if (padded_qk) dq.copy_(dq_k.narrow(3, 0, headdim));
   if (gqa && params.gqa_dkv == GqaDkv::kPartials) {
     const int64_t group = nheads / nheads_k;
     dk.copy_(dk_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));
-    dv.copy_(dv_k.narrow(3, 0, headdim).unflatten(2, {nheads_k, group}).sum(3));
-  } else if (padded || (gqa && params.gqa_dkv == GqaDkv::kAccumulate)) {
-    dk.copy_(dk_k.narrow(3, 0, headdim));
-    dv.copy_(dv_k.narrow(3, 0, headdim));
+    dv.copy_(dv_k.narrow(3, 0, headdim_v).unflatten(2, {nheads_k, group}).sum(3));
+  } else {
+    const bool accumulated = gqa && params.gqa_dkv == GqaDkv::kAccumulate;
+    if (padded_qk || accumulated) dk.copy_(dk_k.narrow(3, 0, headdim));
+    if (padded_v || accumulated) dv.copy_(dv_k.narrow(3, 0, headdim_v));
   }
   Tensor dbias = bias_requires_grad ? reduce_dbias(dbias_full, *attn_bias) : at::empty({0}, q.options());
   return {dq, dk, dv, dbias};

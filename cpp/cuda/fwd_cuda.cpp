@@ -41,8 +41,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const c10::cuda::CUDAGuard device_guard(q.device());
   checked_compute_capability(q);
 
-  const int64_t headdim = prob.headdim;
-  at::Tensor out = at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim}, q.options());
+  const int64_t headdim_v = prob.headdim_v;
+  at::Tensor out = at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim_v}, q.options());
   at::Tensor lse = at::empty({prob.batch, prob.nheads, prob.seqlen_q}, q.options().dtype(at::kFloat));
   if (prob.batch == 0 || prob.nheads == 0 || prob.seqlen_q == 0) return {out, lse};
   if (prob.seqlen_k == 0) {  // no key at all: every row outputs 0 with lse = +inf
@@ -51,12 +51,14 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
     return {out, lse};
   }
 
-  // Kernels run on headdim rounded up to a multiple of 8 (zero-padded copies when needed), instantiated for
-  // the next headdim in FA2_HEADDIMS; loads and stores are predicated on the padded headdim.
-  const int64_t headdim_padded = cuda_glue::round_up_8(headdim);
+  // Kernels run on one headdim, the larger of q/k's and v's rounded up to a multiple of 8 (zero-padded copies when
+  // needed: cuda_glue::kernel_headdim), instantiated for the next headdim in FA2_HEADDIMS; loads and stores are
+  // predicated on the padded headdim.
+  const int64_t headdim_padded = cuda_glue::kernel_headdim(prob);
   const int headdim_rounded = fwd_headdim_rounded(static_cast<int>(headdim_padded));
-  TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA forward kernel for headdim ", headdim,
-              " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
+  TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA forward kernel for headdim ",
+              cuda_glue::headdims_text(prob), " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded,
+              ")");
   // The plan (fa2/plan.h) decides from sizes, mask and bias alone; an sm_90a instance (TMA loads) needs real
   // (nonzero) input strides.
   AttentionParams params;
@@ -68,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const at::Tensor qk = cuda_glue::kernel_input(q, headdim_padded, real_strides);
   const at::Tensor kk = cuda_glue::kernel_input(k, headdim_padded, real_strides);
   const at::Tensor vk = cuda_glue::kernel_input(v, headdim_padded, real_strides);
-  at::Tensor out_k = headdim_padded == headdim
+  at::Tensor out_k = headdim_padded == headdim_v
                          ? out
                          : at::empty({prob.batch, prob.seqlen_q, prob.nheads, headdim_padded}, q.options());
 
@@ -88,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
 
   const char* err = run_fwd(plan, params, stream);
   TORCH_CHECK(err == nullptr, "fa2 forward (CUDA) failed: ", err);
-  if (!out_k.is_same(out)) out.copy_(out_k.narrow(3, 0, headdim));
+  if (!out_k.is_same(out)) out.copy_(out_k.narrow(3, 0, headdim_v));
   return {out, lse};
 }
 

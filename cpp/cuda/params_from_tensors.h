@@ -4,7 +4,10 @@
 // What the kernels need and the glue guarantees here: headdim a multiple of 8, and q/k/v data 16-byte aligned with
 // batch/row/head strides that are multiples of 8 elements (16-byte cp.async rows). Inputs that are not get a copy:
 // a headdim that is not a multiple of 8 is zero-padded up to one (as flash-attn does; zeros change neither q.k
-// nor the extra output columns, which are sliced off), a misaligned tensor is made contiguous.
+// nor the extra output columns, which are sliced off), a misaligned tensor is made contiguous. The kernels take one
+// headdim: where v's differs from q's and k's, the smaller is zero-padded to the larger the same way (zero columns of
+// q and k add nothing to q.k; zero columns of v give out columns of 0, sliced off), and so are out / dout and the
+// gradients, which are sliced back to their inputs' head dims.
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -14,14 +17,25 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "checks.h"
 #include "fa2/params.h"
+#include "fa2/plan.h"  // kernel_headdim
 
 namespace fa2 {
 namespace cuda_glue {
 
-inline int64_t round_up_8(int64_t x) { return (x + 7) / 8 * 8; }
+// The one headdim the kernels run a call at (fa2/plan.h: the larger of q/k's and v's, rounded up to a multiple of 8).
+inline int64_t kernel_headdim(const AttentionProblem& prob) {
+  return fa2::kernel_headdim(static_cast<int>(prob.headdim), static_cast<int>(prob.headdim_v));
+}
+
+// "59", or "192 (q, k) / 128 (v)" where v's head dim differs: for messages.
+inline std::string headdims_text(const AttentionProblem& prob) {
+  if (prob.headdim == prob.headdim_v) return std::to_string(prob.headdim);
+  return std::to_string(prob.headdim) + " (q, k) / " + std::to_string(prob.headdim_v) + " (v)";
+}
 
 // 16-byte aligned data and batch/row/head strides that are multiples of 8 elements (dims of size 1 excepted);
 // with real_strides, not 0 either (an expand()ed tensor): TMA descriptors (the sm_90a forward) describe real
@@ -50,8 +64,8 @@ inline DType dtype_of(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
 }
 
-// Fills inputs, sizes, scale, softcap, window and bias. q/k/v must come from kernel_input (so headdim =
-// q.size(3) is the padded one); the caller sets headdim_rounded and its direction's outputs.
+// Fills inputs, sizes, scale, softcap, window and bias. q/k/v must come from kernel_input at kernel_headdim (so
+// headdim = q.size(3) is the padded one); the caller sets headdim_rounded and its direction's outputs.
 inline void set_common_params(AttentionParams& p, const AttentionProblem& prob, const at::Tensor& q,
                               const at::Tensor& k, const at::Tensor& v) {
   constexpr int64_t kMaxSeqlen = std::numeric_limits<int32_t>::max() / 4;  // int32 index math in the kernels
@@ -75,6 +89,8 @@ inline void set_common_params(AttentionParams& p, const AttentionProblem& prob, 
   p.nheads = static_cast<int>(prob.nheads);
   p.nheads_k = static_cast<int>(prob.nheads_k);
   p.headdim = static_cast<int>(q.size(3));
+  p.call_headdim_qk = static_cast<int>(prob.headdim);
+  p.call_headdim_v = static_cast<int>(prob.headdim_v);
   p.h_h_k_ratio = prob.nheads_k > 0 ? static_cast<int>(prob.nheads / prob.nheads_k) : 1;
 
   p.scale = static_cast<float>(prob.scale);

@@ -279,6 +279,32 @@ const char* plan_fwd_ws_grid(FwdPlan& plan, const FwdChoice& c, const AttentionP
 
 }  // namespace
 
+std::string headdim_padding(const AttentionParams& p) {
+  const int qk = p.call_headdim_qk > 0 ? p.call_headdim_qk : p.headdim;
+  const int v = p.call_headdim_v > 0 ? p.call_headdim_v : qk;
+  const int kernel = kernel_headdim(qk, v);
+  if (qk == kernel && v == kernel) return "";
+  const std::string padded = qk == v       ? "q, k, v from headdim " + std::to_string(qk)
+                             : qk == kernel ? "v from headdim " + std::to_string(v)
+                             : v == kernel  ? "q, k from headdim " + std::to_string(qk)
+                                            : "q, k from headdim " + std::to_string(qk) + " and v from " +
+                                                  std::to_string(v);
+  return padded + " to " + std::to_string(kernel) + " (zero-padded copies)";
+}
+
+namespace {
+// The padding note of a plan, where the glue pads.
+void note_headdim_padding(const AttentionParams& p, PlanNotes* notes) {
+  note(notes, [&] {
+    const std::string padding = headdim_padding(p);
+    return padding.empty() ? std::string("padding: none (q, k, v read at their own headdim)")
+                           : "padding: " + padding + ": the kernels take one headdim, a multiple of 8 (q/k's and " +
+                                 "v's larger one); zero columns add nothing to q.k, and the extra columns of out " +
+                                 "and the gradients are sliced off";
+  });
+}
+}  // namespace
+
 FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOptions& options,
                  const InstanceDesc* instances, int num_instances, PlanBuffers buffers, PlanNotes* notes) {
   FwdPlan plan;
@@ -291,6 +317,7 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
            (inst.arch_specific ? " (arch-specific instances preferred)"
                                : options.arch_specific_kernels ? "" : " (option arch_specific_kernels off)");
   });
+  note_headdim_padding(p, notes);
   const FwdChoice c = choose_fwd_kernel(p, options, plan.arch_tag, inst.headdim, notes);
   plan.score = c.score, plan.warp_specialized = c.ws, plan.schedule = c.schedule, plan.key_bias_tma = c.key_bias_tma;
   const KernelShape shape =
@@ -601,6 +628,7 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (options.sm90_backward ? "" : " (option sm90_backward off: sm_90a instances not preferred)");
   });
+  note_headdim_padding(p, notes);
   if ((plan.error = check_grid_batch_heads("backward", p.batch, p.nheads))) return plan;
   plan.tiles = choose_bwd_tiles(plan, device, options, notes);
   const BwdConfigs cfg = bwd_configs(plan.headdim, plan.tiles);

@@ -95,7 +95,7 @@ def plan_main(argv) -> int:
     parser.add_argument("--direction", choices=("fwd", "bwd", "both"), default="both")
     parser.add_argument("--device", default=None, help="h100, h200, a100, l40 (default: the current GPU)")
     for name, default in (("batch", 1), ("seqlen-q", 4096), ("seqlen-k", None), ("nheads", 16), ("nheads-k", None),
-                          ("headdim", 128), ("window-left", -1), ("window-right", -1)):
+                          ("headdim", 128), ("headdim-v", None), ("window-left", -1), ("window-right", -1)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--causal", action="store_true")

@@ -40,7 +40,7 @@ def _check_ranks(q, k, v):
     # Only what the fake kernels need in order to compute shapes; every other check runs in the real kernel's
     # shared C++ checks (cpp/checks.cpp), with these same messages.
     for name, t, dims in (("q", q, "(batch, seqlen_q, nheads, headdim)"), ("k", k, "(batch, seqlen_k, nheads_k, headdim)"),
-                          ("v", v, "(batch, seqlen_k, nheads_k, headdim)")):
+                          ("v", v, "(batch, seqlen_k, nheads_k, headdim_v)")):
         if t.dim() != 4:
             raise ValueError(f"fa2: {name} must have 4 dims {dims}, got {t.dim()} dims with shape {list(t.shape)}")
 
@@ -57,8 +57,8 @@ def _check_devices(q, prefix, **tensors):
 def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
     _check_ranks(q, k, v)
     _check_devices(q, "fa2", k=k, v=v, attn_bias=attn_bias)
-    batch, seqlen_q, nheads, headdim = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads, headdim))
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))  # v's head dim (may differ from q's and k's)
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
     return out, lse
 

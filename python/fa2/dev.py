@@ -71,8 +71,9 @@ def _device(device):
 
 def plan(direction: str = "fwd", device=None, **call) -> dict:
     """The plan of a described call: direction "fwd" or "bwd"; call: batch, seqlen_q, seqlen_k, nheads, nheads_k,
-    headdim, dtype ("bfloat16" / "float16"), causal, window_left, window_right, softcap, scale, bias ("none",
-    "key_row": a padding mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic.
+    headdim (q's and k's), headdim_v (v's; default headdim: the plan's "padding" says what the glue zero-pads), dtype
+    ("bfloat16" / "float16"), causal, window_left, window_right, softcap, scale, bias ("none", "key_row": a padding
+    mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic.
     device: None (the current GPU), "h100", "h200", "a100", "l40" or a dict."""
     return dict(_C.plan(direction, call, _device(device)))
 
@@ -81,6 +82,7 @@ def _call_of(q, k, v, attn_bias, scale, causal, window_left, window_right, softc
     import torch
 
     call = {"batch": q.shape[0], "seqlen_q": q.shape[1], "nheads": q.shape[2], "headdim": q.shape[3],
+            "headdim_v": v.shape[3],
             "seqlen_k": k.shape[1], "nheads_k": k.shape[2], "causal": causal, "window_left": window_left,
             "window_right": window_right, "softcap": softcap, "deterministic": deterministic,
             "dtype": "float16" if q.dtype == torch.float16 else "bfloat16",

@@ -9,8 +9,10 @@ from ._ops_impl import refuse_unsupported_autodiff
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None,
               scale: float | None = None, causal: bool = False, window_left: int = -1, window_right: int = -1,
               softcap: float = 0.0) -> torch.Tensor:
-    """Exact attention, flash-attn layout: q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k,
-    headdim); returns (batch, seqlen_q, nheads, headdim). ``causal`` is bottom-right aligned; see docs/design.md."""
+    """Exact attention, flash-attn layout: q (batch, seqlen_q, nheads, headdim), k (batch, seqlen_k, nheads_k,
+    headdim), v (batch, seqlen_k, nheads_k, headdim_v); returns (batch, seqlen_q, nheads, headdim_v). v's head dim may
+    differ from q's and k's (DeepSeek's MLA: 192 and 128); ``scale`` defaults to headdim ** -0.5 (q's). ``causal`` is
+    bottom-right aligned; see docs/design.md."""
     return torch.ops.fa2.attention(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)
 
 
@@ -24,8 +26,9 @@ def attention_with_lse(q, k, v, attn_bias=None, scale=None, causal=False, window
 def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
          enable_gqa: bool = False) -> torch.Tensor:
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``: (..., heads, seqlen, headdim) layout,
-    top-left ``is_causal``, bool (True = take part) or float additive ``attn_mask``. No copies of q/k/v: the
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``: (..., heads, seqlen, headdim) layout (value's
+    headdim may differ from query's and key's: the output takes value's), top-left ``is_causal``, bool (True = take
+    part) or float additive ``attn_mask``. No copies of q/k/v: the
     (B, H, S, D) tensors are read through a transposed view. Differences: rows that see no key give 0, not NaN;
     dropout is not supported (``dropout_p`` must be 0)."""
     if dropout_p != 0.0:

@@ -30,7 +30,8 @@ def visibility_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_left: int
 
 def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1,
                   softcap=0.0, upcast=True, return_lse=False):
-    """q (B, Sq, H, D), k/v (B, Sk, Hk, D). upcast: compute in fp32 (fp64 stays fp64); else in q's dtype."""
+    """q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv) -> (B, Sq, H, Dv); scale defaults to D ** -0.5. upcast:
+    compute in fp32 (fp64 stays fp64); else in q's dtype."""
     dtype = q.dtype
     compute = (torch.float64 if dtype == torch.float64 else torch.float32) if upcast else dtype
     B, Sq, H, D = q.shape

@@ -43,7 +43,7 @@ struct AttentionParams {
 
   // ---- sizes ------------------------------------------------------------------------------------------
   int batch = 0, seqlen_q = 0, seqlen_k = 0, nheads = 0, nheads_k = 0;
-  int headdim = 0;         // the user's headdim (<= 256)
+  int headdim = 0;         // q's, k's and v's (<= 256; the glue pads them to one: call_headdim_qk / _v below)
   int headdim_rounded = 0; // the instantiated kernel's headdim (>= headdim); loads/stores are predicated
   int h_h_k_ratio = 1;     // nheads / nheads_k: query head h reads kv head h / h_h_k_ratio
 
@@ -115,6 +115,11 @@ struct AttentionParams {
   // params.workspace's size in int32s, as the caller allocated it (the backward's tail split runs only where its
   // scratch fits: the plan's workspace_ints sizes it)
   int64_t workspace_ints = 0;
+  // The call's own head dims, q/k's and v's, before the glue zero-padded q, k, v (and out, dout) to the one headdim
+  // above (a multiple of 8, the larger of the two: cpp/cuda/params_from_tensors.h). Only the plan's notes read them
+  // (plan.h, headdim_padding); 0: not given (the same as headdim).
+  int call_headdim_qk = 0;
+  int call_headdim_v = 0;
 };
 
 // Whether the key (or query) blocks of a call have causal lengths: a causal mask or a window bounded on the right only

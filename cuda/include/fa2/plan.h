@@ -132,6 +132,16 @@ BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& params, const Device
 // The smallest instantiated headdim >= headdim among the instances, or -1.
 int plan_rounded_headdim(const InstanceDesc* instances, int num_instances, int headdim);
 
+// The one headdim the kernels run a call at: the larger of q/k's and v's head dims, rounded up to a multiple of 8 (the
+// torch glue zero-pads q, k, v, out and dout to it where they differ: cpp/cuda/params_from_tensors.h).
+constexpr int kernel_headdim(int headdim_qk, int headdim_v) {
+  return ((headdim_qk > headdim_v ? headdim_qk : headdim_v) + 7) / 8 * 8;
+}
+
+// What the glue zero-pads for a call (params.call_headdim_qk / call_headdim_v against kernel_headdim), as text, e.g.
+// "v from headdim 128 to 192 (zero-padded copies)"; "" where q, k and v are read at their own headdim.
+std::string headdim_padding(const AttentionParams& params);
+
 // The kernel a plan names, as text (e.g. "fwd_kernel<bf16, 128, sm90a, plain, none, ws pingpong-overlap, tile
 // counter>"), and the whole plan as "key: value" lines.
 std::string fwd_kernel_name(const FwdPlan& plan, DType dtype);
