@@ -32,7 +32,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, torch.Tensor):
             raise TypeError(f"fa2.varlen_attention: {name} must be a Python int (or SymInt), got a tensor; "
-                            f"compute it once on the host (e.g. int(lengths.max())), as flash-attn's varlen API takes it")
+                            "compute it once on the host (e.g. int(lengths.max())), as flash-attn's varlen API "
+                            "takes it")
     refuse_unsupported_autodiff(q, k, v, sinks)
     return torch.ops.fa2.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     seqused_k=seqused_k, scale=scale, causal=causal, window_left=window_left,
