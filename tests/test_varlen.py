@@ -110,6 +110,9 @@ def varlen_samples(device, dtype, *, requires_grad=False, full=False, seed=0):
     for flags in ({}, {"causal": True}, {"window_left": 5, "window_right": 2}):
         add(([5, 0, 1, 30, 12], [9, 3, 4, 40, 12], 4, 2, 64), flags, seqused=[6, 0, 4, 25, 12])
     add(([3, 20], [50, 20], 2, 1, 32), {"causal": True}, seqused=[1, 20], max_seqlen_extra=7)
+    # equal lengths: one run (one batched call on the CPU) when every key is used, else a run per sequence
+    add(([8, 8, 8], [10, 10, 10], 2, 1, 32), {"causal": True}, seqused=[10, 10, 10])
+    add(([8, 8, 8], [10, 10, 10], 2, 1, 32), {"causal": True}, seqused=[7, 7, 10])
     add(SHAPES[1], {"causal": True}, layout="bhsd")
     add(SHAPES[3], {}, layout="bhsd", max_seqlen_extra=5)
     # rows that see no key: causal with more queries than keys, a zero-wide window, sequences without keys
@@ -201,11 +204,21 @@ def test_varlen_backward_matches_reference(device, dtype, share):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_varlen_equals_padded_attention_per_sequence(device):
     """Each sequence of a packed batch gives what fa2's padded op gives on that sequence alone (bitwise on the CPU,
-    where the varlen op runs the padded kernels per sequence; within 2% of the largest value on CUDA), forward and
-    backward, whatever the other sequences are."""
+    where the varlen op runs the padded kernels on each sequence, or on each run of adjacent equal lengths: none here;
+    within 2% of the largest value on CUDA), forward and backward, whatever the other sequences are."""
     _needs(device)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     lengths_q, lengths_k = [37, 1, 0, 130, 64], [50, 1, 9, 130, 20]
+    # and equal lengths, one batched call on the CPU: the same as the padded op on the same tokens
+    s = make_varlen([33] * 5, [47] * 5, 4, 2, 64, dtype=dtype, device=device, flags={"causal": True})
+    padded = [t.view(5, -1, *t.shape[1:]) for t in (s.q, s.k, s.v)]
+    out, lse = torch.ops.fa2.varlen_fwd(*s.args(), causal=True)
+    out_p, lse_p = torch.ops.fa2.fwd(*padded, causal=True)
+    lse_p = lse_p.transpose(0, 1).reshape(4, -1)
+    if device == "cpu":
+        assert torch.equal(out, out_p.view(out.shape)) and torch.equal(lse, lse_p)
+    else:
+        assert (out - out_p.view(out.shape)).abs().max() <= 2e-2 and (lse - lse_p).abs().max() <= 1e-3
     for flags in ({}, {"causal": True}, {"window_left": 9, "window_right": 3, "softcap": 4.0}):
         s = make_varlen(lengths_q, lengths_k, 4, 2, 64, dtype=dtype, device=device, flags=flags, requires_grad=True)
         out = fa2.varlen_attention(*s.args(), **flags)
@@ -239,6 +252,26 @@ def test_varlen_deterministic_backward(device):
                 for _ in range(5 if device == "cpu" else 20)]
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(r, runs[0]))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_varlen_cpu_schedule_with_thread_counts(threads):
+    """The CPU schedule (cpp/cpu/varlen_cpu.cpp, VarlenSchedule) with one thread (every run in one list) and three
+    (a long sequence alone on every thread, the others dealt into three lists): within the rule, forward and
+    backward, and bitwise reproducible."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        s = make_varlen(*SHAPES[4][:2], 4, 2, 64, dtype=torch.bfloat16, device="cpu", flags={"causal": True},
+                        requires_grad=True)
+        out = _check_forward(s)
+        dout = torch.randn_like(out)
+        runs = [torch.autograd.grad(fa2.varlen_attention(*s.args(), causal=True), (s.q, s.k, s.v), dout)
+                for _ in range(2)]
+        _check_backward(s, dout, runs[0])
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
