@@ -206,3 +206,169 @@ void check_compute_capability(int major, int minor, const std::string& device, c
 }
 
 }  // namespace fa2
+
+// ---- variable length (packed sequences) ---------------------------------------------------------------------------
+
+namespace fa2 {
+namespace {
+
+constexpr const char* kVarlen = "fa2.varlen";
+
+void check_varlen_ranks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  for (const auto& [name, t, layout] :
+       {std::tuple<const char*, const at::Tensor&, const char*>{"q", q, "(total_q, nheads, headdim)"},
+        {"k", k, "(total_k, nheads_k, headdim)"},
+        {"v", v, "(total_k, nheads_k, headdim)"}}) {
+    TORCH_CHECK_VALUE(t.dim() == 3, kVarlen, ": ", name, " must have 3 dims ", layout, ", got ", t.dim(),
+                      " dims with shape ", shape_str(t));
+  }
+  TORCH_CHECK_VALUE(k.size(0) == v.size(0), kVarlen, ": k and v must have the same total_k (dim 0), got ", k.size(0),
+                    " and ", v.size(0));
+  TORCH_CHECK_VALUE(k.size(1) == v.size(1), kVarlen, ": k and v must have the same nheads_k (dim 1), got ", k.size(1),
+                    " and ", v.size(1));
+  TORCH_CHECK_VALUE(k.size(2) == q.size(2), kVarlen, ": k must have q's headdim (dim 2: ", q.size(2), "), got ",
+                    k.size(2));
+  const int64_t nheads = q.size(1), nheads_k = k.size(1);
+  TORCH_CHECK_VALUE(nheads_k == 0 ? nheads == 0 : nheads % nheads_k == 0, kVarlen, ": nheads (q.size(1)=", nheads,
+                    ") must be a multiple of nheads_k (k.size(1)=", nheads_k, ") for GQA/MQA");
+}
+
+// dtype int32, one dim of `length` entries, contiguous, on q's device: what a kernel reads by pointer.
+void check_int32_vector(const char* name, const at::Tensor& t, const at::Tensor& q, int64_t length,
+                        const char* meaning) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, kVarlen, ": ", name, " must be int32, got ", t.scalar_type(),
+                   "; convert with ", name, ".int()");
+  TORCH_CHECK_VALUE(t.dim() == 1, kVarlen, ": ", name, " must have 1 dim ", meaning, ", got shape ", shape_str(t));
+  TORCH_CHECK(t.device() == q.device(), kVarlen, ": ", name, " must be on q's device (", q.device(), "), got ",
+              t.device());
+  if (length >= 0) {
+    TORCH_CHECK_VALUE(t.size(0) == length, kVarlen, ": ", name, " must have ", length, " entries ", meaning,
+                      ", got ", t.size(0));
+  }
+  TORCH_CHECK_VALUE(t.is_contiguous(), kVarlen, ": ", name, " must be contiguous, got strides ", t.strides());
+}
+
+// The values of cu_seqlens (a CPU tensor): 0 first, non-decreasing, `total` last, no sequence longer than max_seqlen
+// (unless lengths_used is given: then those are the lengths max_seqlen bounds, checked by the caller).
+void check_cu_seqlens_values(const char* name, const at::Tensor& cu, int64_t total, const char* total_name,
+                             int64_t max_seqlen, const char* max_name, bool check_max) {
+  const int32_t* c = cu.const_data_ptr<int32_t>();
+  const int64_t batch = cu.size(0) - 1;
+  TORCH_CHECK_VALUE(c[0] == 0, kVarlen, ": ", name, " must start at 0, got ", name, "[0] = ", c[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = int64_t{c[b + 1]} - c[b];
+    TORCH_CHECK_VALUE(length >= 0, kVarlen, ": ", name, " must be non-decreasing, got ", name, "[", b, "] = ", c[b],
+                      " > ", name, "[", b + 1, "] = ", c[b + 1]);
+    TORCH_CHECK_VALUE(!check_max || length <= max_seqlen, kVarlen, ": ", max_name, " (", max_seqlen,
+                      ") must be at least the longest sequence; sequence ", b, " has ", length, " rows (", name,
+                      "[", b, "] = ", c[b], ", ", name, "[", b + 1, "] = ", c[b + 1], ")");
+  }
+  TORCH_CHECK_VALUE(c[batch] == total, kVarlen, ": the last entry of ", name, " must equal ", total_name, " = ",
+                    total, ", got ", name, "[", batch, "] = ", c[batch]);
+}
+
+// seqused_k's values (CPU): 0 <= seqused_k[b] <= the length of key sequence b, and <= max_seqlen_k.
+void check_seqused_k_values(const at::Tensor& seqused_k, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_k) {
+  const int32_t* used = seqused_k.const_data_ptr<int32_t>();
+  const int32_t* c = cu_seqlens_k.const_data_ptr<int32_t>();
+  for (int64_t b = 0; b < seqused_k.size(0); ++b) {
+    const int64_t length = int64_t{c[b + 1]} - c[b];
+    TORCH_CHECK_VALUE(used[b] >= 0 && used[b] <= length, kVarlen, ": seqused_k[", b, "] must be in [0, ", length,
+                      "] (the keys of sequence ", b, " in cu_seqlens_k), got ", used[b]);
+    TORCH_CHECK_VALUE(used[b] <= max_seqlen_k, kVarlen, ": max_seqlen_k (", max_seqlen_k,
+                      ") must be at least every seqused_k entry, got seqused_k[", b, "] = ", used[b]);
+  }
+}
+
+// Dropout and attention sinks are in the schema from the start; their kernels arrive with their own issue.
+void refuse_varlen_dropout_and_sinks(double dropout_p, const std::optional<at::Tensor>& sinks) {
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p < 1.0, kVarlen, ": dropout_p must be in [0, 1), got ", dropout_p);
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0.0, kVarlen,
+                              ": dropout (dropout_p > 0) is not implemented yet for variable-length attention "
+                              "(it arrives with the dropout / attention-sinks feature); got dropout_p=",
+                              dropout_p);
+  TORCH_CHECK_NOT_IMPLEMENTED(!(sinks.has_value() && sinks->defined()), kVarlen,
+                              ": attention sinks (sinks=) are not implemented yet for variable-length attention "
+                              "(they arrive with the dropout / attention-sinks feature); pass sinks=None");
+}
+
+}  // namespace
+
+VarlenProblem check_varlen_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                      int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                      const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
+                                      bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                      double dropout_p, const std::optional<at::Tensor>& sinks) {
+  check_varlen_ranks(q, k, v);
+  // Heads, headdim, dtypes, devices, strides, flags: the padded ops' checks, on the packed tensors seen as one
+  // sequence each (which also folds the windows against the totals).
+  VarlenProblem vp;
+  vp.problem = check_fwd_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), std::nullopt, scale, causal,
+                                window_left, window_right, softcap);
+  refuse_varlen_dropout_and_sinks(dropout_p, sinks);
+  vp.total_q = q.size(0);
+  vp.total_k = k.size(0);
+
+  check_int32_vector("cu_seqlens_q", cu_seqlens_q, q, -1, "(batch + 1,)");
+  check_int32_vector("cu_seqlens_k", cu_seqlens_k, q, -1, "(batch + 1,)");
+  TORCH_CHECK_VALUE(cu_seqlens_q.size(0) >= 1, kVarlen, ": cu_seqlens_q must have batch + 1 >= 1 entries, got 0");
+  TORCH_CHECK_VALUE(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), kVarlen,
+                    ": cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got ",
+                    cu_seqlens_q.size(0), " and ", cu_seqlens_k.size(0));
+  const int64_t batch = cu_seqlens_q.size(0) - 1;
+  const bool has_seqused = seqused_k.has_value() && seqused_k->defined();
+  if (has_seqused) check_int32_vector("seqused_k", *seqused_k, q, batch, "(batch,)");
+  TORCH_CHECK_VALUE(max_seqlen_q >= 0, kVarlen, ": max_seqlen_q must be >= 0, got ", max_seqlen_q);
+  TORCH_CHECK_VALUE(max_seqlen_k >= 0, kVarlen, ": max_seqlen_k must be >= 0, got ", max_seqlen_k);
+
+  vp.values_checked = cu_seqlens_q.is_cpu();
+  if (vp.values_checked) {
+    check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, vp.total_q, "total_q (q.size(0))", max_seqlen_q,
+                            "max_seqlen_q", /*check_max=*/true);
+    check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, vp.total_k, "total_k (k.size(0))", max_seqlen_k,
+                            "max_seqlen_k", /*check_max=*/!has_seqused);
+    if (has_seqused) check_seqused_k_values(*seqused_k, cu_seqlens_k, max_seqlen_k);
+  }
+  vp.problem.batch = batch;
+  vp.problem.seqlen_q = max_seqlen_q;
+  vp.problem.seqlen_k = max_seqlen_k;
+  vp.cu_seqlens_q = cu_seqlens_q;
+  vp.cu_seqlens_k = cu_seqlens_k;
+  if (has_seqused) vp.seqused_k = *seqused_k;
+  return vp;
+}
+
+VarlenProblem check_varlen_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                      const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                      int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                      const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
+                                      bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                      double dropout_p, const std::optional<at::Tensor>& sinks) {
+  VarlenProblem vp = check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                             seqused_k, scale, causal, window_left, window_right, softcap, dropout_p,
+                                             sinks);
+  const int64_t nheads = vp.problem.nheads;
+  const std::array<int64_t, 3> out_shape{vp.total_q, nheads, v.size(2)};
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {
+    TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(out_shape), "fa2.varlen_bwd: ", name,
+                      " must have shape (total_q, nheads, headdim) = (", out_shape[0], ", ", out_shape[1], ", ",
+                      out_shape[2], "), got ", shape_str(t));
+    TORCH_CHECK(t.device() == q.device(), "fa2.varlen_bwd: ", name, " must be on q's device (", q.device(),
+                "), got ", t.device());
+    TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "fa2.varlen_bwd: ", name, " must have q's dtype (",
+                     q.scalar_type(), "), got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.numel() == 0 || t.stride(2) == 1 || t.size(2) == 1, "fa2.varlen_bwd: ", name,
+                      " must be contiguous in its last dim, got strides ", t.strides());
+  }
+  TORCH_CHECK_VALUE(lse.dim() == 2 && lse.size(0) == nheads && lse.size(1) == vp.total_q,
+                    "fa2.varlen_bwd: lse must have shape (nheads, total_q) = (", nheads, ", ", vp.total_q, "), got ",
+                    shape_str(lse));
+  TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat, "fa2.varlen_bwd: lse must be float32, got ", lse.scalar_type());
+  TORCH_CHECK(lse.device() == q.device(), "fa2.varlen_bwd: lse must be on q's device (", q.device(), "), got ",
+              lse.device());
+  return vp;
+}
+
+}  // namespace fa2

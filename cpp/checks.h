@@ -50,3 +50,45 @@ at::Tensor empty_grad_like(const at::Tensor& input);
 at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bias);
 
 }  // namespace fa2
+
+namespace fa2 {
+
+// ---- variable length (packed sequences): fa2::varlen_fwd / varlen_bwd -------------------------------------------
+// q (total_q, nheads, headdim), k / v (total_k, nheads_k, headdim); sequence b is rows cu_seqlens[b]:cu_seqlens[b+1]
+// (int32, (batch + 1,)), of which the first seqused_k[b] keys are used when seqused_k is given.
+//
+// Checked everywhere (no host sync): ranks, dtypes, devices, the lengths of cu_seqlens_q / cu_seqlens_k (equal:
+// batch + 1) and seqused_k ((batch,)), max_seqlen >= 0, the flags. The VALUES of cu_seqlens / seqused_k (starting at
+// 0, non-decreasing, last entry = total, each sequence no longer than max_seqlen, seqused_k[b] within its sequence)
+// are read only where that costs no host sync: when they are CPU tensors (values_checked). On CUDA they are not
+// checked on the host; a bad value there is the caller's error (see docs/design.md, Variable length).
+struct VarlenProblem {
+  // The shared sizes and flags: batch = the number of sequences, seqlen_q / seqlen_k = max_seqlen_q / max_seqlen_k
+  // (what sizes a grid), nheads, nheads_k, headdim, scale, softcap, causal as the padded ops resolve them. Windows are
+  // folded to -1 against the packed totals (a window at least total_k / total_q wide is unbounded for every
+  // sequence), causal folded into window_right as for the padded ops; they align bottom-right per sequence.
+  AttentionProblem problem;
+  int64_t total_q = 0, total_k = 0;
+  at::Tensor cu_seqlens_q, cu_seqlens_k;  // int32 (batch + 1,), contiguous, on q's device
+  std::optional<at::Tensor> seqused_k;    // int32 (batch,), contiguous, on q's device
+  bool values_checked = false;            // the values above were read and checked (CPU tensors)
+};
+
+VarlenProblem check_varlen_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                      int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                      const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
+                                      bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                      double dropout_p, const std::optional<at::Tensor>& sinks);
+
+// The forward's checks plus dout / out ((total_q, nheads, v.size(2)), q's dtype and device, last dim contiguous) and
+// lse (float32 (nheads, total_q)).
+VarlenProblem check_varlen_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                      const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                      int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                      const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
+                                      bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                      double dropout_p, const std::optional<at::Tensor>& sinks);
+
+}  // namespace fa2

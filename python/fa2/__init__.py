@@ -17,12 +17,13 @@ _C = _load_native()
 from . import _ops_impl  # noqa: E402,F401  (fake kernels, autograd, composite attention)
 from ._ops_impl import deterministic  # noqa: E402
 from .ops import attention, attention_with_lse, sdpa  # noqa: E402
+from .varlen import varlen_attention  # noqa: E402  (also registers varlen_fwd / varlen_bwd's fake kernels, autograd)
 from . import backend as _backend  # noqa: E402,F401  (registers torch.compile(backend="fa2"); Inductor loads lazily)
 
 __version__ = _C.build_info()["version"]
 
-__all__ = ["attention", "attention_with_lse", "sdpa", "deterministic", "explain", "install", "uninstall",
-           "build_info", "__version__"]
+__all__ = ["attention", "attention_with_lse", "sdpa", "varlen_attention", "deterministic", "explain", "install",
+           "uninstall", "build_info", "__version__"]
 
 
 def build_info() -> dict:

@@ -70,3 +70,31 @@ def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left
     lse = (torch.log(denom) + row_max).squeeze(-1).float()
     lse = torch.where(seen.squeeze(-1), lse, torch.full_like(lse, math.inf))
     return out, lse
+
+
+def varlen_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, scale=None, causal=False,
+                         window_left=-1, window_right=-1, softcap=0.0, upcast=True, return_lse=False):
+    """Packed sequences (fa2.varlen_attention's semantics), one sequence at a time through attention_ref: q
+    (total_q, H, D), k / v (total_k, Hk, D); sequence b is rows cu_seqlens[b]:cu_seqlens[b+1], of which the first
+    seqused_k[b] keys are used when given. Returns out (total_q, H, D) and, with return_lse, lse (H, total_q)."""
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    used = None if seqused_k is None else seqused_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        keys_end = cu_k[b + 1] if used is None else cu_k[b] + used[b]
+        o, lse = attention_ref(q[cu_q[b]:cu_q[b + 1]].unsqueeze(0), k[cu_k[b]:keys_end].unsqueeze(0),
+                               v[cu_k[b]:keys_end].unsqueeze(0), None, scale, causal, window_left, window_right,
+                               softcap, upcast=upcast, return_lse=True)
+        outs.append(o[0])
+        lses.append(lse[0])
+    nheads = q.shape[1]
+    # "+ the sum of an empty slice" (0) keeps q, k, v in the graph: zero gradients, not None, where no sequence uses
+    # them (no batch, or no key at all)
+    attach = q[:0].sum() + k[:0].sum() + v[:0].sum()
+    if outs:
+        out = torch.cat(outs) + attach.to(outs[0].dtype)
+        lse = torch.cat(lses, dim=1)
+    else:
+        out = q.new_zeros(0, nheads, v.shape[-1]) + attach.to(q.dtype)
+        lse = torch.zeros(nheads, 0, device=q.device)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,498 @@
+"""Variable-length (packed) attention: fa2.varlen_attention and torch.ops.fa2.varlen_fwd / varlen_bwd against the
+reference computed per sequence (fp32 / fp64) with the numerics rule, CPU and CUDA; lengths 0 and 1, GQA, every flag,
+seqused_k; opcheck, torch.compile without graph breaks or recompiles, hypothesis, bad input."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import fa2
+from fa2.reference import varlen_attention_ref
+from numerics import assert_close_rule, hi_dtype
+from samples import FLAG_SETS, SHARES, dtypes_for, in_share, make_qkv, share_of
+
+DEVICE_DTYPES = [(d, t) for d in ["cpu", "cuda"] for t in dtypes_for(d)] + [("cpu", torch.float64)]
+IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
+
+
+def _needs(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+# ---- samples -------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class VarlenSample:
+    name: str
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    kwargs: dict  # the ops' keyword arguments (seqused_k, scale, causal, window_left, window_right, softcap)
+
+    def args(self):
+        return (self.q, self.k, self.v, self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k)
+
+    def __repr__(self):
+        return f"VarlenSample({self.name}, q={tuple(self.q.shape)}, k={tuple(self.k.shape)}, {self.q.dtype})"
+
+
+def cu_seqlens(lengths, device):
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def make_varlen(lengths_q, lengths_k, nheads, nheads_k, headdim, *, dtype, device, seqused=None, flags=None,
+                layout="bshd", requires_grad=False, generator=None, max_seqlen_extra=0, name=""):
+    """A packed sample from samples.make_qkv's generator (one batch entry of total_q / total_k rows; layout "bhsd"
+    gives (total, heads, headdim) views of (heads, total, headdim) storage)."""
+    q, k, v = make_qkv(1, sum(lengths_q), sum(lengths_k), nheads, nheads_k, headdim, dtype=dtype, device=device,
+                       layout=layout, generator=generator)
+    q, k, v = (t[0].requires_grad_(requires_grad) for t in (q, k, v))
+    kwargs = dict(flags or {})
+    used_k = lengths_k
+    if seqused is not None:
+        kwargs["seqused_k"] = torch.tensor(seqused, dtype=torch.int32, device=device)
+        used_k = seqused
+    name = name or f"{lengths_q}/{lengths_k}-h{nheads}/{nheads_k}-d{headdim}-{flags}-used{seqused}-{layout}"
+    return VarlenSample(name, q, k, v, cu_seqlens(lengths_q, device), cu_seqlens(lengths_k, device),
+                        max(lengths_q, default=0) + max_seqlen_extra, max(used_k, default=0) + max_seqlen_extra,
+                        kwargs)
+
+
+# (lengths_q, lengths_k, nheads, nheads_k, headdim): equal lengths, mixed with 0- and 1-long sequences, fewer queries
+# than keys and the other way round, GQA 1:1 / 2:1 / 8:1, odd headdims, one long sequence among many short ones
+# (the CPU runs it alone on every thread and shares the others out).
+SHAPES = [
+    ([64, 64], [64, 64], 4, 4, 64),
+    ([5, 0, 1, 97, 33], [7, 3, 0, 97, 60], 4, 2, 59),
+    ([1, 1, 3, 2], [40, 17, 130, 1], 8, 1, 32),
+    ([70, 9, 1], [20, 9, 1], 2, 2, 111),
+    ([300] + [1, 2, 3, 5, 8, 13] * 3, [280] + [2, 3, 1, 8, 5, 13] * 3, 2, 1, 64),
+    ([17, 0, 40], [17, 25, 0], 3, 3, 1),
+    ([33, 65], [65, 33], 2, 1, 256),
+    ([129, 63], [129, 200], 2, 2, 128),
+]
+SHAPES_CUDA_EXTRA = [
+    ([1025, 3, 500], [1025, 700, 3], 4, 2, 128),
+    ([256, 256, 256, 256], [256, 256, 256, 256], 8, 2, 96),
+    ([200, 1, 77], [300, 64, 77], 4, 4, 192),
+    ([96, 31], [96, 160], 2, 1, 160),
+]
+
+def varlen_samples(device, dtype, *, requires_grad=False, full=False, seed=0):
+    """Every shape plain and causal, every flag on three shapes (all with ``full``), seqused_k, a (heads, total) storage
+    layout, a max_seqlen larger than needed, rows that see no key."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    shapes = SHAPES + (SHAPES_CUDA_EXTRA if full else [])
+    out = []
+
+    def add(shape, flags, **extra):
+        lq, lk, h, hk, d = shape
+        out.append(make_varlen(lq, lk, h, hk, d, dtype=dtype, device=device, flags=flags, generator=g,
+                               requires_grad=requires_grad, **extra))
+
+    for shape in shapes:
+        add(shape, {})
+        add(shape, {"causal": True})
+    for flags in FLAG_SETS:
+        for shape in shapes if full else (shapes[1], shapes[2], shapes[4]):
+            add(shape, flags)
+    # seqused_k: fewer keys than cu_seqlens_k holds (0 and all of them too); causal aligns to the keys used
+    for flags in ({}, {"causal": True}, {"window_left": 5, "window_right": 2}):
+        add(([5, 0, 1, 30, 12], [9, 3, 4, 40, 12], 4, 2, 64), flags, seqused=[6, 0, 4, 25, 12])
+    add(([3, 20], [50, 20], 2, 1, 32), {"causal": True}, seqused=[1, 20], max_seqlen_extra=7)
+    # equal lengths: one run (one batched call on the CPU) when every key is used, else a run per sequence
+    add(([8, 8, 8], [10, 10, 10], 2, 1, 32), {"causal": True}, seqused=[10, 10, 10])
+    add(([8, 8, 8], [10, 10, 10], 2, 1, 32), {"causal": True}, seqused=[7, 7, 10])
+    add(SHAPES[1], {"causal": True}, layout="bhsd")
+    add(SHAPES[3], {}, layout="bhsd", max_seqlen_extra=5)
+    # rows that see no key: causal with more queries than keys, a zero-wide window, sequences without keys
+    add(([64, 10], [32, 0], 2, 2, 64), {"causal": True})
+    add(([48, 7], [48, 7], 2, 1, 32), {"window_left": 0, "window_right": 0})
+    return out
+
+
+def _refs(s, dq_inputs=None):
+    """(ref_hi out, ref_hi lse, ref_naive out) of a sample."""
+    hi = hi_dtype(s.q.dtype)
+    q, k, v = (t.detach() for t in (s.q, s.k, s.v))
+    cu = (s.cu_seqlens_q.cpu(), s.cu_seqlens_k.cpu())
+    kw = dict(s.kwargs)
+    if "seqused_k" in kw:
+        kw["seqused_k"] = kw["seqused_k"].cpu()
+    out_hi, lse_hi = varlen_attention_ref(q.to(hi), k.to(hi), v.to(hi), *cu, return_lse=True, **kw)
+    out_naive = varlen_attention_ref(q, k, v, *cu, upcast=False, **kw)
+    return out_hi, lse_hi, out_naive
+
+
+def _grads_ref(s, dout):
+    """Gradients of the reference, fp32 / fp64 and naive, with respect to q, k, v."""
+    hi = hi_dtype(s.q.dtype)
+    cu = (s.cu_seqlens_q.cpu(), s.cu_seqlens_k.cpu())
+    kw = dict(s.kwargs)
+    if "seqused_k" in kw:
+        kw["seqused_k"] = kw["seqused_k"].cpu()
+    leaf_hi = [t.detach().to(hi).requires_grad_() for t in (s.q, s.k, s.v)]
+    g_hi = torch.autograd.grad(varlen_attention_ref(*leaf_hi, *cu, **kw), leaf_hi, dout.to(hi))
+    leaf_lo = [t.detach().clone().requires_grad_() for t in (s.q, s.k, s.v)]
+    g_lo = torch.autograd.grad(varlen_attention_ref(*leaf_lo, *cu, upcast=False, **kw), leaf_lo, dout)
+    return g_hi, g_lo
+
+
+def _check_forward(s):
+    out, lse = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
+    total_q, nheads = s.q.shape[:2]
+    assert out.shape == (total_q, nheads, s.v.shape[-1]) and out.dtype == s.q.dtype and out.is_contiguous(), s
+    assert lse.shape == (nheads, total_q) and lse.dtype == torch.float32 and lse.is_contiguous(), s
+    out_hi, lse_hi, out_naive = _refs(s)
+    assert_close_rule(f"out {s}", out, out_hi, out_naive, factor=2)
+    finite = torch.isfinite(lse_hi).to(lse.device)
+    assert torch.equal(torch.isfinite(lse), finite), f"lse: rows that see no key must be +inf ({s})"
+    assert (lse[~finite] == math.inf).all(), s
+    assert (out.transpose(0, 1)[~finite] == 0).all(), f"rows that see no key must output 0 ({s})"
+    tol = 1e-3 if s.q.dtype in (torch.float16, torch.bfloat16) else 1e-5
+    assert torch.allclose(lse[finite], lse_hi.to(lse.device)[finite].float(), atol=tol, rtol=tol), s
+    return out
+
+
+def _check_backward(s, dout, grads):
+    g_hi, g_lo = _grads_ref(s, dout)
+    for name, g, gh, gl, t in zip(("dq", "dk", "dv"), grads, g_hi, g_lo, (s.q, s.k, s.v)):
+        assert g.shape == t.shape and g.dtype == t.dtype, (name, s)
+        assert_close_rule(f"{name} {s}", g, gh.to(g.device), gl.to(g.device), factor=3)
+    if "seqused_k" in s.kwargs:  # keys past seqused_k take no part: exactly zero gradients
+        unused = torch.ones(s.k.shape[0], dtype=torch.bool)
+        cu, used = s.cu_seqlens_k.tolist(), s.kwargs["seqused_k"].tolist()
+        for b, n in enumerate(used):
+            unused[cu[b]:cu[b] + n] = False
+        assert (grads[1][unused.to(s.k.device)] == 0).all() and (grads[2][unused.to(s.k.device)] == 0).all(), s
+
+
+# ---- forward and backward against the reference ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("share", SHARES)
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
+def test_varlen_forward_matches_reference(device, dtype, share):
+    _needs(device)
+    for s in share_of(varlen_samples(device, dtype, full=(device == "cuda")), share):
+        _check_forward(s)
+
+
+@pytest.mark.parametrize("share", SHARES)
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES, ids=IDS)
+def test_varlen_backward_matches_reference(device, dtype, share):
+    _needs(device)
+    samples = varlen_samples(device, dtype, requires_grad=True, full=(device == "cuda"), seed=1)
+    for index, s in enumerate(samples):
+        # every sample's output gradient is drawn, in order, whichever share checks it: each keeps its inputs
+        dout = torch.randn(s.q.shape[:-1] + s.v.shape[-1:], dtype=s.q.dtype, device=device)
+        if not in_share(index, share):
+            continue
+        out = fa2.varlen_attention(*s.args(), **s.kwargs)
+        _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_equals_padded_attention_per_sequence(device):
+    """Each sequence of a packed batch gives what fa2's padded op gives on that sequence alone (bitwise on the CPU,
+    where the varlen op runs the padded kernels on each sequence, or on each run of adjacent equal lengths: none here;
+    within 2% of the largest value on CUDA), forward and backward, whatever the other sequences are."""
+    _needs(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lengths_q, lengths_k = [37, 1, 0, 130, 64], [50, 1, 9, 130, 20]
+    # and equal lengths, one batched call on the CPU: the same as the padded op on the same tokens
+    s = make_varlen([33] * 5, [47] * 5, 4, 2, 64, dtype=dtype, device=device, flags={"causal": True})
+    padded = [t.view(5, -1, *t.shape[1:]) for t in (s.q, s.k, s.v)]
+    out, lse = torch.ops.fa2.varlen_fwd(*s.args(), causal=True)
+    out_p, lse_p = torch.ops.fa2.fwd(*padded, causal=True)
+    lse_p = lse_p.transpose(0, 1).reshape(4, -1)
+    if device == "cpu":
+        assert torch.equal(out, out_p.view(out.shape)) and torch.equal(lse, lse_p)
+    else:
+        assert (out - out_p.view(out.shape)).abs().max() <= 2e-2 and (lse - lse_p).abs().max() <= 1e-3
+    for flags in ({}, {"causal": True}, {"window_left": 9, "window_right": 3, "softcap": 4.0}):
+        s = make_varlen(lengths_q, lengths_k, 4, 2, 64, dtype=dtype, device=device, flags=flags, requires_grad=True)
+        out = fa2.varlen_attention(*s.args(), **flags)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (s.q, s.k, s.v), dout)
+        cq, ck = s.cu_seqlens_q.tolist(), s.cu_seqlens_k.tolist()
+        for b in range(len(lengths_q)):
+            rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+            q, k, v = (t.detach()[r].unsqueeze(0).requires_grad_() for t, r in ((s.q, rows), (s.k, keys), (s.v, keys)))
+            out_b = fa2.attention(q, k, v, **flags)
+            grads_b = torch.autograd.grad(out_b, (q, k, v), dout[rows].unsqueeze(0))
+            pairs = [("out", out[rows], out_b[0])] + [(n, g[r], gb[0]) for n, g, gb, r in
+                                                      zip(("dq", "dk", "dv"), grads, grads_b, (rows, keys, keys))]
+            for name, got, want in pairs:
+                if device == "cpu":
+                    assert torch.equal(got, want), (name, b, flags)
+                else:  # two kernels, each within the rule: a few bf16 roundings of the largest value apart
+                    bound = 2e-2 * max(1.0, want.float().abs().max().item())
+                    assert (got.float() - want.float()).abs().max() <= bound, (name, b, flags)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_deterministic_backward(device):
+    _needs(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    s = make_varlen([193, 1, 0, 77, 257], [257, 5, 9, 77, 100], 4, 2, 64, dtype=dtype, device=device,
+                    flags={"causal": True}, requires_grad=True)
+    dout = torch.randn(s.q.shape, dtype=dtype, device=device)
+    with fa2.deterministic():
+        runs = [torch.autograd.grad(fa2.varlen_attention(*s.args(), causal=True), (s.q, s.k, s.v), dout)
+                for _ in range(5 if device == "cpu" else 20)]
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(r, runs[0]))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_varlen_cpu_schedule_with_thread_counts(threads):
+    """The CPU schedule (cpp/cpu/varlen_cpu.cpp, VarlenSchedule) with one thread (every run in one list) and three
+    (a long sequence alone on every thread, the others dealt into three lists): within the rule, forward and
+    backward, and bitwise reproducible."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        s = make_varlen(*SHAPES[4][:2], 4, 2, 64, dtype=torch.bfloat16, device="cpu", flags={"causal": True},
+                        requires_grad=True)
+        out = _check_forward(s)
+        dout = torch.randn_like(out)
+        runs = [torch.autograd.grad(fa2.varlen_attention(*s.args(), causal=True), (s.q, s.k, s.v), dout)
+                for _ in range(2)]
+        _check_backward(s, dout, runs[0])
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_degenerate_batches(device):
+    """No sequence at all, only empty sequences, no keys anywhere, a single one-token sequence: the right shapes,
+    zeros and +inf lse where nothing is seen, zero gradients."""
+    _needs(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    for lq, lk in (([], []), ([0, 0], [0, 0]), ([3, 2], [0, 0]), ([0, 0], [4, 1]), ([1], [1])):
+        s = make_varlen(lq, lk, 2, 1, 16, dtype=dtype, device=device, requires_grad=True)
+        out, lse = torch.ops.fa2.varlen_fwd(*s.args(), causal=True)
+        assert out.shape == s.q.shape and lse.shape == (2, sum(lq)), (lq, lk)
+        out_hi, lse_hi, out_naive = _refs(dataclasses.replace(s, kwargs={"causal": True}))
+        assert_close_rule(f"out {lq} {lk}", out, out_hi.to(device), out_naive.to(device), factor=2)
+        assert torch.equal(torch.isinf(lse), torch.isinf(lse_hi).to(device))
+        grads = torch.autograd.grad(fa2.varlen_attention(*s.args(), causal=True).float().sum(), (s.q, s.k, s.v),
+                                    allow_unused=False)
+        assert [g.shape for g in grads] == [s.q.shape, s.k.shape, s.v.shape]
+        if sum(lk) == 0:
+            assert (grads[0] == 0).all()
+        if sum(lq) == 0:
+            assert (grads[1] == 0).all() and (grads[2] == 0).all()
+
+
+# ---- opcheck, torch.compile ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("share", SHARES)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_opcheck(device, share):
+    _needs(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    samples = [s for s in varlen_samples(device, dtype, requires_grad=True, seed=3)
+               if s.q.shape[0] * s.k.shape[0] <= 40_000][::6]
+    assert len(samples) >= 6
+    for s in share_of(samples, share):
+        torch.library.opcheck(torch.ops.fa2.varlen_fwd.default, s.args(), s.kwargs)
+        with torch.no_grad():
+            out, lse = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
+        bwd_args = (torch.randn_like(out), s.q.detach(), s.k.detach(), s.v.detach(), out, lse) + s.args()[3:]
+        torch.library.opcheck(torch.ops.fa2.varlen_bwd.default, bwd_args, s.kwargs)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_compile_fullgraph_dynamic_no_recompile(device):
+    """torch.compile(fullgraph=True, dynamic=True) of a function calling fa2.varlen_attention: one graph, no graph
+    break, and no recompile when the lengths change (cu_seqlens' and seqused_k's values, the total token counts, the
+    number of sequences, max_seqlen), forward and backward, with results equal to eager's."""
+    _needs(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+
+    def f(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k):
+        out = fa2.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=seqused_k, causal=True, softcap=20.0)
+        return out.float().square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    # No size of the first call equal to another of its sizes (Dynamo's duck sizing would tie them together), and
+    # total_q * nheads * headdim > 4096 in every call (Inductor's CPU code for the sum guards on that bound).
+    batches = [([30, 2, 17], [40, 2, 17]), ([64, 5, 9, 3], [64, 7, 9, 30]), ([11, 50], [11, 80]), ([17, 9], [9, 17])]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for lengths_q, lengths_k in batches:
+            seqused = [max(n - 3, 0) for n in lengths_k]
+            s = make_varlen(lengths_q, lengths_k, 6, 2, 32, dtype=dtype, device=device, seqused=seqused,
+                            requires_grad=True)
+            loss = compiled(*s.args(), s.kwargs["seqused_k"])
+            grads = torch.autograd.grad(loss, (s.q, s.k, s.v))
+            loss_e = f(*s.args(), s.kwargs["seqused_k"])
+            grads_e = torch.autograd.grad(loss_e, (s.q, s.k, s.v))
+            tol = 1e-4 if dtype == torch.float32 else 2e-2
+            assert torch.allclose(loss, loss_e, rtol=tol), (lengths_q, lengths_k)
+            for g, ge in zip(grads, grads_e):
+                assert torch.allclose(g, ge, rtol=tol, atol=tol), (lengths_q, lengths_k)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+# ---- hypothesis ------------------------------------------------------------------------------------------------------
+
+@st.composite
+def varlen_problems(draw, device):
+    dtype = draw(st.sampled_from(dtypes_for(device)))
+    batch = draw(st.integers(1, 4))
+    lengths = st.sampled_from([0, 1, 2, 7, 17, 64, 97, 130])
+    lengths_q = [draw(lengths) for _ in range(batch)]
+    lengths_k = [draw(lengths) for _ in range(batch)]
+    seqused = None
+    if draw(st.booleans()):
+        seqused = [draw(st.integers(0, n)) for n in lengths_k]
+    nheads_k = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 2, 4]))
+    headdim = draw(st.sampled_from([1, 8, 16, 32, 59, 64, 96, 111, 128, 160, 256]))
+    flags = dict(causal=draw(st.booleans()), window_left=draw(st.sampled_from([-1, -1, 0, 5, 40])),
+                 window_right=draw(st.sampled_from([-1, -1, 0, 3])),
+                 softcap=draw(st.sampled_from([0.0, 0.0, 3.0])), scale=draw(st.sampled_from([None, None, 0.05])))
+    layout = draw(st.sampled_from(["bshd", "bhsd"]))
+    return dtype, lengths_q, lengths_k, seqused, nheads_k * group, nheads_k, headdim, flags, layout
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_hypothesis_forward_and_backward(device):
+    _needs(device)
+
+    @given(varlen_problems(device), st.booleans())
+    def run(problem, grads):
+        dtype, lengths_q, lengths_k, seqused, h, hk, d, flags, layout = problem
+        s = make_varlen(lengths_q, lengths_k, h, hk, d, dtype=dtype, device=device, seqused=seqused, flags=flags,
+                        layout=layout, requires_grad=grads)
+        out = _check_forward(s)
+        if grads:
+            dout = torch.randn_like(out)
+            out = fa2.varlen_attention(*s.args(), **s.kwargs)
+            _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
+    run()
+
+
+# ---- bad input: a clear exception naming the argument ---------------------------------------------------------------
+
+def _bad_varlen_cases(device):
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    q = torch.randn(10, 4, 16, device=device, dtype=dt)
+    k = torch.randn(12, 2, 16, device=device, dtype=dt)
+    cq = torch.tensor([0, 4, 10], dtype=torch.int32, device=device)
+    ck = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
+    good = (q, k, k, cq, ck, 6, 7)
+
+    def with_(index, value):
+        return good[:index] + (value,) + good[index + 1:]
+
+    # checked everywhere (metadata only, no host sync)
+    cases = [
+        ("q rank", with_(0, q[None]), {}, ValueError, r"q must have 3 dims \(total_q, nheads, headdim\), got 4"),
+        ("k rank", with_(1, k[0]), {}, ValueError, r"k must have 3 dims .*got 2"),
+        ("kv total", with_(2, k[:11]), {}, ValueError, r"same total_k .*got 12 and 11"),
+        ("k dtype", with_(1, k.double() if device == "cpu" else k.half()), {}, TypeError, "k must have q's dtype"),
+        ("nheads", with_(0, torch.randn(10, 3, 16, device=device, dtype=dt)), {}, ValueError,
+         r"nheads \(q.size\(1\)=3\) must be a multiple of nheads_k \(k.size\(1\)=2\)"),
+        ("headdim", with_(1, k[..., :8]), {}, ValueError, r"k must have q's headdim \(dim 2: 16\), got 8"),
+        ("cu dtype", with_(3, cq.long()), {}, TypeError, "cu_seqlens_q must be int32, got Long"),
+        ("cu_k dtype", with_(4, ck.float()), {}, TypeError, "cu_seqlens_k must be int32, got Float"),
+        ("cu rank", with_(3, cq[None]), {}, ValueError, r"cu_seqlens_q must have 1 dim \(batch \+ 1,\), got shape"),
+        ("cu length", with_(4, ck[:2]), {}, ValueError,
+         r"cu_seqlens_q and cu_seqlens_k must have the same length \(batch \+ 1\), got 3 and 2"),
+        ("cu empty", with_(3, cq[:0]), {}, ValueError, "cu_seqlens_q must have batch \\+ 1 >= 1 entries"),
+        ("cu strides", with_(3, torch.tensor([0, 0, 4, 0, 10, 0], dtype=torch.int32, device=device)[::2]), {},
+         ValueError, "cu_seqlens_q must be contiguous"),
+        ("cu device", with_(3, cq.to("meta")), {}, RuntimeError, "cu_seqlens_q must be on q's device"),
+        ("seqused dtype", good, {"seqused_k": torch.tensor([1, 2], device=device)}, TypeError,
+         "seqused_k must be int32, got Long"),
+        ("seqused length", good, {"seqused_k": torch.tensor([1, 2, 3], dtype=torch.int32, device=device)},
+         ValueError, r"seqused_k must have 2 entries \(batch,\), got 3"),
+        ("max_seqlen < 0", with_(5, -1), {}, ValueError, "max_seqlen_q must be >= 0, got -1"),
+        ("window", good, {"window_left": -2}, ValueError, "window_left must be >= -1 .*got -2"),
+        ("softcap", good, {"softcap": -1.0}, ValueError, "softcap must be .*got -1"),
+        ("dropout range", good, {"dropout_p": 1.5}, ValueError, r"dropout_p must be in \[0, 1\), got 1.5"),
+        ("dropout", good, {"dropout_p": 0.1}, NotImplementedError, "dropout .*not implemented yet.*got dropout_p=0.1"),
+        ("sinks", good, {"sinks": torch.zeros(4, device=device)}, NotImplementedError,
+         r"attention sinks \(sinks=\) are not implemented yet"),
+    ]
+    if device == "cpu":
+        # values: read only where that costs no host sync (CPU tensors)
+        cases += [
+            ("cu start", with_(3, torch.tensor([1, 4, 10], dtype=torch.int32)), {}, ValueError,
+             r"cu_seqlens_q must start at 0, got cu_seqlens_q\[0\] = 1"),
+            ("cu decreasing", with_(4, torch.tensor([0, 13, 12], dtype=torch.int32))[:6] + (13,), {}, ValueError,
+             r"cu_seqlens_k must be non-decreasing, got cu_seqlens_k\[1\] = 13 > cu_seqlens_k\[2\] = 12"),
+            ("cu last", with_(3, torch.tensor([0, 4, 9], dtype=torch.int32)), {}, ValueError,
+             r"last entry of cu_seqlens_q must equal total_q \(q.size\(0\)\) = 10, got cu_seqlens_q\[2\] = 9"),
+            ("cu_k last", with_(4, torch.tensor([0, 6, 13], dtype=torch.int32)), {}, ValueError,
+             r"last entry of cu_seqlens_k must equal total_k \(k.size\(0\)\) = 12, got cu_seqlens_k\[2\] = 13"),
+            ("max_seqlen_q", with_(5, 5), {}, ValueError,
+             r"max_seqlen_q \(5\) must be at least the longest sequence; sequence 1 has 6 rows"),
+            ("max_seqlen_k", with_(6, 6), {}, ValueError,
+             r"max_seqlen_k \(6\) must be at least the longest sequence; sequence 1 has 7 rows"),
+            ("seqused range", good, {"seqused_k": torch.tensor([6, 2], dtype=torch.int32)}, ValueError,
+             r"seqused_k\[0\] must be in \[0, 5\] .*got 6"),
+            ("seqused negative", good, {"seqused_k": torch.tensor([1, -2], dtype=torch.int32)}, ValueError,
+             r"seqused_k\[1\] must be in \[0, 7\] .*got -2"),
+            ("seqused max", with_(6, 3), {"seqused_k": torch.tensor([2, 4], dtype=torch.int32)}, ValueError,
+             r"max_seqlen_k \(3\) must be at least every seqused_k entry, got seqused_k\[1\] = 4"),
+        ]
+    if device == "cuda":
+        cases += [("fp32 on cuda", (q.float(), k.float(), k.float()) + good[3:], {}, TypeError, "float16 or bfloat16"),
+                  ("cu on cpu", with_(3, cq.cpu()), {}, RuntimeError, "cu_seqlens_q must be on q's device")]
+    return cases
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_bad_input_raises_clear_error(device):
+    _needs(device)
+    for name, args, kwargs, error, message in _bad_varlen_cases(device):
+        with pytest.raises(error, match=message):
+            fa2.varlen_attention(*args, **kwargs)
+    with pytest.raises(TypeError, match="max_seqlen_q must be a Python int"):
+        q = torch.randn(4, 2, 8, device=device)
+        cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
+        fa2.varlen_attention(q, q, q, cu, cu, torch.tensor(4), 4)
+    # the backward's own inputs
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    s = make_varlen([3, 4], [5, 2], 2, 1, 16, dtype=dt, device=device)
+    out, lse = torch.ops.fa2.varlen_fwd(*s.args())
+    for bad, message in (((out[:5], out, lse), r"dout must have shape \(total_q, nheads, headdim\) = \(7, 2, 16\)"),
+                         ((out, out, lse.t()), r"lse must have shape \(nheads, total_q\) = \(2, 7\), got \[7, 2\]"),
+                         ((out, out, lse.double()), "lse must be float32")):
+        with pytest.raises((ValueError, TypeError), match=message):
+            torch.ops.fa2.varlen_bwd(bad[0], s.q, s.k, s.v, bad[1], bad[2], *s.args()[3:])
+    # the process is still usable afterwards
+    assert torch.isfinite(fa2.varlen_attention(*s.args())).all()
+
+
+def test_varlen_double_backward_raises():
+    s = make_varlen([5, 3], [4, 6], 2, 2, 8, dtype=torch.float64, device="cpu", requires_grad=True)
+    out = fa2.varlen_attention(*s.args())
+    dq, = torch.autograd.grad(out.sum(), s.q, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(dq.sum(), s.q)
+
+
+def test_varlen_gradcheck_float64():
+    s = make_varlen([3, 0, 2], [4, 2, 3], 2, 1, 4, dtype=torch.float64, device="cpu", requires_grad=True)
+    for flags in ({"causal": True, "softcap": 2.0}, {"window_left": 1, "window_right": 1}):
+        fn = lambda q, k, v: fa2.varlen_attention(q, k, v, *s.args()[3:], **flags)  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (s.q, s.k, s.v), eps=1e-6, atol=1e-7), flags
