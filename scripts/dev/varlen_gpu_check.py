@@ -5,17 +5,21 @@ block), causal / windows / softcap, GQA, seqused_k, odd headdims, strided inputs
 above the longest sequence, the deterministic backward (bitwise repeatable). Rule (docs/design.md, tests/numerics.py):
 max|fa2 - ref32| <= 2x (out, lse) / 3x (dq, dk, dv) the naive low-precision math's error. One line per case, a summary;
 exit status 1 on any failure.
-Usage: PYTHONPATH=python:tests python3 scripts/dev/varlen_gpu_check.py [--quick]
+Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu]
+   (or scripts/gpu_check.sh "scripts/dev/varlen_gpu_check.py")
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
 import fa2  # noqa: F401  (registers torch.ops.fa2.*)
 from fa2.reference import attention_ref
-from numerics import assert_close_rule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from numerics import assert_close_rule  # noqa: E402  (tests/numerics.py: the one numerics rule)
 
 
 def packed_reference(q, k, v, cu_q, cu_k, used_k, scale, causal, wl, wr, softcap, upcast):
@@ -32,8 +36,7 @@ def packed_reference(q, k, v, cu_q, cu_k, used_k, scale, causal, wl, wr, softcap
 
 
 def run_case(name, lens_q, lens_k, h, hk, d, dtype, causal=False, wl=-1, wr=-1, softcap=0.0, seqused=None,
-             strided=False, extra_max=0, backward=True, deterministic=False):
-    dev = "cuda"
+             strided=False, extra_max=0, backward=True, deterministic=False, dev="cuda"):
     total_q, total_k = sum(lens_q), sum(lens_k)
     cu_q = [0]
     cu_k = [0]
@@ -121,13 +124,14 @@ def cases(quick):
 
 def main():
     quick = "--quick" in sys.argv
+    dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
     torch.manual_seed(0)
     failed = 0
     n = 0
     for name, kw in cases(quick):
         n += 1
         try:
-            run_case(name, **kw)
+            run_case(name, **kw, dev=dev)
             print(f"ok    {name}")
         except Exception as e:  # noqa: BLE001  (every failure is reported, the sweep goes on)
             failed += 1
