@@ -6,7 +6,9 @@
 # A direction <dir> brings
 #   cuda/src/<dir>_instance.cu.in   one instance; sees @FA2_INSTANCE@ (its function name), @FA2_CTYPE@,
 #                                   @FA2_HEADDIM@, @FA2_ARCH_NUM@ (80, 90), @FA2_ARCH_TAG@ (the kernels' template
-#                                   tag: 10 x arch + 1 for an arch-specific build, 800, 900, 901 for 90a); defines
+#                                   tag: 10 x arch + 1 for an arch-specific build, 800, 900, 901 for 90a),
+#                                   @FA2_VARLEN_KERNELS@ (1: it has the varlen kernels, the sm80 path's: every
+#                                   instance but an arch-specific one whose plain arch is built too); defines
 #                                   the instance function that fa2_kernel_instances.h declares for its direction
 #   cuda/src/<dir>_*.cpp|.cu        its hand-written host side (dispatch over FA2_<DIR>_INSTANCES)
 # and is enabled by naming it here. FA2_DISABLE_BWD drops "bwd" (and its files) from the build.
@@ -92,6 +94,11 @@ function(fa2_generate_kernels src_dir gen_dir)
           string(REGEX REPLACE "[^0-9]" "" arch_num "${arch}")
           # 90a: SASS for compute capability 9.0 exactly, with the arch-specific instructions (wgmma, setmaxnreg)
           set(arch_specific 0)
+          # (varlen runs the sm80 path's kernels: an sm_90a instance carries them only where no sm_90 one does)
+          set(FA2_VARLEN_KERNELS 1)
+          if(arch MATCHES "a$" AND arch_num IN_LIST ARG_ARCHS)
+            set(FA2_VARLEN_KERNELS 0)
+          endif()
           if(arch MATCHES "a$")
             if(NOT dir IN_LIST FA2_KERNEL_DIRECTIONS_ARCH_SPECIFIC)
               if(arch_num IN_LIST ARG_ARCHS)

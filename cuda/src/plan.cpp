@@ -109,6 +109,23 @@ int pick_instance(const char* direction, const AttentionParams& p, const DeviceD
 
 int arch_tag_of(const InstanceDesc& e) { return e.arch * 10 + (e.arch_specific ? 1 : 0); }
 
+// The tag of the kernels a call runs from instance e: varlen calls run the sm80 path's (fwd_kernel.cuh / bwd_kernel.cuh
+// with kVarlen), also where e is an sm_90a instance (pick_instance, not preferring those, found no sm_90 one: such a
+// build's sm_90a instances carry them, cmake/Kernels.cmake).
+int kernel_arch_tag(const InstanceDesc& e, bool varlen) { return varlen ? e.arch * 10 : arch_tag_of(e); }
+
+// A varlen call (params.h) takes no bias (the checks reject one before any plan); its note.
+const char* check_varlen_call(const char* direction, const AttentionParams& p, PlanNotes* notes) {
+  if (p.bias_type != BiasType::kNone || p.dbias != nullptr) {
+    return message(std::string("fa2: the CUDA varlen ") + direction + " takes no bias");
+  }
+  note(notes, [&] {
+    return std::string("varlen: the sm80 path's ") + direction + " kernel, a " +
+           (direction[0] == 'f' ? "query" : "key") + " block of one sequence per CTA (those past its end exit)";
+  });
+  return nullptr;
+}
+
 // ---- launch limits ----------------------------------------------------------------------------------------------
 
 const char* check_smem(const char* what, int headdim, int bytes, const DeviceDesc& device) {
@@ -308,10 +325,12 @@ void note_headdim_padding(const AttentionParams& p, PlanNotes* notes) {
 FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOptions& options,
                  const InstanceDesc* instances, int num_instances, PlanBuffers buffers, PlanNotes* notes) {
   FwdPlan plan;
-  plan.instance = pick_instance("forward", p, device, options, instances, num_instances, true, &plan.error);
+  plan.varlen = is_varlen(p);
+  plan.instance = pick_instance("forward", p, device, options, instances, num_instances, !plan.varlen, &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  plan.arch_tag = arch_tag_of(inst), plan.headdim = inst.headdim, plan.bias = p.bias_type;
+  if (plan.varlen && (plan.error = check_varlen_call("forward", p, notes))) return plan;
+  plan.arch_tag = kernel_arch_tag(inst, plan.varlen), plan.headdim = inst.headdim, plan.bias = p.bias_type;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (inst.arch_specific ? " (arch-specific instances preferred)"
@@ -470,11 +489,13 @@ BwdTiles choose_bwd_tiles(const BwdPlan& plan, const DeviceDesc& device, const D
     return options.sm90_backward ? BwdTiles::kSm90a : BwdTiles::kSm80;
   }
   const BwdConfigs regular = bwd_configs(plan.headdim, BwdTiles::kSm80);
-  const bool small = options.bwd_small_tiles || (device.smem_optin > 0 && regular.key_bias_smem > device.smem_optin);
+  // (the sm_90 instances have varlen kernels with the regular tiles only: bwd_launch_template.cuh)
+  const bool forced_small = options.bwd_small_tiles && !(plan.varlen && plan.arch_tag >= 900);
+  const bool small = forced_small || (device.smem_optin > 0 && regular.key_bias_smem > device.smem_optin);
   note(notes, [&] {
-    return std::string("tiles: ") + (!small                   ? "sm80"
-                                     : options.bwd_small_tiles ? "sm80 small (option bwd_small_tiles)"
-                                                               : "sm80 small (the regular ones exceed the GPU)");
+    return std::string("tiles: ") + (!small        ? "sm80"
+                                     : forced_small ? "sm80 small (option bwd_small_tiles)"
+                                                    : "sm80 small (the regular ones exceed the GPU)");
   });
   return small ? BwdTiles::kSmall : BwdTiles::kSm80;
 }
@@ -486,7 +507,7 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   const bool key_bias_fits = plan.arch_tag >= 900 || cfg.key_bias_smem <= 163 * 1024;
   plan.key_bias = key_bias_fits && options.key_bias_backward && p.bias_type != BiasType::kNone &&
                   p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr;
-  plan.row_stats = score_mod || plan.key_bias;
+  plan.row_stats = !plan.varlen && (score_mod || plan.key_bias);  // (varlen: BwdPlan::varlen)
   const bool ws_capable = plan.arch_tag == 901 && cfg.wgmma && bwd_ws_headdim(plan.headdim);
   const BwdWsShape ws_shape = bwd_ws_shape(plan.headdim);
   const bool ws_smem = ws_capable && check_smem("backward", plan.headdim, ws_shape.shape.smem, device) == nullptr;
@@ -619,11 +640,13 @@ BwdTailSplitPlan bwd_tail_split_plan(const AttentionParams& p, const DeviceDesc&
 BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOptions& options,
                  const InstanceDesc* instances, int num_instances, PlanBuffers buffers, PlanNotes* notes) {
   BwdPlan plan;
-  plan.instance = pick_instance("backward", p, device, options, instances, num_instances, options.sm90_backward,
-                                &plan.error);
+  plan.varlen = is_varlen(p);
+  plan.instance = pick_instance("backward", p, device, options, instances, num_instances,
+                                options.sm90_backward && !plan.varlen, &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  plan.arch_tag = arch_tag_of(inst), plan.headdim = inst.headdim;
+  if (plan.varlen && (plan.error = check_varlen_call("backward", p, notes))) return plan;
+  plan.arch_tag = kernel_arch_tag(inst, plan.varlen), plan.headdim = inst.headdim;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (options.sm90_backward ? "" : " (option sm90_backward off: sm_90a instances not preferred)");
@@ -701,6 +724,7 @@ std::string fwd_kernel_name(const FwdPlan& plan, DType dtype) {
   if (plan.warp_specialized) s += std::string(", warp-specialized ") + sm90_schedule_name(plan.schedule);
   if (plan.tile_counter) s += ", tile counter";
   if (plan.cluster) s += ", cluster of 2";
+  if (plan.varlen) s += ", varlen";
   return s + ">";
 }
 
@@ -715,7 +739,7 @@ std::string bwd_kernel_name(const BwdPlan& plan, DType dtype) {
   static const char* const kMain[] = {"", "plain", "key-row bias", "score-mod"};
   return "bwd_kernel<" + args + arch_name(plan.arch_tag) + ", " +
          (plan.main == BwdMain::kScoreMod && plan.tiles == BwdTiles::kSm90a ? "sm80 tiles" : kTiles[int(plan.tiles)]) +
-         ", " + kMain[int(plan.main)] + ">";
+         ", " + kMain[int(plan.main)] + (plan.varlen ? ", varlen>" : ">");
 }
 
 std::vector<std::pair<std::string, std::string>> describe(const FwdPlan& plan, DType dtype) {

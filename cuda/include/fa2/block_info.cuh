@@ -5,7 +5,29 @@
 #pragma once
 #include <cmath>
 
+#include "fa2/params.h"
+
 namespace fa2 {
+
+// Where one (batch element's) sequence lies: its first rows of q / out (q_row0) and of k / v (k_row0), and its
+// lengths. Dense calls: rows 0 of the batch element (its offset is the batch stride) and the call's lengths; a varlen
+// call (params.h): sequence b of the packed tensors, causal and windows aligned bottom-right over its own lengths.
+struct SequenceBounds {
+  int q_row0, k_row0, seqlen_q, seqlen_k;
+};
+
+// The bounds of sequence `batch` (kVarlen: read from cu_seqlens / seqused_k; else the call's lengths, no loads).
+template <bool kVarlen>
+__device__ __forceinline__ SequenceBounds sequence_bounds(const AttentionParams& p, int batch) {
+  if constexpr (kVarlen) {
+    const int q0 = __ldg(p.cu_seqlens_q + batch), q1 = __ldg(p.cu_seqlens_q + batch + 1);
+    const int k0 = __ldg(p.cu_seqlens_k + batch);
+    const int seqlen_k = p.seqused_k != nullptr ? __ldg(p.seqused_k + batch) : __ldg(p.cu_seqlens_k + batch + 1) - k0;
+    return {q0, k0, q1 - q0, seqlen_k};
+  } else {
+    return {0, 0, p.seqlen_q, p.seqlen_k};
+  }
+}
 
 struct KeyBlockRange {
   int lo, hi;  // key blocks [lo, hi); empty when hi <= lo

@@ -73,9 +73,13 @@ namespace bwd {
 // (block-uniform), as in the forward. kKeyBias (with kScoreMod = false): a bias with one value per key (padding
 // masks; no softcap, no dbias) on the plain path's schedule, its values for the CTA's key block read once into
 // shared memory (Cfg::kSmemBytes + kBlockN * 4 bytes), P taken against the score-mod path's row statistics.
-template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias>
+// kVarlen: packed sequences (params.h): the grid's key blocks count max_seqlen_k's, and a CTA works within its
+// sequence (rows from its first of the packed tensors, its own lengths); one whose key block lies past its sequence's
+// end exits (no bias, no dbias).
+template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_constant__ AttentionParams p) {
   static_assert(!(kScoreMod && kKeyBias), "the key-row bias variant is one of the plain path");
+  static_assert(!(kVarlen && kKeyBias), "varlen: no bias");
   constexpr bool kRowStats = kScoreMod || kKeyBias;  // P against bwd_row_stats_kernel's (shift, lse)
   constexpr int kHeadDim = Cfg::kHeadDim;
   using QTile = SwizzledTile<Cfg::kBlockM, kHeadDim, Cfg::kSmemBlockColsD>;         // Q, dO: (kBlockM, d)
@@ -109,31 +113,41 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   int* const turns = tile.turns;
   const int head_k = head / p.h_h_k_ratio;
   const int n0 = n_block * kBlockN;
-  const int rows_k = min(kBlockN, p.seqlen_k - n0);
+  // the tile within its sequence (a varlen call's: a key block past the sequence's end has nothing to do)
+  const BwdTileSequence<kVarlen> in_seq(p, batch);
+  if (kVarlen && n0 >= in_seq.seqlen_k(p)) return;
+  const int rows_k = min(kBlockN, in_seq.seqlen_k(p) - n0);
   const int headdim = p.headdim;
   const int64_t bh = int64_t(batch) * p.nheads + head;
+  const int seq_m_blocks = kVarlen ? (in_seq.seqlen_q(p) + kBlockM - 1) / kBlockM : num_m_blocks;
+  const int seq_n_blocks = kVarlen ? (in_seq.seqlen_k(p) + kBlockN - 1) / kBlockN : num_n_blocks;
 
-  const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
+  const QueryBlockRange range{in_seq.seqlen_q(p), in_seq.seqlen_k(p), p.window_left, p.window_right, kBlockM, kBlockN,
+                              seq_m_blocks};
   const int m_lo = range.lo(n_block), m_hi = range.hi(n_block);
-  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const BlockInfo info{in_seq.seqlen_q(p), in_seq.seqlen_k(p), p.window_left, p.window_right};
 
-  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-  const T* dout = static_cast<const T*>(p.dout) + batch * p.dout_batch_stride + head * p.dout_head_stride;
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride + n0 * p.k_row_stride;
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride + n0 * p.v_row_stride;
+  const T* q = static_cast<const T*>(p.q) + in_seq.q_rows(p.q_batch_stride, p.q_row_stride) + head * p.q_head_stride;
+  const T* dout = static_cast<const T*>(p.dout) + in_seq.q_rows(p.dout_batch_stride, p.dout_row_stride) +
+                  head * p.dout_head_stride;
+  const T* k = static_cast<const T*>(p.k) + in_seq.k_rows(p.k_batch_stride, p.k_row_stride) +
+               head_k * p.k_head_stride + n0 * p.k_row_stride;
+  const T* v = static_cast<const T*>(p.v) + in_seq.k_rows(p.v_batch_stride, p.v_row_stride) +
+               head_k * p.v_head_stride + n0 * p.v_row_stride;
   // score-mod path: the statistics bwd_row_stats_kernel prepared (lse, or log l next to a shift, per row)
-  const float* lse = (kRowStats ? p.row_lse : p.lse) + bh * p.seqlen_q;
-  const float* shift_g = kRowStats ? p.row_shift + bh * p.seqlen_q : lse;
-  const float* dsum_g = p.softmax_d + bh * p.seqlen_q;
-  float* dq_accum = p.dq_accum + bh * p.seqlen_q * kHeadDim;
+  const float* lse = (kRowStats ? p.row_lse : p.lse) + in_seq.stats_row0(p, bh, head);
+  const float* shift_g = kRowStats ? p.row_shift + in_seq.stats_row0(p, bh, head) : lse;
+  const float* dsum_g = p.softmax_d + in_seq.stats_row0(p, bh, head);
+  float* dq_accum = p.dq_accum + in_seq.stats_row0(p, bh, head) * kHeadDim;
   float* dbias = p.dbias != nullptr ? p.dbias + bh * p.seqlen_q * p.seqlen_k : nullptr;
   const void* bias_bh = bias_of_head(p, batch, head);
 
   // the producer: Q, dO and the rows' statistics of a query block into a stage (cp.async)
-  const Sm80QueryBlockLoader<T, Cfg, kRowStats> load_q_do{p, shared, q, dout, lse, dsum_g, shift_g, headdim, tid};
+  const Sm80QueryBlockLoader<T, Cfg, kRowStats, kVarlen> load_q_do{
+      p, shared, q, dout, lse, dsum_g, shift_g, headdim, tid, in_seq.seqlen_q(p)};
 
   // deterministic mode: this CTA's turns at the query blocks' dQ
-  const DqTurns wait_dq_turn{range, turns, n_block, num_n_blocks, tid};
+  const DqTurns wait_dq_turn{range, turns, n_block, kVarlen ? seq_n_blocks : num_n_blocks, tid};
 
   // kKeyBias: the key block's bias into shared memory (read by every iteration after its block barrier). A block
   // whose every key is padded (-inf / False, or past seqlen_k) gets dK = dV = 0 and adds nothing to dQ: its CTA
@@ -233,12 +247,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
         __syncthreads();
       }
       // acc_dq (columns dq_d0 ..) into dq_accum
-      reduce_dq<kHeadDim, kBlockM>(p, acc_dq, dq_accum, m0, dq_m0, dq_d0, group, tig, headdim);
+      reduce_dq<kHeadDim, kBlockM, kVarlen>(p, in_seq.seqlen_q(p), acc_dq, dq_accum, m0, dq_m0, dq_d0, group, tig,
+                                            headdim);
       if constexpr (kDqParts == 2) {
         product<T, kWgmma, kQM, kQNPart, kBlockN / 16, false, true, PTile, KTile, true, false>(
             acc_dq, sdS, dq_m0, sK, dq_d0 + kQNPart * 8, lane);
         sm90::wait_hold<0>(acc_dq);  // (dV and dK, issued before it, complete too)
-        reduce_dq<kHeadDim, kBlockM>(p, acc_dq, dq_accum, m0, dq_m0, dq_d0 + kQNPart * 8, group, tig, headdim);
+        reduce_dq<kHeadDim, kBlockM, kVarlen>(p, in_seq.seqlen_q(p), acc_dq, dq_accum, m0, dq_m0, dq_d0 + kQNPart * 8,
+                                              group, tig, headdim);
       }
       if (p.deterministic) {
         __threadfence();
@@ -257,7 +273,9 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   }
 
   // -- epilogue: dK = scale * dS^T Q, dV out
-  store_dk_dv<T>(p, acc_dk, acc_dv, batch, head, n0, rows_k, headdim, kv_n0, kv_d0, group, tig);
+  // (varlen: the sequence's keys as rows k_row0 + n0 .. of a batch of one)
+  store_dk_dv<T>(p, acc_dk, acc_dv, kVarlen ? 0 : batch, head, kVarlen ? in_seq.seq.k_row0 + n0 : n0, rows_k, headdim,
+                 kv_n0, kv_d0, group, tig);
 }
 
 }  // namespace bwd

@@ -24,9 +24,9 @@ constexpr int bwd_key_bias_smem_bytes() {
 }
 
 // The main kernel (step 2 below) of one score path with its tile config, on the plan's grid.
-template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias = false>
+template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias = false, bool kVarlen = false>
 const char* launch_bwd_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
-  void (*kernel)(const AttentionParams) = &bwd::bwd_kernel<T, Cfg, kArch, kScoreMod, kKeyBias>;
+  void (*kernel)(const AttentionParams) = &bwd::bwd_kernel<T, Cfg, kArch, kScoreMod, kKeyBias, kVarlen>;
   const int smem = kKeyBias ? bwd_key_bias_smem_bytes<Cfg>() : Cfg::kSmemBytes;
   if (smem != plan.smem || Cfg::kNThreads != plan.threads) {
     return "fa2: the backward plan names a kernel this instance does not have";
@@ -37,6 +37,19 @@ const char* launch_bwd_kernel(const BwdPlan& plan, const AttentionParams& p, cud
   kernel<<<grid, Cfg::kNThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+// The varlen main kernel (bwd_kernel.cuh, kVarlen) of one score path, the sm80 path's, where the instance has the
+// varlen kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a one runs them with the sm80 path's tag 900): on sm_90
+// only with the regular tiles (plan.cpp, choose_bwd_tiles), so that few kernels are instantiated.
+template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kVarlenKernels>
+const char* launch_bwd_varlen_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
+  if constexpr (kVarlenKernels && (kArch < 900 || std::is_same_v<Cfg, BwdTileConfig<Cfg::kHeadDim>>)) {
+    return launch_bwd_kernel<T, Cfg, kArch / 10 * 10, kScoreMod, /*kKeyBias=*/false, /*kVarlen=*/true>(plan, p,
+                                                                                                      stream);
+  } else {
+    return "fa2: the backward plan names a kernel this instance does not have";
+  }
 }
 
 // The sm_90a warp-specialized main kernel's TMA maps (q, dout in query blocks, k, v in key blocks, the row statistics,
@@ -211,7 +224,7 @@ struct BwdRowKernels {
 // bias, where it differs from the plain one's): 1. preprocessing, 2. the main kernel the plan names (with the
 // score-mod path's row statistics first), 3. the dQ conversion. A GQA plan whose ws maps the encoder rejects
 // launches nothing and sets *needs_partials (bwd_launch.h).
-template <typename T, typename Cfg, int kArch, typename CfgScoreMod = Cfg>
+template <typename T, typename Cfg, int kArch, bool kVarlenKernels, typename CfgScoreMod = Cfg>
 const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& call, cudaStream_t stream,
                                 bool* needs_partials) {
   constexpr int kHeadDim = Cfg::kHeadDim;
@@ -232,9 +245,11 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
     if (gqa_buffers && needs_partials != nullptr) *needs_partials = true;  // (nothing launched)
     return gqa_buffers && needs_partials != nullptr ? nullptr : plan.error;
   }
-  if (Rows::row_ctas(p) > 0x7fffffff) return "fa2: batch * seqlen_q * nheads is too large for the CUDA backward";
+  // (the row-wise kernels read a varlen call's rows as a dense batch of one: params.h, varlen_rows_view)
+  const AttentionParams rows = plan.varlen ? varlen_rows_view(p) : p;
+  if (Rows::row_ctas(rows) > 0x7fffffff) return "fa2: batch * seqlen_q * nheads is too large for the CUDA backward";
   int* const key_blocks_done = plan.dq_overlap ? static_cast<int*>(p.workspace) : nullptr;
-  if (const char* e = Rows::preprocess(p, key_blocks_done, stream)) return e;
+  if (const char* e = Rows::preprocess(rows, key_blocks_done, stream)) return e;
   if (plan.row_stats) {
     if (const char* e = Rows::row_stats(p, stream)) return e;
   }
@@ -257,34 +272,38 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
       }
       break;
     case BwdMain::kScoreMod:
-      e = launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(plan, p, stream);
+      e = plan.varlen ? launch_bwd_varlen_kernel<T, CfgScoreMod, kArch, true, kVarlenKernels>(plan, p, stream)
+                      : launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(plan, p, stream);
       break;
     case BwdMain::kPlain:
-      e = launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(plan, p, stream);
+      e = plan.varlen ? launch_bwd_varlen_kernel<T, Cfg, kArch, false, kVarlenKernels>(plan, p, stream)
+                      : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(plan, p, stream);
       break;
   }
   if (e != nullptr) return e;
   constexpr bool kOverlapCapable = kWsCapable && bwd_ws_overlaps_dq_conversion<kHeadDim>();
-  return Rows::template convert_dq<kOverlapCapable>(plan, p, key_blocks_done, stream);
+  return Rows::template convert_dq<kOverlapCapable>(plan, rows, key_blocks_done, stream);
 }
 
 // The instance's tile configs as the plan chose them (plan.tiles): sm_90a instances the wgmma ones (kSm90a) or the
 // sm80 ones; the sm80-path instances the regular or the small-shared-memory ones.
-template <typename T, int kHeadDim, int kArch>
+// kVarlenKernels: the instance has the varlen kernels (cmake/Kernels.cmake).
+template <typename T, int kHeadDim, int kArch, bool kVarlenKernels = (kArch != 901)>
 const char* run_bwd_instance(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream,
                              bool* needs_partials) {
   if (plan.headdim != kHeadDim) return "fa2: the backward plan names a kernel this instance does not have";
+  constexpr bool kV = kVarlenKernels;
   if constexpr (kArch == 901) {
     if (plan.tiles == BwdTiles::kSm90a) {
-      return run_bwd_with_config<T, typename BwdTileConfigSm90a<kHeadDim>::type, kArch, BwdTileConfig<kHeadDim>>(
-          plan, p, stream, needs_partials);
+      return run_bwd_with_config<T, typename BwdTileConfigSm90a<kHeadDim>::type, kArch, false,
+                                 BwdTileConfig<kHeadDim>>(plan, p, stream, needs_partials);
     }
-    return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(plan, p, stream, needs_partials);
+    return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch, kV>(plan, p, stream, needs_partials);
   } else {
     if (plan.tiles == BwdTiles::kSmall) {
-      return run_bwd_with_config<T, BwdTileConfigSmall<kHeadDim>, kArch>(plan, p, stream, needs_partials);
+      return run_bwd_with_config<T, BwdTileConfigSmall<kHeadDim>, kArch, kV>(plan, p, stream, needs_partials);
     }
-    return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch>(plan, p, stream, needs_partials);
+    return run_bwd_with_config<T, BwdTileConfig<kHeadDim>, kArch, kV>(plan, p, stream, needs_partials);
   }
 }
 

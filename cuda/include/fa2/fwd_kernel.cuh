@@ -74,12 +74,23 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
   for (int t = scheduler.first_tile; t < scheduler.num_tiles; t = scheduler.consumers_next(t, pipe, q_loads)) {
     int m_block, head, batch;
     scheduler.at(t, m_block, head, batch);
-    // -- the tile: its queries, outputs and the key blocks they see
+    // -- the tile: its queries, outputs and the key blocks they see. Varlen: within its sequence (rows from seq's
+    //    q_row0 / k_row0 of the packed tensors, its own lengths); a block past the sequence's end has nothing to do.
     const int m0 = m_block * Traits::kBlockM;
-    const int rows_q = min(Traits::kBlockM, p.seqlen_q - m0);
-    T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head * p.out_head_stride + m0 * p.out_row_stride;
-    float* lse = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
-    const KeyBlockRange range = info.key_blocks(m0, Traits::kBlockM, Traits::kBlockN);
+    const SequenceBounds seq = scheduler.sequence(batch);
+    if (Traits::kVarlen && m0 >= seq.seqlen_q) continue;
+    const BlockInfo tile_info =
+        Traits::kVarlen ? BlockInfo{seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right} : info;
+    // the batch element's offset in a tensor: its batch stride, or a varlen sequence's first row
+    auto at_batch = [&](int64_t batch_stride, int64_t row_stride, int row0) {
+      return Traits::kVarlen ? int64_t(row0) * row_stride : batch * batch_stride;
+    };
+    const int rows_q = min(Traits::kBlockM, seq.seqlen_q - m0);
+    T* out = static_cast<T*>(p.out) + at_batch(p.out_batch_stride, p.out_row_stride, seq.q_row0) +
+             head * p.out_head_stride + m0 * p.out_row_stride;
+    float* lse = Traits::kVarlen ? p.lse + int64_t(head) * p.total_q + seq.q_row0 + m0  // (nheads, total_q)
+                                 : p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+    const KeyBlockRange range = tile_info.key_blocks(m0, Traits::kBlockM, Traits::kBlockN);
     [[maybe_unused]] const int trace_base = FwdTrace::base(tid, trace_tile);
     FA2_CTA_MARK(trace_base, trace_base >= 0);
     if (range.empty()) {  // -- no query sees a key: out = 0, lse = +inf
@@ -87,12 +98,15 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
       continue;
     }
     const int head_k = head / p.h_h_k_ratio;
-    const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride + m0 * p.q_row_stride;
-    const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-    const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+    const T* q = static_cast<const T*>(p.q) + at_batch(p.q_batch_stride, p.q_row_stride, seq.q_row0) +
+                 head * p.q_head_stride + m0 * p.q_row_stride;
+    const T* k = static_cast<const T*>(p.k) + at_batch(p.k_batch_stride, p.k_row_stride, seq.k_row0) +
+                 head_k * p.k_head_stride;
+    const T* v = static_cast<const T*>(p.v) + at_batch(p.v_batch_stride, p.v_row_stride, seq.k_row0) +
+                 head_k * p.v_head_stride;
     const void* bias_bh = bias_of_head(p, batch, head);  // this (batch, head)'s bias (the launcher chose kBias by it)
     const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
-    const FwdTile<Traits> tile{p,      info,    shared,    pipe,       tma, tid, lane, headdim, {m_block, head, batch},
+    const FwdTile<Traits> tile{p,      tile_info, shared,  pipe,       tma, tid, lane, headdim, {m_block, head, batch},
                                m0,     rows_q,  range,     head_k,     bias_head,    bias_batch,   q,  k,  v,
                                bias_bh, more_tiles, trace_base};
     // -- prologue: Q and the first (highest) key tile in flight
@@ -107,7 +121,7 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     FA2_CTA_MARK(trace_base + FwdTrace::kIters + 1, trace_base >= 0);
     // -- epilogue: O / l, lse
     Epilogue::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_q, headdim, tid, lane, more_tiles,
-                    q_loads, scheduler, info, t);
+                    q_loads, scheduler, tile_info, t);
     FA2_CTA_MARK(trace_base + FwdTrace::kIters + 2, trace_base >= 0);
     use0 += range.hi - range.lo;
     ++q_loads;
@@ -122,8 +136,10 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 // (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v and a staged key-row bias (sm_90a instances with FA2_SM90_TMA; unused
 // otherwise).
+// kVarlen: packed sequences (params.h), the sm80 path's kernels only (one tile per CTA, no bias).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
-          bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false>
+          bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false,
+          bool kVarlen = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
@@ -131,7 +147,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                          kMode == ScoreMode::kPlain))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
   using Traits = FwdKernelTraits<T, kHeadDim, kArchTag, kMode, kBias, kWarpSpecialized, kPingpong, kOverlap,
-                                 kTileCounter, kCluster>;
+                                 kTileCounter, kCluster, kVarlen>;
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
   const FwdSmem<Traits> shared(smem);
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.

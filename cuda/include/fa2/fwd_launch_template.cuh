@@ -57,6 +57,22 @@ FwdKernel fwd_kernel_for_bias(BiasType bias_type) {
   return nullptr;
 }
 
+// The varlen kernel of a score path (plain or general: no bias), the sm80 path's (fwd_kernel.cuh, kVarlen), or nullptr.
+// (kArch: 800, 860, 900: its sm80-path tag, also where an sm_90a instance carries it)
+template <typename T, int kHeadDim, int kArch>
+FwdKernel fwd_varlen_kernel(FwdScore score) {
+  using fwd::ScoreMode;
+  constexpr BiasType kNone = BiasType::kNone;
+  static_assert(kArch % 10 == 0, "varlen runs the sm80 path's kernels");
+  if (score == FwdScore::kPlain) {
+    return &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, false, false, false, false, false, true>;
+  }
+  if (score == FwdScore::kGeneral) {
+    return &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, kNone, false, false, false, false, false, true>;
+  }
+  return nullptr;
+}
+
 // A kernel and what its launch needs from its tile config (fwd::FwdKernelConfig).
 struct FwdLaunch {
   FwdKernel kernel;
@@ -115,11 +131,21 @@ void use_key_bias_ws_launch(BiasType bias_type, FwdLaunch& launch) {
 
 // The kernel a plan names (fwd_kernel_for_bias, ws_launch): the same instantiations as the plan's choices can reach,
 // and nothing else. launch.kernel nullptr where the plan names a kernel this instance does not have.
-template <typename T, int kHeadDim, int kArch>
+// kVarlenKernels: the instance has the varlen kernels (cmake/Kernels.cmake: the sm80-path instances, and an sm_90a
+// one in a build without sm_90 ones, which runs them with the sm80 path's tag 900).
+template <typename T, int kHeadDim, int kArch, bool kVarlenKernels>
 FwdLaunch fwd_launch_of(const FwdPlan& plan) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the non-warp-specialized kernels'
   using fwd::ScoreMode;
   FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
+  if (plan.varlen) {
+    if constexpr (kVarlenKernels) {
+      using Sm80Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/false>;
+      launch = {fwd_varlen_kernel<T, kHeadDim, kArch / 10 * 10>(plan.score), Sm80Cfg::kNThreads, Sm80Cfg::kSmemBytes,
+                Sm80Cfg::kBlockM, false};
+    }
+    return launch;
+  }
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
   if constexpr (kTma) {
     // (kDefault: causal / windowed calls' default schedule, the one the tile-counter and key-bias kernels exist for)
@@ -171,6 +197,7 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
 // The TMA's view of q, k, v (and a key-row bias) for the sm_90a instances that load with it.
 template <typename T, int kHeadDim, int kArch>
 const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, sm90::FwdTensorMaps* maps) {
+  if (plan.varlen) return nullptr;  // (cp.async loads)
   if constexpr (kArch == 901 && FA2_SM90_TMA) {
     using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -199,9 +226,9 @@ const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, 
 // Runs a forward plan (plan.h, plan_fwd) on this instance. The one thing decided here is what the plan leaves to
 // the device: a cluster plan runs without clusters where the device cannot set up or co-schedule its pairs, and a
 // persistent cluster grid is cut to the pairs that run at once (a persistent CTA must not wait for a slot).
-template <typename T, int kHeadDim, int kArch>
+template <typename T, int kHeadDim, int kArch, bool kVarlenKernels = (kArch != 901)>
 const char* run_fwd_instance(const FwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
-  FwdLaunch launch = fwd_launch_of<T, kHeadDim, kArch>(plan);
+  FwdLaunch launch = fwd_launch_of<T, kHeadDim, kArch, kVarlenKernels>(plan);
   FwdKernel kernel = plan.tile_counter ? launch.tile_counter_kernel : launch.kernel;
   if (kernel == nullptr || (plan.cluster && launch.cluster_kernel == nullptr) || launch.threads != plan.threads ||
       launch.smem != plan.smem || launch.block_m != plan.block_m || plan.headdim != kHeadDim) {

@@ -120,7 +120,34 @@ struct AttentionParams {
   // (plan.h, headdim_padding); 0: not given (the same as headdim).
   int call_headdim_qk = 0;
   int call_headdim_v = 0;
+
+  // ---- variable length (packed sequences: varlen_fwd / varlen_bwd) ---------------------------------------
+  // Set (cu_seqlens_q non-null): q, out, dout, dq are (total_q, nheads, headdim) and k, v, dk, dv (total_k, nheads_k,
+  // headdim) (the batch strides are unused); sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and
+  // from cu_seqlens_k[b] on of k (int32, batch + 1 entries each, device memory), of length cu_seqlens_k[b + 1] -
+  // cu_seqlens_k[b] or, with seqused_k (int32, batch entries), seqused_k[b]. batch counts the sequences; seqlen_q and
+  // seqlen_k hold max_seqlen_q / max_seqlen_k (they size the grids: a block past its sequence's end exits). lse,
+  // softmax_d, row_lse and row_shift are (nheads, total_q) and dq_accum (nheads, total_q, headdim_rounded): the
+  // dense layouts of a batch of one over total_q rows (varlen_rows_view). GQA dK / dV partials (total_k, nheads,
+  // headdim). (At the end of the struct: the dense kernels' parameter offsets stay as they were.)
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_k = nullptr;
+  int total_q = 0, total_k = 0;
 };
+
+inline bool is_varlen(const AttentionParams& p) { return p.cu_seqlens_q != nullptr; }
+
+// A varlen call's rows as the dense layout of one batch element over total_q queries (and total_k keys): what the
+// backward's row-wise kernels (D = rowsum(dO * O), the dQ conversion) read and write, unchanged.
+inline AttentionParams varlen_rows_view(const AttentionParams& p) {
+  AttentionParams rows = p;
+  rows.batch = 1;
+  rows.seqlen_q = p.total_q;
+  rows.seqlen_k = p.total_k;
+  rows.cu_seqlens_q = rows.cu_seqlens_k = rows.seqused_k = nullptr;
+  return rows;
+}
 
 // Whether the key (or query) blocks of a call have causal lengths: a causal mask or a window bounded on the right only
 // (causal is folded into window_right), so that block n is seen by the blocks from its diagonal on. (Host: the

@@ -44,7 +44,7 @@ enum class FwdScore : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFol
 struct FwdPlan {
   const char* error = nullptr;  // set: nothing may run (the message says why)
   int instance = -1;            // index into the instance table the plan was built from
-  int arch_tag = 0;             // the instance's kernels' tag: 10 x arch (+ 1 for sm_90a): 800, 860, 900, 901
+  int arch_tag = 0;             // the kernel's tag: 10 x arch (+ 1 for sm_90a): 800, 860, 900, 901 (varlen: no 901)
   int headdim = 0;              // the instance's headdim
   FwdScore score = FwdScore::kPlain;
   BiasType bias = BiasType::kNone;
@@ -60,6 +60,10 @@ struct FwdPlan {
   int threads = 0, smem = 0;
   int tile_order_tail = 0;     // params.tile_order_tail for the kernel
   int64_t workspace_ints = 0;  // zeroed int32s the caller passes in params.workspace
+  // packed sequences (params.h, is_varlen): the sm80 path's kernel with kVarlen (arch_tag 800 .. 900), from an
+  // sm80-path instance (Hopper: the sm_90 one; in a build without those, an sm_90a one carries it), on a (query blocks
+  // of max_seqlen_q, nheads, sequences) grid
+  bool varlen = false;
 };
 
 // The backward's tile configs (bwd_tile_config.h): the sm80 ones, sm_90a's wgmma ones (the score-mod path keeps the
@@ -101,6 +105,10 @@ struct BwdPlan {
   int threads = 0, smem = 0;
   int64_t workspace_ints = 0;
   bool zero_workspace = false;  // the caller zeroes the workspace (the deterministic mode's counters)
+  // packed sequences (params.h, is_varlen): bwd_kernel.cuh's kernel with kVarlen and the sm80 tiles (arch_tag 800 ..
+  // 900, as FwdPlan::varlen), on a (key blocks of max_seqlen_k, nheads, sequences) grid; no row statistics kernel
+  // (softcap: the caller passes row_lse = lse and a zero row_shift)
+  bool varlen = false;
 };
 
 // How the plan treats the call's buffers: kDecide (the torch glue) sizes the workspace and, for GQA, picks what

@@ -12,14 +12,17 @@ namespace bwd {
 
 // acc_dq: this warp's (kQM m16, kQN n8) tiles of a query block's dQ, rows dq_m0.. of the block at m0 (of the
 // (batch, head) at dq_accum), columns d0..; fragment element (mt, nt, 2 half + e): row dq_m0 + 16 mt + 8 half + group,
-// column d0 + 8 nt + 2 tig + e. Rows past seqlen_q and columns past headdim are not added.
-template <int kHeadDim, int kBlockM, int kQM, int kQN>
-__device__ __forceinline__ void reduce_dq(const AttentionParams& p, const float (&acc_dq)[kQM][kQN][4],
+// column d0 + 8 nt + 2 tig + e. Rows past seqlen_q (p's, or with kVarlen the sequence's varlen_seqlen_q) and columns
+// past headdim are not added.
+template <int kHeadDim, int kBlockM, bool kVarlen, int kQM, int kQN>
+__device__ __forceinline__ void reduce_dq(const AttentionParams& p, int varlen_seqlen_q,
+                                          const float (&acc_dq)[kQM][kQN][4],
                                           float* dq_accum, int m0, int dq_m0, int d0, int group, int tig,
                                           int headdim) {
   static_assert(kBlockM % 16 == 0 && kHeadDim % 8 == 0, "whole m16 rows, n8 columns");
   float* dq_row0 = dq_accum + int64_t(m0 + dq_m0 + group) * kHeadDim + d0 + tig * 2;
-  if (m0 + kBlockM <= p.seqlen_q && headdim == kHeadDim) {  // the common case: no predicates
+  // the common case: no predicates
+  if (m0 + kBlockM <= (kVarlen ? varlen_seqlen_q : p.seqlen_q) && headdim == kHeadDim) {
 #pragma unroll
     for (int mt = 0; mt < kQM; ++mt)
 #pragma unroll
@@ -33,7 +36,7 @@ __device__ __forceinline__ void reduce_dq(const AttentionParams& p, const float 
     for (int mt = 0; mt < kQM; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        if (m0 + dq_m0 + mt * 16 + half * 8 + group < p.seqlen_q) {
+        if (m0 + dq_m0 + mt * 16 + half * 8 + group < (kVarlen ? varlen_seqlen_q : p.seqlen_q)) {
 #pragma unroll
           for (int nt = 0; nt < kQN; ++nt) {
             if (d0 + nt * 8 + tig * 2 < headdim) {

@@ -38,8 +38,9 @@ __device__ __forceinline__ void load_tile(uint32_t smem, const T* gmem, int64_t 
 
 
 // A query block's Q, dO (kBlockM, d) and its rows' lse, D (and with kRowStats the row shift) into stage buf: q, dout
-// at the (batch, head)'s first query; lse, dsum_g, shift_g at its first row.
-template <typename T, typename Cfg, bool kRowStats>
+// at the (batch, head)'s first query; lse, dsum_g, shift_g at its first row. kVarlen: rows past the sequence's
+// varlen_seqlen_q read zeros (dense calls: past p.seqlen_q).
+template <typename T, typename Cfg, bool kRowStats, bool kVarlen = false>
 struct Sm80QueryBlockLoader {
   static constexpr int kBlockM = Cfg::kBlockM, kHeadDim = Cfg::kHeadDim, kNThreads = Cfg::kNThreads;
   using QTile = SwizzledTile<kBlockM, kHeadDim, Cfg::kSmemBlockColsD>;  // Q, dO: (kBlockM, d)
@@ -52,9 +53,13 @@ struct Sm80QueryBlockLoader {
   const float* dsum_g;
   const float* shift_g;
   int headdim, tid;
+  int varlen_seqlen_q = 0;
+
+  // (read where used: a dense call's from the params each time, as before the varlen kernels existed)
+  __device__ __forceinline__ int seqlen_q() const { return kVarlen ? varlen_seqlen_q : p.seqlen_q; }
 
   __device__ __forceinline__ void operator()(int m, int buf) const {
-    const int m0 = m * kBlockM, rows = p.seqlen_q - m0;
+    const int m0 = m * kBlockM, rows = seqlen_q() - m0;
     load_tile<QTile, kBlockM, kHeadDim, kNThreads>(shared.q(buf), q + int64_t(m0) * p.q_row_stride, p.q_row_stride,
                                                    rows, headdim, tid);
     load_tile<QTile, kBlockM, kHeadDim, kNThreads>(shared.dout(buf), dout + int64_t(m0) * p.dout_row_stride,
@@ -65,11 +70,11 @@ struct Sm80QueryBlockLoader {
     if (tid < 2 * kBlockM) {
       const int row = tid % kBlockM;
       const float* src = (tid < kBlockM ? lse : dsum_g) + m0 + row;
-      ptx::cp_async_4(shared.stats(buf) + tid * 4, m0 + row < p.seqlen_q ? src : lse, m0 + row < p.seqlen_q);
+      ptx::cp_async_4(shared.stats(buf) + tid * 4, m0 + row < seqlen_q() ? src : lse, m0 + row < seqlen_q());
     }
     if (kRowStats && tid < kBlockM) {
-      ptx::cp_async_4(shared.stats(buf) + (2 * kBlockM + tid) * 4, m0 + tid < p.seqlen_q ? shift_g + m0 + tid : lse,
-                      m0 + tid < p.seqlen_q);
+      ptx::cp_async_4(shared.stats(buf) + (2 * kBlockM + tid) * 4, m0 + tid < seqlen_q() ? shift_g + m0 + tid : lse,
+                      m0 + tid < seqlen_q());
     }
   }
 };

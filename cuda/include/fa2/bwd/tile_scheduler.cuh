@@ -2,10 +2,11 @@
 //   - bwd_kernel: the grid's blockIdx, or in deterministic mode the order in which CTAs start (a ticket counter);
 //   - the ws kernels: blockIdx, a causal launch's tail sent rank-major (tile_order.h), or a tail split into pieces over
 //     the query blocks (tile_order.h, tail_split); a CTA may take a whole GQA group of query heads.
-// Varlen and split-KV schedules go here.
+// Varlen: a tile lies within its sequence (BwdTileSequence). Split-KV schedules go here.
 #pragma once
 #include <cstdint>
 
+#include "fa2/block_info.cuh"  // SequenceBounds
 #include "fa2/bwd/block_range.cuh"
 #include "fa2/params.h"
 #include "fa2/tile_order.h"
@@ -36,6 +37,38 @@ __device__ __forceinline__ BwdTile bwd_tile(const AttentionParams& p, int* ticke
   }
   return tile;
 }
+
+// bwd_kernel's tile within its sequence (block_info.cuh): a varlen call's sequence, whose key blocks past its end have
+// nothing to do (their keys are the next sequence's), read once from cu_seqlens; a dense call's batch element, whose
+// lengths and strides the kernel reads from the params where it uses them (as it did before varlen: moving those reads
+// changed its register allocation).
+template <bool kVarlen>
+struct BwdTileSequence {
+  SequenceBounds seq{};  // (varlen only)
+  int batch;
+
+  __device__ __forceinline__ BwdTileSequence(const AttentionParams& p, int batch_) : batch(batch_) {
+    if constexpr (kVarlen) seq = sequence_bounds<true>(p, batch_);
+  }
+  __device__ __forceinline__ int seqlen_q(const AttentionParams& p) const {
+    return kVarlen ? seq.seqlen_q : p.seqlen_q;
+  }
+  __device__ __forceinline__ int seqlen_k(const AttentionParams& p) const {
+    return kVarlen ? seq.seqlen_k : p.seqlen_k;
+  }
+  // offsets of the batch element's first query / key row in a tensor of these strides
+  __device__ __forceinline__ int64_t q_rows(int64_t batch_stride, int64_t row_stride) const {
+    return kVarlen ? int64_t(seq.q_row0) * row_stride : batch * batch_stride;
+  }
+  __device__ __forceinline__ int64_t k_rows(int64_t batch_stride, int64_t row_stride) const {
+    return kVarlen ? int64_t(seq.k_row0) * row_stride : batch * batch_stride;
+  }
+  // the first row of (batch, head) bh in the row-wise buffers (lse, D, dq_accum): (batch, nheads, seqlen_q), or a
+  // varlen call's (nheads, total_q)
+  __device__ __forceinline__ int64_t stats_row0(const AttentionParams& p, int64_t bh, int head) const {
+    return kVarlen ? int64_t(head) * p.total_q + seq.q_row0 : bh * p.seqlen_q;
+  }
+};
 
 // The (key block, head, batch) of this CTA of a (key blocks, heads, batch) grid (heads: nheads, or nheads_k where a
 // CTA takes a whole GQA group): blockIdx, except for the CTAs of the last p.tile_order_tail (batch, head) pairs, which

@@ -14,7 +14,7 @@ namespace fwd {
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build
 // (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 template <typename T_, int kHeadDim_, int kArchTag, ScoreMode kMode_, BiasType kBias_, bool kWarpSpecialized,
-          bool kPingpong_, bool kOverlap_, bool kTileCounter_, bool kCluster_>
+          bool kPingpong_, bool kOverlap_, bool kTileCounter_, bool kCluster_, bool kVarlen_ = false>
 struct FwdKernelTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -30,6 +30,9 @@ struct FwdKernelTraits {
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kTileCounter = kTileCounter_;
   static constexpr bool kCluster = kCluster_;
+  // kVarlen: packed sequences (params.h): each tile's rows, lengths and block info are its sequence's
+  // (fwd/tile_scheduler.cuh); the one-tile-per-CTA cp.async kernels, without a bias.
+  static constexpr bool kVarlen = kVarlen_;
 
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
@@ -101,6 +104,8 @@ struct FwdKernelTraits {
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
   static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
+  static_assert(!kVarlen || (!kTma && !kWs && kBias == BiasType::kNone),
+                "varlen: the cp.async kernels (one tile per CTA), no bias");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
                 "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
 };

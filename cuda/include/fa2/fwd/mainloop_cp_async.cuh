@@ -23,7 +23,7 @@ struct FwdMainloopCpAsync {
   static_assert(Cfg::kStages == 1 || Cfg::kStages == 2, "single- or double-buffered K/V");
 
   __device__ __forceinline__ static FwdCpAsyncLoads<Traits> loads(const FwdTile<Traits>& tile) {
-    return {tile.p, tile.smem, tile.k, tile.v, tile.headdim, tile.tid};
+    return {tile.p, tile.smem, tile.k, tile.v, tile.headdim, tile.tid, tile.info.seqlen_k};
   }
 
   // -- prologue: Q and the first (highest) key tile in flight

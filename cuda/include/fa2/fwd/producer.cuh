@@ -150,6 +150,9 @@ struct FwdCpAsyncLoads {
   const T* k;  // this (batch, kv head)'s first key row
   const T* v;
   int headdim, tid;
+  int varlen_seqlen_k = 0;  // kVarlen: the tile's sequence's keys (BlockInfo); dense calls read p.seqlen_k
+
+  __device__ __forceinline__ int seqlen_k() const { return Traits::kVarlen ? varlen_seqlen_k : p.seqlen_k; }
 
   __device__ __forceinline__ void q(const T* q_rows, int rows_q) const {
     load_tile_async<typename Traits::QTile, Traits::kBlockM, kHeadDim, kNThreads, /*kCheckRows=*/true>(
@@ -158,13 +161,13 @@ struct FwdCpAsyncLoads {
   template <bool kCheckRows>
   __device__ __forceinline__ void k_tile(int n, int buf) const {
     load_tile_async<typename Traits::KVTile, kBlockN, kHeadDim, kNThreads, kCheckRows>(
-        smem.k(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, p.seqlen_k - n * kBlockN, headdim,
+        smem.k(buf), k + int64_t(n) * kBlockN * p.k_row_stride, p.k_row_stride, seqlen_k() - n * kBlockN, headdim,
         tid);
   }
   template <bool kCheckRows>
   __device__ __forceinline__ void v_tile(int n, int buf) const {
     load_tile_async<typename Traits::KVTile, kBlockN, kHeadDim, kNThreads, kCheckRows>(
-        smem.v(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, p.seqlen_k - n * kBlockN, headdim,
+        smem.v(buf), v + int64_t(n) * kBlockN * p.v_row_stride, p.v_row_stride, seqlen_k() - n * kBlockN, headdim,
         tid);
   }
 };

@@ -1,7 +1,7 @@
 // Which query blocks ("tiles": kBlockM queries of one (batch, head)) a forward CTA runs, and in which order (FA-3's
 // tile scheduler): one tile per CTA from a (query blocks, heads, batch) grid, one from a 1-D grid of tiles, or a
 // persistent CTA's tiles one after another (every gridDim.x-th, or the next unclaimed one from a tile counter).
-// Varlen and split-KV change what a tile is: here.
+// Varlen and split-KV change what a tile is: here (varlen: a tile's rows and lengths are its sequence's, sequence()).
 #pragma once
 #include "fa2/block_info.cuh"
 #include "fa2/fwd/pipeline.cuh"
@@ -96,6 +96,12 @@ struct FwdTileScheduler {
     head = bh % p.nheads;
     batch = bh / p.nheads;
   }
+  // Where tile (.., batch)'s rows lie and how long its sequence is (block_info.cuh): a dense call's batch element, or
+  // a varlen call's sequence, whose blocks past its end have nothing to do (the grid is sized by max_seqlen_q).
+  __device__ __forceinline__ SequenceBounds sequence(int batch) const {
+    return sequence_bounds<Traits::kVarlen>(p, batch);
+  }
+
   __device__ __forceinline__ FwdTileCoord coord(int t) const {
     FwdTileCoord c;
     at(t, c.m_block, c.head, c.batch);

@@ -1,0 +1,240 @@
+// CUDA varlen (packed sequences): torch tensors -> checks -> AttentionParams -> the plan -> fa2::run_fwd / run_bwd.
+// Registers only fa2::varlen_fwd and fa2::varlen_bwd for the CUDA dispatch key (schemas in cpp/ops.cpp). No host
+// synchronization: cu_seqlens and seqused_k stay on the device, max_seqlen_q / max_seqlen_k size the grids, and a
+// block past its sequence's end exits (params.h, plan.h: the sm80 path's kernels with kVarlen, on every GPU).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "checks.h"
+#include "cuda/params_from_tensors.h"
+#include "fa2/launch.h"
+#if FA2_CUDA_BWD
+#include "fa2/bwd_launch.h"
+#endif
+
+namespace fa2 {
+namespace {
+
+using at::Tensor;
+
+// A value head dim of its own (fa2.attention's, by zero-padding) is not wired into the varlen kernels' glue yet: an
+// error rather than a wrong shape (the CPU takes it).
+void check_same_value_headdim(const VarlenProblem& vp) {
+  TORCH_CHECK_VALUE(vp.problem.headdim_v == vp.problem.headdim, "fa2.varlen (CUDA): v's headdim must equal q's and "
+                    "k's for now (got q/k ", vp.problem.headdim, ", v ", vp.problem.headdim_v, "); the CPU takes it");
+}
+
+// The packed tensors as the kernels read them: (1, total, heads, headdim) views, a batch of one whose rows the
+// sequences index (params.h), headdim zero-padded and rows aligned as for a dense call (params_from_tensors.h).
+Tensor packed_kernel_input(const Tensor& t, int64_t headdim_padded) {
+  return cuda_glue::kernel_input(t.unsqueeze(0), headdim_padded);
+}
+
+// Points a (pointer, batch / row / head strides) group of the params at a packed (1, total, heads, headdim) tensor.
+template <class Ptr>
+void point_at(const Tensor& t, Ptr& ptr, int64_t& batch_stride, int64_t& row_stride, int64_t& head_stride) {
+  ptr = static_cast<Ptr>(t.data_ptr());
+  batch_stride = t.stride(0), row_stride = t.stride(1), head_stride = t.stride(2);
+}
+
+// The inputs, sizes and flags (set_common_params on the packed views, headdim padded to a multiple of 8 and rounded to
+// an instance's: rounded_headdim, the direction's fwd_ / bwd_headdim_rounded) and the varlen fields.
+struct VarlenInputs {
+  Tensor q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k;  // (kept alive for the launch)
+};
+AttentionParams varlen_params(const VarlenProblem& vp, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                              const std::optional<Tensor>& seqused_k, int (*rounded_headdim)(int),
+                              const char* direction, VarlenInputs* inputs) {
+  // (the kernels index rows with int: a sequence's first row plus a block stays below 2^31)
+  constexpr int64_t kMaxTotal = std::numeric_limits<int32_t>::max() / 2;
+  TORCH_CHECK_VALUE(vp.total_q <= kMaxTotal && vp.total_k <= kMaxTotal, "fa2.varlen (CUDA): total_q and total_k must "
+                    "be <= ", kMaxTotal, ", got ", vp.total_q, " and ", vp.total_k);
+  const int64_t headdim = vp.problem.headdim, headdim_padded = cuda_glue::round_up_8(headdim);
+  const int headdim_rounded = rounded_headdim(static_cast<int>(headdim_padded));
+  TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA ", direction, " kernel for headdim ", headdim,
+              " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
+  inputs->q = packed_kernel_input(q, headdim_padded);
+  inputs->k = packed_kernel_input(k, headdim_padded);
+  inputs->v = packed_kernel_input(v, headdim_padded);
+  inputs->cu_seqlens_q = cu_seqlens_q.contiguous();
+  inputs->cu_seqlens_k = cu_seqlens_k.contiguous();
+  if (seqused_k.has_value()) inputs->seqused_k = seqused_k->contiguous();
+  AttentionParams params;
+  cuda_glue::set_common_params(params, vp.problem, inputs->q, inputs->k, inputs->v);  // (headdim: the padded one)
+  params.headdim_rounded = headdim_rounded;
+  params.cu_seqlens_q = inputs->cu_seqlens_q.data_ptr<int>();
+  params.cu_seqlens_k = inputs->cu_seqlens_k.data_ptr<int>();
+  params.seqused_k = seqused_k.has_value() ? inputs->seqused_k.data_ptr<int>() : nullptr;
+  params.total_q = static_cast<int>(vp.total_q);
+  params.total_k = static_cast<int>(vp.total_k);
+  return params;
+}
+
+// Whether no query sees any key: no sequences, no heads, no queries or no keys at all (also where max_seqlen_* say
+// so). Such calls launch nothing: out = 0, lse = +inf, gradients 0.
+bool nothing_attends(const VarlenProblem& vp) {
+  const AttentionProblem& p = vp.problem;
+  return p.batch == 0 || p.nheads == 0 || vp.total_q == 0 || vp.total_k == 0 || p.seqlen_q == 0 || p.seqlen_k == 0;
+}
+
+std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                           int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                           const std::optional<Tensor>& seqused_k, std::optional<double> scale,
+                                           bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                           double dropout_p, const std::optional<Tensor>& sinks) {
+  const VarlenProblem vp =
+      check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, scale,
+                              causal, window_left, window_right, softcap, dropout_p, sinks);
+  check_same_value_headdim(vp);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
+  Tensor out = at::empty({vp.total_q, nheads, headdim}, q.options());
+  Tensor lse = at::empty({nheads, vp.total_q}, q.options().dtype(at::kFloat));
+  if (nothing_attends(vp)) {
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+  VarlenInputs inputs;
+  AttentionParams params =
+      varlen_params(vp, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, &fwd_headdim_rounded, "forward", &inputs);
+  const FwdPlan plan = plan_fwd_call(params);
+  TORCH_CHECK(plan.error == nullptr, "fa2 varlen forward (CUDA) failed: ", plan.error);
+  const int64_t headdim_padded = params.headdim;
+  Tensor out_k = headdim_padded == headdim ? out.unsqueeze(0)
+                                           : at::empty({1, vp.total_q, nheads, headdim_padded}, q.options());
+  point_at(out_k, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
+  params.lse = lse.data_ptr<float>();  // (nheads, total_q)
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  Tensor workspace;  // (none for the varlen kernels today; allocated as for any plan)
+  if (plan.workspace_ints > 0) {
+    workspace = cuda_glue::zeroed_ints(plan.workspace_ints, q.options(), stream);
+    params.workspace = workspace.data_ptr();
+  }
+  const char* err = run_fwd(plan, params, stream);
+  TORCH_CHECK(err == nullptr, "fa2 varlen forward (CUDA) failed: ", err);
+  if (headdim_padded != headdim) out.copy_(out_k[0].narrow(2, 0, headdim));
+  return {out, lse};
+}
+
+#if FA2_CUDA_BWD
+
+// dq, dk, dv like q, k, v (contiguous). Keys past a sequence's seqused_k[b] are seen by no query: their gradients are
+// the zeros they start as (no kernel writes them).
+std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
+    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+    const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    const std::optional<Tensor>& seqused_k, std::optional<double> scale, bool causal, int64_t window_left,
+    int64_t window_right, double softcap, double dropout_p, const std::optional<Tensor>& sinks, bool deterministic) {
+  const VarlenProblem vp =
+      check_varlen_bwd_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              seqused_k, scale, causal, window_left, window_right, softcap, dropout_p, sinks);
+  check_same_value_headdim(vp);
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  const int64_t nheads = vp.problem.nheads, nheads_k = vp.problem.nheads_k, headdim = vp.problem.headdim;
+  const int64_t total_q = vp.total_q, total_k = vp.total_k;
+  const bool unused_keys = seqused_k.has_value();
+  auto kv_grad = [&](at::IntArrayRef sizes, const at::TensorOptions& options) {
+    return unused_keys ? cuda_glue::zeroed(sizes, options, stream) : at::empty(sizes, options);
+  };
+  // (in their inputs' memory order, as the CPU's and the fake kernel's: empty_grad_like on the batch-1 view)
+  auto grad_like = [](const Tensor& t) { return empty_grad_like(t.unsqueeze(0)).squeeze(0); };
+  Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
+  if (unused_keys) dk.zero_(), dv.zero_();
+  Tensor dsinks = at::empty({0}, q.options());
+  if (nothing_attends(vp)) {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv, dsinks};
+  }
+  VarlenInputs inputs;
+  AttentionParams params =
+      varlen_params(vp, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, &bwd_headdim_rounded, "backward", &inputs);
+  const int64_t headdim_padded = params.headdim, headdim_rounded = params.headdim_rounded;
+  const Tensor outk = packed_kernel_input(out, headdim_padded);
+  const Tensor doutk = packed_kernel_input(dout, headdim_padded);
+  const Tensor lsek = lse.contiguous();
+  const bool padded = headdim_padded != headdim;
+  const bool gqa = nheads != nheads_k;
+  const auto f32 = q.options().dtype(at::kFloat);
+  Tensor dq_k = padded ? at::empty({1, total_q, nheads, headdim_padded}, q.options()) : dq.unsqueeze(0);
+  // GQA: fp32 partials per query head (bwd_kernel.cuh), summed over each group below
+  Tensor dk_k = gqa      ? kv_grad({1, total_k, nheads, headdim_padded}, f32)
+                : padded ? kv_grad({1, total_k, nheads_k, headdim_padded}, k.options())
+                         : dk.unsqueeze(0);
+  Tensor dv_k = gqa      ? kv_grad({1, total_k, nheads, headdim_padded}, f32)
+                : padded ? kv_grad({1, total_k, nheads_k, headdim_padded}, v.options())
+                         : dv.unsqueeze(0);
+  Tensor softmax_d = at::empty({nheads, total_q}, f32);
+  Tensor dq_accum = at::empty({nheads, total_q, headdim_rounded}, f32);  // zeroed by the kernels
+  point_at(outk, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
+  point_at(doutk, params.dout, params.dout_batch_stride, params.dout_row_stride, params.dout_head_stride);
+  point_at(dq_k, params.dq, params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride);
+  point_at(dk_k, params.dk, params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride);
+  point_at(dv_k, params.dv, params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride);
+  params.lse = lsek.data_ptr<float>();  // (nheads, total_q)
+  params.gqa_dkv = GqaDkv::kPartials;
+  params.softmax_d = softmax_d.data_ptr<float>();
+  params.dq_accum = dq_accum.data_ptr<float>();
+  // Softcap (the score-mod path): P against (row_shift, row_lse) = (0, lse), with no row statistics kernel (plan.h,
+  // BwdPlan::varlen). Exact wherever |lse| <= 4096 (bwd_row_stats_kernel), which a softcap keeps every score within.
+  Tensor row_shift;
+  if (bwd_uses_score_mod(params)) {
+    row_shift = cuda_glue::zeroed({nheads, total_q}, f32, stream);
+    params.row_lse = params.lse;
+    params.row_shift = row_shift.data_ptr<float>();
+  }
+  params.deterministic = deterministic;
+  const BwdPlan plan = plan_bwd_call(params);
+  TORCH_CHECK(plan.error == nullptr, "fa2 varlen backward (CUDA) failed: ", plan.error);
+  TORCH_CHECK(!gqa || plan.gqa_dkv == GqaDkv::kPartials, "fa2 varlen backward (CUDA): the plan asks for GQA dK / dV "
+              "buffers other than fp32 partials, which its kernel does not write");
+  const Tensor workspace = plan.workspace_ints <= 0 ? Tensor()
+                           : plan.zero_workspace    ? cuda_glue::zeroed_ints(plan.workspace_ints, q.options(), stream)
+                                                    : at::empty({plan.workspace_ints}, q.options().dtype(at::kInt));
+  params.workspace = plan.workspace_ints > 0 ? workspace.data_ptr() : nullptr;
+  params.workspace_ints = plan.workspace_ints;
+  const char* err = run_bwd(plan, params, stream);
+  TORCH_CHECK(err == nullptr, "fa2 varlen backward (CUDA) failed: ", err);
+  if (padded) dq.copy_(dq_k[0].narrow(2, 0, headdim));
+  if (gqa) {
+    const int64_t group = nheads / nheads_k;
+    dk.copy_(dk_k[0].narrow(2, 0, headdim).unflatten(1, {nheads_k, group}).sum(2));
+    dv.copy_(dv_k[0].narrow(2, 0, headdim).unflatten(1, {nheads_k, group}).sum(2));
+  } else if (padded) {
+    dk.copy_(dk_k[0].narrow(2, 0, headdim));
+    dv.copy_(dv_k[0].narrow(2, 0, headdim));
+  }
+  return {dq, dk, dv, dsinks};
+}
+
+#else  // built with FA2_DISABLE_BWD
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+    const Tensor&, int64_t, int64_t, const std::optional<Tensor>&, std::optional<double>, bool, int64_t, int64_t,
+    double, double, const std::optional<Tensor>&, bool) {
+  TORCH_CHECK(false, "fa2: this build has no CUDA backward (built with FA2_DISABLE_BWD=ON); rebuild without it");
+}
+
+#endif
+
+}  // namespace
+}  // namespace fa2
+
+TORCH_LIBRARY_IMPL(fa2, CUDA, m) {
+  m.impl("varlen_fwd", &fa2::varlen_fwd_cuda);
+  m.impl("varlen_bwd", &fa2::varlen_bwd_cuda);
+}
