@@ -58,7 +58,7 @@ AttentionParams varlen_params(const VarlenProblem& vp, const Tensor& q, const Te
   constexpr int64_t kMaxTotal = std::numeric_limits<int32_t>::max() / 2;
   TORCH_CHECK_VALUE(vp.total_q <= kMaxTotal && vp.total_k <= kMaxTotal, "fa2.varlen (CUDA): total_q and total_k must "
                     "be <= ", kMaxTotal, ", got ", vp.total_q, " and ", vp.total_k);
-  const int64_t headdim = vp.problem.headdim, headdim_padded = cuda_glue::round_up_8(headdim);
+  const int64_t headdim = vp.problem.headdim, headdim_padded = cuda_glue::kernel_headdim(vp.problem);
   const int headdim_rounded = rounded_headdim(static_cast<int>(headdim_padded));
   TORCH_CHECK(headdim_rounded > 0, "fa2: this build has no CUDA ", direction, " kernel for headdim ", headdim,
               " (rebuild with FA2_HEADDIMS including a headdim >= ", headdim_padded, ")");
