@@ -183,6 +183,45 @@ def test_flash_operator_runs_fa2_forward_and_backward(case, dtype, cpu_registrat
         assert_close_rule(name, got.grad, hi.grad.transpose(1, 2), lo.grad.transpose(1, 2), 3)
 
 
+BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+
+
+def _split_keys_gradients(q, k, v, dout, is_causal):
+    """Attention over k/v in two halves (the flash operators per half, the halves merged by their LSE), then each
+    half's backward given the merged out and LSE, as context parallel's ring does: (out, dq, dk, dv)."""
+    half = k.shape[2] // 2
+    parts = [FORWARD(q, k[:, :, s], v[:, :, s], 0.0, False, False) for s in (slice(0, half), slice(half, None))]
+    lse = torch.logaddexp(parts[0][1], parts[1][1])
+    out = sum(torch.exp(p[1] - lse)[..., None] * p[0].double() for p in parts).to(q.dtype)
+    grads = [BACKWARD(dout, q, k[:, :, s], v[:, :, s], out, lse, None, None, q.shape[2], k.shape[2] - half, 0.0,
+                      False, parts[0][6], parts[0][7]) for s in (slice(0, half), slice(half, None))]
+    return (out, grads[0][0] + grads[1][0], torch.cat([grads[0][1], grads[1][1]], 2),
+            torch.cat([grads[0][2], grads[1][2]], 2))
+
+
+def _check_split_keys(dtype, device):
+    q, k, v = (t.detach() for t in _inputs(2, 4, 2, 40, 64, 32, dtype, device, "bshd"))
+    dout = torch.randn(2, 4, 40, 32, dtype=dtype, device=device)
+    got = _split_keys_gradients(q, k, v, dout, False)
+    hi, lo = (_reference(q, k, v, False, None, upcast) for upcast in (True, False))
+    for (args, out, _), g in ((hi, dout.to(hi[1].dtype)), (lo, dout)):
+        out.backward(g)
+    wants = [(got[0], hi[1], lo[1])] + [(g, h.grad.transpose(1, 2), l.grad.transpose(1, 2))
+                                        for g, h, l in zip(got[1:], hi[0], lo[0])]
+    for name, (g, want_hi, want_lo) in zip(("out", "dq", "dk", "dv"), wants):
+        if dtype == torch.float64:  # (the LSEs are float32: the merged one carries float's precision, not fp64's)
+            torch.testing.assert_close(g, want_hi, atol=1e-5, rtol=1e-5, msg=name)
+        else:
+            assert_close_rule(name, g, want_hi, want_lo, 2 if name == "out" else 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backward_takes_out_and_lse_over_more_keys(dtype, cpu_registration):
+    """The flash backward's contract context parallel relies on: given the out and LSE of attention over more keys
+    than its own (the other ring chunks'), each call's gradients add up to the whole attention's."""
+    _check_split_keys(dtype, "cpu")
+
+
 def test_calls_fa2_leaves_go_to_the_kernel_before(cpu_registration):
     """Dropout (fa2 has none) is left to the kernel registered before: on the CPU there is none, which it says."""
     q, k, v = _inputs(1, 2, 2, 8, 8, 16, torch.float32, "cpu", "bhsd")
@@ -293,3 +332,11 @@ def test_cuda_dropout_keeps_pytorchs_kernel():
     with fa2.sdpa_backend():
         events = _fa2_events(lambda: _sdpa_flash(q, k, v, dropout_p=0.5).sum().backward())
     assert events == {}, events
+
+
+@needs_cuda
+@needs_registry
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_backward_takes_out_and_lse_over_more_keys(dtype):
+    with fa2.sdpa_backend():
+        _check_split_keys(dtype, "cuda")

@@ -108,7 +108,7 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                           softcap: float | None = None, position_bias: torch.Tensor | None = None,
                           **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention function. query (B, H, Sq, D), key/value (B, Hk, Sk, D); returns ((B, Sq, H, D), None).
-    """
+    attention_mask: None, fa2_mask's (B, kv) padding form, or a 4-D mask (bool or additive)."""
     if dropout:
         raise NotImplementedError(
             f"fa2 has no attention dropout, got dropout={dropout} (module in training mode with attention_dropout > 0): "
@@ -132,8 +132,6 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         query, key, value = pad(query), pad(key), pad(value)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # a mask fa2_mask noted as causal over padding: the padding as a key mask, and the causal flag (whatever the
-    # module says: some compute is_causal as "no mask given")
     # a (B, kv) mask is fa2_mask's causal over padding (bottom-right diagonal checked there): causal with a key
     # mask, whatever the module says (some compute is_causal as "no mask given")
     key_padding = attention_mask is not None and attention_mask.dim() == 2
