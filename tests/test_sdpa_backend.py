@@ -169,6 +169,8 @@ def test_flash_operator_runs_fa2_forward_and_backward(case, dtype, cpu_registrat
     assert out.shape == meta[0].shape and _same_layout(out, meta[0])
     assert lse.shape == meta[1].shape and lse.dtype == torch.float32
     assert rest[2:4] == [seqlen_q, seqlen_k]
+    for got, want in zip(rest[4:6], meta[6:8]):  # the philox seed and offset (unused without dropout)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
     for t in (q, k, v):
         assert _same_layout(t.grad, torch.empty_like(t))
     (qh, kh, vh), out_hi, lse_hi = _reference(q, k, v, is_causal, scale, upcast=True)

@@ -20,6 +20,7 @@ kernel that was registered before, which ``torch.library.get_kernel`` keeps.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from ._ops_impl import deterministic_enabled
@@ -67,6 +68,15 @@ def _laid_out_like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(ref).copy_(t)
 
 
+@functools.cache
+def _rng_outputs():
+    """(shape, dtype) of the forward's philox seed and offset outputs, as this torch's meta kernel has them (they
+    changed across torch versions; compiled graphs check them)."""
+    meta = torch.empty(1, 1, 1, 8, device="meta", dtype=torch.float16)
+    outputs = torch.ops.aten._scaled_dot_product_flash_attention.default(meta, meta, meta)
+    return tuple((tuple(t.shape), t.dtype) for t in outputs[6:8])
+
+
 def _flash_forward(original, keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                    *, scale=None):
     if return_debug_mask or not _runs_on_fa2(query, dropout_p):
@@ -76,8 +86,7 @@ def _flash_forward(original, keyset, query, key, value, dropout_p=0.0, is_causal
                                  bool(is_causal), -1, -1, 0.0)
     device = query.device
     # (no dropout: the random-number state the operator returns is unused; shapes and dtypes as its meta kernel's)
-    philox_seed = torch.zeros(2, dtype=torch.uint64, device=device)
-    philox_offset = torch.zeros((), dtype=torch.uint64, device=device)
+    philox_seed, philox_offset = (torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in _rng_outputs())
     debug_attn_mask = torch.empty(0, dtype=query.dtype, device=device)
     return (_laid_out_like(out.transpose(1, 2), query), lse, None, None, query.shape[2], key.shape[2],
             philox_seed, philox_offset, debug_attn_mask)
