@@ -94,7 +94,8 @@ def fa2_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, 
         padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length]
         padding = padding.bool()
         # no padding at all: plain causal, when the values can be read (as sdpa_mask; never while tracing)
-        if top_left_is_bottom_right and not mu.is_tracing(padding) and bool(padding.all()):
+        tracing = mu.is_tracing(padding) if hasattr(mu, "is_tracing") else torch.compiler.is_compiling()
+        if top_left_is_bottom_right and not tracing and bool(padding.all()):
             return None
         return padding
     return mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
