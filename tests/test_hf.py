@@ -163,56 +163,106 @@ class CaptureFa2Fwd(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_fa2_mask_is_sdpas_and_notes_only_bottom_right_causal_over_padding():
-    """fa2_mask returns transformers' sdpa_mask unchanged; it notes the padding (fa2: causal=True + a key mask) exactly
-    when the mask is plain causal over padding with fa2's bottom-right diagonal, with host-side offsets."""
-    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
-    # (transformers hands the builders bool padding masks)
+def _materialize(form, batch, q_length, kv_length, sliding_window=None):
+    """The (B, 1, q, kv) bool mask fa2_attention_forward runs for a None / (B, kv) form of fa2_mask: causal
+    bottom-right (key j visible iff j <= i + kv - q), the layer's window, the key padding."""
+    i = torch.arange(q_length)[:, None] + kv_length - q_length
+    j = torch.arange(kv_length)[None, :]
+    visible = j <= i
+    if sliding_window is not None:
+        visible = visible & (j > i - sliding_window)
+    visible = visible.expand(batch, 1, q_length, kv_length)
+    return visible if form is None else visible & form[:, None, None, :]
+
+
+def test_fa2_mask_forms_mean_sdpas_mask():
+    """fa2_mask gives None / a (B, kv) padding mask for plain and sliding-window causal masks whose diagonal is fa2's
+    bottom-right one (offsets on the host), transformers' 4-D sdpa mask otherwise; what fa2 runs for each form is
+    exactly sdpa_mask's materialized mask."""
+    from transformers import LlamaConfig, MistralConfig
+    from transformers.masking_utils import (bidirectional_mask_function, causal_mask_function, sdpa_mask,
+                                            sliding_window_causal_mask_function)
     pad = torch.ones(2, 10, dtype=torch.bool)
     pad[0, :3] = False
     pad14 = torch.ones(2, 14, dtype=torch.bool)
     pad14[0, :3] = False
-    noted = [dict(q_length=10, kv_length=10, attention_mask=pad),                    # prefill, no cache
-             dict(q_length=4, kv_length=14, q_offset=10, attention_mask=pad14),      # a chunk after 10 cached tokens
-             dict(q_length=1, kv_length=14, q_offset=13, attention_mask=pad14,       # decoding (a mask even for 1 query)
-                  allow_is_causal_skip=False)]
-    not_noted = [dict(q_length=10, kv_length=10, attention_mask=torch.ones(2, 10, dtype=torch.bool)),  # no padding
-                 dict(q_length=10, kv_length=16, attention_mask=torch.ones(2, 16, dtype=torch.bool),  # static cache
-                      allow_is_causal_skip=False),
-                 dict(q_length=10, kv_length=10, attention_mask=pad, local_size=4,
-                      mask_function=sliding_window_causal_mask_function(4)),
-                 dict(q_length=10, kv_length=10, attention_mask=pad, mask_function=lambda b, h, q, kv: kv <= q + 1),
-                 dict(q_length=4, kv_length=14, q_offset=torch.tensor(10), attention_mask=pad14)]  # a tensor offset
-    for kwargs, want_noted in [(k, True) for k in noted] + [(k, False) for k in not_noted]:
+    ones14 = torch.ones(2, 14, dtype=torch.bool)
+    sliding = dict(mask_function=sliding_window_causal_mask_function(4), local_size=4,
+                   config=MistralConfig(sliding_window=4))
+    cases = [  # (kwargs, the form: "none", "padding" or "sdpa")
+        (dict(q_length=10, kv_length=10), "none"),
+        (dict(q_length=10, kv_length=10, attention_mask=torch.ones(2, 10, dtype=torch.bool)), "none"),
+        (dict(q_length=10, kv_length=10, attention_mask=pad), "padding"),                  # prefill, no cache
+        (dict(q_length=4, kv_length=14, q_offset=10, attention_mask=pad14), "padding"),    # a chunk after 10 cached
+        (dict(q_length=4, kv_length=14, q_offset=10, attention_mask=ones14), "padding"),   # (all keys real)
+        (dict(q_length=4, kv_length=14, q_offset=10), "padding"),                          # (no 2-D mask given)
+        (dict(q_length=1, kv_length=14, q_offset=13, attention_mask=pad14), "padding"),    # decoding
+        (dict(q_length=1, kv_length=14, q_offset=13, attention_mask=pad14, allow_is_causal_skip=False), "sdpa"),
+        (dict(q_length=10, kv_length=10, attention_mask=pad, **sliding), "padding"),
+        (dict(q_length=10, kv_length=10, **sliding), "none"),
+        (dict(q_length=4, kv_length=6, q_offset=10, kv_offset=8, attention_mask=pad14, **sliding), "padding"),
+        (dict(q_length=10, kv_length=16, attention_mask=torch.ones(2, 16, dtype=torch.bool),   # static cache
+              allow_is_causal_skip=False), "sdpa"),
+        (dict(q_length=10, kv_length=16, q_offset=torch.tensor(0), attention_mask=pad14), "sdpa"),  # tensor offset
+        (dict(q_length=10, kv_length=10, attention_mask=pad, mask_function=lambda b, h, q, kv: kv <= q + 1), "sdpa"),
+        (dict(q_length=10, kv_length=10, attention_mask=pad, mask_function=bidirectional_mask_function), "sdpa"),
+        (dict(q_length=10, kv_length=10, attention_mask=pad, local_size=4,                # chunked attention
+              mask_function=sliding_window_causal_mask_function(4),
+              config=LlamaConfig(sliding_window=4, attention_chunk_size=4)), "sdpa"),
+        (dict(q_length=10, kv_length=10, attention_mask=pad, local_size=4,                # window not the config's
+              mask_function=sliding_window_causal_mask_function(4), config=MistralConfig(sliding_window=8)), "sdpa"),
+    ]
+    for kwargs, want_form in cases:
         got = fa2.hf.fa2_mask(2, **kwargs)
-        want = sdpa_mask(batch_size=2, **kwargs)
-        assert (got is None and want is None) or torch.equal(got, want), kwargs
-        padding = fa2.hf._padding_of(got)
-        assert (padding is not None) == want_noted, kwargs
-        if want_noted:
-            assert torch.equal(padding, kwargs["attention_mask"][:, -kwargs["kv_length"]:].bool())
-            assert fa2.hf._padding_of(got.clone()) is None  # only that very object
-            changed = got.contiguous()
-            fa2.hf._note_causal_over_padding(changed, padding)
-            changed[0, 0, -1, 0] = True  # changed in place after the note: not matched
-            assert fa2.hf._padding_of(changed) is None
+        form = "none" if got is None else "padding" if got.dim() == 2 else "sdpa"
+        assert form == want_form, (kwargs, form)
+        sdpa_kwargs = {k: v for k, v in kwargs.items() if k != "allow_is_causal_skip"}
+        want = sdpa_mask(batch_size=2, allow_is_causal_skip=False, **sdpa_kwargs)
+        if form == "sdpa":
+            assert torch.equal(got, sdpa_mask(batch_size=2, **kwargs)), kwargs
+            continue
+        window = kwargs.get("local_size")
+        assert torch.equal(_materialize(got, 2, kwargs["q_length"], kwargs["kv_length"], window), want), kwargs
+        assert kwargs.get("mask_function", causal_mask_function) is causal_mask_function or window is not None
 
 
-def test_a_noted_mask_is_causal_whatever_the_module_says():
-    """Some modules compute is_causal as "no mask given" (False with a mask): a noted causal-over-padding mask still
-    runs causal, as its 4-D form would."""
+def test_a_padding_mask_is_causal_whatever_the_module_says():
+    """Some modules compute is_causal as "no mask given" (False with a mask): fa2_mask's (B, kv) form still runs
+    causal (its bottom-right diagonal checked), with the key mask."""
     from fa2.reference import attention_ref
     q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
     pad = torch.ones(2, 6, dtype=torch.bool)
     pad[0, :2] = False
     mask = fa2.hf.fa2_mask(2, 6, 6, attention_mask=pad)
-    assert fa2.hf._padding_of(mask) is not None
+    assert mask.shape == (2, 6)
     module = torch.nn.Module()
     module.is_causal = False
     with CaptureFa2Fwd() as captured:
         out, _ = fa2.hf.fa2_attention_forward(module, q, k, v, mask, scaling=0.5, is_causal=False)
     assert captured.calls == [((2, 1, 1, 6), True)], captured.calls
-    want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale=0.5)
+    want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), _materialize(mask, 2, 6, 6),
+                         scale=0.5)
+    torch.testing.assert_close(out, want)
+
+
+def test_a_padding_mask_gets_the_layers_window():
+    """A sliding-window layer over a padded batch: the (B, kv) form plus the layer's window is transformers'
+    sliding-window mask (sdpa_mask's), keys outside the window hidden."""
+    from transformers import MistralConfig
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+    from fa2.reference import attention_ref
+    q, k, v = (torch.randn(2, 2, 8, 8) for _ in range(3))
+    pad = torch.ones(2, 8, dtype=torch.bool)
+    pad[0, :2] = False
+    kwargs = dict(mask_function=sliding_window_causal_mask_function(3), local_size=3, attention_mask=pad,
+                  config=MistralConfig(sliding_window=3))
+    mask = fa2.hf.fa2_mask(2, 8, 8, **kwargs)
+    assert mask.shape == (2, 8)
+    with CaptureFa2Fwd() as captured:
+        out, _ = fa2.hf.fa2_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=0.5, sliding_window=3)
+    assert captured.calls == [((2, 1, 1, 8), True)], captured.calls
+    want_mask = sdpa_mask(batch_size=2, q_length=8, kv_length=8, allow_is_causal_skip=False, **kwargs)
+    want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), want_mask, scale=0.5)
     torch.testing.assert_close(out, want)
 
 
@@ -265,20 +315,6 @@ def test_padded_batch_runs_causal_with_a_key_mask(device, dtype):
         assert torch.equal(out, eager.generate(ids, attention_mask=mask, **kwargs))
 
 
-def test_a_noted_mask_gets_no_window_from_the_layer():
-    """A noted causal-over-padding mask holds no window (it was built without one): a sliding_window the layer passes
-    alongside is ignored, as the SDPA path reads its 4-D form alone."""
-    from fa2.reference import attention_ref
-    q, k, v = (torch.randn(2, 2, 8, 8) for _ in range(3))
-    pad = torch.ones(2, 8, dtype=torch.bool)
-    pad[0, :2] = False
-    mask = fa2.hf.fa2_mask(2, 8, 8, attention_mask=pad)
-    assert fa2.hf._padding_of(mask) is not None
-    out, _ = fa2.hf.fa2_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=0.5, sliding_window=3)
-    want = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale=0.5)
-    torch.testing.assert_close(out, want)
-
-
 def _from_config(cfg_cls, model_cls, attn, **kw):
     torch.manual_seed(0)
     return model_cls._from_config(cfg_cls(**kw), attn_implementation=attn).eval()
@@ -326,3 +362,118 @@ def test_output_attentions_warns_that_there_are_none():
     with pytest.warns(UserWarning, match="fa2 does not return attention weights"), torch.no_grad():
         out = model(input_ids=zoo._ids("cpu")[:, :6], output_attentions=True)
     assert not any(a is not None for a in (out.attentions or ()))
+
+
+# ---- torch.compile: one graph, and fa2 gets causal=True (no materialized causal mask), forward and backward ----------
+
+@pytest.fixture
+def dynamo_takes_only_plain_modules(monkeypatch):
+    """Dynamo up to torch 2.12 breaks the graph at an import in traced code whose result is not exactly a module
+    ("Bad import result": transformers is a lazy module); the same rule here, whatever the installed torch does."""
+    import builtins
+    import types
+    import torch._dynamo.symbolic_convert as symbolic_convert
+
+    def import_plain_modules_only(*args, **kwargs):
+        value = builtins.__import__(*args, **kwargs)
+        if type(value) is not types.ModuleType:
+            raise ImportError(f"import result is a {type(value).__name__}, not a plain module")
+        return value
+    monkeypatch.setattr(symbolic_convert, "__import__", import_plain_modules_only, raising=False)
+
+
+def _fa2_calls_of(graphs):
+    """(attn_bias shape or None, causal, window_left) of every fa2.fwd / fa2.bwd node of the captured graphs."""
+    calls = {"fwd": [], "bwd": []}
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            kind = {torch.ops.fa2.fwd.default: "fwd", torch.ops.fa2.bwd.default: "bwd"}.get(node.target)
+            if kind is None:
+                continue
+            schema = node.target._schema.arguments
+            bound = {a.name: a.default_value for a in schema if a.has_default_value()}
+            bound.update(zip((a.name for a in schema), node.args))
+            bound.update(node.kwargs)
+            bias = bound["attn_bias"]
+            calls[kind].append((None if bias is None else tuple(bias.meta["val"].shape), bound["causal"],
+                                bound["window_left"]))
+    return calls
+
+
+def _compiled_fa2_calls(fn, *args, **kwargs):
+    """Runs torch.compile(fn) with an AOTAutograd backend that keeps the forward and backward graphs; returns fn's
+    result and the fa2 calls in those graphs."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+    torch._dynamo.reset()
+    result = torch.compile(fn, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))(*args, **kwargs)
+    return result, graphs
+
+
+@pytest.mark.parametrize("name,padded", [("llama", False), pytest.param("llama", True, marks=pytest.mark.slow),
+                                         pytest.param("mistral", False, marks=pytest.mark.slow)])
+def test_compiled_training_step_has_one_graph_and_runs_causal(name, padded, dynamo_takes_only_plain_modules):
+    """torch.compile of a training step of attn_implementation="fa2": one graph (torch._dynamo.explain), and every
+    fa2 call, forward and backward, gets causal=True with no materialized mask: attn_bias None without padding, the
+    (B, 1, 1, S) key mask with padding, the layer's window on sliding-window models; the loss is eager's."""
+    entry = zoo.ZOO_BY_NAME[name]
+    model = zoo.build(name, "cpu", torch.float32, attn="fa2").train()
+    ids = zoo._ids("cpu")
+    inputs = {"input_ids": ids, "labels": ids}
+    if padded:
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        inputs["attention_mask"] = mask
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(**inputs)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [b.reason for b in explained.break_reasons]
+
+    def step(**kw):
+        loss = model(**kw).loss
+        loss.backward()
+        return loss.detach()
+    loss, graphs = _compiled_fa2_calls(step, **inputs)
+    calls = _fa2_calls_of(graphs)
+    window = model.config.sliding_window - 1 if getattr(model.config, "sliding_window", None) else -1
+    want = ((ids.shape[0], 1, 1, ids.shape[1]) if padded else None, True, window)
+    assert len(calls["fwd"]) == entry.sites and len(calls["bwd"]) == entry.sites, calls
+    assert all(c == want for c in calls["fwd"] + calls["bwd"]), (want, calls)
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(loss, model(**inputs).loss.detach())
+
+
+@pytest.mark.slow  # (the quick run: the training step above)
+def test_compiled_generation_runs_causal_without_a_mask(dynamo_takes_only_plain_modules):
+    """Greedy generation with the model's forward compiled (dynamic cache): no fa2 call gets a materialized mask
+    (generate passes an all-ones attention_mask, which fa2_mask cannot read while tracing: at most the (B, 1, 1, kv)
+    key mask), the prompt's is causal; eager's tokens."""
+    model = zoo.build("llama", "cpu", torch.float32, attn="fa2").eval()
+    ids = zoo._ids("cpu")[:, :8]
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, **kwargs)
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+    torch._dynamo.reset()
+    forward = model.forward
+    model.forward = torch.compile(forward, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    try:
+        with torch.no_grad():
+            got = model.generate(ids, **kwargs)
+    finally:
+        model.forward = forward
+    assert torch.equal(got, want)
+    calls = _fa2_calls_of(graphs)["fwd"]
+    assert calls and all((bias is None or bias[1:3] == (1, 1)) and window == -1 for bias, _, window in calls), calls
+    assert any(causal for _, causal, _ in calls), calls  # the prompt (8 queries): causal

@@ -170,6 +170,13 @@ ExactRowStats<acc_t> exact_row_stats(const BwdProblem<scalar_t>& bp) {
       const int64_t b = row / (bp.nheads * bp.seqlen_q), h = row / bp.seqlen_q % bp.nheads, i = row % bp.seqlen_q;
       exact_row_statistics(bp, b, h, i, q_pack.data(), k_pack.data(), s_row.data(),
                            softcap ? dtanh_row.data() : nullptr, stats.max[row], stats.inv_sum[row]);
+      // A finite lse that is not this call's own (beyond float rounding) was taken over more keys (ring attention's
+      // chunks): P = exp(S - lse) from it, not this call's statistics.
+      const double given = bp.lse(b, h, i), own = stats.max[row] - std::log(static_cast<double>(stats.inv_sum[row]));
+      if (std::isfinite(given) && stats.inv_sum[row] > 0 &&
+          std::abs(own - given) > 8 * std::numeric_limits<float>::epsilon() * std::max(1.0, std::abs(given))) {
+        stats.is_exact[row] = 0;
+      }
     }
   });
   return stats;
@@ -324,7 +331,9 @@ class BwdWorker {
       // D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij. When all keys row i sees lie in this block, take the second form from
       // this tile: it carries dP's own rounding, so dS is exactly 0 where P is one-hot (a row that sees a single
       // key), as in exact arithmetic, instead of the difference of two roundings.
-      const bool own_sum = t.holds_every_key_of(bp_.mods.window, q_begin + r);
+      // (only where this call's keys carry the row's whole softmax: out and lse may come from more keys, as in ring
+      // attention's chunks, and then only rowsum(dO ∘ O) is D)
+      const bool own_sum = t.holds_every_key_of(bp_.mods.window, q_begin + r) && sums_to_one(p_row, cols);
       softmax_grad_row(ds_row, p_row, cols, own_sum ? dot_row(p_row, ds_row, cols) : row_d[r]);
     }
     if (bp_.dbias_data != nullptr) {  // the bias enters after softcap: its gradient is dS itself
@@ -354,6 +363,13 @@ class BwdWorker {
       gemm_ab<acc_t>(rows, headdim_, cols, bp_.scale, ds, block_k_, k_tile.values, k_tile.ld, acc_t(1), dq_rows,
                      headdim_);
     }
+  }
+
+  // Whether a row of P sums to 1 up to the rounding of its sum: its keys hold all of its softmax.
+  static bool sums_to_one(const acc_t* p_row, int64_t cols) {
+    acc_t sum = 0;
+    for (int64_t j = 0; j < cols; ++j) sum += p_row[j];
+    return std::abs(sum - acc_t(1)) <= acc_t(4) * static_cast<acc_t>(cols) * std::numeric_limits<acc_t>::epsilon();
   }
 
   // Row r of the tile's S (p_row, after the score mods) into P. lse = +inf (the row sees no key) gives P = 0, hence

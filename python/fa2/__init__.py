@@ -4,7 +4,8 @@ Three ways in:
   * ``torch.compile(model, backend="fa2")`` rewrites every attention site of an unmodified model into fa2;
   * ``fa2.attention(q, k, v, ...)`` / ``torch.ops.fa2.attention`` (flash-attn layout) and ``fa2.sdpa(...)``
     (a drop-in for F.scaled_dot_product_attention);
-  * Hugging Face: ``fa2.hf.register()`` then ``attn_implementation="fa2"``.
+  * Hugging Face: ``fa2.hf.register()`` then ``attn_implementation="fa2"``;
+and PyTorch's own SDPA on fa2: ``fa2.enable_sdpa_backend()`` / ``fa2.disable_sdpa_backend()`` / ``with fa2.sdpa_backend():``.
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from ._ops_impl import deterministic  # noqa: E402
 from .ops import attention, attention_with_lse, sdpa  # noqa: E402
 from .varlen import varlen_attention  # noqa: E402  (also registers varlen_fwd / varlen_bwd's fake kernels, autograd)
 from . import backend as _backend  # noqa: E402,F401  (registers torch.compile(backend="fa2"); Inductor loads lazily)
+from ._sdpa_backend import disable_sdpa_backend, enable_sdpa_backend, sdpa_backend  # noqa: E402
 
 __version__ = _C.build_info()["version"]
 
 __all__ = ["attention", "attention_with_lse", "sdpa", "varlen_attention", "deterministic", "explain", "install",
-           "uninstall", "build_info", "__version__"]
+           "uninstall", "enable_sdpa_backend", "disable_sdpa_backend", "sdpa_backend", "build_info", "__version__"]
 
 
 def build_info() -> dict:

@@ -5,20 +5,23 @@
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="fa2")   # or .from_config(...)
 
 transformers calls the attention function with (B, H, S, D) query/key/value (K/V with their own, fewer, heads for
-GQA), the mask it built, and the model's scaling / softcap / sliding window. fa2 reads the (B, H, S, D) tensors
-through transposed views (no copies), does GQA natively (no repeat_kv), and takes the mask as a bool ``attn_bias``.
-The masks are those of transformers' SDPA builder (``fa2_mask`` wraps it, registered for "fa2"): boolean (B, 1, q, kv),
-True = attend, or None when the mask is plain causal (fa2 runs ``causal=True`` and skips the hidden blocks). Models
-get exactly the masks they get with "sdpa". For a causal mask over padding whose diagonal is fa2's bottom-right one
-(no cache, or a dynamic cache that ends where the queries end), fa2_mask also remembers which keys are padded: when
-that very mask object reaches fa2_attention_forward (not sliced or copied on the way, not under torch.compile), fa2
-runs ``causal=True`` with a (B, 1, 1, kv) key mask, the padding masks' fast kernels, instead of the 4-D mask (the same
-keys visible).
+GQA), the mask its mask builder made, and the model's scaling / softcap / sliding window. fa2 reads the (B, H, S, D)
+tensors through transposed views (no copies) and does GQA natively (no repeat_kv).
+
+The mask builder registered for "fa2" (``fa2_mask``, with transformers' AttentionMaskInterface, as its
+flash-attention integrations register theirs) decides on the host, from sizes and offsets alone, so it gives the
+same answer eager and under torch.compile (transformers' SDPA builder always materializes the 4-D mask while
+tracing):
+- a plain causal (or sliding-window causal) mask whose diagonal is fa2's bottom-right one and no padding: ``None``;
+  fa2 runs ``causal=True`` (and the layer's window) and skips the hidden blocks;
+- the same over a padded batch: the (B, kv) bool padding mask, True = a real token; fa2 runs ``causal=True`` with a
+  (B, 1, 1, kv) key mask (the padding masks' fast kernels), the window from the layer as above;
+- anything else (custom mask functions, packed sequences, static caches, bidirectional masks): transformers' SDPA
+  mask, (B, 1, q, kv) bool, passed as ``attn_bias``.
 """
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 
@@ -26,61 +29,78 @@ __all__ = ["register", "fa2_attention_forward", "fa2_mask"]
 
 NAME = "fa2"
 
+# transformers.masking_utils, resolved once outside any traced call: an import inside fa2_mask breaks the graph
+# under torch.compile (Dynamo of torch <= 2.12 refuses the import result, transformers being a lazy module).
+_masking_utils = None
+
+
+def _masking():
+    global _masking_utils
+    if _masking_utils is None:
+        from transformers import masking_utils
+        _masking_utils = masking_utils
+    return _masking_utils
+
 
 def register(name: str = NAME) -> None:
     """Register fa2 with transformers' ``AttentionInterface`` (and its mask builder with
     ``AttentionMaskInterface``) under ``name``. Idempotent."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    mu = _masking()
     AttentionInterface.register(name, fa2_attention_forward)
-    AttentionMaskInterface.register(name, fa2_mask)
+    mu.AttentionMaskInterface.register(name, fa2_mask)
 
 
-# fa2_mask's note of the 4-D masks that are a causal mask (fa2's bottom-right diagonal) over padding: id(mask) ->
-# (a weak reference to the mask, its version counter then, its (B, kv) padding). An entry leaves with its mask (the
-# weak reference's callback), so an id is never matched against a later tensor; a mask changed in place since (its
-# version moved) is not matched either.
-_CAUSAL_OVER_PADDING: dict = {}
+def _is_host_int(x) -> bool:
+    return isinstance(x, (int, torch.SymInt))
 
 
-def _note_causal_over_padding(mask: torch.Tensor, padding: torch.Tensor) -> None:
-    key = id(mask)
-    _CAUSAL_OVER_PADDING[key] = (weakref.ref(mask, lambda _, key=key: _CAUSAL_OVER_PADDING.pop(key, None)),
-                                 mask._version, padding)
-
-
-def _padding_of(mask) -> torch.Tensor | None:
-    """The (B, kv) padding of a mask fa2_mask built as causal over padding (this very object), else None."""
-    if mask is None or torch.compiler.is_compiling():
-        return None
-    entry = _CAUSAL_OVER_PADDING.get(id(mask))
-    return entry[2] if entry is not None and entry[0]() is mask and entry[1] == mask._version else None
+def _is_causal_family(mu, mask_function, local_size, config) -> bool:
+    """True when mask_function is transformers' plain causal mask, or its sliding-window causal one (whose window the
+    layer passes to the attention function as ``sliding_window``, as it does for flash-attention)."""
+    if local_size is None:
+        return mask_function is mu.causal_mask_function
+    # create_sliding_window_causal_mask passes local_size=config.sliding_window; the chunked (attention_chunk_size)
+    # and bidirectional (config.is_causal False) builders pass a local_size too, and are left to the 4-D mask
+    return (config is not None and getattr(config, "sliding_window", None) == local_size
+            and getattr(config, "attention_chunk_size", None) != local_size and getattr(config, "is_causal", True))
 
 
 def fa2_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
              mask_function=None, attention_mask: torch.Tensor | None = None, local_size: int | None = None,
              allow_is_causal_skip: bool = True, **kwargs):
-    """transformers' mask builder for "fa2": transformers' sdpa_mask, unchanged. When that mask is a plain causal mask
-    over a 2-D padding mask whose query positions (q_offset + i) and key positions (kv_offset + j) put the causal
-    diagonal where fa2's bottom-right ``causal`` puts it (q_offset - kv_offset == kv_length - q_length, offsets known
-    on the host), the padding is noted for fa2_attention_forward (eager execution only)."""
-    from transformers import masking_utils as mu
+    """transformers' mask builder for "fa2": None (plain causal), a (B, kv) bool padding mask (causal over padding),
+    or transformers' sdpa_mask (everything else); see the module's docstring.
+
+    The causal forms are used when transformers allows skipping the mask (``allow_is_causal_skip``: no overlay, no
+    packed sequences, not the decoding step of a compiled static cache), the mask function is the plain or
+    sliding-window causal one, and the query positions (q_offset + i) and key positions (kv_offset + j) put the
+    causal diagonal where fa2's bottom-right ``causal`` puts it: q_offset - kv_offset == kv_length - q_length, with
+    offsets known on the host (a static cache's are tensors: its 4-D mask then)."""
+    mu = _masking()
     if mask_function is None:
         mask_function = mu.causal_mask_function
-    mask = mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+    if (allow_is_causal_skip and _is_causal_family(mu, mask_function, local_size, kwargs.get("config"))
+            and all(_is_host_int(x) for x in (q_length, kv_length, q_offset, kv_offset))
+            and q_offset - kv_offset == kv_length - q_length):
+        # None means SDPA's top-left causal to the attention function; it is fa2's bottom-right one only where
+        # the two agree (as many keys as queries, or one query): elsewhere (a chunk after cached tokens) the
+        # (B, kv) form, all keys real if there is no padding mask
+        top_left_is_bottom_right = q_length == kv_length or q_length == 1
+        if attention_mask is None:
+            if top_left_is_bottom_right:
+                return None
+            return torch.ones(batch_size, kv_length, dtype=torch.bool, device=kwargs.get("device", "cpu"))
+        padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length]
+        padding = padding.bool()
+        # no padding at all: plain causal, when the values can be read (as sdpa_mask; never while tracing)
+        tracing = mu.is_tracing(padding) if hasattr(mu, "is_tracing") else torch.compiler.is_compiling()
+        if top_left_is_bottom_right and not tracing and bool(padding.all()):
+            return None
+        return padding
+    return mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                         kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                         local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
-    prepare = getattr(mu, "prepare_padding_mask", None)
-    if (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.dtype == torch.bool
-            and not torch.compiler.is_compiling()
-            and mask_function is mu.causal_mask_function and local_size is None and prepare is not None
-            and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
-            and all(isinstance(x, int) for x in (q_length, kv_length, q_offset, kv_offset))  # (a static cache: tensors)
-            and q_offset - kv_offset == kv_length - q_length):
-        padding = prepare(attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length].bool()
-        if padding.shape == (mask.shape[0], mask.shape[-1]):
-            _note_causal_over_padding(mask, padding)
-    return mask
 
 
 def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -89,7 +109,7 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                           softcap: float | None = None, position_bias: torch.Tensor | None = None,
                           **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention function. query (B, H, Sq, D), key/value (B, Hk, Sk, D); returns ((B, Sq, H, D), None).
-    """
+    attention_mask: None, fa2_mask's (B, kv) padding form, or a 4-D mask (bool or additive)."""
     if dropout:
         raise NotImplementedError(
             f"fa2 has no attention dropout, got dropout={dropout} (module in training mode with attention_dropout > 0): "
@@ -113,12 +133,11 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         query, key, value = pad(query), pad(key), pad(value)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # a mask fa2_mask noted as causal over padding: the padding as a key mask, and the causal flag (whatever the
-    # module says: some compute is_causal as "no mask given")
-    padding = _padding_of(attention_mask)
-    key_padding = padding is not None
+    # a (B, kv) mask is fa2_mask's causal over padding (bottom-right diagonal checked there): causal with a key
+    # mask, whatever the module says (some compute is_causal as "no mask given")
+    key_padding = attention_mask is not None and attention_mask.dim() == 2
     if key_padding:
-        attention_mask = padding[:, None, None, :]
+        attention_mask = attention_mask[:, None, None, :]
     # As transformers' SDPA path: the causal flag only when there is no mask (a mask already holds the causal part,
     # and may hold more, e.g. a bidirectional prefix); a single query sees every key.
     causal = (key_padding or (bool(is_causal) and attention_mask is None)) and seqlen_q > 1
@@ -126,18 +145,19 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     if bias is not None and bias.shape[-1] > seqlen_k:
         bias = bias[..., :seqlen_k]
     if causal and not key_padding and seqlen_k > seqlen_q:
-        # No mask with more keys than queries only happens for the prefill into an empty static cache: the causal
-        # mask is top-left aligned there (the extra keys are empty slots), so drop them, as transformers does.
-        # (a noted causal-over-padding mask comes with the bottom-right diagonal checked: a cache's past keys are real)
+        # No mask with more keys than queries only happens for the prefill into an empty static cache (fa2_mask
+        # gives None only where seqlen_q == seqlen_k or 1): the causal mask is top-left aligned there (the extra keys
+        # are empty slots), so drop them, as transformers does.
         key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
         if position_bias is not None:
             position_bias = position_bias[..., :seqlen_q]
         seqlen_k = seqlen_q
     window_left = -1
-    if sliding_window is not None and sliding_window > 0 and attention_mask is None:
-        # transformers: key j visible iff j > i - sliding_window. Only without a mask: a given mask already holds
-        # the window, at the true cache positions, which fa2's bottom-right anchor would not match (static or
-        # padded caches); a noted causal-over-padding mask holds none (as its 4-D form, which SDPA reads alone).
+    if sliding_window is not None and sliding_window > 0 and (attention_mask is None or key_padding):
+        # transformers: key j visible iff j > i - sliding_window. Only without a 4-D mask: such a mask already holds
+        # the window, at the true cache positions, which fa2's bottom-right anchor would not match (static caches).
+        # fa2_mask's None and (B, kv) forms come with the bottom-right diagonal, and the layer passes its window, as
+        # it does for flash-attention.
         window_left = sliding_window - 1
     window_right = -1
     if causal and not key_padding and seqlen_q > seqlen_k:  # top-left causal with more queries than keys
