@@ -233,6 +233,9 @@ def test_varlen_equals_padded_attention_per_sequence(device):
             pairs = [("out", out[rows], out_b[0])] + [(n, g[r], gb[0]) for n, g, gb, r in
                                                       zip(("dq", "dk", "dv"), grads, grads_b, (rows, keys, keys))]
             for name, got, want in pairs:
+                if want.numel() == 0:  # (a sequence of no queries or no keys: nothing to compare)
+                    assert got.numel() == 0, (name, b, flags)
+                    continue
                 if device == "cpu":
                     assert torch.equal(got, want), (name, b, flags)
                 else:  # two kernels, each within the rule: a few bf16 roundings of the largest value apart
