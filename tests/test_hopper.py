@@ -403,7 +403,8 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
         with switch("sm90_backward", True):
             names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
             grads = torch.autograd.grad(out, (q, k, v), dout)
-        # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false, kVarlen = false>,
+        # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false,
+        # kVarlen = false>,
         # or at the warp-specialized kernel's headdims (unless switched off) bwd_ws_kernel<T, BwdWsTileConfig<d>>
         if d in WS_BACKWARD_HEADDIMS and fa2.dev.options()["sm90_ws_backward"]:
             assert any("bwd_ws_" in n for n in names), names
