@@ -398,7 +398,9 @@ def _copy_meta(dst, src, template):
     for key in _META_KEYS:
         if key in template.meta:
             dst.meta[key] = template.meta[key]
-    for key in ("val", "tensor_meta"):
+    # (eager_input_vals: the fake inputs make_fx saw for an op that needs exact strides, such as fa2's: Inductor gives
+    # an op that lacks them, as one a custom pass inserted, whatever layout it likes for its inputs)
+    for key in ("val", "tensor_meta", "eager_input_vals"):
         if key in src.meta:
             dst.meta[key] = src.meta[key]
 
@@ -442,7 +444,7 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
         out_arg = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         outs = list(out_arg) if isinstance(out_arg, (list, tuple)) else [out_arg]
         outputs = [env[o] if isinstance(o, torch.fx.Node) else o for o in outs]
-        new_out = _keep_views_valid(graph, site.output, outputs[0], fake_mode, new_nodes)
+        new_out = _keep_views_valid(graph, site.output, outputs[0], fake_mode, new_nodes, undo)
         site.output.replace_all_uses_with(new_out)
         undo.append(("all", site.output, new_out))
         grads = iter(outputs[1:])
@@ -456,7 +458,7 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
                 old = plan.grads[i]
                 if not same_shape(shape(old), shape(g)):
                     raise Reject("gradient shapes do not match")
-                g = _keep_views_valid(graph, old, g, fake_mode, new_nodes)
+                g = _keep_views_valid(graph, old, g, fake_mode, new_nodes, undo)
                 old.replace_all_uses_with(g)
                 undo.append(("all", old, g))
             else:
@@ -493,27 +495,48 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
             graph.erase_node(n)
 
 
-def _keep_views_valid(graph, old_out, new_out, fake_mode, new_nodes):
+# Ops that return a view of their input (its strides follow the input's): a ``view`` after a chain of these may fail
+# when fa2's output is strided differently from the tensor it replaces.
+_VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.permute.default, aten.transpose.int, aten.t.default,
+             aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.alias.default,
+             aten.expand.default, aten.slice.Tensor, aten.select.int}
+_STRICT_VIEWS = {aten.view.default, aten._unsafe_view.default}
+
+
+def _keep_views_valid(graph, old_out, new_out, fake_mode, new_nodes, undo):
     """fa2's outputs are (B, S, H, D)-contiguous, read as (B, H, S, D) (and its gradients likewise). A consumer that
-    ``view``s the old, differently strided tensor may fail on the new one: give it a contiguous copy (a
-    ``transpose(1, 2)`` consumer, the usual case, needs none)."""
-    needs_copy = False
+    ``view``s the old, differently strided tensor -- directly or after permutes (nn.MultiheadAttention views SDPA's
+    output as (S * B, E) after moving S first) -- may fail on the new one: give that view a contiguous copy of its
+    input (a ``transpose(1, 2)`` consumer, the usual case, needs none). Returns what replaces ``old_out``."""
     new_val = val(new_out)
-    for user in old_out.users:
-        if is_call(user, {aten.view.default, aten._unsafe_view.default}):
-            try:
-                # (under dynamic shapes the sizes are graph nodes: their symbolic values)
-                size = torch.fx.map_arg(user.args[1], lambda n: n.meta["val"])
-                with fake_mode:
-                    new_val.view(size)
-            except (RuntimeError, ValueError):  # (fake tensors raise either, by torch version)
-                needs_copy = True
-    if not needs_copy:
+    if val(old_out) is None or new_val is None or same_shape(val(old_out).stride(), new_val.stride()):
         return new_out
-    with graph.inserting_after(new_out):
-        copy = graph.call_function(aten.clone.default, (new_out,), {"memory_format": torch.contiguous_format})
-    with fake_mode:
-        copy.meta["val"] = new_val.clone(memory_format=torch.contiguous_format)
-    _copy_meta(copy, copy, new_out)
-    new_nodes.append(copy)
-    return copy
+    failing = []   # the views that fail on the new strides
+    stack = [(old_out, new_val, 0)]
+    while stack:
+        node, value, depth = stack.pop()
+        for user in node.users:
+            if not is_call(user, _VIEW_OPS) or depth > 8:
+                continue
+            args = torch.fx.map_arg(user.args, lambda n: value if n is node else n.meta["val"])
+            kwargs = torch.fx.map_arg(user.kwargs, lambda n: value if n is node else n.meta["val"])
+            try:
+                with fake_mode:
+                    result = user.target(*args, **kwargs)
+            except (RuntimeError, ValueError):  # (fake tensors raise either, by torch version)
+                if user.target not in _STRICT_VIEWS:
+                    raise Reject("a view of the attention output cannot take fa2's output layout")
+                failing.append((user, node))
+                continue
+            stack.append((user, result, depth + 1))
+    for user, node in failing:
+        source = new_out if node is old_out else node   # (old_out's other uses move to new_out afterwards)
+        with graph.inserting_before(user):
+            copy = graph.call_function(aten.clone.default, (source,), {"memory_format": torch.contiguous_format})
+        with fake_mode:
+            copy.meta["val"] = val(source).clone(memory_format=torch.contiguous_format)
+        _copy_meta(copy, copy, user)
+        new_nodes.append(copy)
+        user.replace_input_with(node, copy)
+        undo.append(("some", node, copy, [user]))
+    return new_out
