@@ -14,7 +14,7 @@ import fa2.backend  # noqa: F401  (registers the "fa2" and "fa2_eager" backends)
 from fa2.inductor import recording
 from fa2.inductor._compat import without_aot_cache
 from numerics import assert_close_rule, hi_dtype
-from test_inductor_patterns import DEVICE_DTYPES, assert_kept, assert_rewritten, check_numerics, qkv, run
+from test_inductor_patterns import B, DEVICE_DTYPES, H, S, assert_kept, assert_rewritten, check_numerics, qkv, run
 
 
 def run_module(module, inputs, *, train, backend="fa2_eager", dtype=torch.float32, dynamic=None):
@@ -98,3 +98,117 @@ def test_fa2_ops_carry_their_input_strides():
     compiled = torch.compile(fn, backend=_compat.aot_eager_with_joint_pass(check))
     compiled(q, k, v).sum().backward()
     assert set(seen) == {torch.ops.fa2.fwd.default, torch.ops.fa2.bwd.default}
+
+
+# ---- baddbmm and einsum scores, biases before the scaling -------------------------------------------------------
+
+def _alibi_slopes(heads, device):
+    return torch.tensor([2 ** (-8 * (i + 1) / heads) for i in range(heads)], device=device)
+
+
+def attn_bloom(q, k, v):
+    """BLOOM: ALiBi as baddbmm's self (batch * heads, 1, Sk), the scores viewed 4-D, a causal -inf mask added, the
+    softmax in float32 and cast back, P V with bmm."""
+    b, h, s, d = q.shape
+    alibi = (_alibi_slopes(h, q.device)[:, None] * torch.arange(s, device=q.device)).repeat(b, 1)[:, None, :]
+    scores = alibi.to(q.dtype).baddbmm(batch1=q.reshape(b * h, s, d), batch2=k.reshape(b * h, s, d).transpose(1, 2),
+                                       beta=1.0, alpha=d ** -0.5)
+    mask = torch.triu(torch.full((s, s), float("-inf"), device=q.device), 1).to(q.dtype)
+    p = torch.softmax(scores.view(b, h, s, s) + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.bmm(p.view(b * h, s, s), v.reshape(b * h, s, d)).view(b, h, s, d)
+
+
+def attn_baddbmm_3d(q, k, v, bias):
+    """baddbmm with a full (batch * heads, Sq, Sk) bias and beta != 1, 3-D throughout."""
+    b, h, s, d = q.shape
+    q3, k3, v3 = q.reshape(b * h, s, d), k.reshape(b * h, s, d), v.reshape(b * h, s, d)
+    scores = torch.baddbmm(bias.reshape(b * h, s, s), q3, k3.transpose(1, 2), beta=0.5, alpha=0.25)
+    return torch.bmm(scores.softmax(-1), v3).view(b, h, s, d)
+
+
+def attn_alibi_before_scale(q, k, v):
+    """Falcon's ALiBi: the bias added to q.k before the 1/sqrt(d) scaling, the softmax in float32."""
+    s = q.shape[2]
+    pos = torch.arange(s, device=q.device)
+    alibi = _alibi_slopes(q.shape[1], q.device).view(1, -1, 1, 1) * (pos[None, :] - pos[:, None])
+    scores = (q @ k.transpose(-1, -2) + alibi.to(q.dtype)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool, device=q.device), 1), float("-inf"))
+    return torch.softmax(scores.float(), -1).to(q.dtype) @ v
+
+
+def attn_bias_before_scale(q, k, v, bias):
+    return ((q @ k.transpose(-2, -1) + bias) * 0.25).softmax(-1) @ v
+
+
+def _triu_drop(s, device):
+    return torch.triu(torch.ones(s, s, dtype=torch.bool, device=device), diagonal=1)
+
+
+def attn_einsum_masked_fill(q, k, v):
+    w = torch.einsum("bhid,bhjd->bhij", q, k) * q.shape[-1] ** -0.5
+    w = w.masked_fill(_triu_drop(q.shape[2], q.device), float("-inf"))
+    return torch.einsum("bhij,bhjd->bhid", w.softmax(-1), v)
+
+
+def attn_einsum_triu_additive(q, k, v):
+    s = q.shape[2]
+    w = torch.einsum("bhid,bhjd->bhij", q, k) * q.shape[-1] ** -0.5
+    w = w + torch.triu(torch.full((s, s), float("-inf"), device=q.device), diagonal=1).to(q.dtype)
+    return torch.einsum("bhij,bhjd->bhid", w.softmax(-1), v)
+
+
+def attn_einsum_where_min(q, k, v):
+    w = torch.einsum("bhid,bhjd->bhij", q, k) * q.shape[-1] ** -0.5
+    w = torch.where(~_triu_drop(q.shape[2], q.device), w, torch.finfo(w.dtype).min)
+    return torch.einsum("bhij,bhjd->bhid", w.float().softmax(-1).to(q.dtype), v)
+
+
+WRITTEN = {
+    "bloom_baddbmm": (attn_bloom, (), dict(causal=True, bias="float")),
+    "baddbmm_3d_beta": (attn_baddbmm_3d, ("bias",), dict(scale=0.25, bias="float")),
+    "alibi_before_scale": (attn_alibi_before_scale, (), dict(causal=True, bias="float")),
+    "bias_before_scale": (attn_bias_before_scale, ("bias",), dict(scale=0.25, bias="float")),
+    "einsum_masked_fill": (attn_einsum_masked_fill, (), dict(causal=True, bias=None)),
+    "einsum_triu_additive": (attn_einsum_triu_additive, (), dict(causal=True, bias=None)),
+    "einsum_where_min": (attn_einsum_where_min, (), dict(causal=True, bias=None)),
+}
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("form", list(WRITTEN))
+def test_scores_written_with_baddbmm_einsum_or_a_bias_before_the_scale(form, device, dtype):
+    fn, extras, flags = WRITTEN[form]
+    args = list(qkv(device, dtype))
+    if extras:
+        args.append(torch.randn(B, H, S, S, generator=torch.Generator().manual_seed(5)).to(device=device, dtype=dtype))
+    records, got, naive, hi = run(fn, args, device=device, dtype=dtype, frozen=(3,) if form == "baddbmm_3d_beta" else ())
+    assert_rewritten(records, **flags)
+    check_numerics(got, naive, hi)
+
+
+def test_baddbmm_bias_that_needs_a_gradient_scaled_by_beta_is_kept():
+    """Its gradient is beta times the scores' (a mul the bias-gradient rewrite does not model): kept, exact."""
+    args = list(qkv("cpu", torch.float32)) + [torch.randn(B, H, S, S)]
+    records, got, naive, hi = run(attn_baddbmm_3d, args, device="cpu", dtype=torch.float32)
+    assert_kept(records, "the bias gradient is not recognized")
+    check_numerics(got, naive, hi)
+
+
+def attn_where_tensor_fill(q, k, v, other):
+    w = q @ k.transpose(-1, -2) * 0.25
+    return torch.where(_triu_drop(q.shape[2], q.device), other, w).softmax(-1) @ v
+
+
+def attn_scores_from_a_cumsum(q, k, v):
+    w = (q @ k.transpose(-1, -2)).cumsum(-1)
+    return (w * 0.25 + q.sum()).softmax(-1) @ v
+
+
+def test_reasons_name_the_real_cause():
+    args = list(qkv("cpu", torch.float32)) + [torch.randn(B, H, S, S)]
+    records, got, naive, hi = run(attn_where_tensor_fill, args, device="cpu", dtype=torch.float32)
+    assert_kept(records, "where() in the score computation fills with a tensor, not a constant")
+    check_numerics(got, naive, hi)
+    records, got, naive, hi = run(attn_scores_from_a_cumsum, list(qkv("cpu", torch.float32)), device="cpu",
+                                  dtype=torch.float32, train=False)
+    assert_kept(records, "the softmax input does not come from a matmul (the scores come from cumsum)")

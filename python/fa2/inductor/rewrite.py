@@ -66,7 +66,12 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
     fill = fill_dtype = None
     for entry, x in zip(spec, inputs):
         kind = entry[0]
+        if entry.folded:  # (batch * heads, ...) -> (batch, heads, ...)
+            x = x if statically_known_true(x.shape[0] == 1) else x.unflatten(0, score_shape[:2])
         if kind == "add":
+            if entry.multiplier != 1.0:
+                # scaled along with q.k: the product in float32 at least (the eager sum rounds it no finer)
+                x = x.to(torch.promote_types(x.dtype, torch.float32)) * entry.multiplier
             floats.append(x)
         elif kind == "keep":
             keeps.append(x)
@@ -282,6 +287,7 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
         if any(u in bwd for n in site.internal for u in n.users):
             raise Reject("the backward is not recognized")
         return None
+    scaled_dq3, scaled_dk3 = _alpha_scaled(site, dq3), _alpha_scaled(site, dk3)
     g3 = dv3.args[1] if dv3 is not None else dp3.args[0]
     if dp3 is not None and dp3.args[0] is not g3:
         raise Reject("the backward is not recognized")
@@ -300,8 +306,8 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
     else:
         raise Reject("the incoming gradient of the attention output is not recognized")
     plan = BackwardPlan(grad_out)
-    walked = set()
-    for index, (operand, grad3) in enumerate(((site.q, dq3), (site.k, dk3), (site.v, dv3))):
+    walked = {g for g in (scaled_dq3, scaled_dk3) if g is not None} - {dq3, dk3}
+    for index, (operand, grad3) in enumerate(((site.q, scaled_dq3), (site.k, scaled_dk3), (site.v, dv3))):
         if grad3 is None:
             continue
         node, path = _walk_grad(grad3, operand.chain, operand.node)
@@ -315,6 +321,19 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
     plan.region = region
     _plan_bias_grad(site, plan, region, walked, inputs, spec)
     return plan
+
+
+def _alpha_scaled(site, grad3):
+    """The gradient of a baddbmm operand: autograd multiplies the bmm by alpha (unless it is 1)."""
+    qk = site.bmm_qk
+    alpha = qk.kwargs.get("alpha", 1) if qk.target == aten.baddbmm.default else 1
+    if grad3 is None or alpha == 1:
+        return grad3
+    users = list(grad3.users)
+    if len(users) == 1 and is_call(users[0], {aten.mul.Scalar, aten.mul.Tensor}) and users[0].args[0] is grad3 \
+            and users[0].args[1] == alpha:
+        return users[0]
+    raise Reject("the backward of baddbmm is not recognized")
 
 
 def _plan_bias_grad(site, plan, region, walked, inputs, spec):
@@ -352,7 +371,8 @@ def _plan_bias_grad(site, plan, region, walked, inputs, spec):
                 break
             cur = nxt[0]
     found = matching(r)
-    if len(found) == 1:
+    # (a use that scales it, as baddbmm's beta, would scale fa2's bias gradient a second time)
+    if len(found) == 1 and not any(is_call(u, {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor}) for u in users):
         plan.partial[found[0]] = (r, users)
         return
     raise Reject("the bias gradient is not recognized")
