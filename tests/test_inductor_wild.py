@@ -212,3 +212,31 @@ def test_reasons_name_the_real_cause():
     records, got, naive, hi = run(attn_scores_from_a_cumsum, list(qkv("cpu", torch.float32)), device="cpu",
                                   dtype=torch.float32, train=False)
     assert_kept(records, "the softmax input does not come from a matmul (the scores come from cumsum)")
+
+
+# ---- dtypes: an exact upcast of q and k (GPT-J) ----------------------------------------------------------------------
+
+def attn_gptj_upcast(q, k, v):
+    """GPT-J: q and k upcast to float32 after rotary, the causal mask filled with float32's minimum, the softmax in
+    float32, the probabilities cast to v's dtype."""
+    s = q.shape[2]
+    w = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(-1, -2))
+    keep = torch.tril(torch.ones(s, s, dtype=torch.bool, device=q.device))
+    w = torch.where(keep, w, torch.finfo(torch.float32).min) / q.shape[-1] ** 0.5
+    return torch.matmul(torch.softmax(w, -1).to(v.dtype), v)
+
+
+def attn_upcast_then_computed(q, k, v):
+    """q upcast and then computed on in float32: its values are no longer bfloat16 ones."""
+    w = torch.matmul(q.to(torch.float32) * 1.1, k.to(torch.float32).transpose(-1, -2)) * 0.25
+    return torch.matmul(torch.softmax(w, -1).to(v.dtype), v)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
+def test_exact_upcast_of_q_and_k_is_read_before_the_cast(dtype):
+    records, got, naive, hi = run(attn_gptj_upcast, qkv("cpu", dtype), device="cpu", dtype=dtype)
+    assert_rewritten(records, causal=True)
+    check_numerics(got, naive, hi)
+    records, got, naive, hi = run(attn_upcast_then_computed, qkv("cpu", dtype), device="cpu", dtype=dtype)
+    assert_kept(records, "q, k, v dtypes differ")
+    check_numerics(got, naive, hi)

@@ -24,7 +24,7 @@ import torch
 
 from . import _compat
 from ._compat import aten, statically_known_true
-from .sites import LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape, val
+from .sites import CASTS, LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape, val
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack",
               "seq_nr", "partitioner_tag")
@@ -236,18 +236,19 @@ def _walk_grad(start, operand_chain, bound, limit=4):
     whose input and output shapes coincide (S == D) must still be passed, so its segment has to contain a permute."""
     cur, walked = start, []
     for node in reversed(operand_chain):
-        target = shape(node.args[0])
+        target, dtype = shape(node.args[0]), val(node.args[0]).dtype
         need_permute = node.target in PERMUTES and _perm(node) != sorted(_perm(node))
         passed_permute, steps = False, 0
-        while not same_shape(shape(cur), target) or (need_permute and not passed_permute):
+        # (an upcast's backward is the cast back: its segment ends in the input's dtype)
+        while not same_shape(shape(cur), target) or (need_permute and not passed_permute) or val(cur).dtype != dtype:
             users = list(cur.users)
-            if len(users) != 1 or not is_call(users[0], LAYOUT) or steps >= limit:
+            if len(users) != 1 or not is_call(users[0], LAYOUT | CASTS) or steps >= limit:
                 raise Reject("the backward of the operand views is not recognized")
             cur = users[0]
             walked.append(cur)
             steps += 1
             passed_permute |= cur.target in PERMUTES
-    if not same_shape(shape(cur), shape(bound)):
+    if not same_shape(shape(cur), shape(bound)) or val(cur).dtype != val(bound).dtype:
         raise Reject("the backward of the operand views is not recognized")
     return cur, walked
 

@@ -571,17 +571,22 @@ def score_chain(x) -> ScoreChain:
             cond, a, b = cur.args
             va, vb = _scalar(a), _scalar(b)
             dtype = val(cur).dtype
+            # a mask applied before a positive scaling (GPT-J) hides the same keys, its fill scaled along
+            if inside == "softcap" or tensor_scales or scale <= 0:
+                raise Reject("a mask is applied before the " +
+                             ("softcap" if inside == "softcap" else "scaling by a tensor" if tensor_scales
+                              else "scaling by a negative number"))
             if vb is not None and _reaches_qk(a):
-                term, score = MaskTerm("where", cond, keep_if_true=True, fill=vb, dtype=dtype, folded=folded), a
+                term, score = MaskTerm("where", cond, keep_if_true=True, fill=vb * scale, dtype=dtype,
+                                       folded=folded), a
             elif va is not None and _reaches_qk(b):
-                term, score = MaskTerm("where", cond, keep_if_true=False, fill=va, dtype=dtype, folded=folded), b
+                term, score = MaskTerm("where", cond, keep_if_true=False, fill=va * scale, dtype=dtype,
+                                       folded=folded), b
             elif _reaches_qk(a) or _reaches_qk(b):
                 raise Reject("where() in the score computation fills with a tensor, not a constant (fa2 takes a "
                              "constant fill as a mask, a tensor only when added)")
             else:
                 raise _no_matmul(cur)
-            if inside:
-                raise Reject(f"a mask is applied before the {inside}")
             terms.append(term)
             nodes.append(cur)
             cur = score
@@ -748,6 +753,7 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
     if not four_d:
         site.q, site.k, site.v = (bind_operand(q3, "q", None), bind_operand(k3, "k", None),
                                   bind_operand(v3, "v", None))
+    _read_through_upcasts(site, val(out).dtype)
     for opnd in (site.q, site.k, site.v):
         internal.update(opnd.chain)
     site.output, site.out_layout = out, out_layout
@@ -766,6 +772,42 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
             if any(u not in internal and u not in bwd for u in n.users):
                 internal.discard(n)
     _check_shapes(site, s)
+
+
+def _exact_upcast_source(node):
+    """x when ``node`` is x cast to a wider floating dtype (bf16 / fp16 -> fp32 / fp64, fp32 -> fp64): every value of
+    x is exactly representable after the cast, so reading x instead reads the same numbers."""
+    if not is_call(node, CASTS):
+        return None
+    if node.target == aten._to_copy.default and set(node.kwargs) - {"dtype"}:
+        return None
+    src = node.args[0]
+    a, b = val(src), val(node)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype.is_floating_point
+            and b.dtype.is_floating_point):
+        return None
+    wider = {torch.float16: (torch.float32, torch.float64), torch.bfloat16: (torch.float32, torch.float64),
+             torch.float32: (torch.float64,)}
+    return src if b.dtype in wider.get(a.dtype, ()) else None
+
+
+def _read_through_upcasts(site: Site, out_dtype):
+    """GPT-J upcasts q and k (after rotary) to float32 and leaves v and the output in bfloat16: eager's scores are
+    then the float32 products of bfloat16 values, which is what fa2's kernels compute from the bfloat16 tensors
+    (products exact in float32, sums accumulated in float32), and its softmax is float32 as fa2's. So an operand
+    that is an exact upcast of a tensor in the dtype of the output is read before the cast; a cast that rounds (a
+    narrowing one, or an upcast of a tensor computed in float32) is not looked through."""
+    for opnd in (site.q, site.k, site.v):
+        if val(opnd.node).dtype == out_dtype:
+            continue
+        src = _exact_upcast_source(opnd.node)
+        if src is None or val(src).dtype != out_dtype:
+            return
+    for opnd in (site.q, site.k, site.v):
+        src = _exact_upcast_source(opnd.node) if val(opnd.node).dtype != out_dtype else None
+        if src is not None:
+            opnd.chain.insert(0, opnd.node)
+            opnd.node = src
 
 
 def _plan(terms, score_shape, dtype) -> MaskPlan:
