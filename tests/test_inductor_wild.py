@@ -240,3 +240,35 @@ def test_exact_upcast_of_q_and_k_is_read_before_the_cast(dtype):
     records, got, naive, hi = run(attn_upcast_then_computed, qkv("cpu", dtype), device="cpu", dtype=dtype)
     assert_kept(records, "q, k, v dtypes differ")
     check_numerics(got, naive, hi)
+
+
+# ---- need_weights and one query (SigLIP's pooling head) -------------------------------------------------------------
+
+class _Pool(torch.nn.Module):
+    """SigLIP's pooling head: a learned probe (one query) attends over the tokens with nn.MultiheadAttention's
+    default need_weights=True, the weights discarded (or used, ``use_weights``)."""
+
+    def __init__(self, use_weights=False, queries=1):
+        super().__init__()
+        self.probe = torch.nn.Parameter(torch.randn(1, queries, 32))
+        self.attention = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        self.use_weights = use_weights
+
+    def forward(self, x):
+        out, weights = self.attention(self.probe.expand(x.shape[0], -1, -1), x, x)
+        return out + weights.sum(-1, keepdim=True) if self.use_weights else out
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("queries", [1, 3])
+def test_pooling_probe_with_unused_weights(queries, train):
+    """One query: autograd's dK and dV are outer products (broadcasting muls after the decompositions)."""
+    torch.manual_seed(0)
+    records = run_module(_Pool(queries=queries), [(torch.randn(2, 16, 32),)], train=train)
+    assert_rewritten(records)
+
+
+def test_attention_weights_that_are_used_say_how_to_drop_them():
+    torch.manual_seed(0)
+    records = run_module(_Pool(use_weights=True), [(torch.randn(2, 16, 32),)], train=True)
+    assert_kept(records, "need_weights=False")

@@ -214,6 +214,17 @@ def _transposed_users(x, pos, bwd):
     return out
 
 
+def _outer_products(x, other, operand, bwd):
+    """Backward muls ``transpose(x) * other`` shaped like the forward bmm operand ``operand`` (a bmm whose inner
+    dim is 1, decomposed)."""
+    out = []
+    for t in x.users:
+        if is_call(t, {aten.permute.default, aten.transpose.int}) and _is_last_two_swap(t):
+            out.extend(m for m in t.users if is_call(m, {aten.mul.Tensor}) and m in bwd and
+                       set(m.args) == {t, other} and same_shape(shape(m), shape(operand)))
+    return out
+
+
 def _is_last_two_swap(node) -> bool:
     nd = len(shape(node) or ())
     if nd != 3:
@@ -282,6 +293,12 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
     dp3 = _one(_transposed_users(site.v.bmm_operand, 1, bwd), "dP matmuls")
     dq3 = _one(_transposed_users(site.k.bmm_operand, 1, bwd), "dQ matmuls")
     dk3 = _one(_transposed_users(site.q.bmm_operand, 0, bwd), "dK matmuls")
+    # one query (SigLIP's pooling probe): dV = P^T dO and dK = Q^T dS are outer products, which the decompositions
+    # write as broadcasting muls
+    if dv3 is None and dp3 is not None:
+        dv3 = _one(_outer_products(site.p_operand, dp3.args[0], site.v.bmm_operand, bwd), "dV products")
+    if dk3 is None and dq3 is not None:
+        dk3 = _one(_outer_products(site.q.bmm_operand, dq3.args[0], site.k.bmm_operand, bwd), "dK products")
     if dv3 is None and dp3 is None:
         if dq3 is not None or dk3 is not None:
             raise Reject("the backward is not recognized")
@@ -289,10 +306,11 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
             raise Reject("the backward is not recognized")
         return None
     scaled_dq3, scaled_dk3 = _alpha_scaled(site, dq3), _alpha_scaled(site, dk3)
-    g3 = dv3.args[1] if dv3 is not None else dp3.args[0]
+    g3 = dp3.args[0] if dp3 is not None else dv3.args[1]
     if dp3 is not None and dp3.args[0] is not g3:
         raise Reject("the backward is not recognized")
-    gs = {b.args[0] for b in (dq3,) if b is not None} | {b.args[1] for b in (dk3,) if b is not None}
+    gs = {b.args[0] for b in (dq3,) if b is not None} | \
+        {b.args[1] for b in (dk3,) if b is not None and b.target == aten.bmm.default}
     if len(gs) > 1:
         raise Reject("the backward is not recognized")
     # incoming gradient of the output: undo the backward of the output view

@@ -698,7 +698,9 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
         if len(users) != 1:
             if not users:
                 raise Reject("the softmax output is not used")
-            raise Reject("the attention probabilities are also used elsewhere (e.g. returned as attn_weights)")
+            raise Reject("the attention probabilities are also used elsewhere (returned as attention weights: "
+                         "nn.MultiheadAttention(..., need_weights=False) or Hugging Face's output_attentions=False "
+                         "does not compute them, and fa2 rewrites the site)")
         u = users[0]
         if is_call(u, {aten.bmm.default}):
             if u.args[0] is not cur:
