@@ -272,3 +272,42 @@ def test_attention_weights_that_are_used_say_how_to_drop_them():
     torch.manual_seed(0)
     records = run_module(_Pool(use_weights=True), [(torch.randn(2, 16, 32),)], train=True)
     assert_kept(records, "need_weights=False")
+
+
+# ---- dynamic shapes: the recompile after a new sequence length ------------------------------------------------------
+
+class _GqaDecoderAttention(torch.nn.Module):
+    """Attention as Qwen3 / Mixtral write it: repeat_kv as ``x[:, :, None].expand().reshape()``, a causal mask built
+    from the sequence length, the softmax in float32 and cast back."""
+
+    def __init__(self, dim=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.head_dim)
+
+    @staticmethod
+    def repeat_kv(x, n):
+        b, h, s, d = x.shape
+        return x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        n = self.heads // self.kv_heads
+        k, v = self.repeat_kv(k, n), self.repeat_kv(v, n)
+        w = q @ k.transpose(2, 3) * self.head_dim ** -0.5
+        mask = torch.full((s, s), torch.finfo(w.dtype).min, dtype=w.dtype, device=x.device).triu(1)
+        p = torch.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        return (p @ v).transpose(1, 2).reshape(b, s, -1)
+
+
+def test_gqa_training_keeps_the_rewrite_after_the_dynamic_recompile():
+    """Called at 16, 24, 20 tokens in training: the second call recompiles with a symbolic length, where repeat_kv's
+    full slice traces as slice / slice_scatter in the backward; every graph is rewritten, fa2.bwd included."""
+    torch.manual_seed(0)
+    inputs = [(torch.randn(2, s, 32),) for s in (16, 24, 20)]
+    records = run_module(_GqaDecoderAttention(), inputs, train=True)
+    assert len(records.graphs) == 2, records.graphs
+    assert_rewritten(records, n=2, causal=True, gqa="4/2")

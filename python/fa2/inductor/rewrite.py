@@ -253,7 +253,8 @@ def _walk_grad(start, operand_chain, bound, limit=4):
         # (an upcast's backward is the cast back: its segment ends in the input's dtype)
         while not same_shape(shape(cur), target) or (need_permute and not passed_permute) or val(cur).dtype != dtype:
             users = list(cur.users)
-            if len(users) != 1 or not is_call(users[0], LAYOUT | CASTS) or steps >= limit:
+            if len(users) != 1 or steps >= limit or not (is_call(users[0], LAYOUT | CASTS) or
+                                                         _identity_scatter(users[0], cur)):
                 raise Reject("the backward of the operand views is not recognized")
             cur = users[0]
             walked.append(cur)
@@ -262,6 +263,16 @@ def _walk_grad(start, operand_chain, bound, limit=4):
     if not same_shape(shape(cur), shape(bound)) or val(cur).dtype != val(bound).dtype:
         raise Reject("the backward of the operand views is not recognized")
     return cur, walked
+
+
+def _identity_scatter(node, src) -> bool:
+    """``slice_scatter(base, src, dim, 0, end)`` over the whole of ``base``: ``src`` itself (the backward of a full
+    slice, as ``x[:, :, None]`` traces under dynamic shapes)."""
+    if not is_call(node, {aten.slice_scatter.default}) or node.args[1] is not src:
+        return False
+    start, end, step = (list(node.args[3:6]) + [0, None, 1][len(node.args[3:6]):])
+    return same_shape(shape(node), shape(src)) and start in (0, None) and step == 1 and \
+        (end is None or isinstance(end, int) and end >= 2 ** 62)
 
 
 def _ancestors(nodes, stop=None):
