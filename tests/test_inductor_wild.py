@@ -311,3 +311,30 @@ def test_gqa_training_keeps_the_rewrite_after_the_dynamic_recompile():
     records = run_module(_GqaDecoderAttention(), inputs, train=True)
     assert len(records.graphs) == 2, records.graphs
     assert_rewritten(records, n=2, causal=True, gqa="4/2")
+
+
+# ---- relative-position terms as an additive bias (DeBERTa-v2) -------------------------------------------------------
+
+def attn_disentangled(q, k, v, pos):
+    """DeBERTa-v2's disentangled attention, 3-D with the heads folded into the batch: content-to-position and
+    position-to-content scores (matmuls with the relative-position embeddings, gathered by relative distance) added
+    to q.k before the 4-D view; q scaled before the matmul."""
+    b, h, s, d = q.shape
+    q3, k3, v3 = (t.reshape(b * h, s, d) for t in (q, k, v))
+    pos3 = pos.expand(b, h, -1, d).reshape(b * h, -1, d)
+    q3 = q3 / (3 * d) ** 0.5
+    rel = (torch.arange(s, device=q.device)[:, None] - torch.arange(s, device=q.device)[None, :]).clamp(-4, 4) + 4
+    c2p = torch.gather(torch.bmm(q3, pos3.transpose(1, 2)), -1, rel.expand(b * h, s, s))
+    p2c = torch.gather(torch.bmm(k3, pos3.transpose(1, 2) / (3 * d) ** 0.5), -1, rel.expand(b * h, s, s))
+    scores = (torch.bmm(q3, k3.transpose(1, 2)) + (c2p + p2c.transpose(1, 2))).view(b, h, s, s)
+    return torch.bmm(scores.softmax(-1).view(b * h, s, s), v3).view(b, h, s, d)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_disentangled_relative_position_terms_are_a_bias(device, dtype):
+    """The terms depend on q and k themselves: their gradient flows through fa2's bias gradient."""
+    args = list(qkv(device, dtype)) + [torch.randn(1, 1, 9, 16, generator=torch.Generator().manual_seed(3)).to(
+        device=device, dtype=dtype)]
+    records, got, naive, hi = run(attn_disentangled, args, device=device, dtype=dtype)
+    assert_rewritten(records, bias="float")
+    check_numerics(got, naive, hi)

@@ -302,8 +302,14 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
         return _plan_sdpa_backward(site, bwd, inputs, spec)
     dv3 = _one(_transposed_users(site.p_operand, 0, bwd), "dV matmuls")
     dp3 = _one(_transposed_users(site.v.bmm_operand, 1, bwd), "dP matmuls")
-    dq3 = _one(_transposed_users(site.k.bmm_operand, 1, bwd), "dQ matmuls")
-    dk3 = _one(_transposed_users(site.q.bmm_operand, 0, bwd), "dK matmuls")
+    dq3s, dk3s = _transposed_users(site.k.bmm_operand, 1, bwd), _transposed_users(site.q.bmm_operand, 0, bwd)
+    # q's bmm operand shared with another matmul (DeBERTa's content-to-position term): dK is the one that reads
+    # the same score gradient dS as dQ (and the other way round)
+    if len(dk3s) > 1 and len(dq3s) == 1:
+        dk3s = [b for b in dk3s if b.args[1] is dq3s[0].args[0]]
+    if len(dq3s) > 1 and len(dk3s) == 1:
+        dq3s = [b for b in dq3s if b.args[0] is dk3s[0].args[1]]
+    dq3, dk3 = _one(dq3s, "dQ matmuls"), _one(dk3s, "dK matmuls")
     # one query (SigLIP's pooling probe): dV = P^T dO and dK = Q^T dS are outer products, which the decompositions
     # write as broadcasting muls
     if dv3 is None and dp3 is not None:
@@ -376,6 +382,11 @@ def _plan_bias_grad(site, plan, region, walked, inputs, spec):
     if not escaping:
         return
     floats = [3 + i for i, entry in enumerate(spec) if entry[0] == "add"]
+    qk = site.bmm_qk
+    if qk.target == aten.baddbmm.default and qk.kwargs.get("beta", 1) != 1 and \
+            any(inputs[i] is qk.args[0] for i in floats):
+        # (autograd scales the scores' gradient by beta for it: fa2's bias gradient would be scaled twice)
+        raise Reject("the bias gradient is not recognized (baddbmm's self needs a gradient and beta != 1)")
     sources = {r for r, _ in escaping}
     if not floats or len(sources) != 1:
         raise Reject("the attention internals are used elsewhere in the backward")
@@ -401,8 +412,7 @@ def _plan_bias_grad(site, plan, region, walked, inputs, spec):
                 break
             cur = nxt[0]
     found = matching(r)
-    # (a use that scales it, as baddbmm's beta, would scale fa2's bias gradient a second time)
-    if len(found) == 1 and not any(is_call(u, {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor}) for u in users):
+    if len(found) == 1:
         plan.partial[found[0]] = (r, users)
         return
     raise Reject("the bias gradient is not recognized")
