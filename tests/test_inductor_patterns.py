@@ -655,10 +655,6 @@ def attn_rel_pos_matmul(q, k, v, r):
     return (s * 0.25).softmax(-1) @ v
 
 
-def attn_v_headdim(q, k, v):
-    return (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v[..., :8]
-
-
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES[:2])
 def test_negative_dropout_active(device, dtype):
     torch.manual_seed(0)
@@ -672,7 +668,6 @@ NEGATIVE = {
     "trained_temperature": (attn_tensor_temperature, ("scalar",), "used elsewhere in the backward"),
     "per_head_scale": (attn_tensor_temperature, ("per_head",), "multiplied by a tensor"),
     "relative_position_matmul": (attn_rel_pos_matmul, ("rel",), "two matmul terms"),
-    "value_headdim": (attn_v_headdim, (), "value head dim"),
 }
 
 

@@ -338,3 +338,30 @@ def test_disentangled_relative_position_terms_are_a_bias(device, dtype):
     records, got, naive, hi = run(attn_disentangled, args, device=device, dtype=dtype)
     assert_rewritten(records, bias="float")
     check_numerics(got, naive, hi)
+
+
+# ---- a value head dim of its own (MLA) ------------------------------------------------------------------------------
+
+def attn_mla(q, k, v):
+    """DeepSeek-V3's multi-head latent attention after up-projection: q and k carry a rotary part (head dim 24 =
+    16 + 8), v has head dim 16; causal; the softmax in float32."""
+    s = q.shape[2]
+    w = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5
+    w = w + torch.full((s, s), float("-inf"), device=q.device, dtype=w.dtype).triu(1)
+    return torch.matmul(torch.softmax(w, -1, dtype=torch.float32).to(q.dtype), v)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_value_headdim_of_its_own(device, dtype):
+    """Rewritten when the installed ops take v.size(-1) != q.size(-1) (fa2.inductor.sites.value_headdim_supported,
+    a probe call made once); otherwise kept, saying so."""
+    from fa2.inductor.sites import value_headdim_supported
+    q, k, _ = qkv(device, dtype, d=24)
+    v = qkv(device, dtype, d=16, seed=1)[2]
+    records, got, naive, hi = run(attn_mla, (q, k, v), device=device, dtype=dtype)
+    check_numerics(got, naive, hi)
+    if not value_headdim_supported():
+        assert_kept(records, "the installed fa2 ops take one head dim for q, k and v")
+        pytest.skip("the installed fa2 ops take one head dim for q, k and v (their value head dim comes with the "
+                    "ops' own change): checked that the site is kept, with that reason")
+    assert_rewritten(records, causal=True)

@@ -861,13 +861,32 @@ def _check_shapes(site: Site, score_shape):
         raise Reject("k and v have different numbers of heads")
     if not same(dq, dk):
         raise Reject("q and k have different head dims")
-    if not same(dq, dv):
-        raise Reject(f"the value head dim ({dv}) differs from the query/key head dim ({dq})")
+    if not same(dq, dv) and not value_headdim_supported():
+        raise Reject(f"the value head dim ({dv}) differs from the query/key head dim ({dq}) and the installed fa2 "
+                     "ops take one head dim for q, k and v")
     if not (isinstance(hq, int) and isinstance(hk, int) and hk > 0 and hq % hk == 0):
         if not same(hq, hk):
             raise Reject("the number of query heads is not a multiple of the number of key/value heads")
     if not (same(score_shape[-2], sq) and same(score_shape[-1], sk)):
         raise Reject("the scores do not have the shape (seqlen_q, seqlen_k)")
+
+
+_VALUE_HEADDIM: list = []
+
+
+def value_headdim_supported() -> bool:
+    """Whether the installed ops take v with a head dim of its own (MLA: out then has v's head dim): one tiny CPU
+    call, made once."""
+    if not _VALUE_HEADDIM:
+        from ._compat import real_mode
+        try:
+            with real_mode(), torch.no_grad():
+                q = torch.ones(1, 2, 1, 8)
+                out, _ = torch.ops.fa2.fwd(q, q, torch.ones(1, 2, 1, 4))
+            _VALUE_HEADDIM.append(tuple(out.shape) == (1, 2, 1, 4))
+        except (RuntimeError, ValueError, TypeError):
+            _VALUE_HEADDIM.append(False)
+    return _VALUE_HEADDIM[0]
 
 
 def check_supported(site: Site):
@@ -889,7 +908,18 @@ def check_supported(site: Site):
             raise Reject(f"{dtype} on CPU")
     else:
         raise Reject(f"device {device.type} has no fa2 kernel")
-    headdim = _fa2_dims(site.q)[3]
+    _check_headdim(_fa2_dims(site.q)[3])
+    if not same(_fa2_dims(site.q)[3], _fa2_dims(site.v)[3]):
+        _check_headdim(_fa2_dims(site.v)[3])
+    for entry in (site.mask.bias if site.mask else []):
+        b = val(entry[1])
+        if b.device != device:
+            raise Reject("the mask is on another device")
+        if entry.kind == "add" and not b.dtype.is_floating_point:
+            raise Reject(f"an additive {b.dtype} mask")
+
+
+def _check_headdim(headdim):
     if not isinstance(headdim, int):
         # dynamic=True makes even the head dim symbolic: guard on the kernel's limit (a model whose head dim
         # then grows past it recompiles, and is not rewritten)
@@ -897,12 +927,6 @@ def check_supported(site: Site):
             raise Reject(f"head dim {headdim} > {MAX_HEADDIM}")
     elif headdim > MAX_HEADDIM:
         raise Reject(f"head dim {headdim} > {MAX_HEADDIM}")
-    for entry in (site.mask.bias if site.mask else []):
-        b = val(entry[1])
-        if b.device != device:
-            raise Reject("the mask is on another device")
-        if entry.kind == "add" and not b.dtype.is_floating_point:
-            raise Reject(f"an additive {b.dtype} mask")
 
 
 # ---- SDPA sites -------------------------------------------------------------------------------------------------
