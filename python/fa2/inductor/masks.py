@@ -620,11 +620,6 @@ class MaskTerm:
     multiplier: float = 1.0            # "add" before a scaling: the scale it is multiplied by along with q.k
     folded: bool = False               # 3-D, the heads folded into the batch, under 4-D scores (BLOOM's baddbmm)
 
-    @property
-    def plain(self) -> bool:
-        """In the scores' own layout and not scaled: what band recognition reads."""
-        return self.multiplier == 1.0 and not self.folded
-
 
 class BiasEntry(NamedTuple):
     """One part of fa2's attn_bias. kind "add": float additive; "keep" / "drop": bool, True = keep / hide; "fill": a
@@ -820,7 +815,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
     for term in terms:
         if term.kind == "add":
             entry = BiasEntry("add", term.node, multiplier=term.multiplier, folded=term.folded)
-            if not term.plain:   # (a scaled or folded bias: ALiBi, BLOOM's; never a band)
+            if term.multiplier != 1.0:   # (a bias scaled with the scores: ALiBi's; never a band)
                 bias.append(entry)
                 continue
             value = interp.value(term.node)
@@ -834,7 +829,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                 where = _strip(term.node)
                 if fill == -math.inf and is_call_where(where) and _bool_node(where.args[0]):
                     keep_if_true = scalar_value(where.args[1]) == 0
-                    entry = BiasEntry("keep" if keep_if_true else "drop", where.args[0])
+                    entry = BiasEntry("keep" if keep_if_true else "drop", where.args[0], folded=term.folded)
                 band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
                 if isinstance(band, Band):
                     band.finite_fill = fill != -math.inf
@@ -858,9 +853,6 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
         else:
             entry = BiasEntry("fill", term.node, term.keep_if_true, term.fill, term.dtype or score_dtype,
                               folded=term.folded)
-        if term.folded:
-            bias.append(entry)
-            continue
         pred = _as_pred(interp.value(term.node))
         if pred is not None and not term.keep_if_true:
             pred = _pred_not(pred)

@@ -495,7 +495,8 @@ def score_chain(x) -> ScoreChain:
             raise Reject(f"{what} is added before the softcap (tanh): fa2 adds its bias after the softcap")
         if tensor_scales:
             raise Reject(f"{what} is added before a scaling by a tensor")
-        terms.append(MaskTerm("add", term_node, multiplier=scale, folded=folded))
+        if _scalar(term_node) != 0.0:   # (a zero self of baddbmm adds nothing)
+            terms.append(MaskTerm("add", term_node, multiplier=scale, folded=folded))
 
     while True:
         if not isinstance(cur, torch.fx.Node) or cur.op != "call_function":
@@ -721,6 +722,9 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
             continue
         if _is_random(u):
             raise Reject("dropout is active (training with dropout_p > 0): fa2 has no dropout")
+        if is_call(u, {aten.mul.Tensor}) and same((shape(cur) or (0,))[-1], 1):
+            raise Reject("one key (seqlen_k == 1): P V is an outer product, which the decompositions write as a "
+                         "broadcasting mul")
         raise Reject(f"the attention probabilities go through {_name(u.target)} before the matmul")
     bmm_pv = u
     internal.add(bmm_pv)
