@@ -365,3 +365,23 @@ def test_value_headdim_of_its_own(device, dtype):
         pytest.skip("the installed fa2 ops take one head dim for q, k and v (their value head dim comes with the "
                     "ops' own change): checked that the site is kept, with that reason")
     assert_rewritten(records, causal=True)
+
+
+def attn_bias_then_finite_fill(q, k, v, bias, keep):
+    """DeBERTa's order: a bias that needs a gradient added, then masked_fill with the dtype's minimum by a (query and
+    key) padding mask, so that padded query rows see no key: there eager's scores are the fill alone and the bias
+    gets no gradient."""
+    s = q @ k.transpose(-1, -2) * 0.25 + bias
+    return s.masked_fill(~keep, torch.finfo(s.dtype).min).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_bias_overwritten_by_a_finite_fill_gets_no_gradient_there(device, dtype):
+    pad = torch.ones(B, S, dtype=torch.bool, device=device)
+    pad[1, S - 4:] = False
+    keep = (pad[:, None, :, None] & pad[:, None, None, :])
+    args = list(qkv(device, dtype)) + [torch.randn(B, H, S, S, generator=torch.Generator().manual_seed(7)).to(
+        device=device, dtype=dtype), keep]
+    records, got, naive, hi = run(attn_bias_then_finite_fill, args, device=device, dtype=dtype)
+    assert_rewritten(records, bias="float")
+    check_numerics(got, naive, hi)

@@ -619,13 +619,15 @@ class MaskTerm:
     dtype: torch.dtype | None = None   # of the filled scores (a fill is judged against that dtype's range)
     multiplier: float = 1.0            # "add" before a scaling: the scale it is multiplied by along with q.k
     folded: bool = False               # 3-D, the heads folded into the batch, under 4-D scores (BLOOM's baddbmm)
+    overwritten: bool = False          # "add" before a finite-fill where(): hidden keys hold the fill, not it
 
 
 class BiasEntry(NamedTuple):
     """One part of fa2's attn_bias. kind "add": float additive; "keep" / "drop": bool, True = keep / hide; "fill": a
     bool whose hidden keys got the finite value ``fill`` (the dtype's minimum) in the scores' dtype ``dtype``,
     turned into a float 0/fill bias (rewrite._bias). ``multiplier``: "add" scaled with the scores; ``folded``: 3-D,
-    (batch * heads, ...) of 4-D scores (rewrite._bias unfolds it)."""
+    (batch * heads, ...) of 4-D scores (rewrite._bias unfolds it); ``overwritten``: "add" applied before a finite
+    fill, which replaces it (value and gradient) at the keys it hides."""
     kind: str
     node: torch.fx.Node
     keep_if_true: bool = True
@@ -633,6 +635,7 @@ class BiasEntry(NamedTuple):
     dtype: torch.dtype | None = None
     multiplier: float = 1.0
     folded: bool = False
+    overwritten: bool = False
 
 
 @dataclass
@@ -814,7 +817,8 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
     notes: list[str] = []
     for term in terms:
         if term.kind == "add":
-            entry = BiasEntry("add", term.node, multiplier=term.multiplier, folded=term.folded)
+            entry = BiasEntry("add", term.node, multiplier=term.multiplier, folded=term.folded,
+                              overwritten=term.overwritten)
             if term.multiplier != 1.0:   # (a bias scaled with the scores: ALiBi's; never a band)
                 bias.append(entry)
                 continue

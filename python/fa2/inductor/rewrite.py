@@ -82,6 +82,11 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
             fill = entry[3] if fill is None else max(fill, entry[3])
             fill_dtype = fill_dtype or entry[4]
     rows = None
+    if fill_keeps and any(entry.kind == "add" and entry.overwritten for entry in spec):
+        # a bias added before a finite fill: where the fill hides a key, eager's score is the fill alone and the
+        # bias gets no gradient there (a row that sees no key averages uniformly whatever the bias was)
+        floats = [torch.where(fill_keeps[0], f, torch.zeros((), dtype=f.dtype, device=f.device))
+                  if entry.overwritten else f for entry, f in zip([e for e in spec if e.kind == "add"], floats)]
     if fill_keeps:
         # Chained where / masked_fill overwrite: a key hidden by several of them holds the fill once (added up they
         # would overflow to -inf and drop out of a row that sees nothing, which eager averages over). The fill's own

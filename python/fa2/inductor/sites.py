@@ -496,7 +496,8 @@ def score_chain(x) -> ScoreChain:
         if tensor_scales:
             raise Reject(f"{what} is added before a scaling by a tensor")
         if _scalar(term_node) != 0.0:   # (a zero self of baddbmm adds nothing)
-            terms.append(MaskTerm("add", term_node, multiplier=scale, folded=folded))
+            overwritten = any(t.kind == "where" and t.fill != -math.inf for t in terms)
+            terms.append(MaskTerm("add", term_node, multiplier=scale, folded=folded, overwritten=overwritten))
 
     while True:
         if not isinstance(cur, torch.fx.Node) or cur.op != "call_function":
@@ -767,6 +768,9 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
     site.scale, site.softcap, site.scale_tensors = scale, softcap, tensor_scales
     site.score_shape = s
     site.mask = _plan(terms, s, val(x).dtype)
+    fills = [e for e in site.mask.bias if e.kind == "fill"]
+    if len(fills) > 1 and any(e.kind == "add" and e.overwritten for e in site.mask.bias):
+        raise Reject("a bias added before several finite-valued masks")
     if len(s) > 4 and site.mask.bias:
         raise Reject("a mask on grouped-query (5-D) scores that is not a causal / window band: not supported (fa2 "
                      "reads 4-D masks)")
