@@ -36,18 +36,21 @@ def _gpt2(attn):
     return GPT2LMHeadModel._from_config(cfg, attn_implementation=attn)
 
 
+def _llama_like(prefix, attn, **extra):
+    """A Llama-shaped decoder of transformers' ``{prefix}ForCausalLM`` (GQA 4 / 2)."""
+    import transformers
+    cfg = getattr(transformers, f"{prefix}Config")(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, **extra)
+    return getattr(transformers, f"{prefix}ForCausalLM")._from_config(cfg, attn_implementation=attn)
+
+
 def _llama(attn):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM._from_config(cfg, attn_implementation=attn)
+    return _llama_like("Llama", attn)
 
 
 def _mistral(attn):
-    from transformers import MistralConfig, MistralForCausalLM
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=5)
-    return MistralForCausalLM._from_config(cfg, attn_implementation=attn)
+    return _llama_like("Mistral", attn, sliding_window=5)
 
 
 def _gemma2(attn):
@@ -165,10 +168,7 @@ def _gptj(attn):
 
 
 def _qwen3(attn):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
-    return Qwen3ForCausalLM._from_config(cfg, attn_implementation=attn)
+    return _llama_like("Qwen3", attn, head_dim=16)
 
 
 def _deberta_v2(attn):
