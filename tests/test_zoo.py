@@ -64,6 +64,17 @@ def test_zoo_model(name, device, dtype):
     _check_zoo_model(name, device, dtype, backend="fa2")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["fa2_eager", "fa2"])
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("name", [m.name for m in zoo.WILD])
+def test_wild_model(name, device, dtype, backend):
+    """The models nobody on the project picked (zoo.WILD: SegFormer's conv-strided k / v under Inductor's layouts,
+    BLOOM's baddbmm + ALiBi, Falcon's MQA, GPT-J's fp32 q / k, Qwen3, DeBERTa-v2's relative-position bias): every
+    site rewritten, forward and backward, and within the numerics rule."""
+    _check_zoo_model(name, device, dtype, backend=backend)
+
+
 @pytest.mark.parametrize("name", QUICK_MODELS)
 def test_zoo_model_pass_only(name):
     """test_zoo_model's checks with backend="fa2_eager": the same pass, no code generation."""

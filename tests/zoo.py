@@ -36,18 +36,21 @@ def _gpt2(attn):
     return GPT2LMHeadModel._from_config(cfg, attn_implementation=attn)
 
 
+def _llama_like(prefix, attn, **extra):
+    """A Llama-shaped decoder of transformers' ``{prefix}ForCausalLM`` (GQA 4 / 2)."""
+    import transformers
+    cfg = getattr(transformers, f"{prefix}Config")(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, **extra)
+    return getattr(transformers, f"{prefix}ForCausalLM")._from_config(cfg, attn_implementation=attn)
+
+
 def _llama(attn):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM._from_config(cfg, attn_implementation=attn)
+    return _llama_like("Llama", attn)
 
 
 def _mistral(attn):
-    from transformers import MistralConfig, MistralForCausalLM
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=5)
-    return MistralForCausalLM._from_config(cfg, attn_implementation=attn)
+    return _llama_like("Mistral", attn, sliding_window=5)
 
 
 def _gemma2(attn):
@@ -131,7 +134,66 @@ ZOO = [
     ZooModel("t5", _t5, _t5_inputs, 3, "learned relative position bias (trained), scale 1"),
     ZooModel("whisper_encoder", _whisper_encoder, _whisper_inputs, 1, "encoder self-attention"),
 ]
-ZOO_BY_NAME = {m.name: m for m in ZOO}
+
+
+# Models nobody on the project picked (the compile pass "in the wild"): the forms of attention they write, each with
+# its own tiny config. Only test_zoo uses them (tests/test_hf.py runs ZOO with attn_implementation="fa2").
+def _segformer(attn):
+    from transformers import SegformerConfig, SegformerModel
+    cfg = SegformerConfig(num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+                          patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0)
+    return SegformerModel._from_config(cfg, attn_implementation=attn)
+
+
+def _bloom(attn):
+    from transformers import BloomConfig, BloomForCausalLM
+    cfg = BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4, attention_dropout=0.0, hidden_dropout=0.0)
+    return BloomForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
+def _falcon(attn):
+    from transformers import FalconConfig, FalconForCausalLM
+    cfg = FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
+                       alibi=False, new_decoder_architecture=False, parallel_attn=True, bias=False,
+                       attention_dropout=0.0, hidden_dropout=0.0)
+    return FalconForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
+def _gptj(attn):
+    from transformers import GPTJConfig, GPTJForCausalLM
+    cfg = GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64, attn_pdrop=0.0,
+                     resid_pdrop=0.0, embd_pdrop=0.0)
+    return GPTJForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
+def _qwen3(attn):
+    return _llama_like("Qwen3", attn, head_dim=16)
+
+
+def _deberta_v2(attn):
+    from transformers import DebertaV2Config, DebertaV2Model
+    cfg = DebertaV2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=128, max_position_embeddings=64, relative_attention=True,
+                          pos_att_type=["p2c", "c2p"], position_buckets=16, max_relative_positions=32,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return DebertaV2Model(cfg)
+
+
+def _segformer_inputs(device, dtype):
+    g = torch.Generator().manual_seed(0)
+    return {"pixel_values": torch.randn(BATCH, 3, 32, 32, generator=g).to(device=device, dtype=dtype)}
+
+
+WILD = [
+    ZooModel("segformer", _segformer, _segformer_inputs, 2, "k / v through a stride-2 conv (Inductor's layouts)"),
+    ZooModel("bloom", _bloom, _causal_lm_inputs, 2, "baddbmm scores with ALiBi as self, fp32 softmax cast back"),
+    ZooModel("falcon", _falcon, _causal_lm_inputs, 2, "MQA, scores viewed 3-D and back"),
+    ZooModel("gptj", _gptj, _causal_lm_inputs, 2, "q / k upcast to fp32 for rotary, v in the model's dtype"),
+    ZooModel("qwen3", _qwen3, _causal_lm_inputs, 2, "GQA, q / k norms"),
+    ZooModel("deberta_v2", _deberta_v2, _bert_inputs, 2, "c2p / p2c relative-position terms as a bias"),
+]
+ZOO_BY_NAME = {m.name: m for m in ZOO + WILD}
 
 
 def build(name: str, device, dtype, seed: int = 0, attn: str = "eager") -> torch.nn.Module:

@@ -182,11 +182,13 @@ class Fa2AttentionPass(_compat.CustomGraphPass):
 
     def uuid(self):
         # The FX graph cache keys on this: the pass's sources, what it emits (fa2's autograd, fa2.sdpa), torch, and
-        # the state that changes the emitted graph (deterministic backward).
+        # the state that changes the emitted graph (deterministic backward, whether the ops take a value head dim of
+        # their own).
         from .. import _ops_impl, ops
         here = os.path.dirname(os.path.abspath(__file__))
         files = tuple(os.path.join(here, f) for f in _SOURCES) + (_ops_impl.__file__, ops.__file__)
-        extra = f"{torch.__version__}|det={_ops_impl.deterministic_enabled()}"
+        from .sites import value_headdim_supported
+        extra = f"{torch.__version__}|det={_ops_impl.deterministic_enabled()}|vdim={value_headdim_supported()}"
         return _compat.hash_files(files, extra)
 
     def __repr__(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import sympy
 import torch
@@ -616,6 +617,25 @@ class MaskTerm:
     keep_if_true: bool = True
     fill: float | None = None
     dtype: torch.dtype | None = None   # of the filled scores (a fill is judged against that dtype's range)
+    multiplier: float = 1.0            # "add" before a scaling: the scale it is multiplied by along with q.k
+    folded: bool = False               # 3-D, the heads folded into the batch, under 4-D scores (BLOOM's baddbmm)
+    overwritten: bool = False          # "add" before a finite-fill where(): hidden keys hold the fill, not it
+
+
+class BiasEntry(NamedTuple):
+    """One part of fa2's attn_bias. kind "add": float additive; "keep" / "drop": bool, True = keep / hide; "fill": a
+    bool whose hidden keys got the finite value ``fill`` (the dtype's minimum) in the scores' dtype ``dtype``,
+    turned into a float 0/fill bias (rewrite._bias). ``multiplier``: "add" scaled with the scores; ``folded``: 3-D,
+    (batch * heads, ...) of 4-D scores (rewrite._bias unfolds it); ``overwritten``: "add" applied before a finite
+    fill, which replaces it (value and gradient) at the keys it hides."""
+    kind: str
+    node: torch.fx.Node
+    keep_if_true: bool = True
+    fill: float | None = None
+    dtype: torch.dtype | None = None
+    multiplier: float = 1.0
+    folded: bool = False
+    overwritten: bool = False
 
 
 @dataclass
@@ -623,9 +643,7 @@ class MaskPlan:
     causal: bool = False
     window_left: int = -1
     window_right: int = -1
-    # what is passed as attn_bias: ("add", node) float additive, ("keep", node) bool True=keep,
-    # ("drop", node) bool True=hidden, ("fill", node, keep_if_true, fill, dtype) bool whose hidden keys got the
-    # finite value fill (the dtype's minimum) in the scores' dtype: turned into a float 0/fill bias (rewrite._bias)
+    # what is passed as attn_bias (BiasEntry)
     bias: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
@@ -799,7 +817,11 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
     notes: list[str] = []
     for term in terms:
         if term.kind == "add":
-            entry = ("add", term.node)
+            entry = BiasEntry("add", term.node, multiplier=term.multiplier, folded=term.folded,
+                              overwritten=term.overwritten)
+            if term.multiplier != 1.0:   # (a bias scaled with the scores: ALiBi's; never a band)
+                bias.append(entry)
+                continue
             value = interp.value(term.node)
             dtype = _dtype(term.node)
             band = None
@@ -811,7 +833,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                 where = _strip(term.node)
                 if fill == -math.inf and is_call_where(where) and _bool_node(where.args[0]):
                     keep_if_true = scalar_value(where.args[1]) == 0
-                    entry = ("keep" if keep_if_true else "drop", where.args[0])
+                    entry = BiasEntry("keep" if keep_if_true else "drop", where.args[0], folded=term.folded)
                 band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
                 if isinstance(band, Band):
                     band.finite_fill = fill != -math.inf
@@ -831,9 +853,10 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
             return (f"masked_fill/where with value {term.fill}: only -inf or the dtype's minimum hide a key "
                     "exactly")
         if term.fill == -math.inf:
-            entry = ("keep" if term.keep_if_true else "drop", term.node)
+            entry = BiasEntry("keep" if term.keep_if_true else "drop", term.node, folded=term.folded)
         else:
-            entry = ("fill", term.node, term.keep_if_true, term.fill, term.dtype or score_dtype)
+            entry = BiasEntry("fill", term.node, term.keep_if_true, term.fill, term.dtype or score_dtype,
+                              folded=term.folded)
         pred = _as_pred(interp.value(term.node))
         if pred is not None and not term.keep_if_true:
             pred = _pred_not(pred)

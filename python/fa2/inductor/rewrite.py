@@ -24,7 +24,7 @@ import torch
 
 from . import _compat
 from ._compat import aten, statically_known_true
-from .sites import LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape, val
+from .sites import CASTS, LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape, val
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack",
               "seq_nr", "partitioner_tag")
@@ -66,7 +66,12 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
     fill = fill_dtype = None
     for entry, x in zip(spec, inputs):
         kind = entry[0]
+        if entry.folded:  # (batch * heads, ...) -> (batch, heads, ...)
+            x = x if statically_known_true(x.shape[0] == 1) else x.unflatten(0, score_shape[:2])
         if kind == "add":
+            if entry.multiplier != 1.0:
+                # scaled along with q.k: the product in float32 at least (the eager sum rounds it no finer)
+                x = x.to(torch.promote_types(x.dtype, torch.float32)) * entry.multiplier
             floats.append(x)
         elif kind == "keep":
             keeps.append(x)
@@ -77,6 +82,11 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
             fill = entry[3] if fill is None else max(fill, entry[3])
             fill_dtype = fill_dtype or entry[4]
     rows = None
+    if fill_keeps and any(entry.kind == "add" and entry.overwritten for entry in spec):
+        # a bias added before a finite fill: where the fill hides a key, eager's score is the fill alone and the
+        # bias gets no gradient there (a row that sees no key averages uniformly whatever the bias was)
+        floats = [torch.where(fill_keeps[0], f, torch.zeros((), dtype=f.dtype, device=f.device))
+                  if entry.overwritten else f for entry, f in zip([e for e in spec if e.kind == "add"], floats)]
     if fill_keeps:
         # Chained where / masked_fill overwrite: a key hidden by several of them holds the fill once (added up they
         # would overflow to -inf and drop out of a row that sees nothing, which eager averages over). The fill's own
@@ -209,6 +219,17 @@ def _transposed_users(x, pos, bwd):
     return out
 
 
+def _outer_products(x, other, operand, bwd):
+    """Backward muls ``transpose(x) * other`` shaped like the forward bmm operand ``operand`` (a bmm whose inner
+    dim is 1, decomposed)."""
+    out = []
+    for t in x.users:
+        if is_call(t, {aten.permute.default, aten.transpose.int}) and _is_last_two_swap(t):
+            out.extend(m for m in t.users if is_call(m, {aten.mul.Tensor}) and m in bwd and
+                       set(m.args) == {t, other} and same_shape(shape(m), shape(operand)))
+    return out
+
+
 def _is_last_two_swap(node) -> bool:
     nd = len(shape(node) or ())
     if nd != 3:
@@ -231,20 +252,32 @@ def _walk_grad(start, operand_chain, bound, limit=4):
     whose input and output shapes coincide (S == D) must still be passed, so its segment has to contain a permute."""
     cur, walked = start, []
     for node in reversed(operand_chain):
-        target = shape(node.args[0])
+        target, dtype = shape(node.args[0]), val(node.args[0]).dtype
         need_permute = node.target in PERMUTES and _perm(node) != sorted(_perm(node))
         passed_permute, steps = False, 0
-        while not same_shape(shape(cur), target) or (need_permute and not passed_permute):
+        # (an upcast's backward is the cast back: its segment ends in the input's dtype)
+        while not same_shape(shape(cur), target) or (need_permute and not passed_permute) or val(cur).dtype != dtype:
             users = list(cur.users)
-            if len(users) != 1 or not is_call(users[0], LAYOUT) or steps >= limit:
+            if len(users) != 1 or steps >= limit or not (is_call(users[0], LAYOUT | CASTS) or
+                                                         _identity_scatter(users[0], cur)):
                 raise Reject("the backward of the operand views is not recognized")
             cur = users[0]
             walked.append(cur)
             steps += 1
             passed_permute |= cur.target in PERMUTES
-    if not same_shape(shape(cur), shape(bound)):
+    if not same_shape(shape(cur), shape(bound)) or val(cur).dtype != val(bound).dtype:
         raise Reject("the backward of the operand views is not recognized")
     return cur, walked
+
+
+def _identity_scatter(node, src) -> bool:
+    """``slice_scatter(base, src, dim, 0, end)`` over the whole of ``base``: ``src`` itself (the backward of a full
+    slice, as ``x[:, :, None]`` traces under dynamic shapes)."""
+    if not is_call(node, {aten.slice_scatter.default}) or node.args[1] is not src:
+        return False
+    start, end, step = (list(node.args[3:6]) + [0, None, 1][len(node.args[3:6]):])
+    return same_shape(shape(node), shape(src)) and start in (0, None) and step == 1 and \
+        (end is None or isinstance(end, int) and end >= 2 ** 62)
 
 
 def _ancestors(nodes, stop=None):
@@ -274,18 +307,32 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
         return _plan_sdpa_backward(site, bwd, inputs, spec)
     dv3 = _one(_transposed_users(site.p_operand, 0, bwd), "dV matmuls")
     dp3 = _one(_transposed_users(site.v.bmm_operand, 1, bwd), "dP matmuls")
-    dq3 = _one(_transposed_users(site.k.bmm_operand, 1, bwd), "dQ matmuls")
-    dk3 = _one(_transposed_users(site.q.bmm_operand, 0, bwd), "dK matmuls")
+    dq3s, dk3s = _transposed_users(site.k.bmm_operand, 1, bwd), _transposed_users(site.q.bmm_operand, 0, bwd)
+    # q's bmm operand shared with another matmul (DeBERTa's content-to-position term): dK is the one that reads
+    # the same score gradient dS as dQ (and the other way round)
+    if len(dk3s) > 1 and len(dq3s) == 1:
+        dk3s = [b for b in dk3s if b.args[1] is dq3s[0].args[0]]
+    if len(dq3s) > 1 and len(dk3s) == 1:
+        dq3s = [b for b in dq3s if b.args[0] is dk3s[0].args[1]]
+    dq3, dk3 = _one(dq3s, "dQ matmuls"), _one(dk3s, "dK matmuls")
+    # one query (SigLIP's pooling probe): dV = P^T dO and dK = Q^T dS are outer products, which the decompositions
+    # write as broadcasting muls
+    if dv3 is None and dp3 is not None:
+        dv3 = _one(_outer_products(site.p_operand, dp3.args[0], site.v.bmm_operand, bwd), "dV products")
+    if dk3 is None and dq3 is not None:
+        dk3 = _one(_outer_products(site.q.bmm_operand, dq3.args[0], site.k.bmm_operand, bwd), "dK products")
     if dv3 is None and dp3 is None:
         if dq3 is not None or dk3 is not None:
             raise Reject("the backward is not recognized")
         if any(u in bwd for n in site.internal for u in n.users):
             raise Reject("the backward is not recognized")
         return None
-    g3 = dv3.args[1] if dv3 is not None else dp3.args[0]
+    scaled_dq3, scaled_dk3 = _alpha_scaled(site, dq3), _alpha_scaled(site, dk3)
+    g3 = dp3.args[0] if dp3 is not None else dv3.args[1]
     if dp3 is not None and dp3.args[0] is not g3:
         raise Reject("the backward is not recognized")
-    gs = {b.args[0] for b in (dq3,) if b is not None} | {b.args[1] for b in (dk3,) if b is not None}
+    gs = {b.args[0] for b in (dq3,) if b is not None} | \
+        {b.args[1] for b in (dk3,) if b is not None and b.target == aten.bmm.default}
     if len(gs) > 1:
         raise Reject("the backward is not recognized")
     # incoming gradient of the output: undo the backward of the output view
@@ -300,8 +347,8 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
     else:
         raise Reject("the incoming gradient of the attention output is not recognized")
     plan = BackwardPlan(grad_out)
-    walked = set()
-    for index, (operand, grad3) in enumerate(((site.q, dq3), (site.k, dk3), (site.v, dv3))):
+    walked = {g for g in (scaled_dq3, scaled_dk3) if g is not None} - {dq3, dk3}
+    for index, (operand, grad3) in enumerate(((site.q, scaled_dq3), (site.k, scaled_dk3), (site.v, dv3))):
         if grad3 is None:
             continue
         node, path = _walk_grad(grad3, operand.chain, operand.node)
@@ -317,6 +364,19 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
     return plan
 
 
+def _alpha_scaled(site, grad3):
+    """The gradient of a baddbmm operand: autograd multiplies the bmm by alpha (unless it is 1)."""
+    qk = site.bmm_qk
+    alpha = qk.kwargs.get("alpha", 1) if qk.target == aten.baddbmm.default else 1
+    if grad3 is None or alpha == 1:
+        return grad3
+    users = list(grad3.users)
+    if len(users) == 1 and is_call(users[0], {aten.mul.Scalar, aten.mul.Tensor}) and users[0].args[0] is grad3 \
+            and users[0].args[1] == alpha:
+        return users[0]
+    raise Reject("the backward of baddbmm is not recognized")
+
+
 def _plan_bias_grad(site, plan, region, walked, inputs, spec):
     """The old backward may still feed one thing: the gradient of a float bias that needs one. Autograd emits it as
     ``sum_to(g, bias.shape)`` of the gradient g of the ``scores + bias`` output (nothing when no dim broadcasts):
@@ -327,6 +387,11 @@ def _plan_bias_grad(site, plan, region, walked, inputs, spec):
     if not escaping:
         return
     floats = [3 + i for i, entry in enumerate(spec) if entry[0] == "add"]
+    qk = site.bmm_qk
+    if qk.target == aten.baddbmm.default and qk.kwargs.get("beta", 1) != 1 and \
+            any(inputs[i] is qk.args[0] for i in floats):
+        # (autograd scales the scores' gradient by beta for it: fa2's bias gradient would be scaled twice)
+        raise Reject("the bias gradient is not recognized (baddbmm's self needs a gradient and beta != 1)")
     sources = {r for r, _ in escaping}
     if not floats or len(sources) != 1:
         raise Reject("the attention internals are used elsewhere in the backward")
@@ -398,7 +463,9 @@ def _copy_meta(dst, src, template):
     for key in _META_KEYS:
         if key in template.meta:
             dst.meta[key] = template.meta[key]
-    for key in ("val", "tensor_meta"):
+    # (eager_input_vals: the fake inputs make_fx saw for an op that needs exact strides, such as fa2's: Inductor gives
+    # an op that lacks them, as one a custom pass inserted, whatever layout it likes for its inputs)
+    for key in ("val", "tensor_meta", "eager_input_vals"):
         if key in src.meta:
             dst.meta[key] = src.meta[key]
 
@@ -442,7 +509,7 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
         out_arg = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         outs = list(out_arg) if isinstance(out_arg, (list, tuple)) else [out_arg]
         outputs = [env[o] if isinstance(o, torch.fx.Node) else o for o in outs]
-        new_out = _keep_views_valid(graph, site.output, outputs[0], fake_mode, new_nodes)
+        new_out = _keep_views_valid(graph, site.output, outputs[0], fake_mode, new_nodes, undo)
         site.output.replace_all_uses_with(new_out)
         undo.append(("all", site.output, new_out))
         grads = iter(outputs[1:])
@@ -456,7 +523,7 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
                 old = plan.grads[i]
                 if not same_shape(shape(old), shape(g)):
                     raise Reject("gradient shapes do not match")
-                g = _keep_views_valid(graph, old, g, fake_mode, new_nodes)
+                g = _keep_views_valid(graph, old, g, fake_mode, new_nodes, undo)
                 old.replace_all_uses_with(g)
                 undo.append(("all", old, g))
             else:
@@ -493,27 +560,48 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
             graph.erase_node(n)
 
 
-def _keep_views_valid(graph, old_out, new_out, fake_mode, new_nodes):
+# Ops that return a view of their input (its strides follow the input's): a ``view`` after a chain of these may fail
+# when fa2's output is strided differently from the tensor it replaces.
+_VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.permute.default, aten.transpose.int, aten.t.default,
+             aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.alias.default,
+             aten.expand.default, aten.slice.Tensor, aten.select.int}
+_STRICT_VIEWS = {aten.view.default, aten._unsafe_view.default}
+
+
+def _keep_views_valid(graph, old_out, new_out, fake_mode, new_nodes, undo):
     """fa2's outputs are (B, S, H, D)-contiguous, read as (B, H, S, D) (and its gradients likewise). A consumer that
-    ``view``s the old, differently strided tensor may fail on the new one: give it a contiguous copy (a
-    ``transpose(1, 2)`` consumer, the usual case, needs none)."""
-    needs_copy = False
+    ``view``s the old, differently strided tensor -- directly or after permutes (nn.MultiheadAttention views SDPA's
+    output as (S * B, E) after moving S first) -- may fail on the new one: give that view a contiguous copy of its
+    input (a ``transpose(1, 2)`` consumer, the usual case, needs none). Returns what replaces ``old_out``."""
     new_val = val(new_out)
-    for user in old_out.users:
-        if is_call(user, {aten.view.default, aten._unsafe_view.default}):
-            try:
-                # (under dynamic shapes the sizes are graph nodes: their symbolic values)
-                size = torch.fx.map_arg(user.args[1], lambda n: n.meta["val"])
-                with fake_mode:
-                    new_val.view(size)
-            except (RuntimeError, ValueError):  # (fake tensors raise either, by torch version)
-                needs_copy = True
-    if not needs_copy:
+    if val(old_out) is None or new_val is None or same_shape(val(old_out).stride(), new_val.stride()):
         return new_out
-    with graph.inserting_after(new_out):
-        copy = graph.call_function(aten.clone.default, (new_out,), {"memory_format": torch.contiguous_format})
-    with fake_mode:
-        copy.meta["val"] = new_val.clone(memory_format=torch.contiguous_format)
-    _copy_meta(copy, copy, new_out)
-    new_nodes.append(copy)
-    return copy
+    failing = []   # the views that fail on the new strides
+    stack = [(old_out, new_val, 0)]
+    while stack:
+        node, value, depth = stack.pop()
+        for user in node.users:
+            if not is_call(user, _VIEW_OPS) or depth > 8:
+                continue
+            args = torch.fx.map_arg(user.args, lambda n: value if n is node else n.meta["val"])
+            kwargs = torch.fx.map_arg(user.kwargs, lambda n: value if n is node else n.meta["val"])
+            try:
+                with fake_mode:
+                    result = user.target(*args, **kwargs)
+            except (RuntimeError, ValueError):  # (fake tensors raise either, by torch version)
+                if user.target not in _STRICT_VIEWS:
+                    raise Reject("a view of the attention output cannot take fa2's output layout")
+                failing.append((user, node))
+                continue
+            stack.append((user, result, depth + 1))
+    for user, node in failing:
+        source = new_out if node is old_out else node   # (old_out's other uses move to new_out afterwards)
+        with graph.inserting_before(user):
+            copy = graph.call_function(aten.clone.default, (source,), {"memory_format": torch.contiguous_format})
+        with fake_mode:
+            copy.meta["val"] = val(source).clone(memory_format=torch.contiguous_format)
+        _copy_meta(copy, copy, user)
+        new_nodes.append(copy)
+        user.replace_input_with(node, copy)
+        undo.append(("some", node, copy, [user]))
+    return new_out

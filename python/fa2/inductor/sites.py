@@ -402,20 +402,60 @@ def reshape_chain_down(start, stop_if, bwd, limit=8):
 
 # ---- the score chain ---------------------------------------------------------------------------------------------
 
+QK_MATMULS = {aten.bmm.default, aten.baddbmm.default}
+
+
+def qk_operands(node):
+    """(q3, kT3): the 3-D operands of the QK^T matmul (bmm, or baddbmm, whose ``self`` is an additive bias)."""
+    return (node.args[0], node.args[1]) if node.target == aten.bmm.default else (node.args[1], node.args[2])
+
+
 def _reaches_qk(node, depth=0) -> bool:
-    """Does this value come from a bmm through score-chain ops?"""
+    """Does this value come from the QK^T matmul through score-chain ops (and the layout ops of a 4-D matmul or an
+    einsum: views, and permutes that keep the order of the dims that are not 1)?"""
     if depth > 16 or not isinstance(node, torch.fx.Node) or node.op != "call_function":
         return False
-    if node.target == aten.bmm.default:
+    if node.target in QK_MATMULS:
         return True
-    if node.target in VIEWS | CASTS | {aten.mul.Tensor, aten.div.Tensor, aten.tanh.default, aten.clone.default}:
+    if node.target in VIEWS | CASTS | {aten.mul.Tensor, aten.div.Tensor, aten.tanh.default, aten.clone.default,
+                                       aten.alias.default}:
         return _reaches_qk(node.args[0], depth + 1) or (
             node.target in (aten.mul.Tensor, aten.div.Tensor) and _reaches_qk(node.args[1], depth + 1))
+    if node.target in SHAPE_OPS and _order_preserving(node):
+        return _reaches_qk(node.args[0], depth + 1)
     if node.target in (aten.add.Tensor, aten.sub.Tensor):
         return _reaches_qk(node.args[0], depth + 1) or _reaches_qk(node.args[1], depth + 1)
     if node.target == aten.where.self:
         return _reaches_qk(node.args[1], depth + 1) or _reaches_qk(node.args[2], depth + 1)
     return False
+
+
+def _stops(node, depth=0, out=None) -> list:
+    """The ops where a walk back from ``node`` towards a matmul stops (for a reason that names them)."""
+    out = [] if out is None else out
+    if depth > 16 or not isinstance(node, torch.fx.Node) or len(out) > 3:
+        return out
+    if node.op != "call_function":
+        out.append("a graph input" if node.op == "placeholder" else node.op)
+    elif node.target in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.where.self) or \
+            node.target in VIEWS | CASTS | {aten.clone.default, aten.alias.default, aten.tanh.default} or \
+            (node.target in SHAPE_OPS and _order_preserving(node)):
+        for a in node.args:
+            if isinstance(a, torch.fx.Node) and _val_is_tensor(a) and len(shape(a) or ()) >= 2:
+                _stops(a, depth + 1, out)
+    else:
+        out.append(_name(node.target).split(".")[0])
+    return out
+
+
+def _val_is_tensor(node) -> bool:
+    return isinstance(val(node), torch.Tensor)
+
+
+def _no_matmul(node) -> Reject:
+    stops = sorted(set(_stops(node)))
+    where = f" (the scores come from {', '.join(stops)})" if stops else ""
+    return Reject(f"the softmax input does not come from a matmul{where}")
 
 
 def _scalar(arg):
@@ -425,12 +465,40 @@ def _scalar(arg):
     return float(v)
 
 
-def score_chain(x):
-    """Walk from the softmax input back to QK^T. Returns (scores_node, bmm, scale, softcap, terms, nodes)."""
+@dataclass
+class ScoreChain:
+    """What lies between QK^T and the softmax: ``scores`` is the (batch..., Sq, Sk) tensor the softmax reads before
+    masks and scales (the 4-D view of the matmul's output, or the matmul itself), ``qk`` the matmul, ``scale`` the
+    product of the scalar factors of q.k (1.0 when there are none), terms the masks and biases (in score layout, or
+    3-D with the heads folded into the batch: MaskTerm.folded), ``nodes`` every op in between."""
+    scores: torch.fx.Node
+    qk: torch.fx.Node
+    scale: float
+    softcap: float
+    terms: list
+    nodes: list
+    tensor_scales: list
+
+
+def score_chain(x) -> ScoreChain:
+    """Walk from the softmax input back to QK^T (outside in: the last op applied is met first)."""
     scale, softcap, terms, nodes, tensor_scales = 1.0, 0.0, [], [], []
-    phase = 0          # 0: masks/bias, 1: after softcap, 2: scales (walking outward-in, so reverse of compute)
-    saw_scale = False
+    inside = None      # None, "scale" or "softcap": what the ops met so far do to everything computed before them
+    folded = False     # past a view that split the matmul's (batch, Sq, Sk) into (B, H, Sq, Sk): 3-D terms
+    scores = None
     cur = x
+
+    def add_term(term_node, what):
+        # A bias added before the scaling is scaled with q.k: fa2 takes it pre-multiplied (exactly the eager sum's
+        # terms, in float32 at least); a softcap's tanh cannot be moved past
+        if inside == "softcap":
+            raise Reject(f"{what} is added before the softcap (tanh): fa2 adds its bias after the softcap")
+        if tensor_scales:
+            raise Reject(f"{what} is added before a scaling by a tensor")
+        if _scalar(term_node) != 0.0:   # (a zero self of baddbmm adds nothing)
+            overwritten = any(t.kind == "where" and t.fill != -math.inf for t in terms)
+            terms.append(MaskTerm("add", term_node, multiplier=scale, folded=folded, overwritten=overwritten))
+
     while True:
         if not isinstance(cur, torch.fx.Node) or cur.op != "call_function":
             raise Reject("the softmax input does not come from a matmul")
@@ -439,28 +507,46 @@ def score_chain(x):
             nodes.append(cur)
             cur = cur.args[0]
             continue
-        if t == aten.bmm.default:
-            return cur, cur, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
+        if t in QK_MATMULS:
+            if t == aten.baddbmm.default:
+                beta, alpha = cur.kwargs.get("beta", 1), cur.kwargs.get("alpha", 1)
+                if not all(isinstance(c, (int, float)) and math.isfinite(c) for c in (alpha, beta)) or alpha == 0:
+                    raise Reject(f"baddbmm with beta={beta}, alpha={alpha}")
+                if beta != 0:
+                    inner_scale = scale
+                    scale *= beta
+                    add_term(cur.args[0], "baddbmm's bias")
+                    scale = inner_scale
+                scale *= alpha
+            nodes.append(cur)
+            scores = scores if scores is not None else cur
+            return ScoreChain(scores, cur, scale, softcap, terms, nodes, tensor_scales)
         if t in SHAPE_OPS:
-            # the (B*H, Sq, Sk) bmm output reshaped to (B, H, Sq, Sk) (a view, or einsum's views and permutes)
+            # the (B*H, Sq, Sk) matmul output reshaped to (B, H, Sq, Sk) (a view, or einsum's views and permutes),
+            # before or after the masks / scales / biases applied to it in 3-D
             chain, node = [], cur
             while is_call(node, SHAPE_OPS) and _order_preserving(node):
                 chain.append(node)
                 node = node.args[0]
-            if chain and is_call(node, {aten.bmm.default}):
-                # the bmm's (batch, Sq, Sk) with its batch split into the leading dims: (B, H) for 4-D scores; none
-                # for 3-D ones ((H, S, D) inputs); (B, Hk, G) for GQA written with a grouped view of q against
-                # (B, Hk, 1, S, D) K/V, whose site runs with the heads folded into the batch (K/V as the matmul
-                # expanded them)
-                s3, s4 = shape(node), shape(cur)
-                if s4 is None or len(s4) < 3 or not (same(math.prod(s4[:-2]), s3[0]) and same(s4[-2], s3[1])
-                                                     and same(s4[-1], s3[2])):
-                    raise Reject("the scores are reshaped in a way fa2 cannot follow")
-                if len(s4) > 4 and terms:
-                    raise Reject("a mask on grouped-query (5-D) scores: not supported (fa2 reads 4-D masks)")
+            if chain and same_shape(shape(node), shape(cur)):  # viewed away and back (Falcon)
                 nodes += chain
-                return cur, node, (scale if saw_scale else 1.0), softcap, terms, nodes, tensor_scales
-            raise Reject(f"the scores go through {_name(t)} before the softmax")
+                cur = node
+                continue
+            if not chain or not _reaches_qk(node) or scores is not None:
+                raise Reject(f"the scores go through {_name(t)} before the softmax" if not chain else
+                             "the scores are reshaped in a way fa2 cannot follow")
+            # the matmul's (batch, Sq, Sk) with its batch split into the leading dims: (B, H) for 4-D scores; none
+            # for 3-D ones ((H, S, D) inputs); (B, Hk, G) for GQA written with a grouped view of q against
+            # (B, Hk, 1, S, D) K/V, whose site runs with the heads folded into the batch (K/V as the matmul
+            # expanded them)
+            s3, s4 = shape(node), shape(cur)
+            if s3 is None or s4 is None or len(s3) != 3 or len(s4) < 3 or not (
+                    same(math.prod(s4[:-2]), s3[0]) and same(s4[-2], s3[1]) and same(s4[-1], s3[2])):
+                raise Reject("the scores are reshaped in a way fa2 cannot follow")
+            nodes += chain
+            scores, folded = cur, len(s4) == 4
+            cur = node
+            continue
         if t in (aten.add.Tensor, aten.sub.Tensor):
             if cur.kwargs.get("alpha", 1) != 1:
                 raise Reject("add/sub with alpha in the score computation")
@@ -471,17 +557,15 @@ def score_chain(x):
             if ca and cb:
                 raise Reject("two matmul terms are added before the softmax (e.g. a relative-position matmul)")
             if not (ca or cb):
-                raise Reject("the softmax input does not come from a matmul")
+                raise _no_matmul(cur)
             score, bias = (a, b) if ca else (b, a)
-            if phase:
-                raise Reject("a bias is added before the scaling / softcap")
             if not isinstance(bias, torch.fx.Node):
                 if t == aten.sub.Tensor or bias != 0:
                     raise Reject("a constant is added to the scores")  # softmax-invariant but not worth a case
             else:
                 if t == aten.sub.Tensor:
                     raise Reject("a bias is subtracted from the scores")
-                terms.append(MaskTerm("add", bias))
+                add_term(bias, "a bias")
             nodes.append(cur)
             cur = score
             continue
@@ -489,16 +573,23 @@ def score_chain(x):
             cond, a, b = cur.args
             va, vb = _scalar(a), _scalar(b)
             dtype = val(cur).dtype
+            # a mask applied before a positive scaling (GPT-J) hides the same keys, its fill scaled along
+            if inside == "softcap" or tensor_scales or scale <= 0:
+                raise Reject("a mask is applied before the " +
+                             ("softcap" if inside == "softcap" else "scaling by a tensor" if tensor_scales
+                              else "scaling by a negative number"))
             if vb is not None and _reaches_qk(a):
-                terms.append(MaskTerm("where", cond, keep_if_true=True, fill=vb, dtype=dtype))
-                score = a
+                term, score = MaskTerm("where", cond, keep_if_true=True, fill=vb * scale, dtype=dtype,
+                                       folded=folded), a
             elif va is not None and _reaches_qk(b):
-                terms.append(MaskTerm("where", cond, keep_if_true=False, fill=va, dtype=dtype))
-                score = b
+                term, score = MaskTerm("where", cond, keep_if_true=False, fill=va * scale, dtype=dtype,
+                                       folded=folded), b
+            elif _reaches_qk(a) or _reaches_qk(b):
+                raise Reject("where() in the score computation fills with a tensor, not a constant (fa2 takes a "
+                             "constant fill as a mask, a tensor only when added)")
             else:
-                raise Reject("where() in the score computation is not a mask")
-            if phase:
-                raise Reject("a mask is applied before the scaling / softcap")
+                raise _no_matmul(cur)
+            terms.append(term)
             nodes.append(cur)
             cur = score
             continue
@@ -512,9 +603,9 @@ def score_chain(x):
                     d = _scalar(inner.args[1])
                     c_in = d if inner.target == aten.div.Tensor else (1.0 / d if d else math.inf)
                     if c > 0 and math.isclose(c, c_in, rel_tol=1e-6):
-                        if phase >= 1:
-                            raise Reject("softcap applied twice or after scaling")
-                        softcap, phase = c, 1
+                        if inside:
+                            raise Reject(f"softcap applied twice or after a {inside}")
+                        softcap, inside = c, "softcap"
                         nodes += [cur, a, inner]
                         cur = inner.args[0]
                         continue
@@ -531,14 +622,14 @@ def score_chain(x):
                         and sv.is_floating_point()) or _reaches_qk(other) or t == aten.div.Tensor and other is a:
                     raise Reject("the scores are multiplied by a tensor")
                 tensor_scales.append((other, "mul" if t == aten.mul.Tensor else "div"))
-                phase = 2
+                inside = inside or "scale"
                 nodes.append(cur)
                 cur = src
                 continue
             if c == 0 or not math.isfinite(c):
                 raise Reject(f"the scores are scaled by {c}")
             scale = scale * c if t == aten.mul.Tensor else scale / c
-            saw_scale, phase = True, 2
+            inside = inside or "scale"
             nodes.append(cur)
             cur = src
             continue
@@ -609,7 +700,9 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
         if len(users) != 1:
             if not users:
                 raise Reject("the softmax output is not used")
-            raise Reject("the attention probabilities are also used elsewhere (e.g. returned as attn_weights)")
+            raise Reject("the attention probabilities are also used elsewhere (returned as attention weights: "
+                         "nn.MultiheadAttention(..., need_weights=False) or Hugging Face's output_attentions=False "
+                         "does not compute them, and fa2 rewrites the site)")
         u = users[0]
         if is_call(u, {aten.bmm.default}):
             if u.args[0] is not cur:
@@ -630,17 +723,22 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
             continue
         if _is_random(u):
             raise Reject("dropout is active (training with dropout_p > 0): fa2 has no dropout")
+        if is_call(u, {aten.mul.Tensor}) and same((shape(cur) or (0,))[-1], 1):
+            raise Reject("one key (seqlen_k == 1): P V is an outer product, which the decompositions write as a "
+                         "broadcasting mul")
         raise Reject(f"the attention probabilities go through {_name(u.target)} before the matmul")
     bmm_pv = u
     internal.add(bmm_pv)
     # -- QK^T and the scores
-    scores, bmm_qk, scale, softcap, terms, chain_nodes, tensor_scales = score_chain(x)
+    chain = score_chain(x)
+    scores, bmm_qk, scale, softcap, terms = chain.scores, chain.qk, chain.scale, chain.softcap, chain.terms
+    chain_nodes, tensor_scales = chain.nodes, chain.tensor_scales
     internal.update(chain_nodes)
     internal.add(bmm_qk)
     for n in chain_nodes + [bmm_qk]:
         if len(_fwd_users(n, bwd)) > 1 and n is not x:
             raise Reject("the attention scores are also used elsewhere")
-    q3, k3, p3, v3 = bmm_qk.args[0], bmm_qk.args[1], bmm_pv.args[0], bmm_pv.args[1]
+    (q3, k3), p3, v3 = qk_operands(bmm_qk), bmm_pv.args[0], bmm_pv.args[1]
     s = shape(scores)
     ps, p3s = shape(p), shape(p3)
     if not (same_shape(ps, s) and same(p3s[0], shape(bmm_qk)[0]) and same(p3s[1], s[-2]) and same(p3s[2], s[-1])):
@@ -662,6 +760,7 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
     if not four_d:
         site.q, site.k, site.v = (bind_operand(q3, "q", None), bind_operand(k3, "k", None),
                                   bind_operand(v3, "v", None))
+    _read_through_upcasts(site, val(out).dtype)
     for opnd in (site.q, site.k, site.v):
         internal.update(opnd.chain)
     site.output, site.out_layout = out, out_layout
@@ -669,6 +768,12 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
     site.scale, site.softcap, site.scale_tensors = scale, softcap, tensor_scales
     site.score_shape = s
     site.mask = _plan(terms, s, val(x).dtype)
+    fills = [e for e in site.mask.bias if e.kind == "fill"]
+    if len(fills) > 1 and any(e.kind == "add" and e.overwritten for e in site.mask.bias):
+        raise Reject("a bias added before several finite-valued masks")
+    if len(s) > 4 and site.mask.bias:
+        raise Reject("a mask on grouped-query (5-D) scores that is not a causal / window band: not supported (fa2 "
+                     "reads 4-D masks)")
     site.internal = internal
     # a chain node of an operand may be shared with another consumer (e.g. repeat_kv output reused): then it
     # is not internal
@@ -679,18 +784,65 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
     _check_shapes(site, s)
 
 
+def _exact_upcast_source(node):
+    """x when ``node`` is x cast to a wider floating dtype (bf16 / fp16 -> fp32 / fp64, fp32 -> fp64): every value of
+    x is exactly representable after the cast, so reading x instead reads the same numbers."""
+    if not is_call(node, CASTS):
+        return None
+    if node.target == aten._to_copy.default and set(node.kwargs) - {"dtype"}:
+        return None
+    src = node.args[0]
+    a, b = val(src), val(node)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype.is_floating_point
+            and b.dtype.is_floating_point):
+        return None
+    wider = {torch.float16: (torch.float32, torch.float64), torch.bfloat16: (torch.float32, torch.float64),
+             torch.float32: (torch.float64,)}
+    return src if b.dtype in wider.get(a.dtype, ()) else None
+
+
+def _read_through_upcasts(site: Site, out_dtype):
+    """GPT-J upcasts q and k (after rotary) to float32 and leaves v and the output in bfloat16: eager's scores are
+    then the float32 products of bfloat16 values, which is what fa2's kernels compute from the bfloat16 tensors
+    (products exact in float32, sums accumulated in float32), and its softmax is float32 as fa2's. So an operand
+    that is an exact upcast of a tensor in the dtype of the output is read before the cast; a cast that rounds (a
+    narrowing one, or an upcast of a tensor computed in float32) is not looked through."""
+    for opnd in (site.q, site.k, site.v):
+        if val(opnd.node).dtype == out_dtype:
+            continue
+        src = _exact_upcast_source(opnd.node)
+        if src is None or val(src).dtype != out_dtype:
+            return
+    for opnd in (site.q, site.k, site.v):
+        src = _exact_upcast_source(opnd.node) if val(opnd.node).dtype != out_dtype else None
+        if src is not None:
+            opnd.chain.insert(0, opnd.node)
+            opnd.node = src
+
+
 def _plan(terms, score_shape, dtype) -> MaskPlan:
     plan = plan_masks(terms, score_shape[-2], score_shape[-1], dtype, len(score_shape))
     if isinstance(plan, str):
         raise Reject(plan)
     for entry in plan.bias:
         b = shape(entry[1])
+        if b is not None and entry.folded:
+            b = unfolded_shape(b, score_shape)
         if b is None or len(b) > len(score_shape):
             raise Reject("the mask does not broadcast to the scores")
         for dim_b, dim_s in zip(reversed(b), reversed(score_shape)):
             if not (same(dim_b, 1) or same(dim_b, dim_s)):
                 raise Reject("the mask does not broadcast to the scores")
     return plan
+
+
+def unfolded_shape(b, score_shape):
+    """The 4-D shape of a 3-D (batch * heads, ...) bias under (B, H, Sq, Sk) scores (None if it is not one)."""
+    if len(b) == 3 and len(score_shape) == 4 and same(b[0], 1):
+        return (1, 1, b[1], b[2])
+    if len(b) == 3 and len(score_shape) == 4 and same(b[0], score_shape[0] * score_shape[1]):
+        return (score_shape[0], score_shape[1], b[1], b[2])
+    return None
 
 
 def _fa2_dims(op: Operand):
@@ -717,13 +869,32 @@ def _check_shapes(site: Site, score_shape):
         raise Reject("k and v have different numbers of heads")
     if not same(dq, dk):
         raise Reject("q and k have different head dims")
-    if not same(dq, dv):
-        raise Reject(f"the value head dim ({dv}) differs from the query/key head dim ({dq})")
+    if not same(dq, dv) and not value_headdim_supported():
+        raise Reject(f"the value head dim ({dv}) differs from the query/key head dim ({dq}) and the installed fa2 "
+                     "ops take one head dim for q, k and v")
     if not (isinstance(hq, int) and isinstance(hk, int) and hk > 0 and hq % hk == 0):
         if not same(hq, hk):
             raise Reject("the number of query heads is not a multiple of the number of key/value heads")
     if not (same(score_shape[-2], sq) and same(score_shape[-1], sk)):
         raise Reject("the scores do not have the shape (seqlen_q, seqlen_k)")
+
+
+_VALUE_HEADDIM: list = []
+
+
+def value_headdim_supported() -> bool:
+    """Whether the installed ops take v with a head dim of its own (MLA: out then has v's head dim): one tiny CPU
+    call, made once."""
+    if not _VALUE_HEADDIM:
+        from ._compat import real_mode
+        try:
+            with real_mode(), torch.no_grad():
+                q = torch.ones(1, 2, 1, 8)
+                out, _ = torch.ops.fa2.fwd(q, q, torch.ones(1, 2, 1, 4))
+            _VALUE_HEADDIM.append(tuple(out.shape) == (1, 2, 1, 4))
+        except (RuntimeError, ValueError, TypeError):
+            _VALUE_HEADDIM.append(False)
+    return _VALUE_HEADDIM[0]
 
 
 def check_supported(site: Site):
@@ -745,7 +916,18 @@ def check_supported(site: Site):
             raise Reject(f"{dtype} on CPU")
     else:
         raise Reject(f"device {device.type} has no fa2 kernel")
-    headdim = _fa2_dims(site.q)[3]
+    _check_headdim(_fa2_dims(site.q)[3])
+    if not same(_fa2_dims(site.q)[3], _fa2_dims(site.v)[3]):
+        _check_headdim(_fa2_dims(site.v)[3])
+    for entry in (site.mask.bias if site.mask else []):
+        b = val(entry[1])
+        if b.device != device:
+            raise Reject("the mask is on another device")
+        if entry.kind == "add" and not b.dtype.is_floating_point:
+            raise Reject(f"an additive {b.dtype} mask")
+
+
+def _check_headdim(headdim):
     if not isinstance(headdim, int):
         # dynamic=True makes even the head dim symbolic: guard on the kernel's limit (a model whose head dim
         # then grows past it recompiles, and is not rewritten)
@@ -753,12 +935,6 @@ def check_supported(site: Site):
             raise Reject(f"head dim {headdim} > {MAX_HEADDIM}")
     elif headdim > MAX_HEADDIM:
         raise Reject(f"head dim {headdim} > {MAX_HEADDIM}")
-    for entry in (site.mask.bias if site.mask else []):
-        b = val(entry[1])
-        if b.device != device:
-            raise Reject("the mask is on another device")
-        if entry[0] == "add" and not b.dtype.is_floating_point:
-            raise Reject(f"an additive {b.dtype} mask")
 
 
 # ---- SDPA sites -------------------------------------------------------------------------------------------------
