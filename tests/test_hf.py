@@ -321,7 +321,7 @@ def _from_config(cfg_cls, model_cls, attn, **kw):
 
 
 def test_mla_value_head_dim_differs_from_query_head_dim():
-    """DeepSeek-V3 (MLA): q/k head dim 24, v head dim 8; fa2 pads the smaller side and slices the output."""
+    """DeepSeek-V3 (MLA): q/k head dim 24, v head dim 8, given to the op as they are (a value head dim of its own)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     cfg = dict(vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,

@@ -122,15 +122,7 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         # (as transformers' sdpa and flash paths: the weights are never materialized; say so rather than return none)
         warnings.warn("fa2 does not return attention weights (output_attentions=True): they are None; use "
                       "attn_implementation=\"eager\" to get them", stacklevel=2)
-    head_dim_v = value.shape[-1]
-    if query.shape[-1] != head_dim_v:
-        # MLA (DeepSeek-V2/V3): the value head dim differs from the query/key one. fa2 takes one headdim: the smaller
-        # side is padded with zeros (no change to the scores when q/k are padded: the scale is fixed first, from
-        # the query's own headdim; zero columns of v give zero columns of out, sliced off).
-        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-        width = max(query.shape[-1], head_dim_v)
-        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t  # noqa: E731
-        query, key, value = pad(query), pad(key), pad(value)
+    # (MLA, DeepSeek-V2/V3: a value head dim other than the query/key one goes to the op as it is; out takes v's)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # a (B, kv) mask is fa2_mask's causal over padding (bottom-right diagonal checked there): causal with a key
@@ -181,6 +173,4 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         bias = bias.to(query.dtype)
     out = torch.ops.fa2.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias, scaling,
                                   causal, window_left, window_right, float(softcap or 0.0))
-    if out.shape[-1] != head_dim_v:
-        out = out[..., :head_dim_v]
     return out, None
