@@ -126,12 +126,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
     use_partials();
   }
   // (zeroed here for the deterministic mode's counters; the other mode's are zeroed by the backward)
-  const int64_t workspace_ints = plan.workspace_ints;
-  Tensor workspace = workspace_ints <= 0     ? Tensor()
-                     : plan.zero_workspace ? cuda_glue::zeroed_ints(workspace_ints, q.options(), stream)
-                                           : at::empty({workspace_ints}, q.options().dtype(at::kInt));
-  params.workspace = workspace_ints > 0 ? workspace.data_ptr() : nullptr;
-  params.workspace_ints = workspace_ints;
+  const Tensor workspace =
+      cuda_glue::attach_workspace(params, plan.workspace_ints, plan.zero_workspace, q.options(), stream);
 
   bool needs_partials = false;
   const char* err = run_bwd(plan, params, stream, &needs_partials);

@@ -82,11 +82,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   params.lse = lse.data_ptr<float>();
   // the persistent sm_90a forward's tile counter (causal / windows), zeroed on the stream
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  at::Tensor workspace;
-  if (plan.workspace_ints > 0) {
-    workspace = cuda_glue::zeroed_ints(plan.workspace_ints, q.options(), stream);
-    params.workspace = workspace.data_ptr();
-  }
+  const at::Tensor workspace = cuda_glue::attach_workspace(params, plan.workspace_ints, true, q.options(), stream);
 
   const char* err = run_fwd(plan, params, stream);
   TORCH_CHECK(err == nullptr, "fa2 forward (CUDA) failed: ", err);

@@ -125,5 +125,17 @@ inline at::Tensor zeroed_ints(int64_t n, const at::TensorOptions& options, cudaS
   return zeroed({n}, options.dtype(at::kInt), stream);
 }
 
+// The workspace a plan names (`ints` int32s, zeroed on `stream` where `zero`), pointed at by params (with its size);
+// the tensor returned keeps it alive through the launch. None where the plan needs none.
+inline at::Tensor attach_workspace(AttentionParams& params, int64_t ints, bool zero, const at::TensorOptions& options,
+                                   cudaStream_t stream) {
+  const at::Tensor workspace = ints <= 0 ? at::Tensor()
+                               : zero    ? zeroed_ints(ints, options, stream)
+                                         : at::empty({ints}, options.dtype(at::kInt));
+  params.workspace = ints > 0 ? workspace.data_ptr() : nullptr;
+  params.workspace_ints = ints;
+  return workspace;
+}
+
 }  // namespace cuda_glue
 }  // namespace fa2

@@ -116,11 +116,8 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
   point_at(out_k, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
   params.lse = lse.data_ptr<float>();  // (nheads, total_q)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  Tensor workspace;  // (none for the varlen kernels today; allocated as for any plan)
-  if (plan.workspace_ints > 0) {
-    workspace = cuda_glue::zeroed_ints(plan.workspace_ints, q.options(), stream);
-    params.workspace = workspace.data_ptr();
-  }
+  // (none for the varlen kernels today; allocated as for any plan)
+  const Tensor workspace = cuda_glue::attach_workspace(params, plan.workspace_ints, true, q.options(), stream);
   const char* err = run_fwd(plan, params, stream);
   TORCH_CHECK(err == nullptr, "fa2 varlen forward (CUDA) failed: ", err);
   if (headdim_padded != headdim) out.copy_(out_k[0].narrow(2, 0, headdim));
@@ -201,11 +198,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
   TORCH_CHECK(plan.error == nullptr, "fa2 varlen backward (CUDA) failed: ", plan.error);
   TORCH_CHECK(!gqa || plan.gqa_dkv == GqaDkv::kPartials, "fa2 varlen backward (CUDA): the plan asks for GQA dK / dV "
               "buffers other than fp32 partials, which its kernel does not write");
-  const Tensor workspace = plan.workspace_ints <= 0 ? Tensor()
-                           : plan.zero_workspace    ? cuda_glue::zeroed_ints(plan.workspace_ints, q.options(), stream)
-                                                    : at::empty({plan.workspace_ints}, q.options().dtype(at::kInt));
-  params.workspace = plan.workspace_ints > 0 ? workspace.data_ptr() : nullptr;
-  params.workspace_ints = plan.workspace_ints;
+  const Tensor workspace =
+      cuda_glue::attach_workspace(params, plan.workspace_ints, plan.zero_workspace, q.options(), stream);
   const char* err = run_bwd(plan, params, stream);
   TORCH_CHECK(err == nullptr, "fa2 varlen backward (CUDA) failed: ", err);
   if (padded) dq.copy_(dq_k[0].narrow(2, 0, headdim));
