@@ -819,7 +819,10 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
         if term.kind == "add":
             entry = BiasEntry("add", term.node, multiplier=term.multiplier, folded=term.folded,
                               overwritten=term.overwritten)
-            if term.multiplier != 1.0:   # (a bias scaled with the scores: ALiBi's; never a band)
+            # A term scaled with the scores (added before the scaling): a 0 / -inf mask is the same mask times any
+            # positive scale, so it may still be a band; a finite fill or any other bias (ALiBi's) is scaled: a bias
+            scaled = term.multiplier != 1.0
+            if scaled and not term.multiplier > 0:
                 bias.append(entry)
                 continue
             value = interp.value(term.node)
@@ -841,6 +844,8 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                 band = constant_band(term.node, _static_int(sq), _static_int(sk))  # (its finite_fill from the values)
                 if band is not None:
                     notes.append(RECOGNIZED_CONSTANT)
+            if isinstance(band, Band) and scaled and band.finite_fill:
+                band = None
             if isinstance(band, Band):
                 if band.lo is None and band.hi is None:
                     continue      # hides nothing: adds 0 everywhere
