@@ -12,6 +12,7 @@
 #include "cpu/blas.h"  // bf16_gemm_supported, bf16_gemm_switch
 #include "fa2/bwd_tile_config.h"  // bwd_ws_headdim (plain constexpr C++)
 #include "fa2/dev_options.h"
+#include "fa2/philox.h"  // dropout_keep_threshold
 #include "fa2/plan.h"
 #include "fa2/tile_config.h"
 #include "fa2_build_info.h"
@@ -79,7 +80,7 @@ std::vector<fa2::InstanceDesc> plan_instances(bool forward) {
 // A described call (plan's arguments) as the glue would fill the params: contiguous (batch, seqlen, heads, headdim)
 // tensors, aligned, zero-padded to one headdim (fa2::kernel_headdim) where headdim_v (v's) differs from headdim (q's
 // and k's); a bias "key_row" (a padding mask: (batch, 1, 1, seqlen_k) broadcast) or "full" (batch, nheads,
-// seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool").
+// seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool"); dropout_p > 0: dropout on.
 fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::InstanceDesc>& instances) {
   auto get = [&](const char* k, auto fallback) {
     return c.contains(k) && !c[k].is_none() ? c[k].cast<decltype(fallback)>() : fallback;
@@ -128,6 +129,13 @@ fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::
     }
     static float some_buffer[4];  // (an address for dbias: a gradient asked for)
     if (get("bias_requires_grad", false)) p.dbias = some_buffer;
+  }
+  const double dropout_p = get("dropout_p", 0.0);
+  if (dropout_p > 0.0) {
+    static const int64_t some_rng_state[2] = {0, 0};  // (an address for rng_state: dropout on)
+    p.rng_state = some_rng_state;
+    p.dropout_keep_threshold = fa2::dropout_keep_threshold(dropout_p);
+    p.dropout_keep_scale = float(1.0 / (1.0 - dropout_p));
   }
   return p;
 }

@@ -2,7 +2,7 @@
 
 The zoo's models built with attn_implementation="fa2" match the same weights with "eager" (outputs and gradients,
 numerics rule against a float32/float64 reference), fa2's op really runs, padding / sliding window / softcap / GQA /
-T5's position bias / KV-cache decoding come through, and dropout in training is refused loudly.
+T5's position bias / KV-cache decoding come through, and dropout in training runs fa2's dropout.
 """
 from __future__ import annotations
 
@@ -120,15 +120,28 @@ def test_sparse_attention_indices_are_refused():
         fa2.hf.fa2_attention_forward(torch.nn.Module(), q, k, v, None, indices=torch.zeros(1, 4, 2, dtype=torch.long))
 
 
-def test_dropout_in_training_is_refused():
+def test_dropout_in_training_runs_and_is_reproducible():
+    """attention_dropout in training goes to fa2's dropout: reproducible under a seed (logits and gradients), a
+    different draw with another seed; eval mode is dropout-free."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=zoo.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
     model = LlamaForCausalLM._from_config(cfg, attn_implementation="fa2").train()
-    with pytest.raises(NotImplementedError, match="dropout"):
-        model(input_ids=zoo._ids("cpu"))
+
+    def run(seed):
+        torch.manual_seed(seed)
+        logits = model(input_ids=zoo._ids("cpu")).logits
+        return logits, torch.autograd.grad(logits.square().sum(), model.model.layers[0].self_attn.q_proj.weight)[0]
+
+    (a, ga), (b, gb), (c, _) = run(1), run(1), run(2)
+    assert torch.equal(a, b) and torch.equal(ga, gb)
+    assert not torch.equal(a, c)
     model.eval()
-    model(input_ids=zoo._ids("cpu"))   # eval: no dropout, fine
+    with torch.no_grad():
+        torch.manual_seed(1)
+        e1 = model(input_ids=zoo._ids("cpu")).logits
+        torch.manual_seed(2)
+        assert torch.equal(e1, model(input_ids=zoo._ids("cpu")).logits)   # eval: no dropout
 
 
 def test_sliding_window_with_a_mask_uses_the_mask_only():

@@ -13,6 +13,7 @@
 
 #include "checks.h"
 #include "cpu/blas.h"
+#include "cpu/dropout.h"
 #include "cpu/operand_tiles.h"
 #include "cpu/parallel.h"
 #include "cpu/row_ops.h"
@@ -31,6 +32,7 @@ struct BwdProblem {
   CpuTiles tiles;
   ScoreMods<acc_t> mods;
   acc_t scale;
+  CpuDropout dropout;
   HeadRows<const scalar_t> q_rows, k_rows, v_rows, out_rows, dout_rows;
   HeadRows<scalar_t> dk_rows, dv_rows;  // (batch, seqlen_k, nheads_k, headdim | headdim_v)
   const float* lse_data;
@@ -43,7 +45,7 @@ struct BwdProblem {
 
   BwdProblem(const AttentionProblem& p, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, at::Tensor& dk, at::Tensor& dv,
-             at::Tensor& dbias_full)
+             at::Tensor& dbias_full, int64_t dropout_batch0)
       : batch(p.batch),
         seqlen_q(p.seqlen_q),
         seqlen_k(p.seqlen_k),
@@ -55,6 +57,7 @@ struct BwdProblem {
         tiles(bwd_tiles()),
         mods(ScoreMods<acc_t>::from(p)),
         scale(static_cast<acc_t>(p.scale)),
+        dropout(CpuDropout::from(p, dropout_batch0)),
         q_rows(q),
         k_rows(k),
         v_rows(v),
@@ -252,6 +255,8 @@ class BwdWorker {
     p_tile_.resize(block_q_ * block_k_);
     ds_tile_.resize(block_q_ * block_k_);
     dtanh_tile_.resize(bp_.mods.softcap > 0 ? block_q_ * block_k_ : 0);
+    keep_.resize(bp_.dropout.enabled ? block_q_ * block_k_ : 0);
+    dropped_p_tile_.resize(bp_.dropout.enabled ? block_q_ * block_k_ : 0);
   }
 
   // dK, dV of keys [k_begin, k_begin + block_k) of kv head (b, h_k), summed over the group's query heads; their
@@ -309,21 +314,37 @@ class BwdWorker {
     product_abt(rows, cols, headdim_, bp_.scale, q_tile, 0, k_tile, p, block_k_);
     bp_.mods.apply(p, block_k_, b, h, q_begin, rows, t.k_begin, cols, dtanh);
     for (int64_t r = 0; r < rows; ++r) probabilities_row(t, r, p + r * block_k_);
+    // -- dropout: the forward's mask Z (from the coordinates); dV takes P ∘ Z / (1 - p)
+    const acc_t* p_dv = p;
+    const acc_t keep_scale = static_cast<acc_t>(bp_.dropout.keep_scale);
+    if (bp_.dropout.enabled) {
+      bp_.dropout.keep_tile(b, h, q_begin, rows, t.k_begin, cols, keep_.data(), block_k_);
+      for (int64_t r = 0; r < rows; ++r) {
+        apply_keep_row(p + r * block_k_, keep_.data() + r * block_k_, cols, keep_scale,
+                       dropped_p_tile_.data() + r * block_k_);
+      }
+      p_dv = dropped_p_tile_.data();
+    }
 
-    // -- dV += Pᵀ dO                                                         (cols, headdim_v)
+    // -- dV += (P ∘ Z / (1 - p))ᵀ dO                                         (cols, headdim_v)
     if (bp_.bf16_products) {
       if constexpr (kBf16) {  // (acc_t is float)
-        round_to_bf16(p, rows, cols);
+        round_to_bf16(p_dv, rows, cols);
         gemm_ab_bf16(cols, headdim_v_, rows, 1.f, scores_bits_t_.data(), block_q_, do_tile.bits, do_tile.ld, 1.f,
                      dv_acc_.data(), headdim_v_);
       }
     } else {
-      gemm_atb<acc_t>(cols, headdim_v_, rows, acc_t(1), p, block_k_, do_tile.values, do_tile.ld, acc_t(1),
+      gemm_atb<acc_t>(cols, headdim_v_, rows, acc_t(1), p_dv, block_k_, do_tile.values, do_tile.ld, acc_t(1),
                       dv_acc_.data(), headdim_v_);
     }
 
-    // -- dP = dO Vᵀ, dS = P ∘ (dP - D)                                        (rows, cols)
+    // -- dP = dO Vᵀ (∘ Z / (1 - p) with dropout: the gradient reaching P), dS = P ∘ (dP - D)     (rows, cols)
     product_abt(rows, cols, headdim_v_, acc_t(1), do_tile, 0, v_tile, ds, block_k_);
+    if (bp_.dropout.enabled) {
+      for (int64_t r = 0; r < rows; ++r) {
+        apply_keep_row(ds + r * block_k_, keep_.data() + r * block_k_, cols, keep_scale, ds + r * block_k_);
+      }
+    }
     const acc_t* row_d = dout_dot_out_ + bp_.row_index(b, h, q_begin);
     for (int64_t r = 0; r < rows; ++r) {
       acc_t* ds_row = ds + r * block_k_;
@@ -415,6 +436,8 @@ class BwdWorker {
   std::vector<acc_t> p_tile_;                          // (block_q, block_k): S, then P
   std::vector<acc_t> ds_tile_;                         // (block_q, block_k): dP, then dS
   std::vector<acc_t> dtanh_tile_;                      // (block_q, block_k), with softcap
+  std::vector<uint8_t> keep_;                          // (block_q, block_k): the dropout mask Z (dropout only)
+  std::vector<acc_t> dropped_p_tile_;                  // (block_q, block_k): P ∘ Z / (1 - p) (dropout only)
 };
 
 // -- dQ = Σ over splits, in split order                                     (batch, seqlen_q, nheads, headdim)
@@ -443,10 +466,10 @@ void sum_dq_splits(const BwdProblem<scalar_t>& bp, const BwdPartition& part, con
 template <typename scalar_t>
 void bwd_kernel(const AttentionProblem& p, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
-                at::Tensor& dv, at::Tensor& dbias_full) {
+                at::Tensor& dv, at::Tensor& dbias_full, int64_t dropout_batch0 = 0) {
   using acc_t = acc_type<scalar_t>;
   if (p.batch * p.nheads_k * p.seqlen_k == 0 && p.batch * p.nheads * p.seqlen_q == 0) return;
-  const BwdProblem<scalar_t> bp(p, dout, q, k, v, out, lse, dk, dv, dbias_full);
+  const BwdProblem<scalar_t> bp(p, dout, q, k, v, out, lse, dk, dv, dbias_full, dropout_batch0);
   const std::vector<acc_t> dout_dot_out = rowsum_dout_out(bp);
   const ExactRowStats<acc_t> exact = exact_row_stats(bp);
 

@@ -13,6 +13,7 @@
 
 #include "checks.h"
 #include "cpu/blas.h"
+#include "cpu/dropout.h"
 #include "cpu/operand_tiles.h"
 #include "cpu/parallel.h"
 #include "cpu/row_ops.h"
@@ -112,8 +113,9 @@ class FwdWorker {
   static constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
 
  public:
-  explicit FwdWorker(const FwdProblem<scalar_t>& problem)
+  FwdWorker(const FwdProblem<scalar_t>& problem, const CpuDropout& dropout)
       : fp_(problem),
+        dropout_(dropout),
         block_q_(problem.tiles.block_q),
         block_k_(problem.tiles.block_k),
         headdim_(problem.headdim),
@@ -132,6 +134,7 @@ class FwdWorker {
     o_acc_.resize(block_q_ * headdim_v_);
     m_.resize(block_q_);
     l_.resize(block_q_);
+    keep_.resize(dropout_.enabled ? block_q_ * block_k_ : 0);
   }
 
   // O and lse of query rows [q_begin, q_begin + block_q) of head (b, h).
@@ -169,6 +172,8 @@ class FwdWorker {
         online_softmax_row(s + r * block_k_, cols, m_[r], l_[r], o + r * headdim_v_, headdim_v_,
                            [&] { scores(r, 1); });
       }
+      // -- dropout: P ∘ Z / (1 - p), after l took P's sum and before P V
+      if (dropout_.enabled) drop_weights(b, h, q_begin, rows, k_begin, cols);
       // -- O += P V                                                           (rows, headdim_v)
       add_pv(rows, cols, v_tile);
     }
@@ -192,6 +197,16 @@ class FwdWorker {
     }
   }
 
+  // P (rows, cols) ∘ Z / (1 - p): the mask of keys [k_begin, + cols) for these rows, from their coordinates.
+  void drop_weights(int64_t b, int64_t h, int64_t q_begin, int64_t rows, int64_t k_begin, int64_t cols) {
+    dropout_.keep_tile(b, h, q_begin, rows, k_begin, cols, keep_.data(), block_k_);
+    const acc_t keep_scale = static_cast<acc_t>(dropout_.keep_scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      acc_t* p_row = scores_.data() + r * block_k_;
+      apply_keep_row(p_row, keep_.data() + r * block_k_, cols, keep_scale, p_row);
+    }
+  }
+
   // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN.
   void store_o_and_lse(int64_t b, int64_t h, int64_t q_begin, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -209,6 +224,7 @@ class FwdWorker {
   }
 
   const FwdProblem<scalar_t>& fp_;
+  const CpuDropout& dropout_;
   const int64_t block_q_, block_k_, headdim_, headdim_v_;  // headdim: q's and k's; headdim_v: v's and out's
   std::vector<acc_t> q_pack_, k_pack_, v_pack_;                     // (block_q | block_k, headdim | headdim_v)
   std::vector<at::BFloat16> q_bits_pack_, k_bits_pack_, v_bits_pack_;  // (block_q | block_k, headdim | headdim_v)
@@ -216,6 +232,7 @@ class FwdWorker {
   std::vector<acc_t> scores_;                                       // (block_q, block_k): S, then P in place
   std::vector<acc_t> o_acc_;                                        // (block_q, headdim_v): unnormalized O
   std::vector<acc_t> m_, l_;  // (block_q): running reference max, row sum of exp(S - m)
+  std::vector<uint8_t> keep_;  // (block_q, block_k): the dropout mask of the current tile (dropout only)
 };
 
 // Query block visited by the t-th task of a head: 0, n-1, 1, n-2, ... at::parallel_for hands each thread a
@@ -223,14 +240,16 @@ class FwdWorker {
 // blocks keeps the threads' shares equal.
 int64_t balanced_block_order(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
 
+// dropout_batch0: the dropout mask's batch coordinate of batch element 0 (a varlen run's first sequence).
 template <typename scalar_t>
 void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                at::Tensor& out, at::Tensor& lse) {
+                at::Tensor& out, at::Tensor& lse, int64_t dropout_batch0 = 0) {
   if (p.batch * p.nheads * p.seqlen_q == 0) return;  // nothing to write
   const FwdProblem<scalar_t> problem(p, q, k, v, out, lse);
+  const CpuDropout dropout = CpuDropout::from(p, dropout_batch0);
   const int64_t num_q_blocks = ceil_div(p.seqlen_q, problem.tiles.block_q);
   parallel_for(0, p.batch * p.nheads * num_q_blocks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
-    FwdWorker<scalar_t> worker(problem);
+    FwdWorker<scalar_t> worker(problem, dropout);
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t bh = task / num_q_blocks;
       const int64_t q_block = balanced_block_order(task % num_q_blocks, num_q_blocks);

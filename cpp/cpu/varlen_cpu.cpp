@@ -30,6 +30,7 @@ namespace {
 // per-sequence cost.
 struct SequenceRun {
   int64_t q_begin, k_begin, seqlen_q, seqlen_k, count;
+  int64_t first;  // the run's first sequence: its batch coordinate in the dropout mask (fa2/philox.h)
 };
 
 std::vector<SequenceRun> sequence_runs(const VarlenProblem& vp) {
@@ -48,7 +49,7 @@ std::vector<SequenceRun> sequence_runs(const VarlenProblem& vp) {
         continue;
       }
     }
-    runs.push_back({cu_q[b], cu_k[b], seqlen_q, seqlen_k, 1});
+    runs.push_back({cu_q[b], cu_k[b], seqlen_q, seqlen_k, 1, b});
   }
   return runs;
 }
@@ -163,8 +164,8 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fa2_varlen_fwd_cpu", [&] {
     schedule.for_each([&](int64_t index) {
       FwdRun& t = views[index];
-      fwd_kernel<scalar_t>(t.problem, t.q, t.k, t.v, t.out, t.lse);
       const SequenceRun& r = runs[index];
+      fwd_kernel<scalar_t>(t.problem, t.q, t.k, t.v, t.out, t.lse, /*dropout_batch0=*/r.first);
       for (int64_t n = 0; n < r.count; ++n) {
         for (int64_t h = 0; h < nheads; ++h) {
           const float* src = scratch + nheads * r.q_begin + (n * nheads + h) * r.seqlen_q;
@@ -222,7 +223,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     schedule.for_each([&](int64_t index) {
       BwdRun& t = views[index];
       at::Tensor no_dbias;
-      bwd_kernel<scalar_t>(t.problem, t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, no_dbias);
+      bwd_kernel<scalar_t>(t.problem, t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, no_dbias,
+                           /*dropout_batch0=*/runs[index].first);
     });
   });
   return {dq, dk, dv, dsinks};

@@ -21,7 +21,8 @@
 
 #include "checks.h"
 #include "fa2/params.h"
-#include "fa2/plan.h"  // kernel_headdim
+#include "fa2/philox.h"  // dropout_keep_threshold
+#include "fa2/plan.h"    // kernel_headdim
 
 namespace fa2 {
 namespace cuda_glue {
@@ -62,6 +63,16 @@ inline at::Tensor kernel_input(const at::Tensor& t, int64_t headdim_padded, bool
 
 inline DType dtype_of(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+}
+
+// Dropout (prob.dropout_p > 0, rng_state resolved: cpp/dropout.h): the state's device pointer, the keep threshold of
+// the 16-bit draws and the keep scale (params.h).
+inline void set_dropout_params(AttentionParams& p, const AttentionProblem& prob) {
+  if (prob.dropout_p <= 0.0) return;
+  TORCH_CHECK(prob.rng_state.has_value() && prob.rng_state->is_contiguous(), "fa2 (CUDA): dropout without rng_state");
+  p.rng_state = prob.rng_state->const_data_ptr<int64_t>();
+  p.dropout_keep_threshold = dropout_keep_threshold(prob.dropout_p);
+  p.dropout_keep_scale = static_cast<float>(1.0 / (1.0 - prob.dropout_p));
 }
 
 // Fills inputs, sizes, scale, softcap, window and bias. q/k/v must come from kernel_input at kernel_headdim (so
@@ -111,6 +122,7 @@ inline void set_common_params(AttentionParams& p, const AttentionProblem& prob, 
     p.bias_batch_stride = b.stride(0), p.bias_head_stride = b.stride(1);
     p.bias_row_stride = b.stride(2), p.bias_col_stride = b.stride(3);
   }
+  set_dropout_params(p, prob);
 }
 
 // A tensor of zeros on `options`' CUDA device, zeroed on `stream` by one cudaMemsetAsync: the kernels' counters and

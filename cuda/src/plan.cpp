@@ -126,6 +126,16 @@ const char* check_varlen_call(const char* direction, const AttentionParams& p, P
   return nullptr;
 }
 
+// A dropout call's score path (the kernels with dropout: plain or general, fwd_launch_template.cuh): a bias folded into
+// S takes the general path; its note.
+void note_dropout_score(FwdScore& score, PlanNotes* notes) {
+  if (score == FwdScore::kBiasFold || score == FwdScore::kKeyBiasFold) score = FwdScore::kGeneral;
+  note(notes, [&] {
+    return std::string("dropout: the sm80 path's kernel with dropout (Philox bits from rng_state), ") +
+           (score == FwdScore::kPlain ? "plain" : "general") + " score path";
+  });
+}
+
 // ---- launch limits ----------------------------------------------------------------------------------------------
 
 const char* check_smem(const char* what, int headdim, int bytes, const DeviceDesc& device) {
@@ -326,18 +336,21 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
                  const InstanceDesc* instances, int num_instances, PlanBuffers buffers, PlanNotes* notes) {
   FwdPlan plan;
   plan.varlen = is_varlen(p);
-  plan.instance = pick_instance("forward", p, device, options, instances, num_instances, !plan.varlen, &plan.error);
+  plan.dropout = has_dropout(p);
+  const bool sm80_path = plan.varlen || plan.dropout;  // (kernels only the sm80 path has)
+  plan.instance = pick_instance("forward", p, device, options, instances, num_instances, !sm80_path, &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
   if (plan.varlen && (plan.error = check_varlen_call("forward", p, notes))) return plan;
-  plan.arch_tag = kernel_arch_tag(inst, plan.varlen), plan.headdim = inst.headdim, plan.bias = p.bias_type;
+  plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim, plan.bias = p.bias_type;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (inst.arch_specific ? " (arch-specific instances preferred)"
                                : options.arch_specific_kernels ? "" : " (option arch_specific_kernels off)");
   });
   note_headdim_padding(p, notes);
-  const FwdChoice c = choose_fwd_kernel(p, options, plan.arch_tag, inst.headdim, notes);
+  FwdChoice c = choose_fwd_kernel(p, options, plan.arch_tag, inst.headdim, notes);
+  if (plan.dropout) note_dropout_score(c.score, notes);
   plan.score = c.score, plan.warp_specialized = c.ws, plan.schedule = c.schedule, plan.key_bias_tma = c.key_bias_tma;
   const KernelShape shape =
       fwd_kernel_shape(inst.headdim, plan.arch_tag == 901, c.ws, c.ws && sm90_schedule_pingpong(c.schedule));
@@ -489,8 +502,8 @@ BwdTiles choose_bwd_tiles(const BwdPlan& plan, const DeviceDesc& device, const D
     return options.sm90_backward ? BwdTiles::kSm90a : BwdTiles::kSm80;
   }
   const BwdConfigs regular = bwd_configs(plan.headdim, BwdTiles::kSm80);
-  // (the sm_90 instances have varlen kernels with the regular tiles only: bwd_launch_template.cuh)
-  const bool forced_small = options.bwd_small_tiles && !(plan.varlen && plan.arch_tag >= 900);
+  // (the sm_90 instances have varlen and dropout kernels with the regular tiles only: bwd_launch_template.cuh)
+  const bool forced_small = options.bwd_small_tiles && !((plan.varlen || plan.dropout) && plan.arch_tag >= 900);
   const bool small = forced_small || (device.smem_optin > 0 && regular.key_bias_smem > device.smem_optin);
   note(notes, [&] {
     return std::string("tiles: ") + (!small        ? "sm80"
@@ -505,8 +518,9 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
                      const DevOptions& options, PlanBuffers buffers, PlanNotes* notes) {
   const bool score_mod = bwd_uses_score_mod(p);
   const bool key_bias_fits = plan.arch_tag >= 900 || cfg.key_bias_smem <= 163 * 1024;
+  // (dropout: the plain path or the score-mod path, which takes any bias)
   plan.key_bias = key_bias_fits && options.key_bias_backward && p.bias_type != BiasType::kNone &&
-                  p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr;
+                  p.bias_row_stride == 0 && p.softcap == 0.f && p.dbias == nullptr && !plan.dropout;
   plan.row_stats = !plan.varlen && (score_mod || plan.key_bias);  // (varlen: BwdPlan::varlen)
   const bool ws_capable = plan.arch_tag == 901 && cfg.wgmma && bwd_ws_headdim(plan.headdim);
   const BwdWsShape ws_shape = bwd_ws_shape(plan.headdim);
@@ -641,12 +655,20 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
                  const InstanceDesc* instances, int num_instances, PlanBuffers buffers, PlanNotes* notes) {
   BwdPlan plan;
   plan.varlen = is_varlen(p);
+  plan.dropout = has_dropout(p);
+  const bool sm80_path = plan.varlen || plan.dropout;  // (kernels only the sm80 path has)
   plan.instance = pick_instance("backward", p, device, options, instances, num_instances,
-                                options.sm90_backward && !plan.varlen, &plan.error);
+                                options.sm90_backward && !sm80_path, &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
   if (plan.varlen && (plan.error = check_varlen_call("backward", p, notes))) return plan;
-  plan.arch_tag = kernel_arch_tag(inst, plan.varlen), plan.headdim = inst.headdim;
+  plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim;
+  if (plan.dropout) {
+    note(notes, [&] {
+      return std::string("dropout: the sm80 path's bwd_kernel, replaying the forward's mask (Philox bits from "
+                         "rng_state)");
+    });
+  }
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (options.sm90_backward ? "" : " (option sm90_backward off: sm_90a instances not preferred)");
@@ -725,6 +747,7 @@ std::string fwd_kernel_name(const FwdPlan& plan, DType dtype) {
   if (plan.tile_counter) s += ", tile counter";
   if (plan.cluster) s += ", cluster of 2";
   if (plan.varlen) s += ", varlen";
+  if (plan.dropout) s += ", dropout";
   return s + ">";
 }
 
@@ -739,7 +762,7 @@ std::string bwd_kernel_name(const BwdPlan& plan, DType dtype) {
   static const char* const kMain[] = {"", "plain", "key-row bias", "score-mod"};
   return "bwd_kernel<" + args + arch_name(plan.arch_tag) + ", " +
          (plan.main == BwdMain::kScoreMod && plan.tiles == BwdTiles::kSm90a ? "sm80 tiles" : kTiles[int(plan.tiles)]) +
-         ", " + kMain[int(plan.main)] + (plan.varlen ? ", varlen>" : ">");
+         ", " + kMain[int(plan.main)] + (plan.varlen ? ", varlen" : "") + (plan.dropout ? ", dropout>" : ">");
 }
 
 std::vector<std::pair<std::string, std::string>> describe(const FwdPlan& plan, DType dtype) {

@@ -14,7 +14,8 @@ Semantics are the operators' own, which fa2 matches: q/k/v (B, H, S, D), GQA (fe
 D ** -0.5), ``is_causal`` aligned bottom-right as PyTorch's flash kernel; F.scaled_dot_product_attention sends a causal
 call here only with as many queries as keys, where that is its top-left ``is_causal``. Outputs and gradients are laid
 out as the operators' meta kernels say (``empty_like`` of the input), so compiled graphs' stride checks hold.
-Calls fa2 cannot run (dropout, which fa2 does not have yet; the debug mask; a device fa2 has no kernels for) go to the
+Calls fa2 cannot run (dropout: the operator's backward replays PyTorch's own philox mask from the seed and offset its
+forward returned, which fa2's generator does not reproduce; the debug mask; a device fa2 has no kernels for) go to the
 kernel that was registered before, which ``torch.library.get_kernel`` keeps.
 """
 from __future__ import annotations

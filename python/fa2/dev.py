@@ -73,7 +73,7 @@ def plan(direction: str = "fwd", device=None, **call) -> dict:
     """The plan of a described call: direction "fwd" or "bwd"; call: batch, seqlen_q, seqlen_k, nheads, nheads_k,
     headdim (q's and k's), headdim_v (v's; default headdim: the plan's "padding" says what the glue zero-pads), dtype
     ("bfloat16" / "float16"), causal, window_left, window_right, softcap, scale, bias ("none", "key_row": a padding
-    mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic.
+    mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic, dropout_p.
     device: None (the current GPU), "h100", "h200", "a100", "l40" or a dict."""
     return dict(_C.plan(direction, call, _device(device)))
 
@@ -97,7 +97,7 @@ def _call_of(q, k, v, attn_bias, scale, causal, window_left, window_right, softc
 
 
 def explain_plan(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                 deterministic=False, device=None, direction="both") -> str:
+                 deterministic=False, device=None, direction="both", dropout_p=0.0) -> str:
     """The plans fa2 makes for attention(q, k, v, ...) (flash-attn layout: batch, seqlen, heads, headdim), as text:
     for each direction the kernel, grid, block, shared memory, workspace and the reasons for each choice. device:
     None (q's GPU), or a name in DEVICES / a dict for a described one. (Inputs are taken as the glue passes them:
@@ -105,6 +105,7 @@ def explain_plan(q, k, v, attn_bias=None, scale=None, causal=False, window_left=
     import torch
 
     call = _call_of(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, deterministic)
+    call["dropout_p"] = dropout_p
     lines = []
     on_gpu = device is None and q.is_cuda
     for d in (("fwd", "bwd") if direction == "both" else (direction,)):

@@ -110,10 +110,6 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                           **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention function. query (B, H, Sq, D), key/value (B, Hk, Sk, D); returns ((B, Sq, H, D), None).
     attention_mask: None, fa2_mask's (B, kv) padding form, or a 4-D mask (bool or additive)."""
-    if dropout:
-        raise NotImplementedError(
-            f"fa2 has no attention dropout, got dropout={dropout} (module in training mode with attention_dropout > 0): "
-            "set the config's attention dropout to 0 or use model.eval()")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("fa2 does not support attention sinks (s_aux)")
     if kwargs.get("indices") is not None:  # (DeepSeek-V3.2-style sparse attention: the keys each query reads)
@@ -171,6 +167,7 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
             bias = position_bias + bias
     if bias is not None and bias.dtype != torch.bool and bias.dtype not in (query.dtype, torch.float32):
         bias = bias.to(query.dtype)
+    # (dropout: the layer's attention dropout, which transformers passes as 0.0 in eval mode)
     out = torch.ops.fa2.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias, scaling,
-                                  causal, window_left, window_right, float(softcap or 0.0))
+                                  causal, window_left, window_right, float(softcap or 0.0), float(dropout or 0.0))
     return out, None

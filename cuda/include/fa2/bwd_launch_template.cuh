@@ -24,9 +24,10 @@ constexpr int bwd_key_bias_smem_bytes() {
 }
 
 // The main kernel (step 2 below) of one score path with its tile config, on the plan's grid.
-template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias = false, bool kVarlen = false>
+template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias = false, bool kVarlen = false,
+          bool kDropout = false>
 const char* launch_bwd_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
-  void (*kernel)(const AttentionParams) = &bwd::bwd_kernel<T, Cfg, kArch, kScoreMod, kKeyBias, kVarlen>;
+  void (*kernel)(const AttentionParams) = &bwd::bwd_kernel<T, Cfg, kArch, kScoreMod, kKeyBias, kVarlen, kDropout>;
   const int smem = kKeyBias ? bwd_key_bias_smem_bytes<Cfg>() : Cfg::kSmemBytes;
   if (smem != plan.smem || Cfg::kNThreads != plan.threads) {
     return "fa2: the backward plan names a kernel this instance does not have";
@@ -39,14 +40,18 @@ const char* launch_bwd_kernel(const BwdPlan& plan, const AttentionParams& p, cud
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// The varlen main kernel (bwd_kernel.cuh, kVarlen) of one score path, the sm80 path's, where the instance has the
-// varlen kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a one runs them with the sm80 path's tag 900): on sm_90
-// only with the regular tiles (plan.cpp, choose_bwd_tiles), so that few kernels are instantiated.
+// The varlen and / or dropout main kernel (bwd_kernel.cuh, kVarlen, kDropout) of one score path, the sm80 path's,
+// where the instance has those kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a one runs them with the sm80
+// path's tag 900): on sm_90 only with the regular tiles (plan.cpp, choose_bwd_tiles), so that few kernels are
+// instantiated.
 template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kVarlenKernels>
-const char* launch_bwd_varlen_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
+const char* launch_bwd_sm80_path_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
   if constexpr (kVarlenKernels && (kArch < 900 || std::is_same_v<Cfg, BwdTileConfig<Cfg::kHeadDim>>)) {
-    return launch_bwd_kernel<T, Cfg, kArch / 10 * 10, kScoreMod, /*kKeyBias=*/false, /*kVarlen=*/true>(plan, p,
-                                                                                                      stream);
+    constexpr int kSm80 = kArch / 10 * 10;
+    constexpr bool kNoKeyBias = false;
+    if (!plan.dropout) return launch_bwd_kernel<T, Cfg, kSm80, kScoreMod, kNoKeyBias, true>(plan, p, stream);
+    if (!plan.varlen) return launch_bwd_kernel<T, Cfg, kSm80, kScoreMod, kNoKeyBias, false, true>(plan, p, stream);
+    return launch_bwd_kernel<T, Cfg, kSm80, kScoreMod, kNoKeyBias, true, true>(plan, p, stream);
   } else {
     return "fa2: the backward plan names a kernel this instance does not have";
   }
@@ -254,6 +259,7 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
     if (const char* e = Rows::row_stats(p, stream)) return e;
   }
   const char* e = nullptr;
+  const bool sm80_only = plan.varlen || plan.dropout;  // (kernels only the sm80 path has)
   constexpr bool kKeyBiasFits = kArch >= 900 || bwd_key_bias_smem_bytes<Cfg>() <= 163 * 1024;
   switch (plan.main) {
     case BwdMain::kWarpSpecialized:
@@ -272,12 +278,12 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
       }
       break;
     case BwdMain::kScoreMod:
-      e = plan.varlen ? launch_bwd_varlen_kernel<T, CfgScoreMod, kArch, true, kVarlenKernels>(plan, p, stream)
-                      : launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(plan, p, stream);
+      e = sm80_only ? launch_bwd_sm80_path_kernel<T, CfgScoreMod, kArch, true, kVarlenKernels>(plan, p, stream)
+                    : launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(plan, p, stream);
       break;
     case BwdMain::kPlain:
-      e = plan.varlen ? launch_bwd_varlen_kernel<T, Cfg, kArch, false, kVarlenKernels>(plan, p, stream)
-                      : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(plan, p, stream);
+      e = sm80_only ? launch_bwd_sm80_path_kernel<T, Cfg, kArch, false, kVarlenKernels>(plan, p, stream)
+                    : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(plan, p, stream);
       break;
   }
   if (e != nullptr) return e;

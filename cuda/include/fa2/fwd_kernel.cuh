@@ -137,9 +137,10 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 // maps: the TMA descriptors of q, k, v and a staged key-row bias (sm_90a instances with FA2_SM90_TMA; unused
 // otherwise).
 // kVarlen: packed sequences (params.h), the sm80 path's kernels only (one tile per CTA, no bias).
+// kDropout: dropout on P (params.h, rng_state), the sm80 path's kernels only (plain or general score path).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kDropout = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                          kMode == ScoreMode::kPlain))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
   using Traits = FwdKernelTraits<T, kHeadDim, kArchTag, kMode, kBias, kWarpSpecialized, kPingpong, kOverlap,
-                                 kTileCounter, kCluster, kVarlen>;
+                                 kTileCounter, kCluster, kVarlen, kDropout>;
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
   const FwdSmem<Traits> shared(smem);
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.

@@ -73,6 +73,47 @@ FwdKernel fwd_varlen_kernel(FwdScore score) {
   return nullptr;
 }
 
+// The dropout kernel (fwd_kernel.cuh, kDropout) of a plan: the sm80 path's, plain (no bias) or general (any bias,
+// softcap), padded or varlen (no bias), or nullptr. (kArch: 800, 860, 900, as fwd_varlen_kernel's.)
+template <typename T, int kHeadDim, int kArch>
+FwdKernel fwd_dropout_kernel(const FwdPlan& plan) {
+  using fwd::ScoreMode;
+  static_assert(kArch % 10 == 0, "dropout runs the sm80 path's kernels");
+  constexpr ScoreMode kPlain = ScoreMode::kPlain, kGeneral = ScoreMode::kGeneral;
+  constexpr bool kDropout = true;
+  if (plan.varlen) {
+    if (plan.score == FwdScore::kPlain) {
+      return &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, false, false, false, false, false, true,
+                              kDropout>;
+    }
+    if (plan.score == FwdScore::kGeneral) {
+      return &fwd::fwd_kernel<T, kHeadDim, kArch, kGeneral, BiasType::kNone, false, false, false, false, false, true,
+                              kDropout>;
+    }
+    return nullptr;
+  }
+  if (plan.score == FwdScore::kPlain) {
+    return &fwd::fwd_kernel<T, kHeadDim, kArch, kPlain, BiasType::kNone, false, false, false, false, false, false,
+                            kDropout>;
+  }
+  if (plan.score != FwdScore::kGeneral) return nullptr;
+  switch (plan.bias) {
+    case BiasType::kNone:
+      return &fwd::fwd_kernel<T, kHeadDim, kArch, kGeneral, BiasType::kNone, false, false, false, false, false, false,
+                              kDropout>;
+    case BiasType::kSameAsInput:
+      return &fwd::fwd_kernel<T, kHeadDim, kArch, kGeneral, BiasType::kSameAsInput, false, false, false, false, false,
+                              false, kDropout>;
+    case BiasType::kFloat32:
+      return &fwd::fwd_kernel<T, kHeadDim, kArch, kGeneral, BiasType::kFloat32, false, false, false, false, false,
+                              false, kDropout>;
+    case BiasType::kBool:
+      return &fwd::fwd_kernel<T, kHeadDim, kArch, kGeneral, BiasType::kBool, false, false, false, false, false, false,
+                              kDropout>;
+  }
+  return nullptr;
+}
+
 // A kernel and what its launch needs from its tile config (fwd::FwdKernelConfig).
 struct FwdLaunch {
   FwdKernel kernel;
@@ -131,13 +172,21 @@ void use_key_bias_ws_launch(BiasType bias_type, FwdLaunch& launch) {
 
 // The kernel a plan names (fwd_kernel_for_bias, ws_launch): the same instantiations as the plan's choices can reach,
 // and nothing else. launch.kernel nullptr where the plan names a kernel this instance does not have.
-// kVarlenKernels: the instance has the varlen kernels (cmake/Kernels.cmake: the sm80-path instances, and an sm_90a
-// one in a build without sm_90 ones, which runs them with the sm80 path's tag 900).
+// kVarlenKernels: the instance has the varlen and dropout kernels (cmake/Kernels.cmake: the sm80-path instances, and an
+// sm_90a one in a build without sm_90 ones, which runs them with the sm80 path's tag 900).
 template <typename T, int kHeadDim, int kArch, bool kVarlenKernels>
 FwdLaunch fwd_launch_of(const FwdPlan& plan) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the non-warp-specialized kernels'
   using fwd::ScoreMode;
   FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
+  if (plan.dropout) {
+    if constexpr (kVarlenKernels) {
+      using Sm80Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/false>;
+      launch = {fwd_dropout_kernel<T, kHeadDim, kArch / 10 * 10>(plan), Sm80Cfg::kNThreads, Sm80Cfg::kSmemBytes,
+                Sm80Cfg::kBlockM, false};
+    }
+    return launch;
+  }
   if (plan.varlen) {
     if constexpr (kVarlenKernels) {
       using Sm80Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/false>;
@@ -197,7 +246,7 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
 // The TMA's view of q, k, v (and a key-row bias) for the sm_90a instances that load with it.
 template <typename T, int kHeadDim, int kArch>
 const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, sm90::FwdTensorMaps* maps) {
-  if (plan.varlen) return nullptr;  // (cp.async loads)
+  if (plan.varlen || plan.dropout) return nullptr;  // (cp.async loads)
   if constexpr (kArch == 901 && FA2_SM90_TMA) {
     using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;

@@ -134,7 +134,19 @@ struct AttentionParams {
   const int* cu_seqlens_k = nullptr;
   const int* seqused_k = nullptr;
   int total_q = 0, total_k = 0;
+
+  // ---- dropout (docs/design.md; fa2/philox.h, fa2/dropout.cuh) ------------------------------------------------
+  // Set (rng_state non-null): each weight of P is kept iff its Philox draw (fa2/philox.h: seed, offset, and its
+  // batch, head, query and key) is below dropout_keep_threshold = round((1 - p) 65536), and scaled by
+  // dropout_keep_scale = 1 / (1 - p), after the softmax and before P V. rng_state: int64 (seed, offset) in device
+  // memory (read by the kernels, so that a CUDA graph replays with the state written before each replay). The
+  // sm80-path kernels only (plan.h: FwdPlan::dropout). (At the end: the other kernels' parameter offsets stay.)
+  const int64_t* rng_state = nullptr;
+  uint32_t dropout_keep_threshold = 65536;
+  float dropout_keep_scale = 1.f;
 };
+
+inline bool has_dropout(const AttentionParams& p) { return p.rng_state != nullptr; }
 
 inline bool is_varlen(const AttentionParams& p) { return p.cu_seqlens_q != nullptr; }
 

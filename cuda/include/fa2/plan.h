@@ -64,6 +64,9 @@ struct FwdPlan {
   // sm80-path instance (Hopper: the sm_90 one; in a build without those, an sm_90a one carries it), on a (query blocks
   // of max_seqlen_q, nheads, sequences) grid
   bool varlen = false;
+  // dropout (params.h, has_dropout): the sm80 path's kernel with kDropout, from an sm80-path instance as varlen's (on
+  // Hopper too: the sm_90a kernels have no dropout yet); plain or general score path
+  bool dropout = false;
 };
 
 // The backward's tile configs (bwd_tile_config.h): the sm80 ones, sm_90a's wgmma ones (the score-mod path keeps the
@@ -109,6 +112,9 @@ struct BwdPlan {
   // 900, as FwdPlan::varlen), on a (key blocks of max_seqlen_k, nheads, sequences) grid; no row statistics kernel
   // (softcap: the caller passes row_lse = lse and a zero row_shift)
   bool varlen = false;
+  // dropout (params.h, has_dropout): bwd_kernel.cuh's kernel with kDropout and the sm80 tiles, from an sm80-path
+  // instance as varlen's; the plain path (kPlain) or the score-mod path (softcap, any bias: kScoreMod)
+  bool dropout = false;
 };
 
 // How the plan treats the call's buffers: kDecide (the torch glue) sizes the workspace and, for GQA, picks what

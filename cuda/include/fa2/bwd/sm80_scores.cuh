@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "fa2/block_info.cuh"
+#include "fa2/dropout.cuh"
 #include "fa2/bwd/fragments.cuh"
 #include "fa2/bwd/product.cuh"
 #include "fa2/bwd/scores.cuh"
@@ -18,7 +19,9 @@
 namespace fa2 {
 namespace bwd {
 
-template <typename T, typename Cfg, bool kScoreMod, bool kKeyBias>
+// kDropout: the forward's dropout mask Z replayed (fa2/dropout.cuh): P ∘ Z / (1 - p) to shared memory for dV, and
+// dS = P (dP ∘ Z / (1 - p) - D) (the gradient reaching the undropped P), on the plain and the score-mod paths.
+template <typename T, typename Cfg, bool kScoreMod, bool kKeyBias, bool kDropout = false>
 struct Sm80Scores {
   static constexpr int kHeadDim = Cfg::kHeadDim, kSdPM = Cfg::kSdPMTiles, kSdPN = Cfg::kSdPNTiles;
   static constexpr bool kWgmma = Cfg::kWgmma;
@@ -28,6 +31,8 @@ struct Sm80Scores {
   using kWaitSync = std::bool_constant<!kWgmma>;  // issued without waiting where that is possible (wgmma)
   using Acc = float[kSdPM][kSdPN][4];             // S or dP: this warp's (kSdPM m16, kSdPN n8) tiles
   static_assert(!(kScoreMod && kKeyBias), "the key-row bias variant is one of the plain path");
+  static_assert(!(kDropout && (kKeyBias || kWgmma)), "dropout: the sm80 tiles' plain and score-mod paths");
+  using Keep = FragmentKeep<kSdPM, kSdPN>;
 
   const AttentionParams& p;
   const SharedStorageView<Cfg>& shared;
@@ -36,6 +41,13 @@ struct Sm80Scores {
   float* dbias;         // the score-mod path's dbias of this (batch, head), or null
   int sdp_m0, sdp_n0;   // this warp's S / dP tile: rows sdp_m0.., keys sdp_n0..
   int lane, group, tig;
+  DropoutHead dropout;  // kDropout: this (batch, head)'s (else unused)
+
+  // kDropout: this thread's keep bits of the (query block m0, key block n0) tile (row0 - group, col0 - 2 tig: the warp
+  // tile's first query and key)
+  __device__ __forceinline__ Keep keep_bits(int row0, int col0) const {
+    return Keep(dropout, row0 - group, col0 - tig * 2, group, tig);
+  }
 
   // S = Q K^T or dP = dO V^T (acc overwritten): (kBlockM, kBlockN) over the warps. wait: complete on return (always
   // with mma.sync), or, wgmma with std::false_type, only issued (completed by sm90::wait_hold).
@@ -67,6 +79,9 @@ struct Sm80Scores {
                                         const float (&dsum)[2 * kSdPM], const float* shift, int row0, int col0,
                                         Mask mask) const {
     const float* key_bias = shared.template at<const float>(shared.key_bias()) + sdp_n0 + tig * 2;
+    // (dropout's keep bits first, while few registers are live: drawn after S, ptxas spilled 464 B, not 368, at d 64)
+    [[maybe_unused]] Keep keep;
+    if constexpr (kDropout) keep = keep_bits(row0, col0);
     // -- S = Q K^T;  P = exp2(q.k scale log2e - lse log2e), masked on boundary blocks, rounded to T
     //    (wgmma: dP = dO V^T is issued right behind S and runs on the tensor cores while P is computed)
     product_sdp(acc_s, shared.q(buf), shared.k(), kWaitSync{});
@@ -92,6 +107,15 @@ struct Sm80Scores {
     } else {
       to_p(mask);
     }
+    if constexpr (kDropout) {
+      // -- P ∘ Z / (1 - p) for dV; dP = dO V^T, then dP ∘ Z / (1 - p);  dS = P (dP - D)
+      store_dropped_p(p_packed, keep);
+      product_sdp(acc_dp, shared.dout(buf), shared.v(), std::true_type{});
+      keep.apply(acc_dp, dropout.keep_scale);
+      dp_to_ds<T>(acc_dp, p_packed, dsum);
+      store_fragments<T, PTile>(shared.ds(), acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
+      return;
+    }
     store_packed<PTile>(shared.p(), p_packed, sdp_m0 + group, sdp_n0 + tig * 2);
     // -- dP = dO V^T;  dS = P (dP - D)
     if constexpr (kWgmma) {
@@ -108,9 +132,13 @@ struct Sm80Scores {
   __device__ __forceinline__ void score_mod(Acc& acc_s, Acc& acc_dp, int buf, const float (&lse2)[2 * kSdPM],
                                             const float (&dsum)[2 * kSdPM], const float* shift, int row0, int col0,
                                             bool needs_mask) const {
+    [[maybe_unused]] Keep keep;
+    if constexpr (kDropout) keep = keep_bits(row0, col0);  // (first: see plain)
     product_sdp(acc_s, shared.q(buf), shared.k(), kWaitSync{});
     product_sdp(acc_dp, shared.dout(buf), shared.v(), kWaitSync{});
     if constexpr (kWgmma) sm90::wait_hold<0>(acc_s, acc_dp);
+    // -- dropout: dP ∘ Z / (1 - p) before dS = P (dP - D); P ∘ Z / (1 - p) after it (for dV)
+    if constexpr (kDropout) keep.apply(acc_dp, dropout.keep_scale);
     switch (p.bias_type) {
       case BiasType::kSameAsInput:
         scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const T*>(bias_bh), dbias, info,
@@ -129,8 +157,26 @@ struct Sm80Scores {
                              needs_mask, row0, col0);
         break;
     }
+    if constexpr (kDropout) keep.apply(acc_s, dropout.keep_scale);
     store_fragments<T, PTile>(shared.p(), acc_s, sdp_m0 + group, sdp_n0 + tig * 2);
     store_fragments<T, PTile>(shared.ds(), acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
+  }
+
+ private:
+  // The plain path's P (rounded pairs) as P ∘ Z / (1 - p) into P's shared-memory tile; p_packed itself stays P.
+  __device__ __forceinline__ void store_dropped_p(const uint32_t (&p_packed)[kSdPM][kSdPN][2], const Keep& keep) const {
+#pragma unroll
+    for (int mt = 0; mt < kSdPM; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int nt = 0; nt < kSdPN; ++nt) {
+          const float2 prob = unpack2<T>(p_packed[mt][nt][half]);
+          const float scale = dropout.keep_scale;
+          const uint32_t dropped = ptx::pack2<T>(keep.keep(mt, nt, 2 * half) ? prob.x * scale : 0.f,
+                                                 keep.keep(mt, nt, 2 * half + 1) ? prob.y * scale : 0.f);
+          st_shared_pair<PTile>(shared.p(), sdp_m0 + group + mt * 16 + half * 8, sdp_n0 + tig * 2 + nt * 8, dropped);
+        }
   }
 };
 

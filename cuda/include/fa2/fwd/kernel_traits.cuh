@@ -14,7 +14,8 @@ namespace fwd {
 // kArchTag: 10 x the compute capability the instance is built for, + 1 for an arch-specific build
 // (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 template <typename T_, int kHeadDim_, int kArchTag, ScoreMode kMode_, BiasType kBias_, bool kWarpSpecialized,
-          bool kPingpong_, bool kOverlap_, bool kTileCounter_, bool kCluster_, bool kVarlen_ = false>
+          bool kPingpong_, bool kOverlap_, bool kTileCounter_, bool kCluster_, bool kVarlen_ = false,
+          bool kDropout_ = false>
 struct FwdKernelTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -33,6 +34,9 @@ struct FwdKernelTraits {
   // kVarlen: packed sequences (params.h): each tile's rows, lengths and block info are its sequence's
   // (fwd/tile_scheduler.cuh); the one-tile-per-CTA cp.async kernels, without a bias.
   static constexpr bool kVarlen = kVarlen_;
+  // kDropout: P ∘ Z / (1 - p) before P V (fa2/dropout.cuh; params.h, rng_state); the cp.async kernels, plain or general
+  // score path.
+  static constexpr bool kDropout = kDropout_;
 
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
@@ -106,6 +110,8 @@ struct FwdKernelTraits {
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
   static_assert(!kVarlen || (!kTma && !kWs && kBias == BiasType::kNone),
                 "varlen: the cp.async kernels (one tile per CTA), no bias");
+  static_assert(!kDropout || (!kWgmma && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)),
+                "dropout: the sm80 path's kernels, plain or general score path");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
                 "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
 };

@@ -3,6 +3,7 @@
 // per tile. Two stages: tile n-1 loads while tile n computes. One stage (FA-2's split): V[n] loads during
 // S = Q K[n]^T, K[n-1] during the softmax and P V[n].
 #pragma once
+#include "fa2/dropout.cuh"
 #include "fa2/fwd/gemm.cuh"
 #include "fa2/fwd/mainloop_steps.cuh"
 #include "fa2/fwd/producer.cuh"
@@ -46,6 +47,8 @@ struct FwdMainloopCpAsync {
     const FwdCpAsyncLoads<Traits> load = loads(tile);
     const KeyBlockRange range = tile.range;
     const int lane = tile.lane;
+    [[maybe_unused]] const DropoutHead dropout =
+        dropout_head<Traits::kDropout>(tile.p, tile.coord.batch, tile.coord.head);
     for (int n = range.hi - 1, it = 0; n >= range.lo; --n, ++it) {
       const int use = use0 + it;  // (it: one tile per CTA)
       FA2_CTA_MARK(tile.trace_base + 1 + it, tile.trace_base >= 0 && it < FwdTrace::kIters);
@@ -91,6 +94,11 @@ struct FwdMainloopCpAsync {
       }
 
       softmax_step(softmax, acc_s, acc_o, rows, /*heavy_rows_possible=*/true);
+      // -- dropout: P ∘ Z / (1 - p) (l took P's sum)
+      if constexpr (Traits::kDropout) {
+        const FragmentKeep<kMTiles, kNTiles> keep(dropout, rows.row0 - (lane >> 2), n * kBlockN, lane >> 2, lane & 3);
+        keep.apply(acc_s, dropout.keep_scale);
+      }
       // -- O += P V
       if constexpr (Traits::kWgmma) {
         gemm_pv_wgmma<T, typename Traits::KVTile, kNTiles, kDTiles>(acc_o, acc_s, tile.smem.v(buf));

@@ -1,0 +1,102 @@
+// Dropout on the sm80 path's C fragments (forward: P before P V; backward: P for dV and dP for dS), from the Philox
+// bits of fa2/philox.h. A thread's fragments of an m16 x (2 n8) block of S are exactly one Philox group (rows group,
+// group + 8; keys 2 tig, 2 tig + 1 of both n8 tiles): one call per 8 weights, the same bits in the forward and the
+// backward whatever their tiles, since only the element's coordinates enter.
+#pragma once
+#include <cstdint>
+
+#include "fa2/params.h"
+#include "fa2/philox.h"
+
+namespace fa2 {
+
+// A call's dropout for one (batch, head): the Philox key and the head's counter (params.rng_state read from device
+// memory, so a captured CUDA graph replays with the state its caller wrote), the keep threshold and scale.
+struct DropoutHead {
+  uint32_t seed_lo, seed_hi, counter_lo, counter_hi;
+  uint32_t keep_threshold;
+  float keep_scale;
+
+  DropoutHead() = default;  // (a kernel without dropout: never read)
+  __device__ __forceinline__ DropoutHead(const AttentionParams& p, int batch, int head) {
+    const uint64_t seed = static_cast<uint64_t>(__ldg(p.rng_state));
+    const uint64_t offset = static_cast<uint64_t>(__ldg(p.rng_state + 1));
+    const uint64_t counter = offset + static_cast<uint64_t>(int64_t(batch) * p.nheads + head);
+    seed_lo = static_cast<uint32_t>(seed), seed_hi = static_cast<uint32_t>(seed >> 32);
+    counter_lo = static_cast<uint32_t>(counter), counter_hi = static_cast<uint32_t>(counter >> 32);
+    keep_threshold = p.dropout_keep_threshold;
+    keep_scale = p.dropout_keep_scale;
+  }
+
+  // 8 keep bits of the group of key group kg, query group qg: bit 4 half + 2 (nt % 2) + e for fragment element
+  // (half, e) of n8 tile nt (philox.h's slot order).
+  __device__ __forceinline__ uint32_t keep_bits(uint32_t kg, uint32_t qg) const {
+    const PhiloxBits b = philox4x32_10(PhiloxBits{kg, qg, counter_lo, counter_hi}, seed_lo, seed_hi);
+    const uint32_t words[4] = {b.x, b.y, b.z, b.w};
+    uint32_t bits = 0;
+#pragma unroll
+    for (int slot = 0; slot < 8; ++slot) {
+      const uint32_t draw = (words[slot >> 1] >> (16 * (slot & 1))) & 0xFFFFu;
+      bits |= uint32_t(draw < keep_threshold) << slot;
+    }
+    return bits;
+  }
+};
+
+// A kernel's DropoutHead for (batch, head): read from params where kDropout, else an unread placeholder.
+template <bool kDropout>
+__device__ __forceinline__ DropoutHead dropout_head(const AttentionParams& p, int batch, int head) {
+  if constexpr (kDropout) return DropoutHead(p, batch, head);
+  return DropoutHead{};
+}
+
+// Fragment element (mt, nt, 2 half + e)'s bit in its group's keep bits.
+__device__ __forceinline__ constexpr int dropout_slot(int nt, int idx) {
+  return 4 * (idx >> 1) + 2 * (nt & 1) + (idx & 1);
+}
+
+// The keep bits of a thread's C fragments (kMTiles m16 x kNTiles n8 tiles): 8 per group, group g = mt (kNTiles / 2)
+// + nt / 2 in bits [8 g, 8 g + 8) of 128. row_base: the first row of the warp's tile (a multiple of 16; the thread's
+// rows add group, + 8, + 16 mt), col_base its first key (a multiple of 16; the thread's keys add 2 tig, + 1, + 8 nt);
+// both within the (batch, head)'s sequence. The groups' Philox calls run one after another (a loop, not unrolled):
+// unrolled, ptxas interleaved them and spilled hundreds of bytes in kernels already at 255 registers.
+template <int kMTiles, int kNTiles>
+struct FragmentKeep {
+  static_assert(kNTiles % 2 == 0, "whole 16-key blocks per thread");
+  static constexpr int kGroups = kMTiles * kNTiles / 2;
+  static_assert(kGroups <= 16, "up to 16 groups (128 bits) a thread");
+  uint64_t lo = 0, hi = 0;  // groups 0..7, 8..15
+
+  FragmentKeep() = default;
+  __device__ __forceinline__ FragmentKeep(const DropoutHead& d, int row_base, int col_base, int group, int tig) {
+#pragma unroll 1
+    for (int g = 0; g < kGroups; ++g) {
+      const int mt = g / (kNTiles / 2), c = g % (kNTiles / 2);
+      const uint32_t qg = uint32_t((row_base >> 4) + mt) * 8 + group;
+      const uint32_t kg = uint32_t((col_base >> 4) + c) * 4 + tig;
+      const uint64_t bits = d.keep_bits(kg, qg);
+      if (g < 8) {
+        lo |= bits << (8 * g);
+      } else {
+        hi |= bits << (8 * (g - 8));
+      }
+    }
+  }
+
+  __device__ __forceinline__ bool keep(int mt, int nt, int idx) const {
+    const int bit = 8 * (mt * (kNTiles / 2) + nt / 2) + dropout_slot(nt, idx);
+    return ((bit < 64 ? lo >> bit : hi >> (bit - 64)) & 1u) != 0;
+  }
+
+  // acc = keep ? acc * scale : 0, element-wise
+  __device__ __forceinline__ void apply(float (&acc)[kMTiles][kNTiles][4], float scale) const {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int idx = 0; idx < 4; ++idx) acc[mt][nt][idx] = keep(mt, nt, idx) ? acc[mt][nt][idx] * scale : 0.f;
+  }
+};
+
+}  // namespace fa2
