@@ -106,11 +106,39 @@ at::Tensor broadcast_bias(const at::Tensor& bias, const at::Tensor& q, int64_t s
   return bias.as_strided({target[0], target[1], target[2], target[3]}, strides, bias.storage_offset());
 }
 
+// dropout_p, rng_state and sinks: the same rules for every op (a packed varlen q is seen as one batch entry).
+void check_dropout_and_sinks(AttentionProblem& p, const at::Tensor& q, double dropout_p,
+                             const std::optional<at::Tensor>& rng_state, const std::optional<at::Tensor>& sinks) {
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p < 1.0, "fa2: dropout_p must be in [0, 1), got ", dropout_p);
+  p.dropout_p = dropout_p;
+  if (rng_state.has_value() && rng_state->defined()) {
+    const at::Tensor& r = *rng_state;
+    TORCH_CHECK_TYPE(r.scalar_type() == at::kLong, "fa2: rng_state must be int64 (seed, offset), got ",
+                     r.scalar_type());
+    TORCH_CHECK_VALUE(r.dim() == 1 && r.size(0) == 2, "fa2: rng_state must have shape (2,) (seed, offset), got ",
+                      shape_str(r));
+    TORCH_CHECK(r.device() == q.device(), "fa2: rng_state must be on q's device (", q.device(), "), got ",
+                r.device());
+    p.rng_state = r;
+  }
+  if (sinks.has_value() && sinks->defined()) {
+    const at::Tensor& s = *sinks;
+    TORCH_CHECK_TYPE(s.is_floating_point(), "fa2: sinks must be a floating-point tensor (one logit per query head), "
+                     "got ", s.scalar_type());
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.size(0) == p.nheads, "fa2: sinks must have shape (nheads,) = (", p.nheads,
+                      ",) (one logit per query head), got ", shape_str(s));
+    TORCH_CHECK(s.device() == q.device(), "fa2: sinks must be on q's device (", q.device(), "), got ", s.device());
+    p.sinks = s;
+  }
+}
+
 }  // namespace
 
 AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
-                                  bool causal, int64_t window_left, int64_t window_right, double softcap) {
+                                  bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                  double dropout_p, const std::optional<at::Tensor>& rng_state,
+                                  const std::optional<at::Tensor>& sinks) {
   check_qkv(q, k, v);
   check_flags(scale, window_left, window_right, softcap);
   AttentionProblem p;
@@ -139,6 +167,7 @@ AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
   if (attn_bias.has_value() && attn_bias->defined()) {
     p.bias = broadcast_bias(*attn_bias, q, p.seqlen_k);
   }
+  check_dropout_and_sinks(p, q, dropout_p, rng_state, sinks);
   return p;
 }
 
@@ -146,8 +175,10 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                   bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                  bool bias_requires_grad) {
-  AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap);
+                                  bool bias_requires_grad, double dropout_p,
+                                  const std::optional<at::Tensor>& rng_state) {
+  AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap,
+                                        dropout_p, rng_state);
   const std::array<int64_t, 4> out_shape{p.batch, p.seqlen_q, p.nheads, p.headdim_v};
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {
     TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(out_shape), "fa2.bwd: ", name,
@@ -198,6 +229,11 @@ at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bia
   }
   at::Tensor r = reduce_dims.empty() ? dbias_full : dbias_full.sum(reduce_dims, /*keepdim=*/true);
   return r.reshape(attn_bias.sizes()).to(attn_bias.scalar_type());
+}
+
+void refuse_dropout_for_now(const AttentionProblem& p, const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(p.dropout_p == 0.0, op, ": dropout (dropout_p > 0) is not implemented yet (it arrives "
+                              "with its own kernels); got dropout_p=", p.dropout_p);
 }
 
 void check_compute_capability(int major, int minor, const std::string& device, const std::string& device_name) {
@@ -280,18 +316,6 @@ void check_seqused_k_values(const at::Tensor& seqused_k, const at::Tensor& cu_se
   }
 }
 
-// Dropout and attention sinks are in the schema from the start; their kernels arrive with their own issue.
-void refuse_varlen_dropout_and_sinks(double dropout_p, const std::optional<at::Tensor>& sinks) {
-  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p < 1.0, kVarlen, ": dropout_p must be in [0, 1), got ", dropout_p);
-  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0.0, kVarlen,
-                              ": dropout (dropout_p > 0) is not implemented yet for variable-length attention "
-                              "(it arrives with the dropout / attention-sinks feature); got dropout_p=",
-                              dropout_p);
-  TORCH_CHECK_NOT_IMPLEMENTED(!(sinks.has_value() && sinks->defined()), kVarlen,
-                              ": attention sinks (sinks=) are not implemented yet for variable-length attention "
-                              "(they arrive with the dropout / attention-sinks feature); pass sinks=None");
-}
-
 }  // namespace
 
 VarlenProblem check_varlen_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -299,14 +323,14 @@ VarlenProblem check_varlen_fwd_inputs(const at::Tensor& q, const at::Tensor& k, 
                                       int64_t max_seqlen_q, int64_t max_seqlen_k,
                                       const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
                                       bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                      double dropout_p, const std::optional<at::Tensor>& sinks) {
+                                      double dropout_p, const std::optional<at::Tensor>& sinks,
+                                      const std::optional<at::Tensor>& rng_state) {
   check_varlen_ranks(q, k, v);
   // Heads, headdim, dtypes, devices, strides, flags: the padded ops' checks, on the packed tensors seen as one
   // sequence each (which also folds the windows against the totals).
   VarlenProblem vp;
   vp.problem = check_fwd_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), std::nullopt, scale, causal,
-                                window_left, window_right, softcap);
-  refuse_varlen_dropout_and_sinks(dropout_p, sinks);
+                                window_left, window_right, softcap, dropout_p, rng_state, sinks);
   vp.total_q = q.size(0);
   vp.total_k = k.size(0);
 
@@ -345,10 +369,11 @@ VarlenProblem check_varlen_bwd_inputs(const at::Tensor& dout, const at::Tensor& 
                                       int64_t max_seqlen_q, int64_t max_seqlen_k,
                                       const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
                                       bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                      double dropout_p, const std::optional<at::Tensor>& sinks) {
+                                      double dropout_p, const std::optional<at::Tensor>& sinks,
+                                      const std::optional<at::Tensor>& rng_state) {
   VarlenProblem vp = check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                              seqused_k, scale, causal, window_left, window_right, softcap, dropout_p,
-                                             sinks);
+                                             sinks, rng_state);
   const int64_t nheads = vp.problem.nheads;
   const std::array<int64_t, 3> out_shape{vp.total_q, nheads, v.size(2)};
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {

@@ -21,11 +21,18 @@ struct AttentionProblem {
   int64_t window_right = -1;
   // attn_bias as a (batch, nheads, seqlen_q, seqlen_k) view with stride 0 on broadcast dims: never materialized.
   std::optional<at::Tensor> bias;
+  double dropout_p = 0.0;               // probability of dropping each attention weight (0 = off)
+  std::optional<at::Tensor> rng_state;  // int64 (2,) = (seed, offset) of the dropout generator, on q's device
+  std::optional<at::Tensor> sinks;      // (nheads,) floating, on q's device: each head's extra softmax logit
 };
 
+// dropout_p must be in [0, 1); rng_state, when given, int64 (2,) on q's device; sinks, when given, floating (nheads,)
+// on q's device.
 AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
-                                  bool causal, int64_t window_left, int64_t window_right, double softcap);
+                                  bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                  double dropout_p = 0.0, const std::optional<at::Tensor>& rng_state = std::nullopt,
+                                  const std::optional<at::Tensor>& sinks = std::nullopt);
 
 // Checks the forward's inputs again plus dout/out/lse (dout and out: (batch, seqlen_q, nheads, headdim_v)), and
 // that dbias can be produced when asked for.
@@ -33,7 +40,11 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                   bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                  bool bias_requires_grad);
+                                  bool bias_requires_grad, double dropout_p = 0.0,
+                                  const std::optional<at::Tensor>& rng_state = std::nullopt);
+
+// Dropout's kernels are not written yet: raises NotImplementedError when p.dropout_p > 0 (op names the caller).
+void refuse_dropout_for_now(const AttentionProblem& p, const char* op);
 
 // The CUDA kernels need compute capability 8.0 or newer: raises naming the device, its name and capability
 // otherwise. (The CUDA forward asks the runtime; fa2._C._check_compute_capability lets tests reach the message.)
@@ -79,7 +90,8 @@ VarlenProblem check_varlen_fwd_inputs(const at::Tensor& q, const at::Tensor& k, 
                                       int64_t max_seqlen_q, int64_t max_seqlen_k,
                                       const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
                                       bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                      double dropout_p, const std::optional<at::Tensor>& sinks);
+                                      double dropout_p, const std::optional<at::Tensor>& sinks,
+                                      const std::optional<at::Tensor>& rng_state);
 
 // The forward's checks plus dout / out ((total_q, nheads, v.size(2)), q's dtype and device, last dim contiguous) and
 // lse (float32 (nheads, total_q)).
@@ -89,6 +101,7 @@ VarlenProblem check_varlen_bwd_inputs(const at::Tensor& dout, const at::Tensor& 
                                       int64_t max_seqlen_q, int64_t max_seqlen_k,
                                       const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
                                       bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                      double dropout_p, const std::optional<at::Tensor>& sinks);
+                                      double dropout_p, const std::optional<at::Tensor>& sinks,
+                                      const std::optional<at::Tensor>& rng_state);
 
 }  // namespace fa2

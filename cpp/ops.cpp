@@ -4,38 +4,49 @@
 
 TORCH_LIBRARY(fa2, m) {
   // Forward: out (batch, seqlen_q, nheads, headdim), contiguous; lse float32 (batch, nheads, seqlen_q), natural log,
-  // +inf for a query row that sees no key.
+  // +inf for a query row that sees no key. dropout_p: each weight dropped with that probability, bits from the
+  // Philox generator at rng_state = (seed, offset), int64 (2,) on q's device (drawn by the op when not given).
+  // sinks (nheads,): each head's extra logit in the softmax denominator (as given: not scaled, not softcapped);
+  // lse includes it.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? attn_bias=None, float? scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor out, Tensor lse)",
+      "int window_left=-1, int window_right=-1, float softcap=0.0, float dropout_p=0.0, Tensor? rng_state=None, "
+      "Tensor? sinks=None) -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
   // Backward by recomputation from lse. dbias has the shape and dtype of attn_bias when bias_requires_grad,
-  // else it is an empty tensor of shape (0,). deterministic=True gives bitwise-reproducible gradients.
+  // else it is an empty tensor of shape (0,). deterministic=True gives bitwise-reproducible gradients. dropout_p and
+  // rng_state as the forward's (the same mask is replayed). No sinks: lse includes them, which is all dq, dk, dv
+  // need; d sinks comes from lse, out and dout (the autograd layer, python/fa2/_ops_impl.py).
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? attn_bias=None, "
       "float? scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
-      "bool bias_requires_grad=False, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)",
+      "bool bias_requires_grad=False, bool deterministic=False, float dropout_p=0.0, Tensor? rng_state=None) "
+      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)",
       {at::Tag::pt2_compliant_tag});
   // The user-facing op: differentiable through fwd/bwd.
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_bias=None, float? scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, float softcap=0.0) -> Tensor",
+      "int window_left=-1, int window_right=-1, float softcap=0.0, float dropout_p=0.0, Tensor? sinks=None) "
+      "-> Tensor",
       {at::Tag::pt2_compliant_tag});
   // Variable length (packed sequences), as flash-attn's varlen API: q (total_q, nheads, headdim), k / v (total_k,
   // nheads_k, headdim); sequence b is rows cu_seqlens[b]:cu_seqlens[b+1] (int32, (batch + 1,)); max_seqlen_* size
   // the grid with no host sync; causal and windows align bottom-right per sequence (over seqused_k[b] keys when
   // given). out (total_q, nheads, headdim); lse float32 (nheads, total_q), +inf for a row that sees no key.
-  // dropout_p and sinks are accepted here from the start (docs/design.md) and arrive with their own kernels.
+  // dropout_p, rng_state and sinks as the padded forward's.
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
       "SymInt max_seqlen_k, *, Tensor? seqused_k=None, float? scale=None, bool causal=False, int window_left=-1, "
-      "int window_right=-1, float softcap=0.0, float dropout_p=0.0, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
+      "int window_right=-1, float softcap=0.0, float dropout_p=0.0, Tensor? sinks=None, Tensor? rng_state=None) "
+      "-> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
-  // Varlen backward by recomputation from lse; dq, dk, dv shaped like q, k, v.
+  // Varlen backward by recomputation from lse; dq, dk, dv shaped like q, k, v; dsinks like sinks (shape, dtype) when
+  // they are given, else empty (0,).
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, *, Tensor? seqused_k=None, float? scale=None, "
       "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, float dropout_p=0.0, "
-      "Tensor? sinks=None, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
+      "Tensor? sinks=None, bool deterministic=False, Tensor? rng_state=None) "
+      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
 }

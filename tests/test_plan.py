@@ -32,6 +32,12 @@ FWD_TABLE = [
      "warp-specialized pingpong-overlap>", "(16, 1, 1)", 0),
     # d 64: pipelined (no warp specialization), one CTA per query block
     (H100, dict(seqlen_q=4096, headdim=64), "64, sm90a, plain, bias none>", "(32, 16, 2)", 0),
+    # d 64 from kWideOverlapMinKeys keys (twice that with a causal mask): the wide kernel with the overlap
+    (H100, dict(seqlen_q=16384, headdim=64), "64, sm90a, plain, bias none, warp-specialized overlap>",
+     "(2752, 1, 1)", 0),
+    (H100, dict(seqlen_q=8192, headdim=64, causal=True), "64, sm90a, plain, bias none>", "(64, 16, 2)", 0),
+    (H100, dict(seqlen_q=16384, headdim=64, causal=True), "64, sm90a, plain, bias none, warp-specialized overlap>",
+     "(2752, 1, 1)", 0),
     # d 64 padding mask: pipelined below kWideKeyBiasMinKeys keys, the wide ws kernel from there
     (H100, dict(seqlen_q=4096, headdim=64, bias="key_row"), "64, sm90a, key-bias-fold, bias same-as-input>",
      "(32, 16, 2)", 0),

@@ -19,8 +19,13 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
-                                           bool causal, int64_t window_left, int64_t window_right, double softcap) {
-  const AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap);
+                                           bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                           double dropout_p, const std::optional<at::Tensor>& rng_state,
+                                           const std::optional<at::Tensor>& sinks) {
+  const AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap,
+                                              dropout_p, rng_state, sinks);
+  refuse_dropout_for_now(p, "fa2.fwd (CPU)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!p.sinks.has_value(), "fa2.fwd (CPU): attention sinks are not implemented yet");
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim_v}, q.options());
   at::Tensor lse = at::empty({p.batch, p.nheads, p.seqlen_q}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fa2_fwd_cpu",
@@ -31,11 +36,13 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const std::optional<at::Tensor>& attn_bias, std::optional<double> scale, bool causal,
-    int64_t window_left, int64_t window_right, double softcap, bool bias_requires_grad, bool deterministic) {
+    int64_t window_left, int64_t window_right, double softcap, bool bias_requires_grad, bool deterministic,
+    double dropout_p, const std::optional<at::Tensor>& rng_state) {
   // Always deterministic on the CPU (see BwdPartition), so `deterministic` needs no separate path.
   (void)deterministic;
   const AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
-                                              window_right, softcap, bias_requires_grad);
+                                              window_right, softcap, bias_requires_grad, dropout_p, rng_state);
+  refuse_dropout_for_now(p, "fa2.bwd (CPU)");
   at::Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);  // (written by strides)
   // dS with respect to the bias, full size (the one O(N²) buffer), in the accumulation dtype; zero where masked.
   const auto acc_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;

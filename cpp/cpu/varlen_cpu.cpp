@@ -136,10 +136,14 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     const std::optional<at::Tensor>& seqused_k, std::optional<double> scale, bool causal, int64_t window_left,
-    int64_t window_right, double softcap, double dropout_p, const std::optional<at::Tensor>& sinks) {
+    int64_t window_right, double softcap, double dropout_p, const std::optional<at::Tensor>& sinks,
+    const std::optional<at::Tensor>& rng_state) {
   const VarlenProblem vp = check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                    seqused_k, scale, causal, window_left, window_right, softcap,
-                                                   dropout_p, sinks);
+                                                   dropout_p, sinks, rng_state);
+  refuse_dropout_for_now(vp.problem, "fa2.varlen_fwd (CPU)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
+                              "implemented yet");
   const int64_t nheads = vp.problem.nheads, total_q = vp.total_q;
   at::Tensor out = at::empty({total_q, nheads, v.size(2)}, q.options());
   at::Tensor lse = at::empty({nheads, total_q}, q.options().dtype(at::kFloat));
@@ -188,12 +192,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, const std::optional<at::Tensor>& seqused_k, std::optional<double> scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
-    const std::optional<at::Tensor>& sinks, bool deterministic) {
+    const std::optional<at::Tensor>& sinks, bool deterministic, const std::optional<at::Tensor>& rng_state) {
   // Always deterministic on the CPU (BwdPartition; sequences write disjoint rows), so `deterministic` needs no path.
   (void)deterministic;
   const VarlenProblem vp = check_varlen_bwd_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                    max_seqlen_k, seqused_k, scale, causal, window_left, window_right,
-                                                   softcap, dropout_p, sinks);
+                                                   softcap, dropout_p, sinks, rng_state);
+  refuse_dropout_for_now(vp.problem, "fa2.varlen_bwd (CPU)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
+                              "implemented yet");
   // Gradients in their inputs' memory order, as the padded ops' (empty_grad_like on the packed tensor seen as batch 1).
   at::Tensor dq = empty_grad_like(q.unsqueeze(0)).squeeze(0);
   at::Tensor dk = empty_grad_like(k.unsqueeze(0)).squeeze(0);

@@ -25,9 +25,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
                                                     const std::optional<Tensor>& attn_bias,
                                                     std::optional<double> scale, bool causal, int64_t window_left,
                                                     int64_t window_right, double softcap, bool bias_requires_grad,
-                                                    bool deterministic) {
+                                                    bool deterministic, double dropout_p,
+                                                    const std::optional<Tensor>& rng_state) {
   const AttentionProblem prob = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
-                                                 window_right, softcap, bias_requires_grad);
+                                                 window_right, softcap, bias_requires_grad, dropout_p, rng_state);
+  refuse_dropout_for_now(prob, "fa2.bwd (CUDA)");
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t batch = prob.batch, seqlen_q = prob.seqlen_q, seqlen_k = prob.seqlen_k;
   const int64_t nheads = prob.nheads, nheads_k = prob.nheads_k, headdim = prob.headdim, headdim_v = prob.headdim_v;
@@ -162,7 +164,8 @@ namespace fa2 {
 namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda_disabled(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t, double, bool, bool) {
+    const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t, double, bool, bool, double,
+    const std::optional<at::Tensor>&) {
   TORCH_CHECK(false, "fa2: this build has no CUDA backward (built with FA2_DISABLE_BWD=ON); rebuild without it");
 }
 }  // namespace

@@ -35,9 +35,13 @@ int checked_compute_capability(const at::Tensor& q) {
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                             bool causal, int64_t window_left, int64_t window_right,
-                                            double softcap) {
+                                            double softcap, double dropout_p,
+                                            const std::optional<at::Tensor>& rng_state,
+                                            const std::optional<at::Tensor>& sinks) {
   const AttentionProblem prob = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right,
-                                                 softcap);
+                                                 softcap, dropout_p, rng_state, sinks);
+  refuse_dropout_for_now(prob, "fa2.fwd (CUDA)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!prob.sinks.has_value(), "fa2.fwd (CUDA): attention sinks are not implemented yet");
   const c10::cuda::CUDAGuard device_guard(q.device());
   checked_compute_capability(q);
 

@@ -91,10 +91,14 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
                                            int64_t max_seqlen_q, int64_t max_seqlen_k,
                                            const std::optional<Tensor>& seqused_k, std::optional<double> scale,
                                            bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                           double dropout_p, const std::optional<Tensor>& sinks) {
+                                           double dropout_p, const std::optional<Tensor>& sinks,
+                                           const std::optional<Tensor>& rng_state) {
   const VarlenProblem vp =
       check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, scale,
-                              causal, window_left, window_right, softcap, dropout_p, sinks);
+                              causal, window_left, window_right, softcap, dropout_p, sinks, rng_state);
+  refuse_dropout_for_now(vp.problem, "fa2.varlen_fwd (CUDA)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
+                              "implemented yet");
   check_same_value_headdim(vp);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
@@ -132,10 +136,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
     const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
     const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     const std::optional<Tensor>& seqused_k, std::optional<double> scale, bool causal, int64_t window_left,
-    int64_t window_right, double softcap, double dropout_p, const std::optional<Tensor>& sinks, bool deterministic) {
+    int64_t window_right, double softcap, double dropout_p, const std::optional<Tensor>& sinks, bool deterministic,
+    const std::optional<Tensor>& rng_state) {
   const VarlenProblem vp =
       check_varlen_bwd_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              seqused_k, scale, causal, window_left, window_right, softcap, dropout_p, sinks);
+                              seqused_k, scale, causal, window_left, window_right, softcap, dropout_p, sinks,
+                              rng_state);
+  refuse_dropout_for_now(vp.problem, "fa2.varlen_bwd (CUDA)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
+                              "implemented yet");
   check_same_value_headdim(vp);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
@@ -219,7 +228,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
 std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
     const Tensor&, int64_t, int64_t, const std::optional<Tensor>&, std::optional<double>, bool, int64_t, int64_t,
-    double, double, const std::optional<Tensor>&, bool) {
+    double, double, const std::optional<Tensor>&, bool, const std::optional<Tensor>&) {
   TORCH_CHECK(false, "fa2: this build has no CUDA backward (built with FA2_DISABLE_BWD=ON); rebuild without it");
 }
 

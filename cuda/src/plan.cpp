@@ -187,13 +187,14 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   const Sm90Schedule built_default = tma ? sm90_default_schedule(headdim, true) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = built_default;
   const bool forced = tma && options.sm90_schedule != Sm90Schedule::kAuto;
-  if (tma) schedule = forced ? options.sm90_schedule : sm90_default_schedule(headdim, !equal_blocks);
+  if (tma) schedule = forced ? options.sm90_schedule : sm90_schedule_for_keys(headdim, !equal_blocks, p.seqlen_k);
   if (tma) {
     note(notes, [&] {
       return std::string("schedule: ") + sm90_schedule_name(schedule) +
              (forced ? " (forced: option sm90_schedule)"
                      : std::string(" (d ") + std::to_string(headdim) + "'s default " +
-                           (equal_blocks ? "without" : "with") + " a causal mask or window)");
+                           (equal_blocks ? "without" : "with") + " a causal mask or window at " +
+                           std::to_string(p.seqlen_k) + " keys)");
     });
   }
   // a bias with one value per key (padding masks): its own variant; on sm_90a its key tiles come by the TMA, which

@@ -54,9 +54,10 @@ def _check_devices(q, prefix, **tensors):
 
 
 @torch.library.register_fake("fa2::fwd")
-def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+def _fwd_fake(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+              dropout_p=0.0, rng_state=None, sinks=None):
     _check_ranks(q, k, v)
-    _check_devices(q, "fa2", k=k, v=v, attn_bias=attn_bias)
+    _check_devices(q, "fa2", k=k, v=v, attn_bias=attn_bias, rng_state=rng_state, sinks=sinks)
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))  # v's head dim (may differ from q's and k's)
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -79,9 +80,10 @@ def _grad_like(t):
 
 @torch.library.register_fake("fa2::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, attn_bias=None, scale=None, causal=False, window_left=-1,
-              window_right=-1, softcap=0.0, bias_requires_grad=False, deterministic=False):
+              window_right=-1, softcap=0.0, bias_requires_grad=False, deterministic=False, dropout_p=0.0,
+              rng_state=None):
     _check_ranks(q, k, v)
-    _check_devices(q, "fa2.bwd", dout=dout, k=k, v=v, out=out, lse=lse, attn_bias=attn_bias)
+    _check_devices(q, "fa2.bwd", dout=dout, k=k, v=v, out=out, lse=lse, attn_bias=attn_bias, rng_state=rng_state)
     dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
     if bias_requires_grad:
         dbias = attn_bias.new_empty(attn_bias.shape)
@@ -93,18 +95,30 @@ def _bwd_fake(dout, q, k, v, out, lse, attn_bias=None, scale=None, causal=False,
 # ---- autograd ----------------------------------------------------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_bias, scale, causal, window_left, window_right, softcap = inputs
+    q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, dropout_p, rng_state, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, attn_bias)
+    ctx.save_for_backward(q, k, v, out, lse, attn_bias, rng_state, sinks)
     ctx.flags = (scale, causal, window_left, window_right, softcap)
+    ctx.dropout_p = dropout_p
+    ctx.sinks_requires_grad = sinks is not None and sinks.requires_grad
     ctx.bias_requires_grad = (attn_bias is not None and attn_bias.requires_grad
                               and attn_bias.dtype != torch.bool)
     ctx.deterministic = deterministic_enabled()  # the forward's thread's setting (see _state)
     ctx.mark_non_differentiable(lse)
 
 
+def sinks_grad(dout, out, lse, sinks, head_dim, lse_head_dim):
+    """d sinks_h = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out): lse includes the sink, so
+    exp(sinks[h] - lse) is the sink's probability (0 where lse is +inf: a row that sees no key), and rowsum(dout *
+    out) is the backward's D (with dropout too: out is the dropped output). head_dim: out's heads dim (its last is
+    headdim); lse_head_dim: lse's. A fixed-order reduction (deterministic); returned in sinks' dtype."""
+    rowsum = (dout.float() * out.float()).sum(-1).movedim(head_dim, -1)
+    p_sink = torch.exp(sinks.float() - lse.movedim(lse_head_dim, -1))
+    return -(p_sink * rowsum).reshape(-1, sinks.shape[0]).sum(0).to(sinks.dtype)
+
+
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, attn_bias = ctx.saved_tensors
+    q, k, v, out, lse, attn_bias, rng_state, sinks = ctx.saved_tensors
     scale, causal, window_left, window_right, softcap = ctx.flags
     if dout is None:
         dout = torch.zeros_like(out)
@@ -113,8 +127,11 @@ def _backward(ctx, dout, dlse):
         dout = dout.contiguous()
     dq, dk, dv, dbias = torch.ops.fa2.bwd(
         dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
-        ctx.bias_requires_grad, ctx.deterministic or torch.are_deterministic_algorithms_enabled())
-    return dq, dk, dv, (dbias if ctx.bias_requires_grad else None), None, None, None, None, None
+        ctx.bias_requires_grad, ctx.deterministic or torch.are_deterministic_algorithms_enabled(), ctx.dropout_p,
+        rng_state)
+    dsinks = sinks_grad(dout, out, lse, sinks, 2, 1) if ctx.sinks_requires_grad else None
+    return (dq, dk, dv, (dbias if ctx.bias_requires_grad else None), None, None, None, None, None, None, None,
+            dsinks)
 
 
 # Autograd kernels. torch.library.register_autograd would register the same structure, but its kernel costs host
@@ -201,6 +218,8 @@ def refuse_unsupported_autodiff(*tensors) -> None:
 # ---- attention = fwd(...)[0], differentiable through fwd's autograd ----------------------------------------
 
 @torch.library.impl("fa2::attention", "CompositeImplicitAutograd")
-def _attention(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0):
-    refuse_unsupported_autodiff(q, k, v, attn_bias)
-    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)[0]
+def _attention(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+               dropout_p=0.0, sinks=None):
+    refuse_unsupported_autodiff(q, k, v, attn_bias, sinks)
+    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, dropout_p, None,
+                             sinks)[0]

@@ -8,19 +8,24 @@ from ._ops_impl import refuse_unsupported_autodiff
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None,
               scale: float | None = None, causal: bool = False, window_left: int = -1, window_right: int = -1,
-              softcap: float = 0.0) -> torch.Tensor:
+              softcap: float = 0.0, dropout_p: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention, flash-attn layout: q (batch, seqlen_q, nheads, headdim), k (batch, seqlen_k, nheads_k,
     headdim), v (batch, seqlen_k, nheads_k, headdim_v); returns (batch, seqlen_q, nheads, headdim_v). v's head dim may
     differ from q's and k's (DeepSeek's MLA: 192 and 128); ``scale`` defaults to headdim ** -0.5 (q's). ``causal`` is
-    bottom-right aligned; see docs/design.md."""
-    return torch.ops.fa2.attention(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)
+    bottom-right aligned; see docs/design.md. ``dropout_p``: each attention weight is dropped with that probability
+    (the rest scaled by 1 / (1 - p)), random bits from torch's default generator of the device. ``sinks`` (nheads,):
+    each head's learned extra logit in the softmax denominator (gpt-oss), differentiable."""
+    return torch.ops.fa2.attention(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, dropout_p,
+                                   sinks)
 
 
 def attention_with_lse(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1,
-                       softcap=0.0):
-    """Like :func:`attention` but also returns lse (batch, nheads, seqlen_q), float32 (not differentiable)."""
-    refuse_unsupported_autodiff(q, k, v, attn_bias)
-    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap)
+                       softcap=0.0, dropout_p=0.0, sinks=None):
+    """Like :func:`attention` but also returns lse (batch, nheads, seqlen_q), float32 (not differentiable; with
+    sinks it includes the sink's term)."""
+    refuse_unsupported_autodiff(q, k, v, attn_bias, sinks)
+    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, dropout_p, None,
+                             sinks)
 
 
 def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,

@@ -55,10 +55,10 @@ def _check_varlen_ranks(q, k, v):
 @torch.library.register_fake("fa2::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, seqused_k=None,
                      scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0,
-                     sinks=None):
+                     sinks=None, rng_state=None):
     _check_varlen_ranks(q, k, v)
     _check_devices(q, "fa2.varlen", k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                   seqused_k=seqused_k)
+                   seqused_k=seqused_k, sinks=sinks, rng_state=rng_state)
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]))
     lse = q.new_empty((nheads, total_q), dtype=torch.float32)
@@ -73,10 +73,10 @@ def _packed_grad_like(t):
 @torch.library.register_fake("fa2::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      seqused_k=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                     dropout_p=0.0, sinks=None, deterministic=False):
+                     dropout_p=0.0, sinks=None, deterministic=False, rng_state=None):
     _check_varlen_ranks(q, k, v)
     _check_devices(q, "fa2.varlen_bwd", dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
-                   cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+                   cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, sinks=sinks, rng_state=rng_state)
     dsinks = q.new_empty((0,)) if sinks is None else sinks.new_empty(sinks.shape)
     return _packed_grad_like(q), _packed_grad_like(k), _packed_grad_like(v), dsinks
 
@@ -85,7 +85,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
 # torch.library.register_autograd refuses ops with keyword-only Tensor arguments (seqused_k, sinks), so, as for the
 # padded ops (_ops_impl._register_autograd), the Autograd kernels are registered directly. The dispatcher hands a
 # Python kernel the keyword-only arguments as kwargs (those left at their defaults may be missing); the tensors among
-# them (seqused_k, sinks) go to the autograd.Function as inputs, so that sinks can get a gradient once it is supported.
+# them (seqused_k, sinks, rng_state) go to the autograd.Function as inputs (sinks gets a gradient).
 
 _lib = torch.library.Library("fa2", "FRAGMENT")  # (kept with the module: its registrations live as long as it does)
 
@@ -100,14 +100,14 @@ _FWD_NUM_POSITIONAL = sum(not a.kwarg_only for a in _VARLEN_FWD._schema.argument
 
 
 class _VarlenFwdFunction(torch.autograd.Function):
-    # apply(keyset, flags, *positional, seqused_k, sinks): flags are the non-tensor keyword arguments
+    # apply(keyset, flags, *positional, seqused_k, sinks, rng_state): flags are the non-tensor keyword arguments
     @staticmethod
     def forward(ctx, keyset, flags, *args):
-        positional, (seqused_k, sinks) = args[:-2], args[-2:]
+        positional, (seqused_k, sinks, rng_state) = args[:-3], args[-3:]
         out, lse = _below_autograd_kw(_VARLEN_FWD, keyset, positional,
-                                      dict(flags, seqused_k=seqused_k, sinks=sinks))
+                                      dict(flags, seqused_k=seqused_k, sinks=sinks, rng_state=rng_state))
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = positional
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, rng_state)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
         ctx.flags = flags
         ctx.deterministic = deterministic_enabled()  # the forward's thread's setting (see _ops_impl._state)
@@ -116,7 +116,7 @@ class _VarlenFwdFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = ctx.saved_tensors
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, rng_state = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
         elif dout.stride(-1) != 1:
@@ -124,9 +124,11 @@ class _VarlenFwdFunction(torch.autograd.Function):
             dout = dout.contiguous()
         dq, dk, dv, dsinks = torch.ops.fa2.varlen_bwd(
             dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, seqused_k=seqused_k, sinks=sinks,
-            deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(), **ctx.flags)
+            deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(), rng_state=rng_state,
+            **ctx.flags)
         num_positional_rest = _FWD_NUM_POSITIONAL - 3  # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
-        return (None, None, dq, dk, dv) + (None,) * num_positional_rest + (None, dsinks if sinks is not None else None)
+        return ((None, None, dq, dk, dv) + (None,) * num_positional_rest
+                + (None, dsinks if sinks is not None else None, None))
 
 
 def _below_autograd_kw(op, keyset, args, kwargs):
@@ -136,9 +138,9 @@ def _below_autograd_kw(op, keyset, args, kwargs):
 
 def _varlen_fwd_autograd(keyset, *args, **kwargs):
     keywords = dict(_FWD_KEYWORDS, **kwargs)
-    seqused_k, sinks = keywords.pop("seqused_k"), keywords.pop("sinks")
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args, seqused_k, sinks):
-        return _VarlenFwdFunction.apply(keyset, keywords, *args, seqused_k, sinks)
+    tensors = [keywords.pop(name) for name in ("seqused_k", "sinks", "rng_state")]
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args, *tensors):
+        return _VarlenFwdFunction.apply(keyset, keywords, *args, *tensors)
     return _below_autograd_kw(_VARLEN_FWD, keyset, args, kwargs)
 
 

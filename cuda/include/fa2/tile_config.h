@@ -124,6 +124,15 @@ constexpr Sm90Schedule sm90_default_schedule(int headdim, bool windowed) {
          : headdim <= 192 ? Sm90Schedule::kOverlap
                           : Sm90Schedule::kPingpongOverlap;
 }
+// d 64 from this many keys on: the wide (192-row) warp-specialized kernel with P V overlapping the softmax beats the
+// pipelined default (its K/V traffic per query row is 2/3 of a 128-row tile's, which pays once the key loop is long;
+// below it the pipelined kernel's two CTAs per SM win); with a causal mask or window from twice as many (the
+// shorter diagonal blocks). Measured on the H100 (docs/tuning.md).
+constexpr int kWideOverlapMinKeys = 8192;
+constexpr Sm90Schedule sm90_schedule_for_keys(int headdim, bool windowed, int seqlen_k) {
+  return headdim == 64 && seqlen_k >= (windowed ? 2 : 1) * kWideOverlapMinKeys ? Sm90Schedule::kOverlap
+                                                                              : sm90_default_schedule(headdim, windowed);
+}
 // The schedule of the warp-specialized key-row bias kernel (padding masks; fwd_launch_template.cuh) where the
 // default one is warp-specialized: the default without ping-pong, whose warpgroups' turns count key tiles, so that
 // all -inf key tiles can be skipped (fwd/kernel_traits.cuh, kSkipMaskedTiles); and without the overlap where the ring has
