@@ -231,11 +231,6 @@ at::Tensor reduce_dbias(const at::Tensor& dbias_full, const at::Tensor& attn_bia
   return r.reshape(attn_bias.sizes()).to(attn_bias.scalar_type());
 }
 
-void refuse_dropout_for_now(const AttentionProblem& p, const char* op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(p.dropout_p == 0.0, op, ": dropout (dropout_p > 0) is not implemented yet (it arrives "
-                              "with its own kernels); got dropout_p=", p.dropout_p);
-}
-
 void check_compute_capability(int major, int minor, const std::string& device, const std::string& device_name) {
   TORCH_CHECK(major >= 8, "fa2: the CUDA kernels need compute capability 8.0 or newer (Ampere, Ada, Hopper); ", device,
               " is ", device_name, " with compute capability ", major, ".", minor);

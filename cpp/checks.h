@@ -43,9 +43,6 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
                                   bool bias_requires_grad, double dropout_p = 0.0,
                                   const std::optional<at::Tensor>& rng_state = std::nullopt);
 
-// Dropout's kernels are not written yet: raises NotImplementedError when p.dropout_p > 0 (op names the caller).
-void refuse_dropout_for_now(const AttentionProblem& p, const char* op);
-
 // The CUDA kernels need compute capability 8.0 or newer: raises naming the device, its name and capability
 // otherwise. (The CUDA forward asks the runtime; fa2._C._check_compute_capability lets tests reach the message.)
 void check_compute_capability(int major, int minor, const std::string& device, const std::string& device_name);

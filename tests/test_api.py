@@ -152,8 +152,8 @@ def test_sdpa_rejects_what_it_cannot_do():
     k = torch.randn(1, 2, 8, 16)
     with pytest.raises(ValueError, match="enable_gqa"):
         fa2.sdpa(q, k, k)
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        fa2.sdpa(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p"):
+        fa2.sdpa(q, q, q, dropout_p=1.0)
     with pytest.raises(ValueError, match="attn_mask and is_causal"):
         fa2.sdpa(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)
     # a 0/1 integer mask is neither a keep mask nor a bias (F.sdpa refuses it too): not silently added as +1

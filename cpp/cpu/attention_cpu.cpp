@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "checks.h"
+#include "dropout_state.h"
 #include "cpu/bwd_kernel.h"
 #include "cpu/fwd_kernel.h"
 
@@ -22,9 +23,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            bool causal, int64_t window_left, int64_t window_right, double softcap,
                                            double dropout_p, const std::optional<at::Tensor>& rng_state,
                                            const std::optional<at::Tensor>& sinks) {
-  const AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap,
+  AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap,
                                               dropout_p, rng_state, sinks);
-  refuse_dropout_for_now(p, "fa2.fwd (CPU)");
+  resolve_rng_state(p, q, "fa2.fwd", /*draw=*/true);
   TORCH_CHECK_NOT_IMPLEMENTED(!p.sinks.has_value(), "fa2.fwd (CPU): attention sinks are not implemented yet");
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim_v}, q.options());
   at::Tensor lse = at::empty({p.batch, p.nheads, p.seqlen_q}, q.options().dtype(at::kFloat));
@@ -40,9 +41,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     double dropout_p, const std::optional<at::Tensor>& rng_state) {
   // Always deterministic on the CPU (see BwdPartition), so `deterministic` needs no separate path.
   (void)deterministic;
-  const AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
+  AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
                                               window_right, softcap, bias_requires_grad, dropout_p, rng_state);
-  refuse_dropout_for_now(p, "fa2.bwd (CPU)");
+  resolve_rng_state(p, q, "fa2.bwd", /*draw=*/false);
   at::Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);  // (written by strides)
   // dS with respect to the bias, full size (the one O(N²) buffer), in the accumulation dtype; zero where masked.
   const auto acc_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;

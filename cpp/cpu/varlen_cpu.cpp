@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "dropout_state.h"
 #include "cpu/bwd_kernel.h"
 #include "cpu/fwd_kernel.h"
 
@@ -138,10 +139,10 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(
     const std::optional<at::Tensor>& seqused_k, std::optional<double> scale, bool causal, int64_t window_left,
     int64_t window_right, double softcap, double dropout_p, const std::optional<at::Tensor>& sinks,
     const std::optional<at::Tensor>& rng_state) {
-  const VarlenProblem vp = check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+  VarlenProblem vp = check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                    seqused_k, scale, causal, window_left, window_right, softcap,
                                                    dropout_p, sinks, rng_state);
-  refuse_dropout_for_now(vp.problem, "fa2.varlen_fwd (CPU)");
+  resolve_rng_state(vp.problem, q, "fa2.varlen_fwd", /*draw=*/true);
   TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
                               "implemented yet");
   const int64_t nheads = vp.problem.nheads, total_q = vp.total_q;
@@ -195,10 +196,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     const std::optional<at::Tensor>& sinks, bool deterministic, const std::optional<at::Tensor>& rng_state) {
   // Always deterministic on the CPU (BwdPartition; sequences write disjoint rows), so `deterministic` needs no path.
   (void)deterministic;
-  const VarlenProblem vp = check_varlen_bwd_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+  VarlenProblem vp = check_varlen_bwd_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                    max_seqlen_k, seqused_k, scale, causal, window_left, window_right,
                                                    softcap, dropout_p, sinks, rng_state);
-  refuse_dropout_for_now(vp.problem, "fa2.varlen_bwd (CPU)");
+  resolve_rng_state(vp.problem, q, "fa2.varlen_bwd", /*draw=*/false);
   TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
                               "implemented yet");
   // Gradients in their inputs' memory order, as the padded ops' (empty_grad_like on the packed tensor seen as batch 1).

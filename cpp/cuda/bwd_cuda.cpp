@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "checks.h"
+#include "dropout_state.h"
 
 #if FA2_CUDA_BWD
 #include "cuda/params_from_tensors.h"
@@ -27,9 +28,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
                                                     int64_t window_right, double softcap, bool bias_requires_grad,
                                                     bool deterministic, double dropout_p,
                                                     const std::optional<Tensor>& rng_state) {
-  const AttentionProblem prob = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
+  AttentionProblem prob = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
                                                  window_right, softcap, bias_requires_grad, dropout_p, rng_state);
-  refuse_dropout_for_now(prob, "fa2.bwd (CUDA)");
+  resolve_rng_state(prob, q, "fa2.bwd", /*draw=*/false);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t batch = prob.batch, seqlen_q = prob.seqlen_q, seqlen_k = prob.seqlen_k;
   const int64_t nheads = prob.nheads, nheads_k = prob.nheads_k, headdim = prob.headdim, headdim_v = prob.headdim_v;

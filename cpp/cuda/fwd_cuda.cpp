@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "checks.h"
+#include "dropout_state.h"
 #include "cuda/params_from_tensors.h"
 #include "fa2/launch.h"
 
@@ -38,9 +39,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
                                             double softcap, double dropout_p,
                                             const std::optional<at::Tensor>& rng_state,
                                             const std::optional<at::Tensor>& sinks) {
-  const AttentionProblem prob = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right,
+  AttentionProblem prob = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right,
                                                  softcap, dropout_p, rng_state, sinks);
-  refuse_dropout_for_now(prob, "fa2.fwd (CUDA)");
+  resolve_rng_state(prob, q, "fa2.fwd", /*draw=*/true);
   TORCH_CHECK_NOT_IMPLEMENTED(!prob.sinks.has_value(), "fa2.fwd (CUDA): attention sinks are not implemented yet");
   const c10::cuda::CUDAGuard device_guard(q.device());
   checked_compute_capability(q);

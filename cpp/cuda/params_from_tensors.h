@@ -65,7 +65,7 @@ inline DType dtype_of(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
 }
 
-// Dropout (prob.dropout_p > 0, rng_state resolved: cpp/dropout.h): the state's device pointer, the keep threshold of
+// Dropout (prob.dropout_p > 0, rng_state resolved: cpp/dropout_state.h): the state's device pointer, the keep threshold of
 // the 16-bit draws and the keep scale (params.h).
 inline void set_dropout_params(AttentionParams& p, const AttentionProblem& prob) {
   if (prob.dropout_p <= 0.0) return;

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "checks.h"
+#include "dropout_state.h"
 #include "cuda/params_from_tensors.h"
 #include "fa2/launch.h"
 #if FA2_CUDA_BWD
@@ -93,10 +94,10 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
                                            bool causal, int64_t window_left, int64_t window_right, double softcap,
                                            double dropout_p, const std::optional<Tensor>& sinks,
                                            const std::optional<Tensor>& rng_state) {
-  const VarlenProblem vp =
+  VarlenProblem vp =
       check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, scale,
                               causal, window_left, window_right, softcap, dropout_p, sinks, rng_state);
-  refuse_dropout_for_now(vp.problem, "fa2.varlen_fwd (CUDA)");
+  resolve_rng_state(vp.problem, q, "fa2.varlen_fwd", /*draw=*/true);
   TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
                               "implemented yet");
   check_same_value_headdim(vp);
@@ -138,11 +139,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
     const std::optional<Tensor>& seqused_k, std::optional<double> scale, bool causal, int64_t window_left,
     int64_t window_right, double softcap, double dropout_p, const std::optional<Tensor>& sinks, bool deterministic,
     const std::optional<Tensor>& rng_state) {
-  const VarlenProblem vp =
+  VarlenProblem vp =
       check_varlen_bwd_inputs(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               seqused_k, scale, causal, window_left, window_right, softcap, dropout_p, sinks,
                               rng_state);
-  refuse_dropout_for_now(vp.problem, "fa2.varlen_bwd (CUDA)");
+  resolve_rng_state(vp.problem, q, "fa2.varlen_bwd", /*draw=*/false);
   TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
                               "implemented yet");
   check_same_value_headdim(vp);

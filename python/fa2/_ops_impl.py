@@ -11,6 +11,8 @@ import threading
 import torch
 import torch.autograd.forward_ad as forward_ad
 
+from ._rng import draw_rng_state
+
 # fa2.deterministic()'s setting, per thread: read when a call's forward runs and kept with its autograd node, because
 # its backward may run on another thread (the autograd engine runs CUDA nodes on a per-device worker thread, where
 # this thread's setting is not visible).
@@ -159,16 +161,21 @@ def _register_autograd(op, function):
 _lib = torch.library.Library("fa2", "FRAGMENT")  # (kept with the module: its registrations live as long as it does)
 _FWD = torch.ops.fa2.fwd.default
 _FWD_DEFAULTS = tuple(a.default_value for a in _FWD._schema.arguments)
+_DROPOUT_P, _RNG_STATE = (next(i for i, a in enumerate(_FWD._schema.arguments) if a.name == name)
+                          for name in ("dropout_p", "rng_state"))
 
 
 class _FwdFunction(torch.autograd.Function):
     # (apply's first input is the dispatch keyset: ctx.needs_input_grad[i + 1] is argument i's; _backward reads none)
     @staticmethod
     def forward(ctx, keyset, *args):
+        ctx.num_args = len(args)
+        # dropout without rng_state (a direct fa2.fwd call): the state drawn here, so that the backward replays it
+        if len(args) > _DROPOUT_P and args[_DROPOUT_P] > 0 and (len(args) <= _RNG_STATE or args[_RNG_STATE] is None):
+            args = args[:_DROPOUT_P + 1] + (draw_rng_state(args[0].device),) + args[_RNG_STATE + 1:]
         output = _below_autograd(_FWD, keyset, args)
         # (the dispatcher passes fewer arguments when the trailing ones are their defaults)
         _setup_context(ctx, args + _FWD_DEFAULTS[len(args):], output)
-        ctx.num_args = len(args)
         return output
 
     @staticmethod
@@ -221,5 +228,8 @@ def refuse_unsupported_autodiff(*tensors) -> None:
 def _attention(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
                dropout_p=0.0, sinks=None):
     refuse_unsupported_autodiff(q, k, v, attn_bias, sinks)
-    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, dropout_p, None,
-                             sinks)[0]
+    # dropout: a fresh (seed, offset) from torch's default generator of q's device (fa2/_rng.py), saved by fwd's
+    # autograd for the backward
+    rng_state = draw_rng_state(q.device) if dropout_p > 0 else None
+    return torch.ops.fa2.fwd(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap, dropout_p,
+                             rng_state, sinks)[0]

@@ -35,9 +35,7 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     headdim may differ from query's and key's: the output takes value's), top-left ``is_causal``, bool (True = take
     part) or float additive ``attn_mask``. No copies of q/k/v: the
     (B, H, S, D) tensors are read through a transposed view. Differences: rows that see no key give 0, not NaN;
-    dropout is not supported (``dropout_p`` must be 0)."""
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"fa2.sdpa: dropout_p must be 0.0 (fa2 has no dropout), got {dropout_p}")
+    ``dropout_p`` draws fa2's own mask (the statistics of SDPA's, not its random numbers)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() < 2:
             raise ValueError(f"fa2.sdpa: {name} must have at least 2 dims (..., seqlen, headdim), got shape "
@@ -83,7 +81,7 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
             k, v = k[:, :, :seqlen_q], v[:, :, :seqlen_q]
             window_right = 0
     out = torch.ops.fa2.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, scale,
-                                  False, -1, window_right, 0.0)
+                                  False, -1, window_right, 0.0, dropout_p)
     return out.transpose(1, 2).reshape(out_shape)
 
 

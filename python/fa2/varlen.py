@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ._rng import draw_rng_state
 from ._ops_impl import _check_devices, _grad_like, deterministic_enabled, refuse_unsupported_autodiff
 
 _VARLEN_FWD = torch.ops.fa2.varlen_fwd.default
@@ -26,8 +27,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``max_seqlen_q`` / ``max_seqlen_k``: Python ints (or SymInts) at least the longest sequence's length (no host
     sync is needed to size the work). ``seqused_k`` (int32 (batch,)): only the first ``seqused_k[b]`` keys of sequence
     b are used. Causal and windows align bottom-right per sequence (over the keys used). GQA, softcap, headdim 1..256.
-    Returns out (total_q, nheads, headdim); differentiable in q, k, v. ``dropout_p`` and ``sinks`` are accepted and
-    not implemented yet (a NotImplementedError unless 0 / None). ``torch.ops.fa2.varlen_fwd`` also returns lse
+    Returns out (total_q, nheads, headdim); differentiable in q, k, v. ``dropout_p``: as fa2.attention's (sequence b
+    takes batch coordinate b in the mask). ``sinks`` is accepted and not implemented yet (a NotImplementedError unless
+    None). ``torch.ops.fa2.varlen_fwd`` also returns lse
     (nheads, total_q), float32, +inf for a row that sees no key."""
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, torch.Tensor):
@@ -35,9 +37,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             "compute it once on the host (e.g. int(lengths.max())), as flash-attn's varlen API "
                             "takes it")
     refuse_unsupported_autodiff(q, k, v, sinks)
+    rng_state = draw_rng_state(q.device) if dropout_p > 0 else None  # (as fa2.attention's)
     return torch.ops.fa2.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     seqused_k=seqused_k, scale=scale, causal=causal, window_left=window_left,
-                                    window_right=window_right, softcap=softcap, dropout_p=dropout_p, sinks=sinks)[0]
+                                    window_right=window_right, softcap=softcap, dropout_p=dropout_p, sinks=sinks,
+                                    rng_state=rng_state)[0]
 
 
 # ---- fake kernels: shapes from the inputs alone (SymInt-safe) ----------------------------------------------------
@@ -140,6 +144,8 @@ def _varlen_fwd_autograd(keyset, *args, **kwargs):
     keywords = dict(_FWD_KEYWORDS, **kwargs)
     tensors = [keywords.pop(name) for name in ("seqused_k", "sinks", "rng_state")]
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*args, *tensors):
+        if keywords["dropout_p"] > 0 and tensors[2] is None:  # (the state the backward replays, drawn here)
+            tensors[2] = draw_rng_state(args[0].device)
         return _VarlenFwdFunction.apply(keyset, keywords, *args, *tensors)
     return _below_autograd_kw(_VARLEN_FWD, keyset, args, kwargs)
 

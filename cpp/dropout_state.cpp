@@ -1,4 +1,4 @@
-#include "dropout.h"
+#include "dropout_state.h"
 
 #include <limits>
 
