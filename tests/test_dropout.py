@@ -83,11 +83,12 @@ def test_philox_known_answers():
         0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
 
 
-@pytest.mark.parametrize("dropout_p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("dropout_p", [0.1, pytest.param(0.5, marks=pytest.mark.slow),
+                                       pytest.param(0.9, marks=pytest.mark.slow)])
 def test_kept_fraction_is_binomial(dropout_p):
-    """The keep probability is round((1 - p) 65536) / 65536 (within 2^-17 of 1 - p): the kept fraction of 4M weights
+    """The keep probability is round((1 - p) 65536) / 65536 (within 2^-17 of 1 - p): the kept fraction of 1M weights
     within 6 sigma of 1 - p, also per position of a weight in its Philox group (each 16-bit lane)."""
-    keep = _rng.dropout_keep_mask(_state(1234, 99, "cpu"), 2, 8, 512, 512, dropout_p)
+    keep = _rng.dropout_keep_mask(_state(1234, 99, "cpu"), 2, 4, 256, 512, dropout_p)
     n = keep.numel()
     assert _binomial_ok(int(keep.sum()), n, 1 - dropout_p)
     assert abs(_rng.keep_threshold(dropout_p) / 65536 - (1 - dropout_p)) <= 2 ** -17
@@ -102,14 +103,14 @@ def test_masks_are_independent_across_heads_batch_calls_and_neighbours():
     heads, batch entries, two rng states (two calls), and neighbouring weights of one Philox group."""
     p = 0.3
     agree = (1 - p) ** 2 + p ** 2
-    keep = _rng.dropout_keep_mask(_state(7, 0, "cpu"), 2, 4, 256, 256, p)
-    other = _rng.dropout_keep_mask(_state(8, 0, "cpu"), 2, 4, 256, 256, p)
+    keep = _rng.dropout_keep_mask(_state(7, 0, "cpu"), 2, 4, 128, 128, p)
+    other = _rng.dropout_keep_mask(_state(8, 0, "cpu"), 2, 4, 128, 128, p)
     pairs = [(keep[0, 0], keep[0, 1]), (keep[0, 2], keep[1, 2]), (keep, other),
              (keep[..., 0::2], keep[..., 1::2]), (keep[..., 0:8, :], keep[..., 8:16, :])]
     for a, b in pairs:
         assert _binomial_ok(int((a == b).sum()), a.numel(), agree)
     # the same state and coordinates: the same mask (it is a function, not a stream)
-    assert torch.equal(keep[:1], _rng.dropout_keep_mask(_state(7, 0, "cpu"), 1, 4, 256, 256, p))
+    assert torch.equal(keep[:1], _rng.dropout_keep_mask(_state(7, 0, "cpu"), 1, 4, 128, 128, p))
     # the offset moves the counter: offset o + 1 at head h is offset o at head h + 1
     shifted = _rng.dropout_keep_mask(_state(7, 1, "cpu"), 1, 3, 64, 64, p)
     assert torch.equal(shifted[0], keep[0, 1:4, :64, :64])

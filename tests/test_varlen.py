@@ -431,8 +431,7 @@ def _bad_varlen_cases(device):
         ("window", good, {"window_left": -2}, ValueError, "window_left must be >= -1 .*got -2"),
         ("softcap", good, {"softcap": -1.0}, ValueError, "softcap must be .*got -1"),
         ("dropout range", good, {"dropout_p": 1.5}, ValueError, r"dropout_p must be in \[0, 1\), got 1.5"),
-        ("dropout state", good, {"dropout_p": 0.1, "rng_state": torch.zeros(2, dtype=torch.int32, device=device)},
-         TypeError, "rng_state must be int64"),
+        ("dropout nan", good, {"dropout_p": float("nan")}, ValueError, r"dropout_p must be in \[0, 1\), got nan"),
         ("sinks", good, {"sinks": torch.zeros(4, device=device)}, NotImplementedError,
          r"attention sinks \(sinks=\) are not implemented yet"),
     ]

@@ -64,11 +64,15 @@ def dropout_keep_mask(rng_state: torch.Tensor, batch: int, nheads: int, seqlen_q
     counter_lo = (head + (offset & _M32)) & _M32
     carry = (head + (offset & _M32)) >> 32
     counter_hi = ((offset >> 32) + carry) & _M32
-    key_group = ((j >> 4) * 4 + ((j & 7) >> 1)).view(1, 1, 1, -1)
-    query_group = ((i >> 4) * 8 + (i & 7)).view(1, 1, -1, 1)
-    shape = (len(b), nheads, seqlen_q, seqlen_k)
-    words = _philox4x32_10(key_group.expand(shape), query_group.expand(shape), counter_lo.expand(shape),
-                           counter_hi.expand(shape), seed & _M32, seed >> 32)
+    key_group = (j >> 4) * 4 + ((j & 7) >> 1)
+    query_group = (i >> 4) * 8 + (i & 7)
+    # one Philox call per group (8 weights), then each weight's group gathered
+    kg = torch.arange(int(key_group.max()) + 1 if seqlen_k else 0, dtype=torch.int64).view(1, 1, 1, -1)
+    qg = torch.arange(int(query_group.max()) + 1 if seqlen_q else 0, dtype=torch.int64).view(1, 1, -1, 1)
+    shape = (len(b), nheads, qg.shape[2], kg.shape[3])
+    words = _philox4x32_10(kg.expand(shape), qg.expand(shape), counter_lo.expand(shape), counter_hi.expand(shape),
+                           seed & _M32, seed >> 32)
+    words = [w[:, :, query_group][:, :, :, key_group] for w in words]  # (batch, nheads, seqlen_q, seqlen_k)
     slot = (((i >> 3) & 1) * 4).view(-1, 1) + (((j >> 3) & 1) * 2 + (j & 1)).view(1, -1)  # (seqlen_q, seqlen_k)
     word = torch.where(slot < 2, words[0], torch.where(slot < 4, words[1], torch.where(slot < 6, words[2], words[3])))
     draw = (word >> (16 * (slot & 1))) & 0xFFFF
