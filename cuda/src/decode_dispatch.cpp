@@ -1,0 +1,121 @@
+// The decode kernel's plan and entry point; the instance table comes from the generated fa2_kernel_instances.h.
+#include <algorithm>
+#include <cstdint>
+
+#include "dispatch.h"
+#include "fa2/decode/launch.h"
+#include "fa2/decode/tile_config.h"
+#include "fa2/launch.h"  // current_device
+#include "fa2_kernel_instances.h"
+
+namespace fa2 {
+namespace {
+using DecodeInstanceFn = const char* (*)(const DecodePlan&, const DecodeParams&, cudaStream_t);
+const InstanceDesc kDecodeInstances[] = {FA2_DECODE_INSTANCES(FA2_INSTANCE_DESC)};
+const DecodeInstanceFn kDecodeInstanceFns[] = {FA2_DECODE_INSTANCES(FA2_INSTANCE_FN)};
+constexpr int kNumDecodeInstances = sizeof(kDecodeInstances) / sizeof(kDecodeInstances[0]);
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// What the kernel's 16-byte copies and stores need of the tensors; nullptr when all holds.
+const char* layout_decline(const DecodeParams& p) {
+  if (p.headdim % 8 != 0) return "headdim is not a multiple of 8";
+  if (!aligned16(p.q) || !aligned16(p.k_cache) || !aligned16(p.v_cache) || !aligned16(p.out)) {
+    return "a tensor is not 16-byte aligned";
+  }
+  const int64_t strides[] = {p.q_batch_stride,   p.q_row_stride,   p.q_head_stride,   p.k_batch_stride,
+                             p.k_row_stride,     p.k_head_stride,  p.v_batch_stride,  p.v_row_stride,
+                             p.v_head_stride,    p.out_batch_stride, p.out_row_stride, p.out_head_stride};
+  for (const int64_t s : strides) {
+    if (s % 8 != 0) return "a stride is not a multiple of 8 elements";
+  }
+  return nullptr;
+}
+
+// The splits of the KV length: enough CTAs for about two waves of the GPU where batch x kv heads alone are fewer,
+// each split keeping at least kMinTilesPerSplit key tiles of the cache's capacity (a split's fixed cost: Q, the
+// merge, its partial rows).
+int choose_splits(const DecodeParams& p, const DeviceDesc& device, int block_n, int requested) {
+  constexpr int kMinTilesPerSplit = 4;
+  const int capacity_tiles = std::max(1, (p.capacity + block_n - 1) / block_n);
+  const int cap = std::min(decode::kMaxSplits, capacity_tiles);
+  if (requested > 0) return std::min(requested, cap);
+  const int64_t ctas = int64_t(p.batch) * p.nheads_k;
+  const int sms = device.sm_count > 0 ? device.sm_count : 108;
+  if (ctas >= sms) return 1;
+  const int for_waves = int((2 * sms + ctas - 1) / ctas);
+  const int for_length = std::max(1, capacity_tiles / kMinTilesPerSplit);
+  return std::max(1, std::min({for_waves, for_length, cap}));
+}
+}  // namespace
+
+DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const InstanceDesc* instances,
+                       int num_instances, int requested_splits) {
+  DecodePlan plan;
+  if (p.batch <= 0 || p.seqlen_q <= 0 || p.nheads <= 0 || p.nheads_k <= 0 || p.nheads % p.nheads_k != 0) {
+    plan.decline = "empty or inconsistent sizes";
+    return plan;
+  }
+  if (p.batch > 65535 || p.nheads_k > 65535) {  // grid (splits, kv heads, batch): y and z stop at 65535
+    plan.decline = "batch or nheads_k above 65535";
+    return plan;
+  }
+  const int64_t rows = int64_t(p.seqlen_q) * (p.nheads / p.nheads_k);
+  if (rows > decode::kMaxRows) {
+    plan.decline = "more than 64 query rows per kv head (seqlen_q x nheads / nheads_k)";
+    return plan;
+  }
+  if (const char* why = layout_decline(p)) {
+    plan.decline = why;
+    return plan;
+  }
+  if (p.block_table != nullptr && p.cache_batch_idx != nullptr) {
+    plan.decline = "cache_batch_idx with a paged cache";
+    return plan;
+  }
+  // -- the instance: this dtype and headdim, SASS that runs on this device (same major, not newer), newest arch
+  const InstanceDesc* best = nullptr;
+  for (int i = 0; i < num_instances; ++i) {
+    const InstanceDesc& e = instances[i];
+    const bool runs_here = e.arch / 10 == device.cc / 10 && e.arch <= device.cc &&
+                           (!e.arch_specific || e.arch == device.cc);
+    if (e.dtype != p.dtype || e.headdim != p.headdim_rounded || !runs_here) continue;
+    if (best == nullptr || e.arch > best->arch) {
+      best = &e;
+      plan.instance = i;
+    }
+  }
+  if (best == nullptr) {
+    plan.decline = "no decode instance for this dtype, headdim and GPU in this build";
+    return plan;
+  }
+  plan.warps_m = decode::warps_m_for_rows(int(rows));
+  plan.smem_bytes = decode::decode_smem_bytes(p.headdim_rounded, plan.warps_m);
+  if (device.smem_optin > 0 && plan.smem_bytes > device.smem_optin) {
+    plan.decline = "the decode tiles need more shared memory than this GPU has";
+    return plan;
+  }
+  const int block_n = decode::decode_tile_config(p.headdim_rounded).block_n;
+  plan.num_splits = choose_splits(p, device, block_n, requested_splits);
+  if (plan.num_splits > 1) {
+    plan.workspace_floats = int64_t(plan.num_splits) * p.batch * p.nheads * p.seqlen_q * (p.headdim + 1);
+  }
+  return plan;
+}
+
+int decode_headdim_rounded(int headdim) {
+  return plan_rounded_headdim(kDecodeInstances, kNumDecodeInstances, headdim);
+}
+
+DecodePlan plan_decode_call(const DecodeParams& params, int requested_splits) {
+  return plan_decode(params, current_device(), kDecodeInstances, kNumDecodeInstances, requested_splits);
+}
+
+const char* run_decode(const DecodePlan& plan, const DecodeParams& params, cudaStream_t stream) {
+  if (plan.decline != nullptr) return plan.decline;
+  if (plan.instance < 0 || plan.instance >= kNumDecodeInstances) return "fa2: a decode plan without an instance";
+  if (plan.num_splits > 1 && params.workspace == nullptr) return "fa2: a split decode plan without its workspace";
+  return kDecodeInstanceFns[plan.instance](plan, params, stream);
+}
+
+}  // namespace fa2
