@@ -96,6 +96,8 @@ def bench(quick, page):
 
 def main():
     quick = "--quick" in sys.argv
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, fa2 kernels: "
+          f"{[k for k in fa2._C.build_info()['kernels'].split(',') if k.startswith('decode')]}")
     if "--bench" in sys.argv:
         page = int(sys.argv[sys.argv.index("--paged") + 1]) if "--paged" in sys.argv else 0
         bench(quick, page)
