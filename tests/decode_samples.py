@@ -74,7 +74,8 @@ def run_case(name, lens, seqlen_q, h, hk, d, dtype, page=0, capacity=None, cache
     err, _ = assert_close_rule(f"{shape} out", out, ref32, ref_lo, 2)
     seen = torch.isfinite(lse32)
     bad = (torch.isinf(lse) & (lse > 0)) != ~seen
-    assert not bad.any(), f"{shape} lse: +inf where a row sees no key, else finite; differs at {bad.nonzero()[:4].tolist()}"
+    assert not bad.any(), (f"{shape} lse: +inf where a row sees no key, else finite; differs at "
+                           f"{bad.nonzero()[:4].tolist()}")
     if seen.any():
         lerr = (lse[seen] - lse32[seen]).abs().max().item()
         assert lerr <= 1e-3 * max(1.0, lse32[seen].abs().max().item()), f"{shape} lse: max err {lerr:.3g}"

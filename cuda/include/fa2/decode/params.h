@@ -34,8 +34,10 @@ struct DecodeParams {
   float scale = 0.f;       // applied to q.k
   float scale_log2 = 0.f;  // scale * log2(e) (no softcap)
   float softcap = 0.f;     // 0 = off; else s = softcap * tanh(scale q.k / softcap)
-  int window_left = -1;    // bottom-right over seqlens_k[b]: query i sees keys [i + sk - sq - left, i + sk - sq + right]
-  int window_right = -1;   // (causal = right 0); -1 unbounded
+  // bottom-right over seqlens_k[b]: query i sees keys [i + sk - sq - left, i + sk - sq + right] (causal: right 0);
+  // -1 unbounded
+  int window_left = -1;
+  int window_right = -1;
   DType dtype = DType::kFloat16;
 
   // Split-KV scratch (the plan's workspace_floats, any content): fp32 partial outputs (num_splits, batch, nheads,
