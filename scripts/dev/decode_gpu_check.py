@@ -11,7 +11,7 @@ Bench (--bench): decode (seqlen_q 1, bf16) over batch 1..256 x cache 512..128k x
 kernels alone), against the device's copy bandwidth (a 1 GiB torch copy, read + write / time); one line per shape
 (--json F: also as JSON).
 
-Usage: PYTHONPATH=python python3 scripts/dev/decode_gpu_check.py [--quick]
+Usage: PYTHONPATH=python python3 scripts/dev/decode_gpu_check.py [--quick] [--part I/N (every N-th case from the I-th)]
        PYTHONPATH=python python3 scripts/dev/decode_gpu_check.py --bench [--paged N] [--mha] [--quick] [--json F]
 """
 from __future__ import annotations
@@ -29,11 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from decode_samples import cases, run_case  # noqa: E402
 
 
-def check(quick):
+def check(quick, part, parts):
     torch.manual_seed(0)
     failed = n = 0
     start = time.time()
-    for name, kw in cases(quick):
+    for index, (name, kw) in enumerate(cases(quick)):
+        if index % parts != part:
+            continue
         n += 1
         try:
             err = run_case(name, **kw)
@@ -132,7 +134,8 @@ def main():
         json_path = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
         bench(quick, page, json_path, mha="--mha" in sys.argv)
         return
-    sys.exit(0 if check(quick) else 1)
+    part, parts = (map(int, sys.argv[sys.argv.index("--part") + 1].split("/"))) if "--part" in sys.argv else (0, 1)
+    sys.exit(0 if check(quick, part, parts) else 1)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,13 @@ struct DecodeTileConfig {
   int stages;   // cp.async ring depth: stages - 1 tiles in flight while one is computed
 };
 
-// About 32 KB of K + V per stage (64 KB at d > 128): two stages in flight keep ~64 KB per CTA loading, above what an
-// H100 SM needs in flight to reach its share of HBM bandwidth (~25 KB at 3.35 TB/s x ~1 us latency / 132 SMs).
+// 16-32 KB of K + V per stage (64 KB at d > 128), two stages in flight per CTA and two to four CTAs an SM: ~64-128 KB
+// loading per SM, above what an H100 SM needs in flight for its share of HBM bandwidth (~25 KB at 3.35 TB/s x ~1 us
+// / 132 SMs). d 64 takes 64 keys a stage (4 CTAs an SM) rather than 128 (2): short caches (a few tiles per CTA) then
+// overlap more CTAs' first loads (the block-table reads of a paged cache among them).
 // block_n / (4 / warps_m) keys per warp must stay a multiple of 16 (P is the A operand of a k16 step).
 constexpr DecodeTileConfig decode_tile_config(int headdim) {
-  return headdim <= 64 ? DecodeTileConfig{128, 3} : headdim <= 128 ? DecodeTileConfig{64, 3} : DecodeTileConfig{64, 2};
+  return headdim <= 32 ? DecodeTileConfig{128, 3} : headdim <= 128 ? DecodeTileConfig{64, 3} : DecodeTileConfig{64, 2};
 }
 
 // Shared memory columns per swizzle block (ptx.cuh, SwizzledTile): 64 where the headdim allows, else 32 (d 96).
