@@ -122,6 +122,12 @@ def cases(quick):
     yield "64 rows per kv head (GQA 8 x sq 8)", dict(lens=[1, 333, 2049], seqlen_q=8, h=16, hk=2, d=d, dtype=dt,
                                                      causal=True)
     yield "every length 0", dict(lens=[0, 0], seqlen_q=1, h=8, hk=8, d=d, dtype=dt)
+    yield "128 rows per kv head (2 row blocks), paged 16 causal", dict(lens=[1, 70, 3000], seqlen_q=8, h=16, hk=1, d=d,
+                                                                      dtype=dt, page=16, causal=True)
+    yield "256 rows per kv head (4 row blocks), GQA 8 x sq 32 causal", dict(lens=[31, 32, 2500], seqlen_q=32, h=16,
+                                                                          hk=2, d=d, dtype=dt, causal=True)
+    yield "100 rows (a partial row block), window", dict(lens=[5, 999], seqlen_q=25, h=8, hk=2, d=64, dtype=dt, wl=40,
+                                                         wr=3, num_splits=3)
     if not quick:
         yield "long 70k GQA", dict(lens=[70001, 12345], seqlen_q=1, h=32, hk=8, d=d, dtype=dt)
         yield "long 70k paged 256 sq4 causal", dict(lens=[69999], seqlen_q=4, h=32, hk=8, d=d, dtype=dt, page=256,

@@ -70,7 +70,7 @@ def test_cuda_graph_replay_follows_lengths(num_splits):
 
 
 def test_declines_too_many_rows():
-    # 16 query heads per kv head x 8 queries = 128 rows: more than one CTA's rows, left to the caller's fallback
-    q, k, v, lens, _ = build_case([10], 8, 16, 1, 64, torch.bfloat16)
-    with pytest.raises(RuntimeError, match="does not take this call: more than 64 query rows"):
+    # 16 query heads per kv head x 32 queries = 512 rows: more than 4 row blocks, left to the caller's fallback
+    q, k, v, lens, _ = build_case([10], 32, 16, 1, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="does not take this call: more than 256 query rows"):
         torch.ops.fa2._decode_attention(q, k, v, lens)

@@ -37,6 +37,9 @@ const char* tensors_decline(const at::Tensor& q, const at::Tensor& k_cache, cons
   if (!q.is_cuda() || (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)) return "q not fp16/bf16 CUDA";
   if (k_cache.scalar_type() != q.scalar_type() || v_cache.scalar_type() != q.scalar_type()) return "dtypes differ";
   if (q.dim() != 4 || k_cache.dim() != 4 || v_cache.dim() != 4) return "q or a cache is not 4-D";
+  if (k_cache.sizes() != v_cache.sizes() || k_cache.size(3) != q.size(3)) {
+    return "the caches' shapes differ, or their headdim is not q's";
+  }
   if (q.stride(3) != 1 || k_cache.stride(3) != 1 || v_cache.stride(3) != 1 || out.stride(3) != 1) {
     return "a last dim is not contiguous";
   }

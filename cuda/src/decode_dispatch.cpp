@@ -32,16 +32,17 @@ const char* layout_decline(const DecodeParams& p) {
   return nullptr;
 }
 
-// The splits of the KV length where batch x kv heads CTAs leave the GPU's CTA slots (SMs x the CTAs one SM holds by
-// shared memory) short: the count with the least modelled time, waves x (key tiles per split + kFixedTiles), in key
-// tiles of the cache's capacity (kFixedTiles: a split's own cost, its pipeline fill, merge and partial rows), a
-// larger count taken only for a 5% gain.
-int choose_splits(const DecodeParams& p, const DeviceDesc& device, int block_n, int smem_bytes, int requested) {
+// The splits of the KV length where batch x kv heads x row blocks CTAs leave the GPU's CTA slots (SMs x the CTAs one
+// SM holds by shared memory) short: the count with the least modelled time, waves x (key tiles per split +
+// kFixedTiles), in key tiles of the cache's capacity (kFixedTiles: a split's own cost, its pipeline fill, merge and
+// partial rows), a larger count taken only for a 5% gain.
+int choose_splits(const DecodeParams& p, int row_blocks, const DeviceDesc& device, int block_n, int smem_bytes,
+                  int requested) {
   constexpr double kFixedTiles = 2.0;
   const int capacity_tiles = std::max(1, (p.capacity + block_n - 1) / block_n);
   const int cap = std::min(decode::kMaxSplits, capacity_tiles);
   if (requested > 0) return std::min(requested, cap);
-  const int64_t ctas = int64_t(p.batch) * p.nheads_k;
+  const int64_t ctas = int64_t(p.batch) * p.nheads_k * row_blocks;
   const int per_sm = device.smem_optin > 0 ? std::clamp(device.smem_optin / smem_bytes, 1, 4) : 1;
   const int64_t slots = int64_t(device.sm_count > 0 ? device.sm_count : 108) * per_sm;
   if (ctas >= slots) return 1;
@@ -70,8 +71,8 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const In
     return plan;
   }
   const int64_t rows = int64_t(p.seqlen_q) * (p.nheads / p.nheads_k);
-  if (rows > decode::kMaxRows) {
-    plan.decline = "more than 64 query rows per kv head (seqlen_q x nheads / nheads_k)";
+  if (rows > int64_t(decode::kMaxRowsPerCta) * decode::kMaxRowBlocks) {
+    plan.decline = "more than 256 query rows per kv head (seqlen_q x nheads / nheads_k)";
     return plan;
   }
   if (const char* why = layout_decline(p)) {
@@ -98,14 +99,15 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const In
     plan.decline = "no decode instance for this dtype, headdim and GPU in this build";
     return plan;
   }
-  plan.warps_m = decode::warps_m_for_rows(int(rows));
+  plan.row_blocks = int((rows + decode::kMaxRowsPerCta - 1) / decode::kMaxRowsPerCta);
+  plan.warps_m = decode::warps_m_for_rows(int(std::min<int64_t>(rows, decode::kMaxRowsPerCta)));
   plan.smem_bytes = decode::decode_smem_bytes(p.headdim_rounded, plan.warps_m);
   if (device.smem_optin > 0 && plan.smem_bytes > device.smem_optin) {
     plan.decline = "the decode tiles need more shared memory than this GPU has";
     return plan;
   }
   const int block_n = decode::decode_tile_config(p.headdim_rounded).block_n;
-  plan.num_splits = choose_splits(p, device, block_n, plan.smem_bytes, requested_splits);
+  plan.num_splits = choose_splits(p, plan.row_blocks, device, block_n, plan.smem_bytes, requested_splits);
   if (plan.num_splits > 1) {
     plan.workspace_floats = int64_t(plan.num_splits) * p.batch * p.nheads * p.seqlen_q * (p.headdim + 1);
   }

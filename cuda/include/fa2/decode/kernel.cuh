@@ -1,9 +1,9 @@
 // Decode attention over a KV cache (FlashDecoding-style): one CTA per (split, kv head, batch element) takes every
 // query row of its kv head at once (seqlen_q x nheads / nheads_k rows, GQA packing), so each cache byte is read once
-// per call. K/V tiles stream through a cp.async ring from a contiguous or paged cache; the four warps split the
-// rows (16 each, mma.sync m16n8k16, rows padded to 16) and each key tile between them, each with its own online
-// softmax, merged through shared memory at the end. With several splits of the KV length each CTA writes fp32
-// partials (out, lse) and decode_combine_kernel merges them.
+// per call (above 64 rows: row blocks of 64, a CTA each). K/V tiles stream through a cp.async ring from a contiguous
+// or paged cache; the four warps split the rows (16 each, mma.sync m16n8k16, rows padded to 16) and each key tile
+// between them, each with its own online softmax, merged through shared memory at the end. With several splits of
+// the KV length each CTA writes fp32 partials (out, lse) and decode_combine_kernel merges them.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -131,8 +131,8 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int num_splits,
 template <class Traits>
 __device__ __forceinline__ void merge_and_store(const DecodeParams& p, unsigned char* smem_merge,
                                                 const OnlineSoftmax<1>& softmax, float (&acc_o)[1][Traits::kDTiles][4],
-                                                float mult, int num_splits, int split, int b, int kvh, int rows,
-                                                int group, int warp_m, int warp_n, int lane, int tid) {
+                                                float mult, int num_splits, int split, int b, int kvh, int row0,
+                                                int rows_here, int group, int warp_m, int warp_n, int lane, int tid) {
   constexpr int kBlockM = Traits::kBlockM, kWarpsN = Traits::kWarpsN, kMergeRow = Traits::kMergeRow;
   float* s_o = reinterpret_cast<float*>(smem_merge);  // (kWarpsN, kBlockM, kMergeRow): each warp's scaled O
   float* s_m = s_o + kWarpsN * kBlockM * kMergeRow;   // (kWarpsN, kBlockM): each warp's row max (score units)
@@ -170,7 +170,7 @@ __device__ __forceinline__ void merge_and_store(const DecodeParams& p, unsigned 
   constexpr int kQuads = Traits::kHeadDim / 4;
   for (int idx = tid; idx < kBlockM * kQuads; idx += kThreads) {
     const int r = idx / kQuads, c = (idx % kQuads) * 4;
-    if (r >= rows || c >= p.headdim) continue;
+    if (r >= rows_here || c >= p.headdim) continue;
     float m_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarpsN; ++w) m_all = fmaxf(m_all, s_m[w * kBlockM + r]);
@@ -189,7 +189,8 @@ __device__ __forceinline__ void merge_and_store(const DecodeParams& p, unsigned 
     const bool seen = l_all > 0.f;
     const float inv_sum = seen ? 1.f / l_all : 0.f;
     const float lse = seen ? __fmaf_rn(m_all, mult * kLn2, logf(l_all)) : (num_splits > 1 ? -INFINITY : INFINITY);
-    store_row<Traits>(p, num_splits, split, b, kvh * group + r % group, r / group, c, o, inv_sum, lse, c == 0);
+    const int row = row0 + r;  // the kv head's row: query row / group of head kvh * group + row % group
+    store_row<Traits>(p, num_splits, split, b, kvh * group + row % group, row / group, c, o, inv_sum, lse, c == 0);
   }
 }
 
@@ -215,15 +216,18 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   constexpr int kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
 
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int split = blockIdx.x % num_splits, row_block = blockIdx.x / num_splits, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / Traits::kWarpsN, warp_n = warp % Traits::kWarpsN;
   const int group = p.nheads / p.nheads_k;
-  const int rows = p.seqlen_q * group;  // CTA row r: query r / group of head kvh * group + r % group
+  // the kv head's row r: query r / group of head kvh * group + r % group; this CTA's: row0 + 0 .. rows_here - 1
+  const int row0 = row_block * Traits::kBlockM;
+  const int rows_here = min(p.seqlen_q * group - row0, Traits::kBlockM);
   const int seqlen_k = min(max(p.seqlens_k[b], 0), p.capacity);
 
   // -- this split's key tiles: an equal share of the tiles any row of the CTA sees (rows' ranges move right with i)
-  const RowKeys first_row = row_keys(p, 0, seqlen_k), last_row = row_keys(p, p.seqlen_q - 1, seqlen_k);
+  const RowKeys first_row = row_keys(p, row0 / group, seqlen_k);
+  const RowKeys last_row = row_keys(p, (row0 + rows_here - 1) / group, seqlen_k);
   const int tile_lo = first_row.lo / kBlockN;
   const int tile_hi = last_row.hi > first_row.lo ? (last_row.hi + kBlockN - 1) / kBlockN : tile_lo;
   const int per_split = (tile_hi - tile_lo + num_splits - 1) / num_splits;
@@ -237,9 +241,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   // -- Q (kBlockM, d): rows past `rows` and columns past headdim are zeros
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + int64_t(kvh) * group * p.q_head_stride;
   for (int idx = tid; idx < Traits::kBlockM * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool pred = r < rows && c * 8 < p.headdim;
-    const T* src = pred ? q + (r / group) * p.q_row_stride + (r % group) * p.q_head_stride + c * 8 : q;
+    const int r = idx / kChunks, c = idx % kChunks, row = row0 + r;
+    const bool pred = r < rows_here && c * 8 < p.headdim;
+    const T* src = pred ? q + (row / group) * p.q_row_stride + (row % group) * p.q_head_stride + c * 8 : q;
     ptx::cp_async_16(s_q + QTile::offset(r, c) * 2, src, pred);
   }
 
@@ -269,8 +273,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   RowKeys keys[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = warp_m * 16 + lane / 4 + 8 * half;
-    keys[half] = row_keys(p, min(r / group, p.seqlen_q - 1), seqlen_k);
+    const int row = row0 + warp_m * 16 + lane / 4 + 8 * half;
+    keys[half] = row_keys(p, min(row / group, p.seqlen_q - 1), seqlen_k);
   }
   const bool softcap = p.softcap > 0.f;
   const float mult = softcap ? kLog2e : p.scale_log2;  // scores -> log2 units (the exp2's FMA)
@@ -310,8 +314,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   }
   ptx::cp_async_wait<0>();
   __syncthreads();  // the ring becomes the merge's scratch
-  merge_and_store<Traits>(p, smem + Traits::kQBytes, softmax, acc_o, mult, num_splits, split, b, kvh, rows, group,
-                          warp_m, warp_n, lane, tid);
+  merge_and_store<Traits>(p, smem + Traits::kQBytes, softmax, acc_o, mult, num_splits, split, b, kvh, row0,
+                          rows_here, group, warp_m, warp_n, lane, tid);
 }
 
 // Merges the splits' partials of each (batch, head, query) row: lse = log sum exp(lse_s), out = sum exp(lse_s - lse)

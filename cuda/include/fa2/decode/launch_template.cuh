@@ -17,7 +17,7 @@ const char* launch_decode(const DecodePlan& plan, const DecodeParams& params, cu
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
-  const dim3 grid(plan.num_splits, params.nheads_k, params.batch);
+  const dim3 grid(plan.num_splits * plan.row_blocks, params.nheads_k, params.batch);
   kernel<<<grid, kThreads, kSmem, stream>>>(params, plan.num_splits);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);

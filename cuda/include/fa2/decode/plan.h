@@ -13,6 +13,7 @@ struct DecodePlan {
   const char* decline = nullptr;  // why the decode kernel does not take the call (the caller falls back); else null
   int instance = -1;              // index into the build's decode instances
   int warps_m = 1;                // warps over query rows (16 rows each); 4 / warps_m warps split each key tile
+  int row_blocks = 1;             // CTAs per (split, kv head, batch) over the kv head's query rows
   int num_splits = 1;             // CTAs per (batch, kv head) over the KV length; > 1: partials + combine kernel
   int smem_bytes = 0;
   int64_t workspace_floats = 0;   // DecodeParams::workspace's size (0 with one split)

@@ -6,9 +6,12 @@ namespace fa2 {
 namespace decode {
 
 constexpr int kThreads = 128;  // four warps
-// Query rows per CTA (all the rows of one kv head: seqlen_q x nheads / nheads_k) go up to 16 x kMaxWarpsM.
+// Query rows per CTA go up to 16 x kMaxWarpsM: all the rows of one kv head (seqlen_q x nheads / nheads_k) where they
+// fit, else row blocks of kMaxRowsPerCta, each CTA reading the kv head's keys again (from L2 where they stay), up to
+// kMaxRowBlocks of them; beyond that the dense kernels' larger query tiles serve the call better.
 constexpr int kMaxWarpsM = 4;
-constexpr int kMaxRows = 16 * kMaxWarpsM;
+constexpr int kMaxRowsPerCta = 16 * kMaxWarpsM;
+constexpr int kMaxRowBlocks = 4;
 
 struct DecodeTileConfig {
   int block_n;  // keys per stage (K and V tiles of block_n rows)
