@@ -15,7 +15,7 @@
 # Headdims come from FA2_HEADDIMS, archs from FA2_CUDA_ARCHS (cache options in the root CMakeLists.txt).
 include_guard(GLOBAL)
 
-set(FA2_KERNEL_DIRECTIONS fwd bwd)
+set(FA2_KERNEL_DIRECTIONS fwd bwd decode)
 # Directions with arch-specific kernels (sm_90a: wgmma, TMA). For the others an "a" arch is no new code: skipped
 # when its plain number is also built (90a next to 90), else compiled as that plain arch's kernels.
 set(FA2_KERNEL_DIRECTIONS_ARCH_SPECIFIC fwd bwd)
@@ -129,6 +129,7 @@ function(fa2_generate_kernels src_dir gen_dir)
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include \"fa2/decode/plan.h\"
 #include \"fa2/params.h\"
 #include \"fa2/plan.h\"
 
@@ -137,9 +138,12 @@ ${macros}namespace fa2 {
   const char* name(const FwdPlan&, const AttentionParams&, cudaStream_t);
 #define FA2_DECLARE_BWD_INSTANCE(name, dtype, headdim, arch, arch_specific) \\
   const char* name(const BwdPlan&, const AttentionParams&, cudaStream_t, bool*);
+#define FA2_DECLARE_DECODE_INSTANCE(name, dtype, headdim, arch, arch_specific) \\
+  const char* name(const DecodePlan&, const DecodeParams&, cudaStream_t);
 @FA2_DECLS@
 #undef FA2_DECLARE_FWD_INSTANCE
 #undef FA2_DECLARE_BWD_INSTANCE
+#undef FA2_DECLARE_DECODE_INSTANCE
 }  // namespace fa2
 " @ONLY)
   set(FA2_GEN_INSTANCES ${instances} PARENT_SCOPE)

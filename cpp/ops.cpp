@@ -50,3 +50,13 @@ TORCH_LIBRARY(fa2, m) {
       "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
 }
+
+// Internal (tests and benchmarks of the CUDA decode kernel alone, cpp/cuda/decode_cuda.cpp): attention of q (batch,
+// seqlen_q, nheads, d) over the first seqlens_k[b] keys of a contiguous or paged (block_table) cache, causal / windows
+// bottom-right over seqlens_k[b]; raises where the decode kernel does not take the call. CUDA only.
+TORCH_LIBRARY_FRAGMENT(fa2, m) {
+  m.def(
+      "_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_k, Tensor? block_table=None, "
+      "Tensor? cache_batch_idx=None, float? scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1, float softcap=0.0, int num_splits=0) -> (Tensor out, Tensor lse)");
+}

@@ -19,6 +19,7 @@ from . import _ops_impl  # noqa: E402,F401  (fake kernels, autograd, composite a
 from ._ops_impl import deterministic  # noqa: E402
 from .ops import attention, attention_with_lse, sdpa  # noqa: E402
 from .varlen import varlen_attention  # noqa: E402  (also registers varlen_fwd / varlen_bwd's fake kernels, autograd)
+from . import _decode  # noqa: E402,F401  (the internal _decode_attention op's fake kernel)
 from . import backend as _backend  # noqa: E402,F401  (registers torch.compile(backend="fa2"); Inductor loads lazily)
 from ._sdpa_backend import disable_sdpa_backend, enable_sdpa_backend, sdpa_backend  # noqa: E402
 

@@ -1,0 +1,76 @@
+"""The CUDA decode kernel alone (torch.ops.fa2._decode_attention; the public KV-cache op is tested elsewhere):
+results against fp32 math (tests/decode_samples.py), the op's fake kernel (opcheck), torch.compile, CUDA-graph
+capture and replay with a changing cache length, and the calls the kernel declines."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa2  # noqa: F401
+from decode_samples import build_case, cases, run_case
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode kernel needs a CUDA device")]
+
+QUICK = list(cases(quick=True))
+_quick_names = {name for name, _ in QUICK}
+FULL_ONLY = [(name, kw) for name, kw in cases(quick=False) if name not in _quick_names]
+
+
+@pytest.mark.parametrize("name,kw", QUICK, ids=[name for name, _ in QUICK])
+def test_decode_matches_reference(name, kw):
+    run_case(name, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kw", FULL_ONLY, ids=[name for name, _ in FULL_ONLY])
+def test_decode_matches_reference_full(name, kw):
+    run_case(name, **kw)
+
+
+def _small_case(page=0):
+    q, k, v, lens, kw = build_case([5, 130, 0], 2, 8, 2, 64, torch.bfloat16, page=page, capacity=256)
+    return (q, k, v, lens), kw
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_opcheck(page):
+    args, kw = _small_case(page)
+    torch.library.opcheck(torch.ops.fa2._decode_attention.default, args, dict(kw, causal=True))
+
+
+def test_compile_fullgraph():
+    (q, k, v, lens), kw = _small_case(16)
+
+    def step(q, k, v, lens, table):
+        return torch.ops.fa2._decode_attention(q, k, v, lens, block_table=table, causal=True)[0] * 2
+
+    expected = step(q, k, v, lens, kw["block_table"])
+    got = torch.compile(step, fullgraph=True)(q, k, v, lens, kw["block_table"])
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 4])
+def test_cuda_graph_replay_follows_lengths(num_splits):
+    """Captured once, replayed with other cache lengths in the same device tensor: each replay matches an eager call
+    (no host sync in the op, the split scratch sized from shapes)."""
+    q, k, v, lens, _ = build_case([100, 2000], 1, 32, 8, 128, torch.bfloat16, capacity=4096)
+    static_lens = lens.clone()
+    torch.ops.fa2._decode_attention(q, k, v, static_lens, num_splits=num_splits)  # warm-up (attributes, allocator)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = torch.ops.fa2._decode_attention(q, k, v, static_lens, num_splits=num_splits)
+    for new in ([100, 2000], [4096, 1], [0, 777]):
+        static_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        want_out, want_lse = torch.ops.fa2._decode_attention(q, k, v, static_lens, num_splits=num_splits)
+        torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+
+
+def test_declines_too_many_rows():
+    # 16 query heads per kv head x 32 queries = 512 rows: more than 4 row blocks, left to the caller's fallback
+    q, k, v, lens, _ = build_case([10], 32, 16, 1, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="does not take this call: more than 256 query rows"):
+        torch.ops.fa2._decode_attention(q, k, v, lens)
