@@ -392,3 +392,54 @@ def test_cuda_graph_capture_and_replay_of_decode_steps(paged):
         torch.testing.assert_close(v_cache, eager_v, rtol=0, atol=0, msg=lambda m: f"token {token}: {m}")
         static_seqlens.add_(1)
         seqlens = seqlens + 1
+
+
+# ---- Hugging Face generation ----------------------------------------------------------------------------------------
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    import fa2.hf
+    fa2.hf.register()
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _greedy(model, implementation, ids, mask, cache):
+    model.set_attn_implementation(implementation)
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, **kwargs)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_hf_greedy_generation_matches_sdpa(cache):
+    """attn_implementation="fa2" generates sdpa's tokens, token for token (tiny Llama, GQA, a left-padded row), with
+    transformers' dynamic cache and its static cache (transformers appends to its caches itself; fa2 reads them)."""
+    model = _tiny_llama()
+    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    want = _greedy(model, "sdpa", ids, mask, cache)
+    got = _greedy(model, "fa2", ids, mask, cache)
+    assert torch.equal(got, want), (got[:, ids.shape[1]:], want[:, ids.shape[1]:])
+
+
+@pytest.mark.slow
+def test_hf_compiled_static_cache_generation_matches_sdpa():
+    """The static cache with the model's forward compiled (fullgraph): sdpa's tokens."""
+    model = _tiny_llama()
+    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    want = _greedy(model, "sdpa", ids, mask, "static")
+    torch._dynamo.reset()
+    forward = model.forward
+    model.forward = torch.compile(forward, fullgraph=True)
+    try:
+        got = _greedy(model, "fa2", ids, mask, "static")
+    finally:
+        model.forward = forward
+    assert torch.equal(got, want)
