@@ -443,3 +443,43 @@ def test_hf_compiled_static_cache_generation_matches_sdpa():
     finally:
         model.forward = forward
     assert torch.equal(got, want)
+
+
+def _generate_batch(model, implementation, prompts, monkeypatch, decode_fast_path):
+    """transformers' continuous batching (generate_batch, paged cache of 32-token blocks) on the CPU."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import cache as cb_cache, initialization
+    # (transformers sizes the cache from the free device memory, which it cannot read on a CPU without psutil)
+    monkeypatch.setattr(cb_cache.PagedAttentionMemoryHandler, "get_available_memory", lambda self: 1 << 30)
+    if decode_fast_path:
+        # transformers 5.17 passes a block table (decode-only batches) to flash-attn's implementations on CUDA only:
+        # lift that gate so that "paged|fa2" gets block tables here too
+        monkeypatch.setattr(initialization, "ensure_decode_fast_path_is_available", lambda *args, **kwargs: None)
+    model.set_attn_implementation(implementation)
+    config = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    batching = ContinuousBatchingConfig(block_size=32, num_blocks=16, max_batch_tokens=64,
+                                        max_blocks_per_request=4 if decode_fast_path else 0)
+    with torch.no_grad():
+        out = model.generate_batch(prompts, generation_config=config, continuous_batching_config=batching,
+                                   warmup=False)
+    return [out[key].generated_tokens for key in sorted(out)]
+
+
+@pytest.mark.parametrize("decode_fast_path", [False, True], ids=["varlen", "block-table"])
+def test_hf_continuous_batching_matches_paged_sdpa(monkeypatch, decode_fast_path):
+    """attn_implementation "paged|fa2" (transformers' continuous batching): "paged|sdpa"'s tokens. Prefill batches run
+    fa2.varlen_attention over the keys the paged cache reads back; decode-only batches with a block table run
+    fa2.attention_with_kvcache on the paged cache (appending the token itself)."""
+    model = _tiny_llama()
+    prompts = [[5, 9, 33, 7, 100], [17, 4, 8], [60, 61, 62, 63, 64, 65, 66]]
+    want = _generate_batch(model, "paged|sdpa", prompts, monkeypatch, False)
+    calls = {"kvcache": 0, "varlen": 0}
+    for name, key in (("attention_with_kvcache", "kvcache"), ("varlen_attention", "varlen")):
+        def counted(*args, _fn=getattr(fa2, name), _key=key, **kwargs):
+            calls[_key] += 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(fa2, name, counted)
+    got = _generate_batch(model, "paged|fa2", prompts, monkeypatch, decode_fast_path)
+    assert got == want
+    assert calls["varlen"] > 0 and (calls["kvcache"] > 0) == decode_fast_path, calls
