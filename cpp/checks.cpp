@@ -425,8 +425,9 @@ void check_kvcache_rotary(KvcacheProblem& kp, const at::Tensor& q, const std::op
     TORCH_CHECK_VALUE(t.stride(1) == 1 || t.size(1) == 1, kKvcache, ": ", name,
                       " must be contiguous in its last dim, got strides ", t.strides());
   }
-  TORCH_CHECK_VALUE(cos->sizes() == sin->sizes(), kKvcache, ": rotary_cos and rotary_sin must have the same shape, got ",
-                    shape_str(*cos), " and ", shape_str(*sin));
+  TORCH_CHECK_VALUE(cos->sizes() == sin->sizes(), kKvcache,
+                    ": rotary_cos and rotary_sin must have the same shape, got ", shape_str(*cos), " and ",
+                    shape_str(*sin));
   kp.rotary_dim = 2 * cos->size(1);
   TORCH_CHECK_VALUE(kp.rotary_dim > 0 && kp.rotary_dim % 16 == 0 && kp.rotary_dim <= kp.problem.headdim, kKvcache,
                     ": the rotary dim (2 * rotary_cos.size(1)) must be a multiple of 16 in [16, headdim = ",
@@ -448,8 +449,9 @@ void check_kvcache_values(const KvcacheProblem& kp) {
     const int64_t cached = seqlens != nullptr ? seqlens[b] : kp.capacity;
     TORCH_CHECK_VALUE(cached >= 0, kKvcache, ": cache_seqlens[", b, "] must be >= 0, got ", cached);
     TORCH_CHECK_VALUE(cached + kp.seqlen_new <= kp.capacity, kKvcache, ": the cache is too short for sequence ", b,
-                      ": cache_seqlens[", b, "] + seqlen_new = ", cached, " + ", kp.seqlen_new, " keys, the cache holds ",
-                      kp.capacity, kp.paged ? " (max_blocks_per_seq * block_size)" : " (seqlen_cache, k_cache.size(1))");
+                      ": cache_seqlens[", b, "] + seqlen_new = ", cached, " + ", kp.seqlen_new,
+                      " keys, the cache holds ", kp.capacity,
+                      kp.paged ? " (max_blocks_per_seq * block_size)" : " (seqlen_cache, k_cache.size(1))");
     if (batch_idx != nullptr) {
       TORCH_CHECK_VALUE(batch_idx[b] >= 0 && batch_idx[b] < kp.batch_cache, kKvcache, ": cache_batch_idx[", b,
                         "] must be in [0, ", kp.batch_cache, ") (k_cache.size(0)), got ", batch_idx[b]);

@@ -120,7 +120,8 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cpu(
   // (checked before anything is written: a bad input leaves the caches as they were)
   const KvcacheProblem kp =
       check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, rotary_cos,
-                           rotary_sin, rotary_interleaved, scale, causal, window_left, window_right, softcap, num_splits);
+                           rotary_sin, rotary_interleaved, scale, causal, window_left, window_right, softcap,
+                           num_splits);
   const AttentionProblem& shared = kp.problem;
   Tensor out = at::empty({shared.batch, shared.seqlen_q, shared.nheads, shared.headdim_v}, q.options());
   Tensor lse = at::empty({shared.batch, shared.nheads, shared.seqlen_q}, q.options().dtype(at::kFloat));

@@ -159,7 +159,8 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cuda(
   // (checked before anything is written: a bad input leaves the caches as they were)
   const KvcacheProblem kp =
       check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, rotary_cos,
-                           rotary_sin, rotary_interleaved, scale, causal, window_left, window_right, softcap, num_splits);
+                           rotary_sin, rotary_interleaved, scale, causal, window_left, window_right, softcap,
+                           num_splits);
   const AttentionProblem& p = kp.problem;
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max() / 2;  // int32 positions in the kernels
   TORCH_CHECK_VALUE(kp.capacity <= kMaxInt && kp.batch_cache <= kMaxInt && p.batch <= kMaxInt, kKvcacheCuda,

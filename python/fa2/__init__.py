@@ -25,8 +25,9 @@ from ._sdpa_backend import disable_sdpa_backend, enable_sdpa_backend, sdpa_backe
 
 __version__ = _C.build_info()["version"]
 
-__all__ = ["attention", "attention_with_lse", "sdpa", "varlen_attention", "attention_with_kvcache", "deterministic", "explain", "install",
-           "uninstall", "enable_sdpa_backend", "disable_sdpa_backend", "sdpa_backend", "build_info", "__version__"]
+__all__ = ["attention", "attention_with_lse", "sdpa", "varlen_attention", "attention_with_kvcache", "deterministic",
+           "explain", "install", "uninstall", "enable_sdpa_backend", "disable_sdpa_backend", "sdpa_backend",
+           "build_info", "__version__"]
 
 
 def build_info() -> dict:
