@@ -249,10 +249,19 @@ def test_bad_input_is_a_clear_error_and_leaves_the_cache(paged, name, change, er
     assert torch.equal(args[1], caches[0]) and torch.equal(args[2], caches[1]), f"{name}: the cache changed"
 
 
-def test_cache_seqlens_int_must_be_non_negative():
-    args, kwargs = _decode_inputs()
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_an_int_cache_seqlens_is_checked_on_every_device(device, paged):
+    """An int cache_seqlens is a host value: out of range, it is an error on CUDA too (no sync needed)."""
+    _needs(device)
+    args, kwargs = _decode_inputs(device, torch.float16 if device == "cuda" else torch.float32, paged=paged)
+    caches = [t.clone() for t in args[1:3]]
     with pytest.raises(ValueError, match="cache_seqlens must be >= 0"):
         fa2.attention_with_kvcache(*args, **dict(kwargs, cache_seqlens=-1))
+    with pytest.raises(ValueError, match="the cache is too short: cache_seqlens \\+ seqlen_new = 31 \\+ 2"):
+        fa2.attention_with_kvcache(*args, **dict(kwargs, cache_seqlens=31))
+    assert torch.equal(args[1], caches[0]) and torch.equal(args[2], caches[1])
+    fa2.attention_with_kvcache(*args, **dict(kwargs, cache_seqlens=30))  # (the last two positions: fine)
 
 
 def test_forward_only_refuses_inputs_that_require_grad():

@@ -44,8 +44,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise TypeError("fa2.attention_with_kvcache: cache_seqlens must be an int32 tensor (batch,), an int or None, "
                         "got a bool")
     if isinstance(cache_seqlens, (int, torch.SymInt)):
-        if isinstance(cache_seqlens, int) and cache_seqlens < 0:
-            raise ValueError(f"fa2.attention_with_kvcache: cache_seqlens must be >= 0, got {cache_seqlens}")
+        if isinstance(cache_seqlens, int):
+            _check_int_cache_seqlens(cache_seqlens, k_cache, k, block_table)
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     out, lse = torch.ops.fa2.kvcache_fwd(
         q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
@@ -53,6 +53,19 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         rotary_interleaved=rotary_interleaved, scale=scale, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, num_splits=num_splits)
     return (out, lse) if return_lse else out
+
+
+def _check_int_cache_seqlens(cache_seqlens: int, k_cache, k, block_table) -> None:
+    # An int is known on the host: checked here on every device (the C++ checks read a tensor's values only on the
+    # CPU), with the C++ checks' messages.
+    if cache_seqlens < 0:
+        raise ValueError(f"fa2.attention_with_kvcache: cache_seqlens must be >= 0, got {cache_seqlens}")
+    if k is None or k_cache.dim() != 4 or (block_table is not None and block_table.dim() != 2):
+        return  # (nothing appended, or shapes the C++ checks reject with their own message)
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    if cache_seqlens + k.shape[1] > capacity:
+        raise ValueError(f"fa2.attention_with_kvcache: the cache is too short: cache_seqlens + seqlen_new = "
+                         f"{cache_seqlens} + {k.shape[1]} keys, the cache holds {capacity}")
 
 
 # ---- fake kernel: shapes from the inputs alone (SymInt-safe); the caches are mutated, nothing to do for them -------
