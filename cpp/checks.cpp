@@ -392,3 +392,202 @@ VarlenProblem check_varlen_bwd_inputs(const at::Tensor& dout, const at::Tensor& 
 }
 
 }  // namespace fa2
+
+// ---- KV cache (inference) -----------------------------------------------------------------------------------------
+
+namespace fa2 {
+namespace {
+
+constexpr const char* kKvcache = "fa2.attention_with_kvcache";
+
+bool is_given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// A 4-d operand: q's dtype and device, contiguous in its last dim (the rows are read and written through strides).
+void check_kvcache_operand(const char* name, const at::Tensor& t, const at::Tensor& q, const char* layout) {
+  TORCH_CHECK_VALUE(t.dim() == 4, kKvcache, ": ", name, " must have 4 dims ", layout, ", got ", t.dim(),
+                    " dims with shape ", shape_str(t));
+  TORCH_CHECK(t.device() == q.device(), kKvcache, ": ", name, " must be on q's device (", q.device(), "), got ",
+              t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), kKvcache, ": ", name, " must have q's dtype (",
+                   q.scalar_type(), "), got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.stride(3) == 1 || t.size(3) == 1, kKvcache, ": ", name,
+                    " must be contiguous in its last dim (stride(-1) == 1), got strides ", t.strides());
+}
+
+// An index tensor the kernels read by pointer: int32, `shape`, contiguous, on q's device.
+void check_kvcache_index(const char* name, const at::Tensor& t, const at::Tensor& q, at::IntArrayRef shape,
+                         const char* meaning) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, kKvcache, ": ", name, " must be int32, got ", t.scalar_type(),
+                   "; convert with ", name, ".int()");
+  TORCH_CHECK(t.device() == q.device(), kKvcache, ": ", name, " must be on q's device (", q.device(), "), got ",
+              t.device());
+  TORCH_CHECK_VALUE(t.sizes() == shape, kKvcache, ": ", name, " must have shape ", meaning, " = ", shape, ", got ",
+                    shape_str(t));
+  TORCH_CHECK_VALUE(t.is_contiguous(), kKvcache, ": ", name, " must be contiguous, got strides ", t.strides());
+}
+
+void check_kvcache_rotary(KvcacheProblem& kp, const at::Tensor& q, const std::optional<at::Tensor>& k,
+                          const std::optional<at::Tensor>& cache_seqlens, const std::optional<at::Tensor>& cos,
+                          const std::optional<at::Tensor>& sin) {
+  TORCH_CHECK_VALUE(is_given(cos) == is_given(sin), kKvcache, ": rotary_cos and rotary_sin must be given together, "
+                    "got rotary_cos=", is_given(cos) ? "a tensor" : "None", ", rotary_sin=",
+                    is_given(sin) ? "a tensor" : "None");
+  if (!is_given(cos)) return;
+  TORCH_CHECK_VALUE(is_given(k) && is_given(cache_seqlens), kKvcache, ": rotary_cos / rotary_sin rotate the new keys "
+                    "at their positions: pass k, v and cache_seqlens with them (as flash-attn)");
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"rotary_cos", *cos}, {"rotary_sin", *sin}}) {
+    TORCH_CHECK_VALUE(t.dim() == 2, kKvcache, ": ", name, " must have 2 dims (seqlen_ro, rotary_dim / 2), got shape ",
+                      shape_str(t));
+    TORCH_CHECK(t.device() == q.device(), kKvcache, ": ", name, " must be on q's device (", q.device(), "), got ",
+                t.device());
+    TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), kKvcache, ": ", name, " must have q's dtype (",
+                     q.scalar_type(), "), got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.stride(1) == 1 || t.size(1) == 1, kKvcache, ": ", name,
+                      " must be contiguous in its last dim, got strides ", t.strides());
+  }
+  TORCH_CHECK_VALUE(cos->sizes() == sin->sizes(), kKvcache,
+                    ": rotary_cos and rotary_sin must have the same shape, got ", shape_str(*cos), " and ",
+                    shape_str(*sin));
+  kp.rotary_dim = 2 * cos->size(1);
+  TORCH_CHECK_VALUE(kp.rotary_dim > 0 && kp.rotary_dim % 16 == 0 && kp.rotary_dim <= kp.problem.headdim, kKvcache,
+                    ": the rotary dim (2 * rotary_cos.size(1)) must be a multiple of 16 in [16, headdim = ",
+                    kp.problem.headdim, "], got ", kp.rotary_dim);
+  TORCH_CHECK_VALUE(cos->size(0) >= kp.capacity, kKvcache, ": rotary_cos / rotary_sin must have a row for every "
+                    "position of the cache (seqlen_ro >= ", kp.capacity, ", the cache's capacity), got seqlen_ro = ",
+                    cos->size(0));
+  kp.rotary_cos = *cos;
+  kp.rotary_sin = *sin;
+}
+
+// The values of cache_seqlens, cache_batch_idx and block_table (CPU tensors): every key a sequence holds after the
+// append lies inside the cache.
+void check_kvcache_values(const KvcacheProblem& kp) {
+  const int32_t* seqlens = kp.cache_seqlens ? kp.cache_seqlens->const_data_ptr<int32_t>() : nullptr;
+  const int32_t* batch_idx = kp.cache_batch_idx ? kp.cache_batch_idx->const_data_ptr<int32_t>() : nullptr;
+  const int32_t* table = kp.block_table ? kp.block_table->const_data_ptr<int32_t>() : nullptr;
+  for (int64_t b = 0; b < kp.problem.batch; ++b) {
+    const int64_t cached = seqlens != nullptr ? seqlens[b] : kp.capacity;
+    TORCH_CHECK_VALUE(cached >= 0, kKvcache, ": cache_seqlens[", b, "] must be >= 0, got ", cached);
+    TORCH_CHECK_VALUE(cached + kp.seqlen_new <= kp.capacity, kKvcache, ": the cache is too short for sequence ", b,
+                      ": cache_seqlens[", b, "] + seqlen_new = ", cached, " + ", kp.seqlen_new,
+                      " keys, the cache holds ", kp.capacity,
+                      kp.paged ? " (max_blocks_per_seq * block_size)" : " (seqlen_cache, k_cache.size(1))");
+    if (batch_idx != nullptr) {
+      TORCH_CHECK_VALUE(batch_idx[b] >= 0 && batch_idx[b] < kp.batch_cache, kKvcache, ": cache_batch_idx[", b,
+                        "] must be in [0, ", kp.batch_cache, ") (k_cache.size(0)), got ", batch_idx[b]);
+    }
+    if (table != nullptr) {
+      const int64_t used_blocks = (cached + kp.seqlen_new + kp.block_size - 1) / kp.block_size;
+      for (int64_t j = 0; j < used_blocks; ++j) {
+        const int64_t block = table[b * kp.max_blocks + j];
+        TORCH_CHECK_VALUE(block >= 0 && block < kp.batch_cache, kKvcache, ": block_table[", b, ", ", j, "] = ", block,
+                          " is out of range: the paged cache has ", kp.batch_cache, " blocks (k_cache.size(0))");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+KvcacheProblem check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                    const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v,
+                                    const std::optional<at::Tensor>& cache_seqlens,
+                                    const std::optional<at::Tensor>& block_table,
+                                    const std::optional<at::Tensor>& cache_batch_idx,
+                                    const std::optional<at::Tensor>& rotary_cos,
+                                    const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved,
+                                    std::optional<double> scale, bool causal, int64_t window_left,
+                                    int64_t window_right, double softcap, int64_t num_splits) {
+  TORCH_CHECK_VALUE(q.dim() == 4, kKvcache, ": q must have 4 dims (batch, seqlen_q, nheads, headdim), got ", q.dim(),
+                    " dims with shape ", shape_str(q));
+  check_dtype_for_device(q);
+  check_kvcache_operand("q", q, q, "(batch, seqlen_q, nheads, headdim)");
+  KvcacheProblem kp;
+  kp.paged = is_given(block_table);
+  const char* cache_layout = kp.paged ? "(num_blocks, block_size, nheads_k, headdim)"
+                                      : "(batch_cache, seqlen_cache, nheads_k, headdim)";
+  check_kvcache_operand("k_cache", k_cache, q, cache_layout);
+  check_kvcache_operand("v_cache", v_cache, q, cache_layout);
+  AttentionProblem& p = kp.problem;
+  p.batch = q.size(0), p.seqlen_q = q.size(1), p.nheads = q.size(2), p.headdim = q.size(3);
+  p.nheads_k = k_cache.size(2), p.headdim_v = v_cache.size(3);
+  TORCH_CHECK_VALUE(k_cache.size(3) == p.headdim, kKvcache, ": k_cache's headdim (dim 3) must be q's (", p.headdim,
+                    "), got ", k_cache.size(3));
+  TORCH_CHECK_VALUE(v_cache.sizes().slice(0, 3) == k_cache.sizes().slice(0, 3), kKvcache,
+                    ": v_cache must have k_cache's first three dims ", k_cache.sizes().slice(0, 3), ", got ",
+                    shape_str(v_cache));
+  TORCH_CHECK_VALUE(p.headdim >= 1 && p.headdim <= 256 && p.headdim_v >= 1 && p.headdim_v <= 256, kKvcache,
+                    ": headdims must be in [1, 256], got q / k_cache ", p.headdim, ", v_cache ", p.headdim_v);
+  TORCH_CHECK_VALUE(p.nheads_k >= 1 && p.nheads % p.nheads_k == 0, kKvcache, ": nheads (q.size(2) = ", p.nheads,
+                    ") must be a multiple of nheads_k (k_cache.size(2) = ", p.nheads_k, ") for GQA/MQA");
+
+  TORCH_CHECK_VALUE(is_given(k) == is_given(v), kKvcache, ": k and v (the new keys and values) must be given "
+                    "together, got k=", is_given(k) ? "a tensor" : "None", ", v=", is_given(v) ? "a tensor" : "None");
+  if (is_given(k)) {
+    check_kvcache_operand("k", *k, q, "(batch, seqlen_new, nheads_k, headdim)");
+    check_kvcache_operand("v", *v, q, "(batch, seqlen_new, nheads_k, headdim_v)");
+    kp.seqlen_new = k->size(1);
+    const std::array<int64_t, 4> k_shape{p.batch, kp.seqlen_new, p.nheads_k, p.headdim};
+    const std::array<int64_t, 4> v_shape{p.batch, kp.seqlen_new, p.nheads_k, p.headdim_v};
+    TORCH_CHECK_VALUE(k->sizes() == at::IntArrayRef(k_shape), kKvcache, ": k must have shape (batch, seqlen_new, "
+                      "nheads_k, headdim) = ", at::IntArrayRef(k_shape), " (q's batch and headdim, k_cache's heads), "
+                      "got ", shape_str(*k));
+    TORCH_CHECK_VALUE(v->sizes() == at::IntArrayRef(v_shape), kKvcache, ": v must have shape (batch, seqlen_new, "
+                      "nheads_k, headdim_v) = ", at::IntArrayRef(v_shape), " (k's, with v_cache's headdim), got ",
+                      shape_str(*v));
+  }
+
+  kp.batch_cache = k_cache.size(0);
+  if (kp.paged) {
+    TORCH_CHECK_VALUE(block_table->dim() == 2, kKvcache, ": block_table must have 2 dims (batch, max_blocks_per_seq), "
+                      "got shape ", shape_str(*block_table));
+    check_kvcache_index("block_table", *block_table, q, {p.batch, block_table->size(1)}, "(batch, max_blocks_per_seq)");
+    TORCH_CHECK_VALUE(!is_given(cache_batch_idx), kKvcache, ": cache_batch_idx cannot be used with a paged cache "
+                      "(block_table already says where each sequence's keys are)");
+    kp.block_size = k_cache.size(1);
+    TORCH_CHECK_VALUE(kp.block_size > 0 && kp.block_size % 16 == 0, kKvcache, ": the paged cache's block size "
+                      "(k_cache.size(1)) must be a positive multiple of 16, got ", kp.block_size);
+    kp.max_blocks = block_table->size(1);
+    kp.capacity = kp.max_blocks * kp.block_size;
+    kp.block_table = *block_table;
+  } else {
+    kp.capacity = k_cache.size(1);
+    if (is_given(cache_batch_idx)) {
+      check_kvcache_index("cache_batch_idx", *cache_batch_idx, q, {p.batch}, "(batch,)");
+      kp.cache_batch_idx = *cache_batch_idx;
+    } else {
+      TORCH_CHECK_VALUE(kp.batch_cache >= p.batch, kKvcache, ": k_cache must have a row per batch element without "
+                        "cache_batch_idx: k_cache.size(0) = ", kp.batch_cache, " < batch = ", p.batch);
+    }
+  }
+  if (is_given(cache_seqlens)) {
+    check_kvcache_index("cache_seqlens", *cache_seqlens, q, {p.batch}, "(batch,)");
+    kp.cache_seqlens = *cache_seqlens;
+  } else {
+    TORCH_CHECK_VALUE(kp.seqlen_new == 0, kKvcache, ": cache_seqlens=None means every position of the cache holds a "
+                      "key: there is no room to append k (", kp.seqlen_new, " new rows); pass cache_seqlens");
+  }
+  check_kvcache_rotary(kp, q, k, cache_seqlens, rotary_cos, rotary_sin);
+  kp.rotary_interleaved = rotary_interleaved;
+
+  check_flags(scale, window_left, window_right, softcap);
+  TORCH_CHECK_VALUE(num_splits >= 0, kKvcache, ": num_splits must be >= 0 (0 = chosen by the library), got ",
+                    num_splits);
+  p.seqlen_k = kp.capacity;
+  p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.headdim));
+  p.softcap = softcap;
+  p.causal = causal;
+  // sides folded as check_fwd_inputs folds them, against the most keys a sequence can have
+  p.window_left = window_left >= kp.capacity ? -1 : window_left;
+  const int64_t right = window_right >= p.seqlen_q ? -1 : window_right;
+  p.window_right = causal ? (right < 0 ? 0 : std::min<int64_t>(right, 0)) : right;
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kDouble || std::isfinite(static_cast<float>(p.scale * 1.4426950408889634)),
+                    kKvcache, ": scale must be finite in float32 for ", q.scalar_type(), " inputs, got ", p.scale);
+  kp.rotary_q_per_row = p.window_left >= 0 || p.window_right >= 0;
+
+  kp.values_checked = q.is_cpu();
+  if (kp.values_checked) check_kvcache_values(kp);
+  return kp;
+}
+
+}  // namespace fa2

@@ -102,3 +102,49 @@ VarlenProblem check_varlen_bwd_inputs(const at::Tensor& dout, const at::Tensor& 
                                       const std::optional<at::Tensor>& rng_state);
 
 }  // namespace fa2
+
+namespace fa2 {
+
+// ---- KV cache (inference): fa2::kvcache_fwd --------------------------------------------------------------------
+// q (batch, seqlen_q, nheads, headdim); k_cache / v_cache contiguous (batch_cache, seqlen_cache, nheads_k, headdim)
+// or paged (num_blocks, block_size, nheads_k, headdim) with block_table; k / v (batch, seqlen_new, nheads_k, headdim)
+// appended at cache_seqlens[b]; rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2).
+//
+// Checked everywhere, before anything is written (no host sync): ranks, shapes, dtypes, devices, strides, the flags,
+// the block size (a multiple of 16), rotary_dim (a multiple of 16, at most headdim), seqlen_ro >= capacity, and
+// cache_seqlens = None with k given (no room). The VALUES of cache_seqlens (>= 0, cache_seqlens[b] + seqlen_new <=
+// capacity), block_table (the entries a sequence uses in [0, num_blocks)) and cache_batch_idx (in [0, batch_cache))
+// are read only where that costs no host sync: CPU tensors (values_checked). On CUDA a bad value is the caller's
+// error; the CUDA path cannot write or read outside the caches for it (writes past the capacity or to a block out
+// of range are skipped, lengths and indices are clamped: docs/design.md, KV cache).
+struct KvcacheProblem {
+  // batch, seqlen_q, nheads, nheads_k, headdim, headdim_v, scale, softcap, causal, windows (causal folded into
+  // window_right; sides folded to -1 against seqlen_q and the capacity, as the padded ops fold them); seqlen_k is
+  // the capacity. Each sequence's own key count (cache_seqlens[b] + seqlen_new) replaces seqlen_k per sequence.
+  AttentionProblem problem;
+  int64_t seqlen_new = 0;   // rows of k / v appended (0: k = None)
+  bool paged = false;
+  int64_t batch_cache = 0;  // k_cache.size(0): cache rows (contiguous) or blocks (paged)
+  int64_t block_size = 0;   // paged: k_cache.size(1)
+  int64_t max_blocks = 0;   // paged: block_table.size(1)
+  int64_t capacity = 0;     // keys one sequence can hold: seqlen_cache, or max_blocks * block_size when paged
+  std::optional<at::Tensor> cache_seqlens, block_table, cache_batch_idx;  // int32, contiguous, on q's device
+  std::optional<at::Tensor> rotary_cos, rotary_sin;                       // (seqlen_ro, rotary_dim / 2), q's dtype
+  int64_t rotary_dim = 0;   // 0: no rotary
+  bool rotary_interleaved = false;
+  // q row i is rotated at cache_seqlens[b] + i when causal or windowed, else every row at cache_seqlens[b]
+  bool rotary_q_per_row = false;
+  bool values_checked = false;  // the values above were read and checked (CPU tensors)
+};
+
+KvcacheProblem check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                    const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v,
+                                    const std::optional<at::Tensor>& cache_seqlens,
+                                    const std::optional<at::Tensor>& block_table,
+                                    const std::optional<at::Tensor>& cache_batch_idx,
+                                    const std::optional<at::Tensor>& rotary_cos,
+                                    const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved,
+                                    std::optional<double> scale, bool causal, int64_t window_left,
+                                    int64_t window_right, double softcap, int64_t num_splits);
+
+}  // namespace fa2

@@ -49,6 +49,18 @@ TORCH_LIBRARY(fa2, m) {
       "Tensor? sinks=None, bool deterministic=False, Tensor? rng_state=None) "
       "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
+  // KV cache (inference), as flash-attn's flash_attn_with_kvcache. q (batch, seqlen_q, nheads, headdim); k_cache /
+  // v_cache contiguous (batch_cache, seqlen_cache, nheads_k, headdim) or paged (num_blocks, block_size, nheads_k,
+  // headdim) with block_table int32 (batch, max_blocks). k / v (batch, seqlen_new, nheads_k, headdim), when given,
+  // are written into the caches IN PLACE at cache_seqlens[b] ... (rotated first with rotary_cos / rotary_sin), then
+  // attention runs over the first cache_seqlens[b] + seqlen_new keys (causal / windows bottom-right over that
+  // length). out (batch, seqlen_q, nheads, headdim_v); lse float32 (batch, nheads, seqlen_q). Forward only.
+  m.def(
+      "kvcache_fwd(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, *, "
+      "Tensor? cache_seqlens=None, Tensor? block_table=None, Tensor? cache_batch_idx=None, Tensor? rotary_cos=None, "
+      "Tensor? rotary_sin=None, bool rotary_interleaved=False, float? scale=None, bool causal=False, "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0) -> (Tensor out, Tensor lse)",
+      {at::Tag::pt2_compliant_tag});
 }
 
 // Internal (tests and benchmarks of the CUDA decode kernel alone, cpp/cuda/decode_cuda.cpp): attention of q (batch,

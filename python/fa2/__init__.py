@@ -20,13 +20,15 @@ from ._ops_impl import deterministic  # noqa: E402
 from .ops import attention, attention_with_lse, sdpa  # noqa: E402
 from .varlen import varlen_attention  # noqa: E402  (also registers varlen_fwd / varlen_bwd's fake kernels, autograd)
 from . import _decode  # noqa: E402,F401  (the internal _decode_attention op's fake kernel)
+from .kvcache import attention_with_kvcache  # noqa: E402  (also registers kvcache_fwd's fake kernel, autograd)
 from . import backend as _backend  # noqa: E402,F401  (registers torch.compile(backend="fa2"); Inductor loads lazily)
 from ._sdpa_backend import disable_sdpa_backend, enable_sdpa_backend, sdpa_backend  # noqa: E402
 
 __version__ = _C.build_info()["version"]
 
-__all__ = ["attention", "attention_with_lse", "sdpa", "varlen_attention", "deterministic", "explain", "install",
-           "uninstall", "enable_sdpa_backend", "disable_sdpa_backend", "sdpa_backend", "build_info", "__version__"]
+__all__ = ["attention", "attention_with_lse", "sdpa", "varlen_attention", "attention_with_kvcache", "deterministic",
+           "explain", "install", "uninstall", "enable_sdpa_backend", "disable_sdpa_backend", "sdpa_backend",
+           "build_info", "__version__"]
 
 
 def build_info() -> dict:

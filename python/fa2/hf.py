@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-__all__ = ["register", "fa2_attention_forward", "fa2_mask"]
+__all__ = ["register", "fa2_attention_forward", "fa2_mask", "fa2_paged_attention_forward"]
 
 NAME = "fa2"
 
@@ -44,11 +44,13 @@ def _masking():
 
 def register(name: str = NAME) -> None:
     """Register fa2 with transformers' ``AttentionInterface`` (and its mask builder with
-    ``AttentionMaskInterface``) under ``name``. Idempotent."""
+    ``AttentionMaskInterface``) under ``name``, and under ``"paged|" + name`` for continuous batching. Idempotent."""
     from transformers import AttentionInterface
     mu = _masking()
     AttentionInterface.register(name, fa2_attention_forward)
     mu.AttentionMaskInterface.register(name, fa2_mask)
+    # transformers' continuous batching (generate_batch, PagedAttentionCache) looks for "paged|<name>"
+    AttentionInterface.register(f"paged|{name}", fa2_paged_attention_forward)
 
 
 def _is_host_int(x) -> bool:
@@ -171,3 +173,41 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     out = torch.ops.fa2.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias, scaling,
                                   causal, window_left, window_right, float(softcap or 0.0), float(dropout or 0.0))
     return out, None
+
+
+def fa2_paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                attention_mask=None, cache=None, cu_seq_lens_q=None, cu_seq_lens_k=None,
+                                max_seqlen_q=None, max_seqlen_k=None, block_table=None,
+                                **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' continuous batching ("paged|fa2"), as its flash_paged integration: query / key / value (1, heads,
+    tokens, D) packed over the batch's requests. A batch of decode steps (block_table given) runs
+    fa2.attention_with_kvcache on the paged cache, which appends each request's token itself; other batches append
+    through the cache, which reads every request's keys back packed, and run fa2.varlen_attention (causal per
+    request). Returns ((tokens, heads, D), None)."""
+    import fa2
+    if cache is None:
+        raise ValueError("fa2: \"paged|fa2\" needs transformers' paged attention cache (continuous batching: "
+                         "model.generate_batch); use attn_implementation=\"fa2\" for a standard forward")
+    window_left = module.sliding_window - 1 if getattr(module, "sliding_window", None) else -1
+    if isinstance(cu_seq_lens_k, dict):
+        layer_type = "full_attention" if window_left < 0 else "sliding_attention"
+        cu_seq_lens_k, max_seqlen_k = cu_seq_lens_k[layer_type], max_seqlen_k[layer_type]
+    if block_table is None:
+        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                                  read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+        out = fa2.varlen_attention(query.transpose(1, 2).squeeze(0), key, value, cu_seq_lens_q.int(),
+                                   cu_seq_lens_k.int(), max_seqlen_q, max_seqlen_k, scale=module.scaling, causal=True,
+                                   window_left=window_left)
+        return out, None
+    group, layer_in_group = cache.layer_index_to_group_indices[module.layer_idx]
+    cache_shape = (-1, cache.block_size, cache.num_key_value_heads, cache.head_dim)
+    k_cache = cache.key_cache[layer_in_group].view(cache_shape)
+    v_cache = cache.value_cache[layer_in_group].view(cache_shape)
+    # one token per request: (requests, 1, heads, D); each request's keys so far end at cu_seq_lens_k[b + 1]
+    query, key, value = (t.permute(2, 0, 1, 3) for t in (query, key, value))
+    requests = key.shape[0]
+    cache_seqlens = (cu_seq_lens_k[1:requests + 1] - cu_seq_lens_k[:requests] - 1).int()
+    out = fa2.attention_with_kvcache(query.contiguous(), k_cache, v_cache, key, value, cache_seqlens=cache_seqlens,
+                                     block_table=block_table[group], scale=module.scaling, causal=True,
+                                     window_left=window_left)
+    return out.squeeze(1), None

@@ -98,3 +98,70 @@ def varlen_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, sc
         out = q.new_zeros(0, nheads, v.shape[-1]) + attach.to(q.dtype)
         lse = torch.zeros(nheads, 0, device=q.device)
     return (out, lse) if return_lse else out
+
+
+def rotary_ref(x, cos, sin, positions, interleaved=False):
+    """x (B, S, H, D) with its first rotary_dim = 2 * cos.shape[1] dims rotated, row i of batch element b at position
+    positions[b, i] (int64 (B, S)): pairs (j, j + rotary_dim / 2), or (2j, 2j + 1) when interleaved, by the angle
+    whose cos / sin are cos / sin[position, j]. Computed in fp32 (fp64 for fp64), returned in x's dtype."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    rotary_dim = 2 * cos.shape[1]
+    c, s = (t[positions].to(compute).unsqueeze(2) for t in (cos, sin))  # (B, S, 1, rotary_dim / 2)
+    rotated = x[..., :rotary_dim].to(compute)
+    x1, x2 = (rotated[..., 0::2], rotated[..., 1::2]) if interleaved else rotated.chunk(2, dim=-1)
+    out1, out2 = x1 * c - x2 * s, x1 * s + x2 * c
+    rotated = torch.stack((out1, out2), dim=-1).flatten(-2) if interleaved else torch.cat((out1, out2), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+
+
+def kvcache_attention_ref(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                          cache_batch_idx=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                          scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0, upcast=True):
+    """fa2.attention_with_kvcache's semantics on copies of the caches: the append (k rotated), q rotated, then
+    attention_ref per batch element over its first cache_seqlens[b] + seqlen_new keys. Returns (out, lse, k_cache,
+    v_cache), the caches as they are after the call; cache_seqlens an int32 tensor, an int or None."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    batch, seqlen_q = q.shape[:2]
+    seqlen_new = 0 if k is None else k.shape[1]
+    paged = block_table is not None
+    block_size = k_cache.shape[1]
+    capacity = block_table.shape[1] * block_size if paged else k_cache.shape[1]
+    if cache_seqlens is None:
+        cached = [capacity] * batch
+    elif isinstance(cache_seqlens, int):
+        cached = [cache_seqlens] * batch
+    else:
+        cached = cache_seqlens.tolist()
+    first = torch.tensor(cached, dtype=torch.long, device=q.device)[:, None]
+    if rotary_cos is not None:
+        per_row = causal or window_left >= 0 or window_right >= 0
+        rows = torch.arange(seqlen_q, device=q.device)[None]
+        q = rotary_ref(q, rotary_cos, rotary_sin, first + (rows if per_row else 0 * rows), rotary_interleaved)
+        k = rotary_ref(k, rotary_cos, rotary_sin, first + torch.arange(seqlen_new, device=q.device)[None],
+                       rotary_interleaved)
+    outs, lses = [], []
+    for b in range(batch):
+        keys = cached[b] + seqlen_new
+        if paged:
+            blocks = block_table[b].tolist()
+            for i in range(seqlen_new):
+                position = cached[b] + i
+                k_cache[blocks[position // block_size], position % block_size] = k[b, i]
+                v_cache[blocks[position // block_size], position % block_size] = v[b, i]
+            used = blocks[:(keys + block_size - 1) // block_size]
+            seq_k = k_cache[used].flatten(0, 1)[:keys]
+            seq_v = v_cache[used].flatten(0, 1)[:keys]
+        else:
+            row = b if cache_batch_idx is None else int(cache_batch_idx[b])
+            if seqlen_new:
+                k_cache[row, cached[b]:keys] = k[b]
+                v_cache[row, cached[b]:keys] = v[b]
+            seq_k, seq_v = k_cache[row, :keys], v_cache[row, :keys]
+        out, lse = attention_ref(q[b:b + 1], seq_k[None], seq_v[None], None, scale, causal, window_left, window_right,
+                                 softcap, upcast=upcast, return_lse=True)
+        outs.append(out)
+        lses.append(lse)
+    if not outs:
+        return (q.new_zeros(0, seqlen_q, q.shape[2], v_cache.shape[3]),
+                torch.zeros(0, q.shape[2], seqlen_q, device=q.device), k_cache, v_cache)
+    return torch.cat(outs), torch.cat(lses), k_cache, v_cache
