@@ -197,6 +197,12 @@ def _gemma3(attn):
     return Gemma3ForCausalLM._from_config(cfg, attn_implementation=attn)
 
 
+def _mixtral(attn):
+    model = _llama_like("Mixtral", attn, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    model.config._experts_implementation = "batched_mm"
+    return model
+
+
 def _left_padded_inputs(device, dtype):
     """A batch padded on the left, as for generation: the first rows of the second sequence see no key (eager
     averages v over every key there), the loss reads every position (those rows' gradients count too)."""
@@ -218,6 +224,8 @@ WILD = [
     ZooModel("gptj", _gptj, _causal_lm_inputs, 2, "q / k upcast to fp32 for rotary, v in the model's dtype"),
     ZooModel("qwen3", _qwen3, _causal_lm_inputs, 2, "GQA, q / k norms"),
     ZooModel("deberta_v2", _deberta_v2, _bert_inputs, 2, "c2p / p2c relative-position terms as a bias"),
+    ZooModel("mixtral", _mixtral, _causal_lm_inputs, 2, "mixture of experts (batched_mm: the default grouped_mm's "
+             "backward reads its routing on the host, a graph break that leaves P an output) around GQA attention"),
     ZooModel("llama_left_padded", _llama, _left_padded_inputs, 2, "causal + a key padding mask from attention_mask",
              softmax_in_float64=True),
     ZooModel("mistral_left_padded", _mistral, _left_padded_inputs, 2, "sliding window + key padding",

@@ -704,6 +704,12 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
         if len(users) != 1:
             if not users:
                 raise Reject("the softmax output is not used")
+            if any(u.op == "output" for u in users):
+                raise Reject("the attention probabilities are an output of the compiled graph: returned as attention "
+                             "weights (output_attentions=False / need_weights=False does not compute them), or kept "
+                             "alive past a graph break later in the layer (torch._dynamo.explain(model)(*inputs) "
+                             "lists the breaks; e.g. a mixture of experts whose backward reads its routing on the "
+                             "host: transformers' experts_implementation=\"batched_mm\" traces whole)")
             raise Reject("the attention probabilities are also used elsewhere (returned as attention weights: "
                          "nn.MultiheadAttention(..., need_weights=False) or Hugging Face's output_attentions=False "
                          "does not compute them, and fa2 rewrites the site)")
