@@ -87,6 +87,13 @@ def attn_expand_mask(q, k, v, pad):
     return (q @ k.transpose(-1, -2) * D ** -0.5 + mask).softmax(-1) @ v
 
 
+def attn_shared_key_padding(q, k, v, pad):
+    """One (seqlen,) padding for the whole batch, converted before it is broadcast."""
+    keep = pad[1].bool()
+    mask = _band(q.shape[-2], q.device) & keep[None, None, None, :]
+    return (q @ k.transpose(-1, -2) * D ** -0.5).masked_fill(~mask, torch.finfo(q.dtype).min).softmax(-1) @ v
+
+
 def attn_query_padding(q, k, v, pad):
     """The padding and-ed on the queries too: the mask depends on the query through data, so it stays a bias."""
     p = pad.bool()
@@ -121,7 +128,8 @@ def test_left_padded_eager_mask_becomes_flags_and_a_key_row(device, dtype, windo
     check_numerics(got, naive, hi)
 
 
-@pytest.mark.parametrize("form", [attn_masked_fill, attn_sdpa_bool, attn_expand_mask], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("form", [attn_masked_fill, attn_sdpa_bool, attn_expand_mask, attn_shared_key_padding],
+                         ids=lambda f: f.__name__)
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 def test_other_padding_mask_forms_split(form, device, dtype):
     """masked_fill by the minimum (rows that see no key: eager's uniform average, no gradient to q, k), SDPA's bool

@@ -70,7 +70,7 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
             continue
         if entry.folded:  # (batch * heads, ...) -> (batch, heads, ...)
             x = x if statically_known_true(x.shape[0] == 1) else x.unflatten(0, score_shape[:2])
-        if entry.key_row:  # the same for every query (masks.query_invariant): one row, broadcast by fa2
+        if entry.key_row and x.dim() >= 2:  # the same for every query (masks.query_invariant): one row, broadcast
             x = x[..., :1, :]
         if kind == "add":
             if entry.multiplier != 1.0:
