@@ -1117,8 +1117,9 @@ KEY_ROW_SPLIT = "mask split into causal / window flags and a key-row padding mas
 EMPTY_ROWS_NOTE = "rows that see no key get eager's uniform average over all keys (its finite fill)"
 
 
-DOCUMENT_NOTE = ("document mask (per-token sequence ids) run as varlen: tokens grouped by id (a stable sort per row), "
-                 "one sequence per run of equal ids (cu_seqlens of static length batch * seqlen + 1, no host sync)")
+DOCUMENT_NOTE = ("document mask (per-token sequence ids) run as varlen: tokens grouped by id (a stable sort per row: "
+                 "exact whether or not the ids come as sorted runs), one sequence per id (cu_seqlens of static "
+                 "length batch * seqlen + 1, no host sync)")
 
 
 def _document_plan(terms, sq, sk, score_ndim):
