@@ -121,8 +121,8 @@ def test_left_padded_eager_mask_becomes_flags_and_a_key_row(device, dtype, windo
     see no key -- a left-padded query, a sequence that is all padding -- averaged over every key as eager does, with
     eager's gradients there."""
     q, k, v = _qkv(device, dtype, hk=2)
-    records, got, naive, hi = run(lambda q, k, v, pad: attn_eager_added(q, k, v, pad, window), (q, k, v, _padding(device)),
-                                  device=device, dtype=dtype, train=train)
+    records, got, naive, hi = run(lambda q, k, v, pad: attn_eager_added(q, k, v, pad, window),
+                                  (q, k, v, _padding(device)), device=device, dtype=dtype, train=train)
     _split(records, **({"window_left": window - 1} if window else {}))
     assert all(EMPTY_ROWS_NOTE in r.flags["note"] for r in records)
     check_numerics(got, naive, hi)

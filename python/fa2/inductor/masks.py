@@ -261,7 +261,7 @@ _POINTWISE = {"add", "sub", "rsub", "mul", "div", "neg", "abs", "where", "eq", "
               "reciprocal", "fill", "scalar_tensor", "full", "full_like", "zeros_like", "ones_like"}
 
 
-def query_invariant(node, depth: int = 0) -> bool:
+def query_invariant(node, depth: int = 0, memo: dict | None = None) -> bool:
     """Whether ``node``'s values do not depend on its second-to-last index (the query of a mask), by the graph's
     structure alone: that dim has size 1 (or there is none), or the node broadcasts (expand) or is computed
     elementwise from tensors of which that holds. Then ``node[..., :1, :]`` broadcast over the queries is ``node``."""
@@ -272,22 +272,30 @@ def query_invariant(node, depth: int = 0) -> bool:
         return True
     if depth > 32 or node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
+    memo = {} if memo is None else memo
+    if node not in memo:   # (each node once: a mask's graph may share subexpressions)
+        memo[node] = False
+        memo[node] = _query_invariant_op(node, shape, depth, memo)
+    return memo[node]
+
+
+def _query_invariant_op(node, shape, depth, memo) -> bool:
     name = node.target.overloadpacket.__name__
     if name == "expand":
         src = _shape(node.args[0])
-        return src is not None and (len(src) < 2 or _is_one(src[-2]) or query_invariant(node.args[0], depth + 1))
+        return src is not None and (len(src) < 2 or _is_one(src[-2]) or query_invariant(node.args[0], depth + 1, memo))
     if name in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze"):
         # the last two dims kept as they are: every (query, key) pair keeps its place
         src = _shape(node.args[0])
         return src is not None and len(src) >= 2 and all(sym_expr(a) == sym_expr(b) and sym_expr(a) is not None
                                                           for a, b in zip(src[-2:], shape[-2:])) \
-            and query_invariant(node.args[0], depth + 1)
+            and query_invariant(node.args[0], depth + 1, memo)
     if name == "slice" and isinstance(node.target, torch._ops.OpOverload):
-        return query_invariant(node.args[0], depth + 1)
+        return query_invariant(node.args[0], depth + 1, memo)
     if name in _POINTWISE:
         if torch.Tag.nondeterministic_seeded in node.target.tags:
             return False
-        return all(query_invariant(a, depth + 1) for a in node.all_input_nodes)
+        return all(query_invariant(a, depth + 1, memo) for a in node.all_input_nodes)
     return False
 
 
