@@ -274,6 +274,21 @@ def test_attention_weights_that_are_used_say_how_to_drop_them():
     assert_kept(records, "need_weights=False")
 
 
+def test_probabilities_that_leave_the_graph_name_the_graph_output():
+    """Probabilities that are an output of the compiled graph (returned, or alive past a graph break: Mixtral's
+    default grouped_mm experts break the graph in training) are kept, with a reason that says so."""
+    def attn_returning_weights(q, k, v):
+        p = (q @ k.transpose(-1, -2) * 0.25).softmax(-1)
+        return p @ v, p
+
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    with recording() as records, without_aot_cache():
+        out, p = torch.compile(attn_returning_weights, backend="fa2_eager")(q, k, v)
+    assert_kept(records, "an output of the compiled graph")
+    torch.testing.assert_close(out, attn_returning_weights(q, k, v)[0])
+
+
 # ---- dynamic shapes: the recompile after a new sequence length ------------------------------------------------------
 
 class _GqaDecoderAttention(torch.nn.Module):

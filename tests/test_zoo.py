@@ -81,9 +81,31 @@ def test_zoo_model_pass_only(name):
     _check_zoo_model(name, "cpu", torch.float32, backend="fa2_eager")
 
 
-def _check_zoo_model(name, device, dtype, backend):
+LEFT_PADDED = {"llama_left_padded": {}, "mistral_left_padded": {"window_left": 4}, "qwen2_left_padded": {},
+               "gemma3_left_padded": {}}
+
+
+@pytest.mark.parametrize("attn", ["eager", pytest.param("sdpa", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", [n if n == "gemma3_left_padded" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in LEFT_PADDED])
+def test_left_padded_decoder_gets_flags_and_a_key_row_mask(name, attn):
+    """Issue 52: a left-padded batch's mask (transformers' masking_utils: the band and-ed with attention_mask read per
+    key) reaches fa2 as causal / window flags and a key-row mask, not one float bias; the rows that see no key (the
+    padding) keep eager's result, inference and training (the loss reads every position)."""
+    from fa2.inductor.masks import KEY_ROW_SPLIT
+    records = _check_zoo_model(name, "cpu", torch.float32, backend="fa2_eager", attn=attn)
+    for r in records:
+        assert r.flags.get("causal") is True and r.flags.get("key_row") is True, str(r)
+        assert KEY_ROW_SPLIT in r.flags.get("note", ""), str(r)
+        for key, value in LEFT_PADDED[name].items():
+            assert r.flags.get(key) == value, str(r)
+    if name == "gemma3_left_padded":  # its sliding layer (window 6) and its global one
+        assert {r.flags.get("window_left") for r in records} == {5, None}, [str(r) for r in records]
+
+
+def _check_zoo_model(name, device, dtype, backend, attn="eager"):
     entry = zoo.ZOO_BY_NAME[name]
-    model = zoo.build(name, device, dtype)
+    model = zoo.build(name, device, dtype, attn=attn)
     model.train()
     reference = copy.deepcopy(model).to(hi_dtype(dtype))
     inputs = entry.inputs(device, dtype)
@@ -108,9 +130,11 @@ def _check_zoo_model(name, device, dtype, backend):
     assert sum(g["fa2_bwd"] for g in records.graphs) == entry.sites
 
     naive_inf, naive_train = _step(model, inputs, train=False), _step(model, inputs, train=True)
-    hi_inf, hi_train = _step(reference, hi_inputs, train=False), _step(reference, hi_inputs, train=True)
+    with zoo.reference_precision(name):
+        hi_inf, hi_train = _step(reference, hi_inputs, train=False), _step(reference, hi_inputs, train=True)
     _check(got_inf, naive_inf, hi_inf, f"{name} inference")
     _check(got_train, naive_train, hi_train, f"{name} training")
+    return records
 
 
 @pytest.mark.slow  # (dynamic shapes through the pass: test_inductor_patterns, test_api in the quick run)

@@ -165,12 +165,16 @@ def rewrite_attention(graph: torch.fx.Graph) -> list[Site]:
     if _recorders:
         counts = {"kind": "training" if training else "inference", "sites": len(sites),
                   "rewritten": sum(s.rewritten for s in sites),
-                  "fa2_fwd": sum(n.target == torch.ops.fa2.fwd.default for n in graph.nodes),
-                  "fa2_bwd": sum(n.target == torch.ops.fa2.bwd.default for n in graph.nodes)}
+                  "fa2_fwd": sum(n.target in _fa2_ops("fwd", "varlen_fwd") for n in graph.nodes),
+                  "fa2_bwd": sum(n.target in _fa2_ops("bwd", "varlen_bwd") for n in graph.nodes)}
         for recorder in _recorders:
             recorder.extend(records)
             recorder.graphs.append(counts)
     return sites
+
+
+def _fa2_ops(*names) -> set:
+    return {getattr(torch.ops.fa2, name).default for name in names if hasattr(torch.ops.fa2, name)}
 
 
 class Fa2AttentionPass(_compat.CustomGraphPass):
@@ -186,7 +190,8 @@ class Fa2AttentionPass(_compat.CustomGraphPass):
         # their own).
         from .. import _ops_impl, ops
         here = os.path.dirname(os.path.abspath(__file__))
-        files = tuple(os.path.join(here, f) for f in _SOURCES) + (_ops_impl.__file__, ops.__file__)
+        from .. import varlen
+        files = tuple(os.path.join(here, f) for f in _SOURCES) + (_ops_impl.__file__, ops.__file__, varlen.__file__)
         from .sites import value_headdim_supported
         extra = f"{torch.__version__}|det={_ops_impl.deterministic_enabled()}|vdim={value_headdim_supported()}"
         return _compat.hash_files(files, extra)

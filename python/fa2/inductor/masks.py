@@ -43,10 +43,15 @@ def _lin(coef: dict, const, ndim: int) -> Lin:
 
 @dataclass(frozen=True)
 class Pred:
-    """Boolean tensor: the conjunction of ``atom >= 0`` over its atoms (no atoms: all True); ``false``: all False."""
+    """Boolean tensor: the conjunction of ``atom >= 0`` over its atoms (no atoms: all True); ``false``: all False.
+    ``data``: more factors of the conjunction that are graph tensors (a padding mask read from the inputs), as
+    (node, negated) pairs, each right-aligned with the mask and not depending on the query index
+    (:func:`query_invariant`): a key-row mask."""
     atoms: tuple = ()
     ndim: int = 0
     false: bool = False
+    data: tuple = ()
+    doc: tuple = ()     # (ids node, its batch dim's place counted from the right or None): ids[b, i] == ids[b, j]
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,15 @@ def _remap(value, mapping: dict, ndim: int):
             if moved is None:
                 return None
             atoms.append(moved)
-        return Pred(tuple(atoms), ndim, value.false)
+        for node, _ in value.data:  # (a graph tensor cannot move its dims here: only leading dims may come and go)
+            if any(mapping.get(d) != d for d in range(-len(_shape(node) or ()), 0)):
+                return None
+        doc = []
+        for ids, batch_dim in value.doc:
+            if mapping.get(-1) != -1 or mapping.get(-2) != -2 or (batch_dim is not None and batch_dim not in mapping):
+                return None
+            doc.append((ids, None if batch_dim is None else mapping[batch_dim]))
+        return Pred(tuple(atoms), ndim, value.false, value.data, tuple(doc))
     if isinstance(value, Sel):
         pred = _remap(value.pred, mapping, ndim)
         return None if pred is None else Sel(pred, value.a, value.b, ndim)
@@ -86,7 +99,7 @@ def _drop_dims(value, dims: set):
     if isinstance(value, Lin):
         return _lin({d: a for d, a in value.coef if d not in dims}, value.const, value.ndim)
     if isinstance(value, Pred):
-        return Pred(tuple(_drop_dims(a, dims) for a in value.atoms), value.ndim, value.false)
+        return Pred(tuple(_drop_dims(a, dims) for a in value.atoms), value.ndim, value.false, value.data, value.doc)
     if isinstance(value, Sel):
         return Sel(_drop_dims(value.pred, dims), value.a, value.b, value.ndim)
     return value
@@ -108,12 +121,19 @@ def _lin_scale(x: Lin, k: int) -> Lin:
 
 
 def _pred_and(x: Pred, y: Pred) -> Pred:
-    return Pred(x.atoms + y.atoms, max(x.ndim, y.ndim), x.false or y.false)
+    return Pred(x.atoms + y.atoms, max(x.ndim, y.ndim), x.false or y.false, x.data + y.data, x.doc + y.doc)
 
 
 def _pred_not(x: Pred):
     if x.false:
         return Pred((), x.ndim)
+    if x.doc:
+        return None
+    if x.data:
+        if len(x.data) == 1 and not x.atoms:
+            node, negated = x.data[0]
+            return Pred((), x.ndim, data=((node, not negated),))
+        return None  # a disjunction
     if not x.atoms:
         return Pred((), x.ndim, True)
     if len(x.atoms) == 1:  # not (L >= 0)  <=>  -L - 1 >= 0 (integers)
@@ -191,6 +211,94 @@ def _is_one(x) -> bool:
     return isinstance(x, int) and x == 1 or (isinstance(x, torch.SymInt) and sym_expr(x) == 1)
 
 
+def _is_id_tensor(node) -> bool:
+    """Integer or bool values (ids compared for equality: no NaN, every id equal to itself)."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and not val.is_floating_point() and not val.is_complex()
+
+
+def _whole_slice(node) -> bool:
+    """A slice that keeps everything (``x[:, None]`` traces as one under dynamic shapes)."""
+    if node.target != aten.slice.Tensor or (len(node.args) > 4 and node.args[4] != 1):
+        return False
+    inp, out = _shape(node.args[0]), _shape(node)
+    return inp is not None and out is not None and len(inp) == len(out) and \
+        all(sym_expr(a) is not None and sym_expr(a) == sym_expr(b) for a, b in zip(inp, out))
+
+
+def _view_inserting_ones(inp, out, dims):
+    """The places of ``dims`` of ``inp`` after a view to ``out`` that only inserts or removes size-1 dims (None if it
+    does more, or removes one of ``dims``)."""
+    if inp is None or out is None:
+        return None
+    mapping, j = {}, 0
+    for d, size in enumerate(inp):
+        while j < len(out) and _is_one(out[j]) and not _is_one(size):
+            j += 1
+        if j < len(out) and sym_expr(out[j]) == sym_expr(size):
+            mapping[d] = j
+            j += 1
+        elif _is_one(size):
+            continue
+        else:
+            return None
+    if any(not _is_one(out[k]) for k in range(len(out)) if k not in mapping.values()):
+        return None
+    return [mapping[d] for d in dims] if all(d in mapping for d in dims) else None
+
+
+def _is_bool(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool
+
+
+# Elementwise ops (broadcasting their tensor arguments right-aligned): their result does not depend on an index that
+# none of their inputs depends on.
+_POINTWISE = {"add", "sub", "rsub", "mul", "div", "neg", "abs", "where", "eq", "ne", "lt", "le", "gt", "ge",
+              "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and", "logical_or", "logical_xor",
+              "logical_not", "convert_element_type", "_to_copy", "clone", "alias", "lift_fresh_copy", "masked_fill",
+              "minimum", "maximum", "clamp", "clamp_min", "clamp_max", "sign", "exp", "log", "sqrt", "rsqrt", "pow",
+              "reciprocal", "fill", "scalar_tensor", "full", "full_like", "zeros_like", "ones_like"}
+
+
+def query_invariant(node, depth: int = 0, memo: dict | None = None) -> bool:
+    """Whether ``node``'s values do not depend on its second-to-last index (the query of a mask), by the graph's
+    structure alone: that dim has size 1 (or there is none), or the node broadcasts (expand) or is computed
+    elementwise from tensors of which that holds. Then ``node[..., :1, :]`` broadcast over the queries is ``node``."""
+    shape = _shape(node)
+    if shape is None:
+        return isinstance(node, (bool, int, float))
+    if len(shape) < 2 or _is_one(shape[-2]):
+        return True
+    if depth > 32 or node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    memo = {} if memo is None else memo
+    if node not in memo:   # (each node once: a mask's graph may share subexpressions)
+        memo[node] = False
+        memo[node] = _query_invariant_op(node, shape, depth, memo)
+    return memo[node]
+
+
+def _query_invariant_op(node, shape, depth, memo) -> bool:
+    name = node.target.overloadpacket.__name__
+    if name == "expand":
+        src = _shape(node.args[0])
+        return src is not None and (len(src) < 2 or _is_one(src[-2]) or query_invariant(node.args[0], depth + 1, memo))
+    if name in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze"):
+        # the last two dims kept as they are: every (query, key) pair keeps its place
+        src = _shape(node.args[0])
+        return src is not None and len(src) >= 2 and all(sym_expr(a) == sym_expr(b) and sym_expr(a) is not None
+                                                          for a, b in zip(src[-2:], shape[-2:])) \
+            and query_invariant(node.args[0], depth + 1, memo)
+    if name == "slice" and isinstance(node.target, torch._ops.OpOverload):
+        return query_invariant(node.args[0], depth + 1, memo)
+    if name in _POINTWISE:
+        if torch.Tag.nondeterministic_seeded in node.target.tags:
+            return False
+        return all(query_invariant(a, depth + 1, memo) for a in node.all_input_nodes)
+    return False
+
+
 # ---- the interpreter ---------------------------------------------------------------------------------------
 
 _CMP = {
@@ -208,8 +316,13 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 
 
 class MaskInterpreter:
-    def __init__(self):
+    """key_rows: a boolean tensor the interpreter cannot model but that does not depend on the query index becomes a
+    data factor of a Pred (Pred.data), so that ``band & padding[b, None, None, :]`` splits into the band's flags
+    and a key-row mask."""
+
+    def __init__(self, key_rows: bool = False):
         self.memo: dict = {}
+        self.key_rows = key_rows
 
     def value(self, arg):
         if isinstance(arg, torch.fx.Node):
@@ -219,6 +332,10 @@ class MaskInterpreter:
                     self.memo[arg] = self._eval(arg)
                 except (TypeError, ValueError, AttributeError, IndexError, KeyError):
                     self.memo[arg] = None
+                if self.memo[arg] is None and self.key_rows and _is_bool(arg) and query_invariant(arg):
+                    # a boolean graph tensor (a padding mask read from the inputs) that the query index does not
+                    # change: a factor of the mask kept as it is
+                    self.memo[arg] = Pred((), len(_shape(arg)), data=((arg, False),))
             return self.memo[arg]
         if isinstance(arg, bool):
             return Pred((), 0, not arg)
@@ -289,7 +406,7 @@ class MaskInterpreter:
             for a, b in ((px, py), (py, px)):
                 if a.false:
                     return b
-                if not a.atoms and not a.false:
+                if not a.atoms and not a.false and not a.data and not a.doc:
                     return Pred((), max(a.ndim, b.ndim))
             return None
         if t in _NOT:
@@ -334,7 +451,7 @@ class MaskInterpreter:
         if t == aten.index.Tensor and shape is not None:
             # indexing a tensor that holds one value everywhere (e.g. an all-ones padding mask made in the model)
             x = self.value(args[0])
-            if isinstance(x, Pred) and not x.atoms:
+            if isinstance(x, Pred) and not x.atoms and not x.data and not x.doc:
                 return Pred((), len(shape), x.false)
             if isinstance(x, Sel) and x.a == x.b:
                 return Sel(Pred((), len(shape)), x.a, x.b, len(shape))
@@ -372,6 +489,10 @@ class MaskInterpreter:
         return None
 
     def _compare(self, op, a, b):
+        if op == "eq" and self.key_rows:
+            doc = self._same_id(a, b)
+            if doc is not None:
+                return doc
         x, y = self._scalar_int(a), self._scalar_int(b)
         if isinstance(x, Lin) and isinstance(y, Lin):
             nd = max(x.ndim, y.ndim)
@@ -398,6 +519,64 @@ class MaskInterpreter:
             hit_a, hit_b = not hit_a, not hit_b
         return Sel(sel.pred, hit_a, hit_b, sel.ndim)
 
+    def _same_id(self, a, b):
+        """``ids[b, i] == ids[b, j]`` (a document mask: query i and key j in the same sequence) as Pred.doc, when a
+        and b read one integer tensor of per-token ids at the query and at the key index."""
+        ra, rb = self._token_read(a), self._token_read(b)
+        if ra is None or rb is None or ra[0] is not rb[0] or ra[2] != rb[2] or {ra[1], rb[1]} != {-2, -1}:
+            return None
+        nd = max(len(_shape(a)), len(_shape(b)))
+        return Pred((), nd, doc=((ra[0], ra[2]),))
+
+    def _token_read(self, node):
+        """(ids, the dim of the result that carries the token index (-2 or -1), the dim that carries ids' batch dim
+        or None), both counted from the right, when ``node`` is a 1-D / 2-D integer tensor ``ids`` read with its last
+        dim at the query or the key index: unsqueezed (``ids[:, None, :, None]``), or gathered as
+        ``ids[batch_arange, position_arange]`` (transformers' packed-sequence mask); else None."""
+        shape = _shape(node)
+        if shape is None:
+            return None
+        if node.op == "call_function" and node.target == aten.index.Tensor:
+            src, indices = node.args[0], list(node.args[1])
+            src_shape = _shape(src)
+            if src_shape is None or len(indices) != len(src_shape) or len(indices) not in (1, 2) or \
+                    not _is_id_tensor(src):
+                return None
+            lins = [self.value(i) if isinstance(i, torch.fx.Node) else None for i in indices]
+            if not all(isinstance(x, Lin) and len(x.coef) == 1 and x.coef[0][1] == 1 and x.const == 0 for x in lins):
+                return None
+            token = lins[-1].coef[0][0]
+            batch = lins[0].coef[0][0] if len(lins) == 2 else None
+            return (src, token, batch) if token in (-2, -1) and batch != token else None
+        # unsqueezes / views that insert size-1 dims / expands of size-1 dims, down to ids
+        dims, cur = None, node
+        path = []
+        while isinstance(cur, torch.fx.Node) and cur.op == "call_function" and (cur.target in {
+                aten.unsqueeze.default, aten.expand.default, aten.clone.default, aten.alias.default} | _VIEWS
+                or _whole_slice(cur)):
+            if cur.target != aten.slice.Tensor:
+                path.append(cur)
+            cur = cur.args[0]
+        src_shape = _shape(cur)
+        if not path or src_shape is None or len(src_shape) not in (1, 2) or not _is_id_tensor(cur):
+            return None
+        dims = list(range(len(src_shape)))    # where each dim of ids is in the current tensor (left-aligned)
+        for op in reversed(path):
+            inp, out = _shape(op.args[0]), _shape(op)
+            if op.target == aten.unsqueeze.default:
+                at = op.args[1] % len(out)
+                dims = [d + 1 if d >= at else d for d in dims]
+            elif op.target == aten.expand.default:
+                if len(out) != len(inp) or any(sym_expr(out[d]) != sym_expr(inp[d]) for d in dims):
+                    return None
+            elif op.target in _VIEWS:
+                dims = _view_inserting_ones(inp, out, dims)
+                if dims is None:
+                    return None
+        nd = len(shape)
+        token, batch = dims[-1] - nd, (dims[0] - nd if len(dims) == 2 else None)
+        return (cur, token, batch) if token in (-2, -1) else None
+
     def _where(self, node):
         cond, a, b = node.args
         p = _as_pred(self.value(cond))
@@ -415,8 +594,13 @@ class MaskInterpreter:
         if isinstance(sb, Sel) and va is not None and sb.a == va:
             # where(p, x, where(q, x, y)) == where(p or q, ...): only when one side is trivial
             q = sb.pred
-            if not q.atoms and not q.false:
+            if not q.atoms and not q.false and not q.data and not q.doc:
                 return Sel(Pred((), nd), va, va, nd)
+        if isinstance(sb, Sel) and va is not None and sb.b == va and sb.a != va:
+            # where(p, c, where(q, a, c)) == where(not p and q, a, c) (a padding masked_fill'ed onto a causal mask)
+            not_p = _pred_not(p)
+            if not_p is not None:
+                return Sel(_pred_and(not_p, sb.pred), sb.a, va, nd)
         if isinstance(sa, Sel) and sa.a == sa.b and vb is not None:
             return Sel(p, sa.a, vb, nd)
         return None
@@ -477,6 +661,8 @@ class MaskInterpreter:
         if isinstance(x, Lin):
             return _lin(x.c(), x.const + x.c().get(d, 0) * start_e, x.ndim)
         if isinstance(x, Pred):
+            if x.data or x.doc:
+                return None
             atoms = tuple(_lin(a.c(), a.const + a.c().get(d, 0) * start_e, a.ndim) for a in x.atoms)
             return Pred(atoms, x.ndim, x.false)
         return None
@@ -636,6 +822,7 @@ class BiasEntry(NamedTuple):
     multiplier: float = 1.0
     folded: bool = False
     overwritten: bool = False
+    key_row: bool = False      # the same for every query (query_invariant): read as node[..., :1, :]
 
 
 @dataclass
@@ -643,6 +830,13 @@ class MaskPlan:
     causal: bool = False
     window_left: int = -1
     window_right: int = -1
+    # Rows that see no key under the flags and the key-row masks, where eager's finite fill makes every score the
+    # fill: eager averages v uniformly over all keys there, fa2 under the flags gives 0 (rewrite._empty_row_fixup).
+    # "add": the fill was added (eager differentiates that uniform softmax through q.k); "fill": the scores were
+    # overwritten (no gradient to q, k); None: no such rows.
+    empty_rows: str | None = None
+    # A document mask (per-token sequence ids, the bias entry of kind "doc" holds them): run as varlen
+    document: bool = False
     # what is passed as attn_bias (BiasEntry)
     bias: list = field(default_factory=list)
     notes: list = field(default_factory=list)
@@ -809,10 +1003,22 @@ def _band_of_values(value: torch.Tensor, sq: int, sk: int, keep_if_true: bool):
                 finite_fill)
 
 
-def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> MaskPlan | str:
-    """Turn the mask terms of a site into fa2 flags (bands) and an attn_bias (everything else), exactly."""
-    interp = MaskInterpreter()
-    bands: list[tuple[Band, tuple]] = []   # (band, the bias entry to fall back to)
+def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int, empty_rows: tuple = ()
+               ) -> MaskPlan | str:
+    """Turn the mask terms of a site into fa2 flags (bands) and an attn_bias (everything else), exactly.
+
+    A term that is a band and-ed with boolean tensors that do not depend on the query (a padding mask read from the
+    inputs) is split into the band's flags and those tensors as key-row masks. With a finite fill (Hugging Face's
+    eager masks: 0 / dtype.min added) a row that then sees no key is eager's uniform average over all keys, which
+    the replacement recomputes (MaskPlan.empty_rows), for the kinds of fill the site allows (``empty_rows``: "add"
+    only without softcap or tensor scale, where that average's gradient through q.k is linear in q, k, v)."""
+    split = _split_key_rows(terms, sq, sk, score_ndim, empty_rows)
+    if split is None and "document" in empty_rows:
+        split = _document_plan(terms, sq, sk, score_ndim)
+    if split is not None:
+        return split
+    interp = MaskInterpreter(key_rows=True)
+    bands: list[tuple] = []   # (band, the bias entry to fall back to, the key-row entries that go with the band)
     bias: list[tuple] = []
     notes: list[str] = []
     for term in terms:
@@ -827,7 +1033,7 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                 continue
             value = interp.value(term.node)
             dtype = _dtype(term.node)
-            band = None
+            band, keys = None, []
             if isinstance(value, Sel) and {_kind(value.a, dtype), _kind(value.b, dtype)} == {"zero", "hide"}:
                 zero_first = _kind(value.a, dtype) == "zero"
                 pred = value.pred if zero_first else _pred_not(value.pred)
@@ -837,7 +1043,9 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
                 if fill == -math.inf and is_call_where(where) and _bool_node(where.args[0]):
                     keep_if_true = scalar_value(where.args[1]) == 0
                     entry = BiasEntry("keep" if keep_if_true else "drop", where.args[0], folded=term.folded)
-                band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
+                band, keys = _band_and_keys(pred, sq, sk, score_ndim, term.folded)
+                if keys and fill != -math.inf:
+                    band, keys = None, []    # (a finite fill splits only alone: _split_key_rows)
                 if isinstance(band, Band):
                     band.finite_fill = fill != -math.inf
             if not isinstance(band, Band):
@@ -847,9 +1055,10 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
             if isinstance(band, Band) and scaled and band.finite_fill:
                 band = None
             if isinstance(band, Band):
+                bias.extend(keys)
                 if band.lo is None and band.hi is None:
-                    continue      # hides nothing: adds 0 everywhere
-                bands.append((band, entry))
+                    continue      # hides nothing (but its key-row masks): adds 0 everywhere else
+                bands.append((band, entry, keys))
                 continue
             bias.append(entry)
             continue
@@ -862,37 +1071,39 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
         else:
             entry = BiasEntry("fill", term.node, term.keep_if_true, term.fill, term.dtype or score_dtype,
                               folded=term.folded)
-        pred = _as_pred(interp.value(term.node))
-        if pred is not None and not term.keep_if_true:
-            pred = _pred_not(pred)
-        band = band_of(pred, sq, sk, score_ndim) if pred is not None else None
+        pred = _where_pred(interp, term)
+        band, keys = _band_and_keys(pred, sq, sk, score_ndim, term.folded) if pred is not None else (None, [])
+        if keys and term.fill != -math.inf:
+            band, keys = None, []
         if not isinstance(band, Band):
             band = constant_band(term.node, _static_int(sq), _static_int(sk), term.keep_if_true)
             if band is not None:
                 notes.append(RECOGNIZED_CONSTANT)
         if isinstance(band, Band):
+            bias.extend(keys)
             if band.lo is None and band.hi is None:
                 continue
             band.finite_fill = term.fill != -math.inf
-            bands.append((band, entry))
+            bands.append((band, entry, keys))
             continue
         bias.append(entry)
 
     plan = MaskPlan(bias=bias, notes=notes)
     if not bands:
-        return plan
+        return _read_key_rows(plan)
 
     def as_bias(note):
-        plan.bias = bias + [entry for _, entry in bands]
+        split_keys = [k for _, _, keys in bands for k in keys]
+        plan.bias = [e for e in bias if not any(e is k for k in split_keys)] + [entry for _, entry, _ in bands]
         plan.notes = [n for n in plan.notes if n != RECOGNIZED_CONSTANT] + [note]
-        return plan
+        return _read_key_rows(plan)
 
-    if len(bands) + len(bias) > 1 and any(b.finite_fill for b, _ in bands):
+    if len(bands) + len(bias) > 1 and any(b.finite_fill for b, _, _ in bands):
         # A finite fill gives a row that sees no key a uniform average over all keys; split into flags plus other
         # terms that is not reproducible, so keep these masks as attn_bias.
         return as_bias("mask kept as attn_bias: finite-valued causal/window mask combined with another mask")
     lo = hi = None
-    for band, _ in bands:
+    for band, _, _ in bands:
         if band.lo is not None:
             lo = band.lo if lo is None else _tighter(lo, band.lo, max)
             if lo is None:
@@ -901,9 +1112,119 @@ def plan_masks(terms: list[MaskTerm], sq, sk, score_dtype, score_ndim: int) -> M
             hi = band.hi if hi is None else _tighter(hi, band.hi, min)
             if hi is None:
                 return as_bias("mask kept as attn_bias: incomparable diagonals")
-    flags = Band(lo, hi, any(b.finite_fill for b, _ in bands)).flags(sq, sk)
+    flags = Band(lo, hi, any(b.finite_fill for b, _, _ in bands)).flags(sq, sk)
     if isinstance(flags, str):
         return as_bias(f"mask kept as attn_bias: {flags}")
+    plan.causal, plan.window_left, plan.window_right = flags
+    if any(keys for _, _, keys in bands):
+        plan.notes.append(KEY_ROW_SPLIT)
+    return _read_key_rows(plan)
+
+
+KEY_ROW_SPLIT = "mask split into causal / window flags and a key-row padding mask"
+EMPTY_ROWS_NOTE = "rows that see no key get eager's uniform average over all keys (its finite fill)"
+
+
+DOCUMENT_NOTE = ("document mask (per-token sequence ids) run as varlen: tokens grouped by id (a stable sort per row: "
+                 "exact whether or not the ids come as sorted runs), one sequence per id (cu_seqlens of static "
+                 "length batch * seqlen + 1, no host sync)")
+
+
+def _document_plan(terms, sq, sk, score_ndim):
+    """A single mask term ``ids[b, i] == ids[b, j]`` (optionally and-ed with causal) over 4-D self-attention scores,
+    as MaskPlan.document (rewrite._document_attention), else None. Exact for any ids: a stable sort by id makes
+    every id one run, each run a sequence of varlen, and keeps the order of the tokens of a sequence, which is all
+    that causal reads; every query sees at least itself, so no row is empty whatever the fill."""
+    if len(terms) != 1 or terms[0].folded or score_ndim != 4 or not _same_size(sq, sk):
+        return None
+    found = _kept_keys(terms[0])
+    pred = found[0] if found is not None else None
+    if pred is None or len(pred.doc) != 1 or pred.data or pred.false:
+        return None
+    ids, batch_dim = pred.doc[0]
+    ids_shape = _shape(ids)
+    if batch_dim not in (None, -4) or not _same_size(ids_shape[-1], sq):
+        return None
+    band = band_of(Pred(pred.atoms, pred.ndim), sq, sk, score_ndim)
+    if not isinstance(band, Band):
+        return None
+    flags = band.flags(sq, sk)
+    if isinstance(flags, str) or flags[1:] != (-1, -1):
+        return None   # (a window counts positions, which the sort moves: only causal, which reads their order)
+    return MaskPlan(causal=flags[0], bias=[BiasEntry("doc", ids)], notes=[DOCUMENT_NOTE], document=True)
+
+
+def _same_size(a, b) -> bool:
+    ea, eb = sym_expr(a), sym_expr(b)
+    return ea is not None and eb is not None and sympy.simplify(ea - eb) == 0
+
+
+def _kept_keys(term):
+    """(the keys a mask term keeps as a Pred (data factors and document ids read), its fill, "add" or "fill") for an
+    unscaled 0 / hiding-value term added to the scores or a where() with a hiding fill, else None."""
+    interp = MaskInterpreter(key_rows=True)
+    if term.kind == "add":
+        value = interp.value(term.node)
+        dtype = _dtype(term.node)
+        if term.multiplier != 1.0 or not isinstance(value, Sel) or \
+                {_kind(value.a, dtype), _kind(value.b, dtype)} != {"zero", "hide"}:
+            return None
+        zero_first = _kind(value.a, dtype) == "zero"
+        return (value.pred if zero_first else _pred_not(value.pred)), (value.b if zero_first else value.a), "add"
+    if not is_hiding_value(term.fill, term.dtype):
+        return None
+    return _where_pred(interp, term), term.fill, "fill"
+
+
+def _where_pred(interp, term):
+    """The keys a where() term keeps, as a Pred (masked_fill(~mask, fill) keeps ``mask``: the negation is read
+    through, since a band and-ed with a key row has no negation of its own)."""
+    node, keep_if_true = term.node, term.keep_if_true
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _NOT:
+        node, keep_if_true = node.args[0], not keep_if_true
+    pred = _as_pred(interp.value(node))
+    return _pred_not(pred) if pred is not None and not keep_if_true else pred
+
+
+def _band_and_keys(pred, sq, sk, score_ndim, folded):
+    """(band, key-row entries) of a predicate: its affine atoms as a Band (or a reason string), its data factors
+    (Pred.data) as bool entries read one query row each; (reason, []) where data factors cannot be split off."""
+    if pred is None or pred.doc:   # (a document mask is no band: _document_plan, or the term stays a bias)
+        return None, []
+    keys = [BiasEntry("drop" if negated else "keep", node, key_row=True) for node, negated in pred.data]
+    if keys and folded:
+        return "a key-row mask under folded (batch * heads) scores", []
+    return band_of(Pred(pred.atoms, pred.ndim, pred.false), sq, sk, score_ndim), keys
+
+
+def _read_key_rows(plan: MaskPlan) -> MaskPlan:
+    """Entries whose values do not depend on the query index (query_invariant: a padding mask broadcast over the
+    queries) are read one query row each: fa2's kernels take a (..., 1, seqlen_k) bias as a cheap key-row bias."""
+    plan.bias = [e._replace(key_row=True) if e.kind != "doc" and not e.key_row and not e.folded
+                 and len(_shape(e.node) or ()) >= 2
+                 and not _is_one(_shape(e.node)[-2]) and query_invariant(e.node) else e for e in plan.bias]
+    return plan
+
+
+def _split_key_rows(terms, sq, sk, score_ndim, allowed):
+    """The plan for a single finite-fill term that is a band and-ed with key-row masks (Hugging Face's eager mask of a
+    padded batch: ``where(causal & padding[b, None, None, :], 0, finfo.min)`` added to the scores), else None:
+    the band's flags, the key-row masks as bool entries, and MaskPlan.empty_rows for the rows that see no key."""
+    if len(terms) != 1 or terms[0].folded:
+        return None
+    found = _kept_keys(terms[0])
+    if found is None or found[2] not in allowed:
+        return None
+    pred, fill, how = found
+    if pred is None or not pred.data or fill == -math.inf:
+        return None
+    band, keys = _band_and_keys(pred, sq, sk, score_ndim, False)
+    if not isinstance(band, Band) or (band.lo is None and band.hi is None):
+        return None    # (no band: the fill read one key row per query is eager's own computation, _read_key_rows)
+    flags = band.flags(sq, sk)
+    if isinstance(flags, str):
+        return None
+    plan = MaskPlan(bias=keys, notes=[KEY_ROW_SPLIT, EMPTY_ROWS_NOTE], empty_rows=how)
     plan.causal, plan.window_left, plan.window_right = flags
     return plan
 

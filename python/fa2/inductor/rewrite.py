@@ -66,8 +66,12 @@ def _bias(inputs, spec, q_dtype, three_d: bool, score_shape, band=None):
     fill = fill_dtype = None
     for entry, x in zip(spec, inputs):
         kind = entry[0]
+        if kind == "doc":
+            continue
         if entry.folded:  # (batch * heads, ...) -> (batch, heads, ...)
             x = x if statically_known_true(x.shape[0] == 1) else x.unflatten(0, score_shape[:2])
+        if entry.key_row and x.dim() >= 2:  # the same for every query (masks.query_invariant): one row, broadcast
+            x = x[..., :1, :]
         if kind == "add":
             if entry.multiplier != 1.0:
                 # scaled along with q.k: the product in float32 at least (the eager sum rounds it no finer)
@@ -159,6 +163,9 @@ def replacement_fn(site: Site, spec: list):
         for t, (_, how) in zip(scale_inputs, site.scale_tensors):
             # a scale that is a runtime scalar: applied to q (fa2's scale argument is a Python float)
             qf = qf * t if how == "mul" else qf / t
+        if mask.document:
+            out = _document_attention(qf, kf, vf, bias_inputs[0], mask.causal, site.scale, site.softcap)
+            return out.transpose(1, 2) if site.out_layout == "bhsd" else out.squeeze(2)
         band = None
         if any(entry[0] == "fill" for entry in spec):
             band = _band_rows(qf.shape[1], kf.shape[1], mask.causal, mask.window_left, mask.window_right, qf.device)
@@ -171,8 +178,68 @@ def replacement_fn(site: Site, spec: list):
             qf = torch.where(rows.transpose(1, 2), qf, 0.0)
         out = torch.ops.fa2.attention(qf, kf, vf, bias, site.scale, mask.causal, mask.window_left,
                                       mask.window_right, site.softcap)
+        if mask.empty_rows:
+            out = _empty_row_fixup(out, qf, kf, vf, bias, mask, site.scale)
         return out.transpose(1, 2) if site.out_layout == "bhsd" else out.squeeze(2)
     return fn
+
+
+def _document_attention(qf, kf, vf, ids, causal, scale, softcap):
+    """Attention under the document mask ``ids[b, i] == ids[b, j]`` (and causal) as varlen, exactly for any ids and with
+    no host sync: each row's tokens sorted by id (stable: a sequence keeps its tokens' order, which is what causal
+    reads), a sequence per run of equal ids -- cu_seqlens from the change points, of static length batch * seqlen + 1,
+    padded with the total (zero-length sequences) -- and the output put back in the original order. Cost over the
+    kernel: an argsort of the ids and gathers of q, k, v and the output (and their gradients)."""
+    batch, seqlen = qf.shape[0], qf.shape[1]
+    ids = ids.expand(batch, seqlen)
+    order = torch.argsort(ids, dim=1, stable=True)
+    rows = torch.arange(batch, device=ids.device)[:, None]
+    sorted_ids = ids[rows, order]
+
+    def packed(t):  # (batch, seqlen, heads, d) in sorted order, as (total, heads, d)
+        return t[rows, order].flatten(0, 1)
+
+    starts = torch.cat([torch.ones_like(sorted_ids[:, :1], dtype=torch.bool),
+                        sorted_ids[:, 1:] != sorted_ids[:, :-1]], 1).flatten()   # a new sequence (rows start one)
+    sequence = torch.cumsum(starts.to(torch.int64), 0) - 1                        # each token's sequence
+    bounds = torch.arange(batch * seqlen + 1, device=ids.device)
+    cu_seqlens = torch.searchsorted(sequence, bounds).to(torch.int32)    # sequence s starts there (total: none)
+    from ..varlen import varlen_attention
+    out = varlen_attention(packed(qf), packed(kf), packed(vf), cu_seqlens, cu_seqlens, seqlen, seqlen, scale=scale,
+                           causal=causal, softcap=softcap)
+    inverse = torch.argsort(order, dim=1)
+    return out.unflatten(0, (batch, seqlen))[rows, inverse]
+
+
+def _empty_row_fixup(out, qf, kf, vf, keep, mask, scale):
+    """A padding mask split off a finite-fill causal / window mask (masks._split_key_rows): where a query row sees no
+    key (a left-padded row), eager's scores are all the fill, so it averages v uniformly over every key, while fa2
+    under the flags gives 0. Those rows (found from the key-row mask ``keep`` and the band, no sync) get eager's
+    average; for an added fill also eager's gradient there (softmax's Jacobian at the uniform distribution, through
+    q.k), which is linear: with C = mean_j (k_j - mean k) v_j^T, row i's dq is scale * C dO_i, dk_j collects
+    scale / n * q_i (dO_i . (v_j - mean v)) and dv_j gets dO_i / n. O(seqlen * headdim^2) per head, not a second
+    attention."""
+    while keep.dim() < 4:
+        keep = keep.unsqueeze(0)
+    sq, sk = qf.shape[1], kf.shape[1]
+    lo, hi = _band_rows(sq, sk, mask.causal, mask.window_left, mask.window_right, qf.device)
+    kept = torch.nn.functional.pad(torch.cumsum(keep.to(torch.int32), -1), (1, 0))  # keys kept before key j
+    sees = (kept.index_select(-1, hi) - kept.index_select(-1, lo)) > 0                # (..., 1, sq)
+    sees = sees.transpose(-1, -2).transpose(1, 2)                                     # (b, sq, h, 1)
+    dtype = torch.promote_types(vf.dtype, torch.float32)
+    batch, _, heads_k, headdim_v = vf.shape
+    groups = qf.shape[2] // heads_k
+    v32 = vf.to(dtype)
+    n = torch.sym_max(sk, 1)
+    vbar = v32.sum(1, keepdim=True) / n
+    uniform = vbar.unsqueeze(3).expand(batch, 1, heads_k, groups, headdim_v).flatten(2, 3)
+    if mask.empty_rows == "add" and (qf.requires_grad or kf.requires_grad):
+        k32 = kf.to(dtype)
+        cov = torch.einsum("bjhd,bjhe->bhde", k32 - k32.sum(1, keepdim=True) / n, v32.detach()) / n
+        lin = torch.einsum("bihgd,bhde->bihge", qf.to(dtype).unflatten(2, (heads_k, groups)), cov).flatten(2, 3)
+        lin = lin * (scale if scale is not None else qf.shape[-1] ** -0.5)
+        uniform = uniform + (lin - lin.detach())   # 0 in value, the Jacobian's term in the gradient
+    return torch.where(sees, out, uniform.to(out.dtype))
 
 
 def _fake_like(value, requires_grad: bool):
@@ -481,6 +548,8 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
     else:
         requires = [i in plan.grads or i in plan.partial for i in range(len(inputs))]
         tangent = plan.grad_out
+    # (a bias that needs a gradient is read whole: its gradient is then the one autograd expects of it)
+    spec = [e._replace(key_row=False) if e.key_row and requires[3 + i] else e for i, e in enumerate(spec)]
     gm = trace_replacement(site, spec, inputs, requires, tangent, fake_mode)
 
     order = {n: i for i, n in enumerate(graph.nodes)}

@@ -112,9 +112,13 @@ class Site:
             out["softcap"] = self.softcap
         if self.scale is not None:
             out["scale"] = round(float(self.scale), 6) if not self.scale_tensors else "tensor"
-        if self.mask.bias:
+        if self.mask.document:
+            out["varlen"] = "document ids"
+        elif self.mask.bias:
             kinds = {"bool" if b[0] in ("keep", "drop") else "float" for b in self.mask.bias}
             out["bias"] = "+".join(sorted(kinds))
+            if all(b.key_row or len(shape(b.node) or ()) < 2 or same(shape(b.node)[-2], 1) for b in self.mask.bias):
+                out["key_row"] = True   # read as a (..., 1, seqlen_k) padding mask: fa2's cheap key-row bias
         if self.mask.notes:
             out["note"] = "; ".join(self.mask.notes)
         if self.q is not None and self.k is not None:
@@ -700,6 +704,12 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
         if len(users) != 1:
             if not users:
                 raise Reject("the softmax output is not used")
+            if any(u.op == "output" for u in users):
+                raise Reject("the attention probabilities are an output of the compiled graph: returned as attention "
+                             "weights (output_attentions=False / need_weights=False does not compute them), or kept "
+                             "alive past a graph break later in the layer (torch._dynamo.explain(model)(*inputs) "
+                             "lists the breaks; e.g. a mixture of experts whose backward reads its routing on the "
+                             "host: transformers' experts_implementation=\"batched_mm\" traces whole)")
             raise Reject("the attention probabilities are also used elsewhere (returned as attention weights: "
                          "nn.MultiheadAttention(..., need_weights=False) or Hugging Face's output_attentions=False "
                          "does not compute them, and fa2 rewrites the site)")
@@ -767,7 +777,13 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
     site.bmm_qk, site.bmm_pv, site.p_operand = bmm_qk, bmm_pv, p3
     site.scale, site.softcap, site.scale_tensors = scale, softcap, tensor_scales
     site.score_shape = s
-    site.mask = _plan(terms, s, val(x).dtype)
+    # (the rows a split padding mask leaves without a key are recomputed in the (batch, seqlen, heads) layout; an
+    # added fill's gradient there is linear in q, k, v only without a softcap or a tensor scale)
+    allowed = () if out_layout == "nsd" else ("fill", "document") if softcap or tensor_scales else \
+        ("fill", "add", "document")
+    site.mask = _plan(terms, s, val(x).dtype, allowed)
+    if site.mask.document and not document_fits(s, val(x).device):
+        site.mask = _plan(terms, s, val(x).dtype, tuple(a for a in allowed if a != "document"))
     fills = [e for e in site.mask.bias if e.kind == "fill"]
     if len(fills) > 1 and any(e.kind == "add" and e.overwritten for e in site.mask.bias):
         raise Reject("a bias added before several finite-valued masks")
@@ -820,11 +836,13 @@ def _read_through_upcasts(site: Site, out_dtype):
             opnd.node = src
 
 
-def _plan(terms, score_shape, dtype) -> MaskPlan:
-    plan = plan_masks(terms, score_shape[-2], score_shape[-1], dtype, len(score_shape))
+def _plan(terms, score_shape, dtype, empty_rows=()) -> MaskPlan:
+    plan = plan_masks(terms, score_shape[-2], score_shape[-1], dtype, len(score_shape), empty_rows)
     if isinstance(plan, str):
         raise Reject(plan)
     for entry in plan.bias:
+        if entry.kind == "doc":  # (per-token ids, checked against the scores by masks._document_plan)
+            continue
         b = shape(entry[1])
         if b is not None and entry.folded:
             b = unfolded_shape(b, score_shape)
@@ -834,6 +852,21 @@ def _plan(terms, score_shape, dtype) -> MaskPlan:
             if not (same(dim_b, 1) or same(dim_b, dim_s)):
                 raise Reject("the mask does not broadcast to the scores")
     return plan
+
+
+# The CUDA kernels' grid takes at most this many sequences (plan.cpp); a document mask runs as batch * seqlen of them
+CUDA_MAX_SEQUENCES = 65535
+
+
+def document_fits(score_shape, device) -> bool:
+    """Whether a document mask over these scores may run as varlen (masks._document_plan): on CUDA its
+    batch * seqlen sequences (most of them empty) must fit the grid; under dynamic shapes that is a guard."""
+    if device.type != "cuda":
+        return True
+    sequences = score_shape[0] * score_shape[-1]
+    if isinstance(sequences, int):
+        return sequences <= CUDA_MAX_SEQUENCES
+    return guard_bool(sequences <= CUDA_MAX_SEQUENCES)
 
 
 def unfolded_shape(b, score_shape):
@@ -988,7 +1021,10 @@ def sdpa_site(node, bwd) -> Site | None:
                 terms.append(MaskTerm("where", mask, keep_if_true=True, fill=-math.inf))
             else:
                 terms.append(MaskTerm("add", mask))
-        plan = plan_masks(terms, sq, sk, val(q).dtype, 4)
+        plan = plan_masks(terms, sq, sk, val(q).dtype, 4, ("fill", "add", "document"))
+        if not isinstance(plan, str) and plan.document and \
+                not document_fits((shape(q)[0], shape(q)[1], sq, sk), val(q).device):
+            plan = plan_masks(terms, sq, sk, val(q).dtype, 4, ("fill", "add"))
         if isinstance(plan, str):
             raise Reject(plan)
         site.mask = plan
