@@ -364,6 +364,32 @@ def test_compile_fullgraph_no_graph_break(device):
     assert abs(loss.item() - f(q, k, v).item()) < 0.25 * abs(loss.item())
 
 
+def test_cuda_graph_replays_draw_fresh_masks():
+    """Under CUDA graph capture the draw is the CUDA generator's capture-safe one and the kernels read rng_state from
+    device memory: each replay drops other weights (v = the identity shows the mask: out's zeros)."""
+    _needs("cuda")
+    sk = 64
+    q, k, _ = make_qkv(1, 32, sk, 2, 2, 32, dtype=torch.bfloat16, device="cuda")
+    v = torch.eye(sk, dtype=torch.bfloat16, device="cuda").expand(1, 2, sk, sk).transpose(1, 2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fa2.attention(q, k, v, dropout_p=0.5)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa2.attention(q, k, v, dropout_p=0.5)
+    masks = []
+    for _ in range(2):
+        graph.replay()
+        masks.append(out != 0)
+    torch.cuda.synchronize()
+    assert not torch.equal(masks[0], masks[1])
+    for m in masks:
+        assert _binomial_ok(int(m.sum()), m.numel(), 0.5)
+
+
 # ---- the plan: Hopper routes dropout to the sm80 path ----------------------------------------------------------------
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
