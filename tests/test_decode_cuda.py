@@ -74,3 +74,19 @@ def test_declines_too_many_rows():
     q, k, v, lens, _ = build_case([10], 32, 16, 1, 64, torch.bfloat16)
     with pytest.raises(RuntimeError, match="does not take this call: more than 256 query rows"):
         torch.ops.fa2._decode_attention(q, k, v, lens)
+
+
+def test_bad_indices_read_inside_the_cache():
+    """block_table / cache_batch_idx values outside the cache (not checked on the host: that would sync) are clamped
+    into it: the result equals the call with the clamped indices, and nothing outside the cache is read."""
+    q, k, v, lens, kw = build_case([40, 100], 1, 8, 2, 64, torch.bfloat16, page=16, capacity=128)
+    table = kw["block_table"].clone()
+    table[0, 1], table[1, 3] = 10**6, -5
+    got = torch.ops.fa2._decode_attention(q, k, v, lens, block_table=table)
+    want = torch.ops.fa2._decode_attention(q, k, v, lens, block_table=table.clamp(0, k.shape[0] - 1))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    q, k, v, lens, kw = build_case([40, 100], 1, 8, 2, 64, torch.bfloat16, capacity=128, cache_batch_idx=True)
+    idx = torch.tensor([-3, 99], dtype=torch.int32, device="cuda")
+    got = torch.ops.fa2._decode_attention(q, k, v, lens, cache_batch_idx=idx)
+    want = torch.ops.fa2._decode_attention(q, k, v, lens, cache_batch_idx=idx.clamp(0, k.shape[0] - 1))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -86,6 +86,7 @@ const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, con
     p.capacity = static_cast<int>(k_cache.size(1));
   }
   if (cache_batch_idx) p.cache_batch_idx = cache_batch_idx->data_ptr<int>();
+  p.cache_entries = static_cast<int>(k_cache.size(0));
   p.out = out.data_ptr();
   outer_strides(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
   p.lse = lse.data_ptr<float>();

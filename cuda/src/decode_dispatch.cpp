@@ -79,6 +79,10 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const In
     plan.decline = why;
     return plan;
   }
+  if (p.cache_entries <= 0 || (p.block_table == nullptr && p.cache_batch_idx == nullptr && p.cache_entries < p.batch)) {
+    plan.decline = "a cache with fewer rows than the batch (or no blocks)";
+    return plan;
+  }
   if (p.block_table != nullptr && p.cache_batch_idx != nullptr) {
     plan.decline = "cache_batch_idx with a paged cache";
     return plan;

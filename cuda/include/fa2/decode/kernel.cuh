@@ -75,7 +75,7 @@ struct CacheRows {
   __device__ __forceinline__ void offsets(const DecodeParams& p, int key, int64_t& k_off, int64_t& v_off) const {
     int64_t block = cache_row, row = key;
     if (block_table != nullptr) {
-      block = block_table[key / block_size];
+      block = min(max(block_table[key / block_size], 0), p.cache_entries - 1);
       row = key % block_size;
     }
     k_off = block * p.k_batch_stride + row * p.k_row_stride;
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   cache.k = static_cast<const T*>(p.k_cache) + kvh * p.k_head_stride;
   cache.v = static_cast<const T*>(p.v_cache) + kvh * p.v_head_stride;
   cache.block_table = p.block_table != nullptr ? p.block_table + b * p.block_table_batch_stride : nullptr;
-  cache.cache_row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
+  cache.cache_row = p.cache_batch_idx != nullptr ? min(max(p.cache_batch_idx[b], 0), p.cache_entries - 1) : b;
   cache.block_size = p.block_size;
 
   // -- prologue: kStages - 1 tiles in flight (Q joins the first group); one commit group per tile, empty past the end

@@ -30,6 +30,9 @@ struct DecodeParams {
   int headdim = 0;        // a multiple of 8; loads and stores are predicated on it
   int headdim_rounded = 0;  // the instance's headdim (>= headdim)
   int capacity = 0;       // keys a batch element can hold: seqlen_cache, or max_blocks * block_size (sizes the plan)
+  // cache rows (batch_cache) or blocks (num_blocks): cache_batch_idx / block_table values are clamped into them, so a
+  // bad index (not checked on the host: that would sync) never reads outside the cache
+  int cache_entries = 0;
 
   float scale = 0.f;       // applied to q.k
   float scale_log2 = 0.f;  // scale * log2(e) (no softcap)
