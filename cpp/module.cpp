@@ -129,6 +129,11 @@ fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::
     static float some_buffer[4];  // (an address for dbias: a gradient asked for)
     if (get("bias_requires_grad", false)) p.dbias = some_buffer;
   }
+  if (get("varlen", false)) {  // packed sequences: batch sequences of seqlen_q / seqlen_k (their max_seqlen)
+    static const int some_cu_seqlens[2] = {0, 0};  // (addresses only: a plan never reads them)
+    p.cu_seqlens_q = p.cu_seqlens_k = some_cu_seqlens;
+    p.total_q = p.batch * p.seqlen_q, p.total_k = p.batch * p.seqlen_k;
+  }
   return p;
 }
 

@@ -109,19 +109,26 @@ int pick_instance(const char* direction, const AttentionParams& p, const DeviceD
 
 int arch_tag_of(const InstanceDesc& e) { return e.arch * 10 + (e.arch_specific ? 1 : 0); }
 
-// The tag of the kernels a call runs from instance e: varlen calls run the sm80 path's (fwd_kernel.cuh / bwd_kernel.cuh
-// with kVarlen), also where e is an sm_90a instance (pick_instance, not preferring those, found no sm_90 one: such a
-// build's sm_90a instances carry them, cmake/Kernels.cmake).
-int kernel_arch_tag(const InstanceDesc& e, bool varlen) { return varlen ? e.arch * 10 : arch_tag_of(e); }
+// The tag of the kernels a call runs from instance e: sm80_varlen calls run the sm80 path's (fwd_kernel.cuh /
+// bwd_kernel.cuh with kVarlen), also where e is an sm_90a instance (pick_instance, not preferring those, found no sm_90
+// one: such a build's sm_90a instances carry them, cmake/Kernels.cmake).
+int kernel_arch_tag(const InstanceDesc& e, bool sm80_varlen) { return sm80_varlen ? e.arch * 10 : arch_tag_of(e); }
+
+// Whether a varlen forward may run the sm_90a kernels (TMA loads over the packed tensors) where its instance is one:
+// while the option is on and the instances load with the TMA. (The backward's varlen: the sm80 path's for now.)
+bool sm90_varlen_forward(const DevOptions& options) { return options.sm90_varlen && FA2_SM90_TMA; }
 
 // A varlen call (params.h) takes no bias (the checks reject one before any plan); its note.
-const char* check_varlen_call(const char* direction, const AttentionParams& p, PlanNotes* notes) {
+const char* check_varlen_call(const char* direction, const AttentionParams& p, bool sm90a, PlanNotes* notes) {
   if (p.bias_type != BiasType::kNone || p.dbias != nullptr) {
     return message(std::string("fa2: the CUDA varlen ") + direction + " takes no bias");
   }
   note(notes, [&] {
-    return std::string("varlen: the sm80 path's ") + direction + " kernel, a " +
-           (direction[0] == 'f' ? "query" : "key") + " block of one sequence per CTA (those past its end exit)";
+    return std::string("varlen: ") +
+           (sm90a ? "the sm_90a kernels, TMA loads from each sequence's first row of the packed tensors"
+                  : std::string("the sm80 path's ") + direction + " kernel") +
+           ", a " + (direction[0] == 'f' ? "query" : "key") +
+           " block of one sequence per tile (those past its end are skipped)";
   });
   return nullptr;
 }
@@ -176,7 +183,8 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   // the default of causal / windowed calls: the schedule the tile-counter and key-bias kernels are built for
   const Sm90Schedule built_default = tma ? sm90_default_schedule(headdim, true) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = built_default;
-  const bool forced = tma && options.sm90_schedule != Sm90Schedule::kAuto;
+  // (varlen: the defaults only, the schedules its kernels are built for: fwd_launch_template.cuh)
+  const bool forced = tma && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
   if (tma) schedule = forced ? options.sm90_schedule : sm90_default_schedule(headdim, !equal_blocks);
   if (tma) {
     note(notes, [&] {
@@ -200,7 +208,7 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
     // twins, for fewer instantiations only where they are used by default
     c.has_tile_counter_twin = schedule == Sm90Schedule::kPingpongOverlap && fwd_persistent_headdim(headdim) &&
                               built_default == Sm90Schedule::kPingpongOverlap;
-    c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim);
+    c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim) && !is_varlen(p);
   } else if (tma && key_row_bias && (schedule != Sm90Schedule::kPipelined || !forced)) {
     if (built_default != Sm90Schedule::kPipelined) {
       c.ws = true, c.schedule = sm90_key_bias_schedule(headdim);
@@ -326,11 +334,14 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
                  const InstanceDesc* instances, int num_instances, PlanBuffers buffers, PlanNotes* notes) {
   FwdPlan plan;
   plan.varlen = is_varlen(p);
-  plan.instance = pick_instance("forward", p, device, options, instances, num_instances, !plan.varlen, &plan.error);
+  const bool sm90_varlen = plan.varlen && sm90_varlen_forward(options);
+  plan.instance = pick_instance("forward", p, device, options, instances, num_instances,
+                                !plan.varlen || sm90_varlen, &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  if (plan.varlen && (plan.error = check_varlen_call("forward", p, notes))) return plan;
-  plan.arch_tag = kernel_arch_tag(inst, plan.varlen), plan.headdim = inst.headdim, plan.bias = p.bias_type;
+  const bool sm80_varlen = plan.varlen && !(sm90_varlen && arch_tag_of(inst) == 901);
+  if (plan.varlen && (plan.error = check_varlen_call("forward", p, !sm80_varlen, notes))) return plan;
+  plan.arch_tag = kernel_arch_tag(inst, sm80_varlen), plan.headdim = inst.headdim, plan.bias = p.bias_type;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (inst.arch_specific ? " (arch-specific instances preferred)"
@@ -645,7 +656,7 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
                                 options.sm90_backward && !plan.varlen, &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  if (plan.varlen && (plan.error = check_varlen_call("backward", p, notes))) return plan;
+  if (plan.varlen && (plan.error = check_varlen_call("backward", p, /*sm90a=*/false, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, plan.varlen), plan.headdim = inst.headdim;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +

@@ -78,9 +78,8 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     //    q_row0 / k_row0 of the packed tensors, its own lengths); a block past the sequence's end has nothing to do.
     const int m0 = m_block * Traits::kBlockM;
     const SequenceBounds seq = scheduler.sequence(batch);
-    if (Traits::kVarlen && m0 >= seq.seqlen_q) continue;
-    const BlockInfo tile_info =
-        Traits::kVarlen ? BlockInfo{seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right} : info;
+    if (Traits::kVarlen && m0 >= seq.seqlen_q) continue;  // (as the producer: FwdTileScheduler::in_sequence)
+    const BlockInfo tile_info = scheduler.tile_info(seq, info);
     // the batch element's offset in a tensor: its batch stride, or a varlen sequence's first row
     auto at_batch = [&](int64_t batch_stride, int64_t row_stride, int row0) {
       return Traits::kVarlen ? int64_t(row0) * row_stride : batch * batch_stride;
@@ -108,7 +107,7 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
     const FwdTile<Traits> tile{p,      tile_info, shared,  pipe,       tma, tid, lane, headdim, {m_block, head, batch},
                                m0,     rows_q,  range,     head_k,     bias_head,    bias_batch,   q,  k,  v,
-                               bias_bh, more_tiles, trace_base};
+                               bias_bh, more_tiles, trace_base, seq};
     // -- prologue: Q and the first (highest) key tile in flight
     Mainloop::prologue(tile);
     float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
@@ -136,7 +135,8 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 // (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v and a staged key-row bias (sm_90a instances with FA2_SM90_TMA; unused
 // otherwise).
-// kVarlen: packed sequences (params.h), the sm80 path's kernels only (one tile per CTA, no bias).
+// kVarlen: packed sequences (params.h), no bias, no clusters: the sm80 path's kernels and the sm_90a ones with TMA
+// loads (maps over the packed tensors: fwd_launch_template.cuh).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false,
           bool kVarlen = false>

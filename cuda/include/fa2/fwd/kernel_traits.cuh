@@ -31,7 +31,8 @@ struct FwdKernelTraits {
   static constexpr bool kTileCounter = kTileCounter_;
   static constexpr bool kCluster = kCluster_;
   // kVarlen: packed sequences (params.h): each tile's rows, lengths and block info are its sequence's
-  // (fwd/tile_scheduler.cuh); the one-tile-per-CTA cp.async kernels, without a bias.
+  // (fwd/tile_scheduler.cuh), without a bias: the cp.async kernels, and the TMA ones, whose copies address the packed
+  // tensors from the sequence's first row (rows past its end load but are masked as keys and never stored as queries).
   static constexpr bool kVarlen = kVarlen_;
 
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
@@ -104,8 +105,8 @@ struct FwdKernelTraits {
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
   static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
-  static_assert(!kVarlen || (!kTma && !kWs && kBias == BiasType::kNone),
-                "varlen: the cp.async kernels (one tile per CTA), no bias");
+  static_assert(!kVarlen || (kBias == BiasType::kNone && !kCluster),
+                "varlen: no bias, no clusters (a pair's two query blocks may lie in different sequences)");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
                 "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
 };
