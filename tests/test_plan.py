@@ -103,6 +103,12 @@ BWD_TABLE = [
     # A100: the sm80 tiles; d 64's key-row bias does not fit them there: the small tiles
     (A100, dict(seqlen_q=1024, headdim=128), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain>", {}),
     (A100, dict(seqlen_q=1024, headdim=64), "bwd_kernel<bf16, 64, sm80, sm80 small tiles, plain>", {}),
+    # varlen: on H100 bwd_kernel's wgmma tiles (the sm80 ones on the score-mod path), fp32 GQA partials; A100 sm80
+    (H100, dict(seqlen_q=4096, headdim=128, varlen=True),
+     "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain, varlen>", dict(grid="(32, 16, 2)")),
+    (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0, nheads_k=2, varlen=True),
+     "bwd_kernel<bf16, 128, sm90a, sm80 tiles, score-mod, varlen>", dict(gqa_dkv="partials")),
+    (A100, dict(seqlen_q=1024, headdim=128, varlen=True), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain, varlen>", {}),
 ]
 
 
@@ -148,6 +154,9 @@ def test_options_change_the_plan():
     # varlen: the sm80 path's kernels on Hopper with sm90_varlen off; a forced schedule is not a varlen one
     with dev.options_override(sm90_varlen=False):
         assert "128, sm90, plain, bias none, varlen>" in kernel("fwd", H100, varlen=True, **call)["kernel"]
+        assert "128, sm90, sm80 tiles, plain, varlen>" in kernel("bwd", H100, varlen=True, **call)["kernel"]
+    with dev.options_override(sm90_backward=False):
+        assert "128, sm90, sm80 tiles, plain, varlen>" in kernel("bwd", H100, varlen=True, **call)["kernel"]
     with dev.options_override(sm90_schedule="pingpong"):
         assert "warp-specialized overlap, varlen>" in kernel("fwd", H100, varlen=True, **call)["kernel"]
     with dev.options_override(sm90_backward=False):

@@ -216,24 +216,30 @@ SHAPES_HOPPER = [
 
 
 @pytest.mark.parametrize("route", ["sm90a", "sm80"])
-def test_varlen_hopper_forward_routes(route):
-    """On compute capability 9.0 both varlen forward routes (development option sm90_varlen: the sm_90a kernels with
-    TMA loads over the packed tensors, or the sm80 path's) are within the rule on the CUDA samples and on shapes that
-    meet the sm_90a schedules, plain, causal and windowed; the plan names the route's kernels."""
+def test_varlen_hopper_routes(route):
+    """On compute capability 9.0 both varlen routes (development option sm90_varlen: the sm_90a kernels, the forward's
+    with TMA loads over the packed tensors, or the sm80 path's) are within the rule, forward on the CUDA samples and
+    on shapes that meet the sm_90a schedules (plain, causal and windowed), backward on the CUDA samples; the plans
+    name the route's kernels."""
     _needs("cuda")
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("two varlen forward routes on compute capability 9.0 only")
+        pytest.skip("two varlen routes on compute capability 9.0 only")
     g = torch.Generator(device="cuda").manual_seed(3)
     samples = varlen_samples("cuda", torch.bfloat16, full=True)
     for shape in SHAPES_HOPPER:
         for flags in ({}, {"causal": True}, {"window_left": 100, "window_right": 0}):
             samples.append(make_varlen(*shape, dtype=torch.bfloat16, device="cuda", flags=flags, generator=g))
     with fa2.dev.options_override(sm90_varlen=(route == "sm90a")):
-        for d in (64, 128, 192, 256):
-            plan = fa2.dev.plan("fwd", varlen=True, batch=2, nheads=4, seqlen_q=512, headdim=d, causal=True)
-            assert ("sm90a" in plan["kernel"]) == (route == "sm90a") and "varlen" in plan["kernel"], plan
+        for direction in ("fwd", "bwd"):
+            for d in (64, 128, 192, 256):
+                plan = fa2.dev.plan(direction, varlen=True, batch=2, nheads=4, seqlen_q=512, headdim=d, causal=True)
+                assert ("sm90a" in plan["kernel"]) == (route == "sm90a") and "varlen" in plan["kernel"], plan
         for s in samples:
             _check_forward(s)
+        for s in varlen_samples("cuda", torch.bfloat16, requires_grad=True, full=True, seed=2):
+            dout = torch.randn(s.q.shape[:-1] + s.v.shape[-1:], dtype=s.q.dtype, device="cuda")
+            out = fa2.varlen_attention(*s.args(), **s.kwargs)
+            _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -114,9 +114,11 @@ int arch_tag_of(const InstanceDesc& e) { return e.arch * 10 + (e.arch_specific ?
 // one: such a build's sm_90a instances carry them, cmake/Kernels.cmake).
 int kernel_arch_tag(const InstanceDesc& e, bool sm80_varlen) { return sm80_varlen ? e.arch * 10 : arch_tag_of(e); }
 
-// Whether a varlen forward may run the sm_90a kernels (TMA loads over the packed tensors) where its instance is one:
-// while the option is on and the instances load with the TMA. (The backward's varlen: the sm80 path's for now.)
+// Whether a varlen call may run the sm_90a kernels where its instance is one, while the option is on: the forward's
+// (TMA loads over the packed tensors) where the instances load with the TMA; the backward's (bwd_kernel.cuh with the
+// wgmma tiles, cp.async loads) while those tiles are on (sm90_backward).
 bool sm90_varlen_forward(const DevOptions& options) { return options.sm90_varlen && FA2_SM90_TMA; }
+bool sm90_varlen_backward(const DevOptions& options) { return options.sm90_varlen && options.sm90_backward; }
 
 // A varlen call (params.h) takes no bias (the checks reject one before any plan); its note.
 const char* check_varlen_call(const char* direction, const AttentionParams& p, bool sm90a, PlanNotes* notes) {
@@ -124,9 +126,11 @@ const char* check_varlen_call(const char* direction, const AttentionParams& p, b
     return message(std::string("fa2: the CUDA varlen ") + direction + " takes no bias");
   }
   note(notes, [&] {
+    const bool forward = direction[0] == 'f';
     return std::string("varlen: ") +
-           (sm90a ? "the sm_90a kernels, TMA loads from each sequence's first row of the packed tensors"
-                  : std::string("the sm80 path's ") + direction + " kernel") +
+           (!sm90a   ? std::string("the sm80 path's ") + direction + " kernel"
+            : forward ? "the sm_90a kernels, TMA loads from each sequence's first row of the packed tensors"
+                      : "bwd_kernel.cuh's sm_90a kernel (wgmma tiles, cp.async loads; not the warp-specialized one)") +
            ", a " + (direction[0] == 'f' ? "query" : "key") +
            " block of one sequence per tile (those past its end are skipped)";
   });
@@ -523,7 +527,8 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   const BwdWsShape ws_shape = bwd_ws_shape(plan.headdim);
   const bool ws_smem = ws_capable && check_smem("backward", plan.headdim, ws_shape.shape.smem, device) == nullptr;
   auto ws_eligible = [&](GqaDkv gqa_dkv) {
-    return ws_capable && options.sm90_ws_backward && (!score_mod || plan.key_bias) && !p.deterministic &&
+    return ws_capable && !plan.varlen && options.sm90_ws_backward && (!score_mod || plan.key_bias) &&
+           !p.deterministic &&
            bwd_ws_applies(p, gqa_dkv, ws_shape.shape.block_m, plan.key_bias) && ws_smem &&
            (p.h_h_k_ratio == 1 || gqa_dkv != GqaDkv::kAccumulate ||
             gqa_accumulators_usable(p, buffers, plan.headdim, ws_shape.shape.block_n));
@@ -652,12 +657,14 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
                  const InstanceDesc* instances, int num_instances, PlanBuffers buffers, PlanNotes* notes) {
   BwdPlan plan;
   plan.varlen = is_varlen(p);
+  const bool sm90_varlen = plan.varlen && sm90_varlen_backward(options);
   plan.instance = pick_instance("backward", p, device, options, instances, num_instances,
-                                options.sm90_backward && !plan.varlen, &plan.error);
+                                options.sm90_backward && (!plan.varlen || sm90_varlen), &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  if (plan.varlen && (plan.error = check_varlen_call("backward", p, /*sm90a=*/false, notes))) return plan;
-  plan.arch_tag = kernel_arch_tag(inst, plan.varlen), plan.headdim = inst.headdim;
+  const bool sm80_varlen = plan.varlen && !(sm90_varlen && arch_tag_of(inst) == 901);
+  if (plan.varlen && (plan.error = check_varlen_call("backward", p, !sm80_varlen, notes))) return plan;
+  plan.arch_tag = kernel_arch_tag(inst, sm80_varlen), plan.headdim = inst.headdim;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (options.sm90_backward ? "" : " (option sm90_backward off: sm_90a instances not preferred)");

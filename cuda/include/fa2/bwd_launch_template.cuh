@@ -39,11 +39,19 @@ const char* launch_bwd_kernel(const BwdPlan& plan, const AttentionParams& p, cud
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// The varlen main kernel (bwd_kernel.cuh, kVarlen) of one score path, the sm80 path's, where the instance has the
-// varlen kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a one runs them with the sm80 path's tag 900): on sm_90
-// only with the regular tiles (plan.cpp, choose_bwd_tiles), so that few kernels are instantiated.
+// The varlen main kernel (bwd_kernel.cuh, kVarlen) of one score path: an sm_90a plan's (arch_tag 901: the wgmma tiles
+// on the plain path, the sm80 ones on the score-mod path, as a dense call's), else the sm80 path's, where the instance
+// has those varlen kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a one runs them with the sm80 path's tag
+// 900): on sm_90 only with the regular tiles (plan.cpp, choose_bwd_tiles), so that few kernels are instantiated.
 template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kVarlenKernels>
 const char* launch_bwd_varlen_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
+  if (plan.arch_tag == 901) {
+    if constexpr (kArch == 901 && (Cfg::kWgmma || kScoreMod)) {
+      return launch_bwd_kernel<T, Cfg, kArch, kScoreMod, /*kKeyBias=*/false, /*kVarlen=*/true>(plan, p, stream);
+    } else {
+      return "fa2: the backward plan names a kernel this instance does not have";
+    }
+  }
   if constexpr (kVarlenKernels && (kArch < 900 || std::is_same_v<Cfg, BwdTileConfig<Cfg::kHeadDim>>)) {
     return launch_bwd_kernel<T, Cfg, kArch / 10 * 10, kScoreMod, /*kKeyBias=*/false, /*kVarlen=*/true>(plan, p,
                                                                                                       stream);

@@ -107,9 +107,11 @@ struct BwdPlan {
   int threads = 0, smem = 0;
   int64_t workspace_ints = 0;
   bool zero_workspace = false;  // the caller zeroes the workspace (the deterministic mode's counters)
-  // packed sequences (params.h, is_varlen): bwd_kernel.cuh's kernel with kVarlen and the sm80 tiles (arch_tag 800 ..
-  // 900, as FwdPlan::varlen), on a (key blocks of max_seqlen_k, nheads, sequences) grid; no row statistics kernel
-  // (softcap: the caller passes row_lse = lse and a zero row_shift)
+  // packed sequences (params.h, is_varlen): bwd_kernel.cuh's kernel with kVarlen, on a (key blocks of max_seqlen_k,
+  // nheads, sequences) grid; on compute capability 9.0 while options sm90_varlen and sm90_backward are on the sm_90a
+  // one (arch_tag 901: the wgmma tiles, the sm80 ones on the score-mod path; not yet the warp-specialized kernel),
+  // elsewhere the sm80 tiles (arch_tag 800 .. 900, as FwdPlan::varlen); no row statistics kernel (softcap: the caller
+  // passes row_lse = lse and a zero row_shift)
   bool varlen = false;
 };
 
