@@ -9,11 +9,11 @@ heads, a whole tile past the packed tensor's end). Rule (docs/design.md, tests/n
 failure.
 --route sm90a | sm80: the varlen forward's kernels on compute capability 9.0 (development option sm90_varlen; default:
 the default options, sm90a there); the kernels each route plans are printed first.
---bench: times varlen against fa2's dense kernel on the same tokens (equal lengths: batch x S, 16k tokens, hidden
-2048; D 64 / 128, S 1k..8k, causal and not), the forward, each pair's calls interleaved call by call
+--bench (--bench-bwd: the backward alone): times varlen against fa2's dense kernel on the same tokens (equal lengths:
+batch x S, 16k tokens, hidden 2048; D 64 / 128, S 1k..8k, causal and not), each pair's calls interleaved call by call
 (benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen. No checks.
 Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu] [--route sm90a|sm80]
-                                                                  [--bench [--route both]]
+                                                                  [--bench | --bench-bwd [--route both]]
    (or scripts/gpu_check.sh "scripts/dev/varlen_gpu_check.py")
 """
 from __future__ import annotations
@@ -167,26 +167,42 @@ def print_planned_kernels(route):
             print(f"plan  d{d} causal={causal}: {p.get('kernel', p.get('error'))}")
 
 
-def bench(route):
-    """varlen (equal lengths) against the dense kernel on the same tokens, forward, interleaved call by call."""
+def bench(route, backward):
+    """varlen (equal lengths) against the dense kernel on the same tokens, the forward (or the backward alone),
+    interleaved call by call; ratio = dense ms / varlen ms."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from bench_attention import time_interleaved  # noqa: E402  (benchmarks/ on the path just above)
 
     routes = ["sm90a", "sm80"] if route == "both" else [route or "sm90a"]
     tokens, hidden = 16384, 2048
+    print(("backward" if backward else "forward") + f", bf16, {tokens} tokens, hidden {hidden}")
     print(f"{'D':>4} {'S':>5} {'causal':>6} {'dense ms':>9} " + " ".join(f"{'varlen ' + r:>13} {'ratio':>6}"
                                                                         for r in routes))
     for d in (64, 128):
         for s_len in (1024, 2048, 4096, 8192):
             for causal in (False, True):
                 b, h = tokens // s_len, hidden // d
-                q, k, v = (torch.randn(b, s_len, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                q, k, v, dout = (torch.randn(b, s_len, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 cu = torch.arange(0, (b + 1) * s_len, s_len, dtype=torch.int32, device="cuda")
-                qp, kp, vp = (t.view(b * s_len, h, d) for t in (q, k, v))
-                fns = {"dense": (lambda: torch.ops.fa2.fwd(q, k, v, causal=causal), contextlib.nullcontext)}
+                qp, kp, vp, doutp = (t.view(b * s_len, h, d) for t in (q, k, v, dout))
+                out, lse = torch.ops.fa2.fwd(q, k, v, causal=causal)
+                outp, lsep = torch.ops.fa2.varlen_fwd(qp, kp, vp, cu, cu, s_len, s_len, causal=causal)
+                lens = (cu, cu, s_len, s_len)
+                if backward:
+                    def dense():
+                        return torch.ops.fa2.bwd(dout, q, k, v, out, lse, causal=causal)
+
+                    def call():
+                        return torch.ops.fa2.varlen_bwd(doutp, qp, kp, vp, outp, lsep, *lens, causal=causal)
+                else:
+                    def dense():
+                        return torch.ops.fa2.fwd(q, k, v, causal=causal)
+
+                    def call():
+                        return torch.ops.fa2.varlen_fwd(qp, kp, vp, *lens, causal=causal)
+                fns = {"dense": (dense, contextlib.nullcontext)}
                 for r in routes:
-                    fns[r] = (lambda: torch.ops.fa2.varlen_fwd(qp, kp, vp, cu, cu, s_len, s_len, causal=causal),
-                              lambda r=r: route_options(r))
+                    fns[r] = (call, lambda r=r: route_options(r))
                 t = time_interleaved(fns, torch.device("cuda"), warmup_ms=50, rep_ms=300)
                 row = " ".join(f"{t[r]:13.4f} {t['dense'] / t[r]:6.3f}" for r in routes)
                 print(f"{d:4d} {s_len:5d} {str(causal):>6} {t['dense']:9.4f} {row}", flush=True)
@@ -196,8 +212,8 @@ def main():
     quick = "--quick" in sys.argv
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
     route = sys.argv[sys.argv.index("--route") + 1] if "--route" in sys.argv else None
-    if "--bench" in sys.argv:
-        bench(route)
+    if "--bench" in sys.argv or "--bench-bwd" in sys.argv:
+        bench(route, backward="--bench-bwd" in sys.argv)
         return
     if dev == "cuda":
         print_planned_kernels(route)

@@ -85,10 +85,17 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
       return Traits::kVarlen ? int64_t(row0) * row_stride : batch * batch_stride;
     };
     const int rows_q = min(Traits::kBlockM, seq.seqlen_q - m0);
-    T* out = static_cast<T*>(p.out) + at_batch(p.out_batch_stride, p.out_row_stride, seq.q_row0) +
+    // the tile's first row of out and of lse (varlen: of the sequence's rows from q_row0)
+    auto out_rows = [&](const SequenceBounds& s) {
+      return static_cast<T*>(p.out) + at_batch(p.out_batch_stride, p.out_row_stride, s.q_row0) +
              head * p.out_head_stride + m0 * p.out_row_stride;
-    float* lse = Traits::kVarlen ? p.lse + int64_t(head) * p.total_q + seq.q_row0 + m0  // (nheads, total_q)
-                                 : p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+    };
+    auto lse_rows = [&](const SequenceBounds& s) {
+      return Traits::kVarlen ? p.lse + int64_t(head) * p.total_q + s.q_row0 + m0  // (nheads, total_q)
+                             : p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+    };
+    T* out = out_rows(seq);
+    float* lse = lse_rows(seq);
     const KeyBlockRange range = tile_info.key_blocks(m0, Traits::kBlockM, Traits::kBlockN);
     [[maybe_unused]] const int trace_base = FwdTrace::base(tid, trace_tile);
     FA2_CTA_MARK(trace_base, trace_base >= 0);
@@ -118,8 +125,14 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     Mainloop mainloop;  // per tile: what its key loop carries between key tiles (fwd/mainloop_sm90_overlap.cuh)
     mainloop.run(tile, rows, state, use0, q_loads, acc_o, softmax);
     FA2_CTA_MARK(trace_base + FwdTrace::kIters + 1, trace_base >= 0);
+    int rows_out = rows_q;
+    if constexpr (Traits::kVarlen && Traits::kWs) {
+      // (from the sequence's bounds loaded again: kept over the key loop, they cost the consumers spills in it)
+      const SequenceBounds again = scheduler.sequence(batch);
+      out = out_rows(again), lse = lse_rows(again), rows_out = min(Traits::kBlockM, again.seqlen_q - m0);
+    }
     // -- epilogue: O / l, lse
-    Epilogue::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_q, headdim, tid, lane, more_tiles,
+    Epilogue::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_out, headdim, tid, lane, more_tiles,
                     q_loads, scheduler, tile_info, t);
     FA2_CTA_MARK(trace_base + FwdTrace::kIters + 2, trace_base >= 0);
     use0 += range.hi - range.lo;
