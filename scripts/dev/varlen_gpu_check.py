@@ -11,14 +11,17 @@ failure.
 the default options, sm90a there); the kernels each route plans are printed first.
 --bench (--bench-bwd: the backward alone): times varlen against fa2's dense kernel on the same tokens (equal lengths:
 batch x S, 16k tokens, hidden 2048; D 64 / 128, S 1k..8k, causal and not), each pair's calls interleaved call by call
-(benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen. No checks.
+(benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen. --bench-mixed:
+mixed lengths (16k tokens, 64..8k), varlen's useful TFLOP/s against the padded dense call with a key padding mask,
+D 64 / 128 / 256. No checks.
 Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu] [--route sm90a|sm80]
-                                                                  [--bench | --bench-bwd [--route both]]
+                                                                  [--bench | --bench-bwd | --bench-mixed [--route both]]
    (or scripts/gpu_check.sh "scripts/dev/varlen_gpu_check.py")
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from pathlib import Path
 
@@ -208,12 +211,64 @@ def bench(route, backward):
                 print(f"{d:4d} {s_len:5d} {str(causal):>6} {t['dense']:9.4f} {row}", flush=True)
 
 
+def mixed_lengths(tokens, lo, hi, gen):
+    """Lengths drawn uniformly from lo..hi until they fill `tokens` (the last one cut to fit)."""
+    lengths = []
+    while sum(lengths) < tokens:
+        lengths.append(min(int(torch.randint(lo, hi + 1, (1,), generator=gen)), tokens - sum(lengths)))
+    return lengths
+
+
+def bench_mixed(route):
+    """Mixed lengths (16k tokens, lengths 64..8k, seeded), the forward: varlen's useful TFLOP/s (the FLOPs of the real
+    lengths) against the padded dense call on the same batch (a key padding mask, so that it computes the same
+    rows), interleaved call by call."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_attention import time_interleaved  # noqa: E402  (benchmarks/ on the path just above)
+
+    routes = ["sm90a", "sm80"] if route == "both" else [route or "sm90a"]
+    gen = torch.Generator().manual_seed(0)
+    tokens, hidden = 16384, 2048
+    print(f"forward, bf16, {tokens} tokens of lengths 64..8192, hidden {hidden}; TFLOP/s of the real lengths")
+    print(f"{'D':>4} {'causal':>6} {'seqs':>4} {'padded':>7} " + " ".join(f"{'varlen ' + r:>13} {'x pad':>6}"
+                                                                      for r in routes))
+    for d in (64, 128, 256):
+        for causal in (False, True):
+            lens = mixed_lengths(tokens, 64, 8192, gen)
+            b, h, s_max = len(lens), hidden // d, max(lens)
+            qp, kp, vp = (torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+            pad = [torch.zeros(b, s_max, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+            keep = torch.zeros(b, 1, 1, s_max, dtype=torch.bool, device="cuda")
+            for i, (start, n) in enumerate(zip(cu.tolist(), lens)):
+                for dst, src in zip(pad, (qp, kp, vp)):
+                    dst[i, :n] = src[start:start + n]
+                keep[i, ..., :n] = True
+            flops = sum(4.0 * n * n * d * h / (2 if causal else 1) for n in lens)
+
+            def padded():
+                return torch.ops.fa2.fwd(*pad, attn_bias=keep, causal=causal)
+
+            def varlen():
+                return torch.ops.fa2.varlen_fwd(qp, kp, vp, cu, cu, s_max, s_max, causal=causal)
+            fns = {"padded": (padded, contextlib.nullcontext)}
+            for r in routes:
+                fns[r] = (varlen, lambda r=r: route_options(r))
+            t = time_interleaved(fns, torch.device("cuda"), warmup_ms=50, rep_ms=300)
+            tf = {k: flops / (ms * 1e-3) / 1e12 for k, ms in t.items()}
+            row = " ".join(f"{tf[r]:13.1f} {t['padded'] / t[r]:6.2f}" for r in routes)
+            print(f"{d:4d} {str(causal):>6} {b:4d} {tf['padded']:7.1f} {row}", flush=True)
+
+
 def main():
     quick = "--quick" in sys.argv
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
     route = sys.argv[sys.argv.index("--route") + 1] if "--route" in sys.argv else None
     if "--bench" in sys.argv or "--bench-bwd" in sys.argv:
         bench(route, backward="--bench-bwd" in sys.argv)
+        return
+    if "--bench-mixed" in sys.argv:
+        bench_mixed(route)
         return
     if dev == "cuda":
         print_planned_kernels(route)
