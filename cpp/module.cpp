@@ -137,6 +137,11 @@ fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::
     p.dropout_keep_threshold = fa2::dropout_keep_threshold(dropout_p);
     p.dropout_keep_scale = float(1.0 / (1.0 - dropout_p));
   }
+  if (get("varlen", false)) {  // packed sequences: batch sequences of seqlen_q / seqlen_k (their max_seqlen)
+    static const int some_cu_seqlens[2] = {0, 0};  // (addresses only: a plan never reads them)
+    p.cu_seqlens_q = p.cu_seqlens_k = some_cu_seqlens;
+    p.total_q = p.batch * p.seqlen_q, p.total_k = p.batch * p.seqlen_k;
+  }
   return p;
 }
 

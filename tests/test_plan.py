@@ -58,6 +58,19 @@ FWD_TABLE = [
     (H100, dict(seqlen_q=1000, headdim=80), "96, sm90a, plain, bias none>", None, 0),
     # A100: the sm80 instance
     (A100, dict(seqlen_q=4096, headdim=128, causal=True), "128, sm80, plain, bias none>", None, 0),
+    # varlen (grids of max_seqlen's query blocks): on H100 the sm_90a kernels with each headdim's default schedule,
+    # no clusters (a pair's blocks may lie in different sequences), the tile counter for causal lengths
+    (H100, dict(seqlen_q=4096, headdim=128, varlen=True),
+     "128, sm90a, plain, bias none, warp-specialized overlap, varlen>", "(132, 1, 1)", 0),
+    (H100, dict(seqlen_q=4096, headdim=128, causal=True, varlen=True),
+     "128, sm90a, plain, bias none, warp-specialized pingpong-overlap, tile counter, varlen>", "(132, 1, 1)", 1),
+    (H100, dict(seqlen_q=4096, headdim=64, varlen=True), "64, sm90a, plain, bias none, varlen>", "(32, 16, 2)", 0),
+    (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0, varlen=True), "128, sm90a, general, bias none, varlen>",
+     "(8, 16, 2)", 0),
+    (H100, dict(seqlen_q=4096, headdim=256, causal=True, varlen=True),
+     "256, sm90a, plain, bias none, warp-specialized pingpong-overlap, varlen>", None, 0),
+    (A100, dict(seqlen_q=4096, headdim=128, causal=True, varlen=True), "128, sm80, plain, bias none, varlen>", None,
+     0),
 ]
 
 
@@ -96,6 +109,12 @@ BWD_TABLE = [
     # A100: the sm80 tiles; d 64's key-row bias does not fit them there: the small tiles
     (A100, dict(seqlen_q=1024, headdim=128), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain>", {}),
     (A100, dict(seqlen_q=1024, headdim=64), "bwd_kernel<bf16, 64, sm80, sm80 small tiles, plain>", {}),
+    # varlen: on H100 bwd_kernel's wgmma tiles (the sm80 ones on the score-mod path), fp32 GQA partials; A100 sm80
+    (H100, dict(seqlen_q=4096, headdim=128, varlen=True),
+     "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain, varlen>", dict(grid="(32, 16, 2)")),
+    (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0, nheads_k=2, varlen=True),
+     "bwd_kernel<bf16, 128, sm90a, sm80 tiles, score-mod, varlen>", dict(gqa_dkv="partials")),
+    (A100, dict(seqlen_q=1024, headdim=128, varlen=True), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain, varlen>", {}),
 ]
 
 
@@ -138,6 +157,14 @@ def test_options_change_the_plan():
         assert kernel("fwd", H100, causal=True, **call)["grid"] == "(3, 1, 1)"
     with dev.options_override(arch_specific_kernels=False):
         assert ", sm90, plain" in kernel("fwd", H100, **call)["kernel"]
+    # varlen: the sm80 path's kernels on Hopper with sm90_varlen off; a forced schedule is not a varlen one
+    with dev.options_override(sm90_varlen=False):
+        assert "128, sm90, plain, bias none, varlen>" in kernel("fwd", H100, varlen=True, **call)["kernel"]
+        assert "128, sm90, sm80 tiles, plain, varlen>" in kernel("bwd", H100, varlen=True, **call)["kernel"]
+    with dev.options_override(sm90_backward=False):
+        assert "128, sm90, sm80 tiles, plain, varlen>" in kernel("bwd", H100, varlen=True, **call)["kernel"]
+    with dev.options_override(sm90_schedule="pingpong"):
+        assert "warp-specialized overlap, varlen>" in kernel("fwd", H100, varlen=True, **call)["kernel"]
     with dev.options_override(sm90_backward=False):
         assert "bwd_kernel<bf16, 128, sm90, sm80 tiles, plain>" in kernel("bwd", H100, **call)["kernel"]
     with dev.options_override(sm90_ws_backward=False):
@@ -159,7 +186,8 @@ def test_options_namespace():
     assert defaults == {"arch_specific_kernels": True, "sm90_schedule": "auto", "persistent_forward_ctas": -1,
                         "fwd_cluster": True, "tile_order_tail": True, "sm90_backward": True, "sm90_ws_backward": True,
                         "key_bias_backward": True, "bwd_small_tiles": False, "bwd_gqa_grouping": -1,
-                        "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True}
+                        "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True,
+                        "sm90_varlen": True}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1

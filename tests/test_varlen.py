@@ -201,6 +201,47 @@ def test_varlen_backward_matches_reference(device, dtype, share):
         _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
 
 
+# What the sm_90a forward's schedules meet (Hopper): persistent CTAs over more tiles than SMs (d 128), many short
+# sequences beside a long one (most tiles of max_seqlen's grid past their sequence's end: skipped, with the tile counter
+# never handed out), lengths at and around the 128-row tile, a last tile past the packed tensor's end, 192 / 256 heads.
+TILE_EDGES = [128, 1, 129, 255, 256, 127, 0, 3000]
+SHAPES_HOPPER = [
+    ([4096, 1000, 3000, 1], [4096, 1000, 3000, 7], 8, 2, 128),
+    ([(7 * i) % 41 for i in range(120)] + [2500], [(5 * i) % 37 + 1 for i in range(120)] + [2600], 4, 4, 128),
+    (TILE_EDGES, TILE_EDGES[::-1], 4, 4, 128),
+    (TILE_EDGES, TILE_EDGES, 4, 2, 64),
+    (TILE_EDGES, TILE_EDGES, 4, 2, 192),
+    (TILE_EDGES, TILE_EDGES, 4, 2, 256),
+]
+
+
+@pytest.mark.parametrize("route", ["sm90a", "sm80"])
+def test_varlen_hopper_routes(route):
+    """On compute capability 9.0 both varlen routes (development option sm90_varlen: the sm_90a kernels, the forward's
+    with TMA loads over the packed tensors, or the sm80 path's) are within the rule, forward on the CUDA samples and
+    on shapes that meet the sm_90a schedules (plain, causal and windowed), backward on the CUDA samples; the plans
+    name the route's kernels."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("two varlen routes on compute capability 9.0 only")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    samples = varlen_samples("cuda", torch.bfloat16, full=True)
+    for shape in SHAPES_HOPPER:
+        for flags in ({}, {"causal": True}, {"window_left": 100, "window_right": 0}):
+            samples.append(make_varlen(*shape, dtype=torch.bfloat16, device="cuda", flags=flags, generator=g))
+    with fa2.dev.options_override(sm90_varlen=(route == "sm90a")):
+        for direction in ("fwd", "bwd"):
+            for d in (64, 128, 192, 256):
+                plan = fa2.dev.plan(direction, varlen=True, batch=2, nheads=4, seqlen_q=512, headdim=d, causal=True)
+                assert ("sm90a" in plan["kernel"]) == (route == "sm90a") and "varlen" in plan["kernel"], plan
+        for s in samples:
+            _check_forward(s)
+        for s in varlen_samples("cuda", torch.bfloat16, requires_grad=True, full=True, seed=2):
+            dout = torch.randn(s.q.shape[:-1] + s.v.shape[-1:], dtype=s.q.dtype, device="cuda")
+            out = fa2.varlen_attention(*s.args(), **s.kwargs)
+            _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_varlen_equals_padded_attention_per_sequence(device):
     """Each sequence of a packed batch gives what fa2's padded op gives on that sequence alone (bitwise on the CPU,

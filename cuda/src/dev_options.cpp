@@ -12,7 +12,7 @@ const char* const kDevOptionNames[] = {
     "arch_specific_kernels", "sm90_schedule",    "persistent_forward_ctas", "fwd_cluster",
     "tile_order_tail",       "sm90_backward",    "sm90_ws_backward",        "key_bias_backward",
     "bwd_small_tiles",       "bwd_gqa_grouping", "bwd_gqa_accumulate",      "bwd_tail_split",
-    "cpu_bf16_gemm"};
+    "cpu_bf16_gemm",         "sm90_varlen"};
 const int kNumDevOptions = int(sizeof(kDevOptionNames) / sizeof(kDevOptionNames[0]));
 
 namespace {
@@ -139,6 +139,7 @@ const char* set_dev_option(DevOptions* o, const char* key, const char* value) {
   else if (k == "bwd_small_tiles") ok = parse_bool(value, &o->bwd_small_tiles);
   else if (k == "bwd_gqa_accumulate") ok = parse_bool(value, &o->bwd_gqa_accumulate);
   else if (k == "cpu_bf16_gemm") ok = parse_bool(value, &o->cpu_bf16_gemm);
+  else if (k == "sm90_varlen") ok = parse_bool(value, &o->sm90_varlen);
   else if (k == "persistent_forward_ctas") ok = parse_int(value, -1, 1 << 30, &o->persistent_forward_ctas);
   else if (k == "bwd_gqa_grouping") ok = parse_int(value, -1, 1, &o->bwd_gqa_grouping);
   else if (k == "bwd_tail_split") ok = parse_int(value, -1, 1, &o->bwd_tail_split);
@@ -195,6 +196,7 @@ std::string dev_option_value(const DevOptions& o, const char* key) {
   if (k == "bwd_gqa_accumulate") return b(o.bwd_gqa_accumulate);
   if (k == "bwd_tail_split") return std::to_string(o.bwd_tail_split);
   if (k == "cpu_bf16_gemm") return b(o.cpu_bf16_gemm);
+  if (k == "sm90_varlen") return b(o.sm90_varlen);
   return "";
 }
 

@@ -109,19 +109,30 @@ int pick_instance(const char* direction, const AttentionParams& p, const DeviceD
 
 int arch_tag_of(const InstanceDesc& e) { return e.arch * 10 + (e.arch_specific ? 1 : 0); }
 
-// The tag of the kernels a call runs from instance e: varlen calls run the sm80 path's (fwd_kernel.cuh / bwd_kernel.cuh
-// with kVarlen), also where e is an sm_90a instance (pick_instance, not preferring those, found no sm_90 one: such a
-// build's sm_90a instances carry them, cmake/Kernels.cmake).
-int kernel_arch_tag(const InstanceDesc& e, bool varlen) { return varlen ? e.arch * 10 : arch_tag_of(e); }
+// The tag of the kernels a call runs from instance e: sm80_varlen calls run the sm80 path's (fwd_kernel.cuh /
+// bwd_kernel.cuh with kVarlen), also where e is an sm_90a instance (pick_instance, not preferring those, found no sm_90
+// one: such a build's sm_90a instances carry them, cmake/Kernels.cmake).
+int kernel_arch_tag(const InstanceDesc& e, bool sm80_varlen) { return sm80_varlen ? e.arch * 10 : arch_tag_of(e); }
+
+// Whether a varlen call may run the sm_90a kernels where its instance is one, while the option is on: the forward's
+// (TMA loads over the packed tensors) where the instances load with the TMA; the backward's (bwd_kernel.cuh with the
+// wgmma tiles, cp.async loads) while those tiles are on (sm90_backward).
+bool sm90_varlen_forward(const DevOptions& options) { return options.sm90_varlen && FA2_SM90_TMA; }
+bool sm90_varlen_backward(const DevOptions& options) { return options.sm90_varlen && options.sm90_backward; }
 
 // A varlen call (params.h) takes no bias (the checks reject one before any plan); its note.
-const char* check_varlen_call(const char* direction, const AttentionParams& p, PlanNotes* notes) {
+const char* check_varlen_call(const char* direction, const AttentionParams& p, bool sm90a, PlanNotes* notes) {
   if (p.bias_type != BiasType::kNone || p.dbias != nullptr) {
     return message(std::string("fa2: the CUDA varlen ") + direction + " takes no bias");
   }
   note(notes, [&] {
-    return std::string("varlen: the sm80 path's ") + direction + " kernel, a " +
-           (direction[0] == 'f' ? "query" : "key") + " block of one sequence per CTA (those past its end exit)";
+    const bool forward = direction[0] == 'f';
+    return std::string("varlen: ") +
+           (!sm90a   ? std::string("the sm80 path's ") + direction + " kernel"
+            : forward ? "the sm_90a kernels, TMA loads from each sequence's first row of the packed tensors"
+                      : "bwd_kernel.cuh's sm_90a kernel (wgmma tiles, cp.async loads; not the warp-specialized one)") +
+           ", a " + (direction[0] == 'f' ? "query" : "key") +
+           " block of one sequence per tile (those past its end are skipped)";
   });
   return nullptr;
 }
@@ -186,8 +197,13 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   // the default of causal / windowed calls: the schedule the tile-counter and key-bias kernels are built for
   const Sm90Schedule built_default = tma ? sm90_default_schedule(headdim, true) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = built_default;
-  const bool forced = tma && options.sm90_schedule != Sm90Schedule::kAuto;
-  if (tma) schedule = forced ? options.sm90_schedule : sm90_schedule_for_keys(headdim, !equal_blocks, p.seqlen_k);
+  // (varlen: the defaults only, the schedules its kernels are built for: fwd_launch_template.cuh)
+  const bool forced = tma && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
+  if (tma) {
+    schedule = forced        ? options.sm90_schedule
+               : is_varlen(p) ? sm90_default_schedule(headdim, !equal_blocks)
+                              : sm90_schedule_for_keys(headdim, !equal_blocks, p.seqlen_k);
+  }
   if (tma) {
     note(notes, [&] {
       return std::string("schedule: ") + sm90_schedule_name(schedule) +
@@ -211,7 +227,7 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
     // twins, for fewer instantiations only where they are used by default
     c.has_tile_counter_twin = schedule == Sm90Schedule::kPingpongOverlap && fwd_persistent_headdim(headdim) &&
                               built_default == Sm90Schedule::kPingpongOverlap;
-    c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim);
+    c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim) && !is_varlen(p);
   } else if (tma && key_row_bias && (schedule != Sm90Schedule::kPipelined || !forced)) {
     if (built_default != Sm90Schedule::kPipelined) {
       c.ws = true, c.schedule = sm90_key_bias_schedule(headdim);
@@ -338,11 +354,14 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   FwdPlan plan;
   plan.varlen = is_varlen(p);
   plan.dropout = has_dropout(p);
-  const bool sm80_path = plan.varlen || plan.dropout;  // (kernels only the sm80 path has)
-  plan.instance = pick_instance("forward", p, device, options, instances, num_instances, !sm80_path, &plan.error);
+  // dropout: the sm80 path's kernels only; varlen: the sm_90a ones where the option allows, else the sm80 path's
+  const bool sm90_varlen = plan.varlen && !plan.dropout && sm90_varlen_forward(options);
+  plan.instance = pick_instance("forward", p, device, options, instances, num_instances,
+                                !plan.dropout && (!plan.varlen || sm90_varlen), &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  if (plan.varlen && (plan.error = check_varlen_call("forward", p, notes))) return plan;
+  const bool sm80_path = plan.dropout || (plan.varlen && !(sm90_varlen && arch_tag_of(inst) == 901));
+  if (plan.varlen && (plan.error = check_varlen_call("forward", p, !sm80_path, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim, plan.bias = p.bias_type;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
@@ -527,7 +546,8 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   const BwdWsShape ws_shape = bwd_ws_shape(plan.headdim);
   const bool ws_smem = ws_capable && check_smem("backward", plan.headdim, ws_shape.shape.smem, device) == nullptr;
   auto ws_eligible = [&](GqaDkv gqa_dkv) {
-    return ws_capable && options.sm90_ws_backward && (!score_mod || plan.key_bias) && !p.deterministic &&
+    return ws_capable && !plan.varlen && options.sm90_ws_backward && (!score_mod || plan.key_bias) &&
+           !p.deterministic &&
            bwd_ws_applies(p, gqa_dkv, ws_shape.shape.block_m, plan.key_bias) && ws_smem &&
            (p.h_h_k_ratio == 1 || gqa_dkv != GqaDkv::kAccumulate ||
             gqa_accumulators_usable(p, buffers, plan.headdim, ws_shape.shape.block_n));
@@ -657,12 +677,13 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   BwdPlan plan;
   plan.varlen = is_varlen(p);
   plan.dropout = has_dropout(p);
-  const bool sm80_path = plan.varlen || plan.dropout;  // (kernels only the sm80 path has)
+  const bool sm90_varlen = plan.varlen && !plan.dropout && sm90_varlen_backward(options);
   plan.instance = pick_instance("backward", p, device, options, instances, num_instances,
-                                options.sm90_backward && !sm80_path, &plan.error);
+                                options.sm90_backward && !plan.dropout && (!plan.varlen || sm90_varlen), &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  if (plan.varlen && (plan.error = check_varlen_call("backward", p, notes))) return plan;
+  const bool sm80_path = plan.dropout || (plan.varlen && !(sm90_varlen && arch_tag_of(inst) == 901));
+  if (plan.varlen && (plan.error = check_varlen_call("backward", p, !sm80_path, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim;
   if (plan.dropout) {
     note(notes, [&] {

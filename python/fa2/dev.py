@@ -73,7 +73,8 @@ def plan(direction: str = "fwd", device=None, **call) -> dict:
     """The plan of a described call: direction "fwd" or "bwd"; call: batch, seqlen_q, seqlen_k, nheads, nheads_k,
     headdim (q's and k's), headdim_v (v's; default headdim: the plan's "padding" says what the glue zero-pads), dtype
     ("bfloat16" / "float16"), causal, window_left, window_right, softcap, scale, bias ("none", "key_row": a padding
-    mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic, dropout_p.
+    mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic, dropout_p, varlen
+    (packed sequences: batch of them, seqlen_q / seqlen_k their max_seqlen).
     device: None (the current GPU), "h100", "h200", "a100", "l40" or a dict."""
     return dict(_C.plan(direction, call, _device(device)))
 
@@ -154,4 +155,5 @@ def environment_sets(name: str) -> bool:
     import os
 
     keys = [item.split("=", 1)[0].strip() for item in os.environ.get("FA2_DEV_OPTIONS", "").split(",")]
-    return name in keys or os.environ.get(LEGACY_VARIABLES[name]) is not None
+    legacy = LEGACY_VARIABLES.get(name)  # (options newer than FA2_DEV_OPTIONS have none)
+    return name in keys or (legacy is not None and os.environ.get(legacy) is not None)

@@ -2,14 +2,26 @@
 
 The kernels' own check, independent of the Python API: packed sequences of mixed lengths (0, 1, odd, longer than a
 block), causal / windows / softcap, GQA, seqused_k, odd headdims, strided inputs (views of a packed qkv), a max_seqlen
-above the longest sequence, the deterministic backward (bitwise repeatable). Rule (docs/design.md, tests/numerics.py):
-max|fa2 - ref32| <= 2x (out, lse) / 3x (dq, dk, dv) the naive low-precision math's error. One line per case, a summary;
-exit status 1 on any failure.
-Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu]
+above the longest sequence, the deterministic backward (bitwise repeatable); on Hopper also what the sm_90a forward's
+schedules meet (persistent CTAs over many sequences, the tile counter skipping blocks past a sequence's end, 192 / 256
+heads, a whole tile past the packed tensor's end). Rule (docs/design.md, tests/numerics.py): max|fa2 - ref32| <= 2x
+(out, lse) / 3x (dq, dk, dv) the naive low-precision math's error. One line per case, a summary; exit status 1 on any
+failure.
+--route sm90a | sm80: the varlen forward's kernels on compute capability 9.0 (development option sm90_varlen; default:
+the default options, sm90a there); the kernels each route plans are printed first.
+--bench (--bench-bwd: the backward alone): times varlen against fa2's dense kernel on the same tokens (equal lengths:
+batch x S, 16k tokens, hidden 2048; D 64 / 128, S 1k..8k, causal and not), each pair's calls interleaved call by call
+(benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen. --bench-mixed:
+mixed lengths (16k tokens, 64..8k), varlen's useful TFLOP/s against the padded dense call with a key padding mask,
+D 64 / 128 / 256. No checks.
+Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu] [--route sm90a|sm80]
+                                                                  [--bench | --bench-bwd | --bench-mixed [--route both]]
    (or scripts/gpu_check.sh "scripts/dev/varlen_gpu_check.py")
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import sys
 from pathlib import Path
 
@@ -120,18 +132,154 @@ def cases(quick):
     yield "every sequence empty of keys", dict(lens_q=[5, 9], lens_k=[0, 0], h=2, hk=2, d=64, dtype=torch.bfloat16)
     yield "long", dict(lens_q=[4096, 1000, 3000], lens_k=[4096, 1000, 3000], h=8, hk=8, d=128,
                        dtype=torch.bfloat16, causal=True)
+    # the sm_90a forward's schedules: persistent CTAs (d 128, more tiles than SMs) without and with the tile counter,
+    # many short sequences (most tiles of max_seqlen's grid past their sequence's end), lengths at and around the
+    # 128-row tile, the last sequence's tile running past the packed tensor's end, 192 / 256 heads
+    edges = [128, 1, 129, 255, 256, 127, 0, 3000]
+    for causal in (False, True):
+        tag = "causal" if causal else "plain"
+        yield f"persistent long {tag}", dict(lens_q=[4096, 1000, 3000, 1], lens_k=[4096, 1000, 3000, 7], h=8, hk=2,
+                                             d=128, dtype=torch.bfloat16, causal=causal, backward=False)
+        yield f"many short + one long {tag}", dict(lens_q=[(7 * i) % 41 for i in range(120)] + [2500],
+                                                   lens_k=[(5 * i) % 37 + 1 for i in range(120)] + [2600], h=4, hk=4,
+                                                   d=128, dtype=torch.bfloat16, causal=causal, backward=False)
+        yield f"tile edges d128 {tag}", dict(lens_q=edges, lens_k=edges[::-1], h=4, hk=4, d=128,
+                                             dtype=torch.float16, causal=causal, backward=False)
+        for d in (64, 192, 256):
+            yield f"tile edges d{d} {tag}", dict(lens_q=edges, lens_k=edges, h=4, hk=2, d=d, dtype=torch.bfloat16,
+                                                 causal=causal, backward=False)
+    yield "persistent seqused_k window", dict(lens_q=[2000, 1500, 64], lens_k=[2100, 1600, 64],
+                                              seqused=[1900, 1600, 0], h=8, hk=8, d=128, dtype=torch.bfloat16,
+                                              wl=300, wr=0, backward=False)
+
+
+ROUTES = {"sm90a": {"sm90_varlen": True}, "sm80": {"sm90_varlen": False}}
+
+
+def route_options(route):
+    """The development options of a route (None: the process's options as they are)."""
+    return contextlib.nullcontext() if route is None else fa2.dev.options_override(**ROUTES[route])
+
+
+def print_planned_kernels(route):
+    """The forward kernels the current GPU's plans name for a few varlen calls (which route really runs)."""
+    for d in (64, 128, 192, 256):
+        for causal in (False, True):
+            with route_options(route):
+                p = fa2.dev.plan("fwd", varlen=True, batch=4, nheads=8, seqlen_q=2048, headdim=d, causal=causal)
+            print(f"plan  d{d} causal={causal}: {p.get('kernel', p.get('error'))}")
+
+
+def bench(route, backward):
+    """varlen (equal lengths) against the dense kernel on the same tokens, the forward (or the backward alone),
+    interleaved call by call; ratio = dense ms / varlen ms."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_attention import time_interleaved  # noqa: E402  (benchmarks/ on the path just above)
+
+    routes = ["sm90a", "sm80"] if route == "both" else [route or "sm90a"]
+    tokens, hidden = 16384, 2048
+    print(("backward" if backward else "forward") + f", bf16, {tokens} tokens, hidden {hidden}")
+    print(f"{'D':>4} {'S':>5} {'causal':>6} {'dense ms':>9} " + " ".join(f"{'varlen ' + r:>13} {'ratio':>6}"
+                                                                        for r in routes))
+    for d in (64, 128):
+        for s_len in (1024, 2048, 4096, 8192):
+            for causal in (False, True):
+                b, h = tokens // s_len, hidden // d
+                q, k, v, dout = (torch.randn(b, s_len, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                cu = torch.arange(0, (b + 1) * s_len, s_len, dtype=torch.int32, device="cuda")
+                qp, kp, vp, doutp = (t.view(b * s_len, h, d) for t in (q, k, v, dout))
+                out, lse = torch.ops.fa2.fwd(q, k, v, causal=causal)
+                outp, lsep = torch.ops.fa2.varlen_fwd(qp, kp, vp, cu, cu, s_len, s_len, causal=causal)
+                lens = (cu, cu, s_len, s_len)
+                if backward:
+                    def dense():
+                        return torch.ops.fa2.bwd(dout, q, k, v, out, lse, causal=causal)
+
+                    def call():
+                        return torch.ops.fa2.varlen_bwd(doutp, qp, kp, vp, outp, lsep, *lens, causal=causal)
+                else:
+                    def dense():
+                        return torch.ops.fa2.fwd(q, k, v, causal=causal)
+
+                    def call():
+                        return torch.ops.fa2.varlen_fwd(qp, kp, vp, *lens, causal=causal)
+                fns = {"dense": (dense, contextlib.nullcontext)}
+                for r in routes:
+                    fns[r] = (call, lambda r=r: route_options(r))
+                t = time_interleaved(fns, torch.device("cuda"), warmup_ms=50, rep_ms=300)
+                row = " ".join(f"{t[r]:13.4f} {t['dense'] / t[r]:6.3f}" for r in routes)
+                print(f"{d:4d} {s_len:5d} {str(causal):>6} {t['dense']:9.4f} {row}", flush=True)
+
+
+def mixed_lengths(tokens, lo, hi, gen):
+    """Lengths drawn uniformly from lo..hi until they fill `tokens` (the last one cut to fit)."""
+    lengths = []
+    while sum(lengths) < tokens:
+        lengths.append(min(int(torch.randint(lo, hi + 1, (1,), generator=gen)), tokens - sum(lengths)))
+    return lengths
+
+
+def bench_mixed(route):
+    """Mixed lengths (16k tokens, lengths 64..8k, seeded), the forward: varlen's useful TFLOP/s (the FLOPs of the real
+    lengths) against the padded dense call on the same batch (a key padding mask, so that it computes the same
+    rows), interleaved call by call."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_attention import time_interleaved  # noqa: E402  (benchmarks/ on the path just above)
+
+    routes = ["sm90a", "sm80"] if route == "both" else [route or "sm90a"]
+    gen = torch.Generator().manual_seed(0)
+    tokens, hidden = 16384, 2048
+    print(f"forward, bf16, {tokens} tokens of lengths 64..8192, hidden {hidden}; TFLOP/s of the real lengths")
+    print(f"{'D':>4} {'causal':>6} {'seqs':>4} {'padded':>7} " + " ".join(f"{'varlen ' + r:>13} {'x pad':>6}"
+                                                                      for r in routes))
+    for d in (64, 128, 256):
+        for causal in (False, True):
+            lens = mixed_lengths(tokens, 64, 8192, gen)
+            b, h, s_max = len(lens), hidden // d, max(lens)
+            qp, kp, vp = (torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+            pad = [torch.zeros(b, s_max, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+            keep = torch.zeros(b, 1, 1, s_max, dtype=torch.bool, device="cuda")
+            for i, (start, n) in enumerate(zip(cu.tolist(), lens)):
+                for dst, src in zip(pad, (qp, kp, vp)):
+                    dst[i, :n] = src[start:start + n]
+                keep[i, ..., :n] = True
+            flops = sum(4.0 * n * n * d * h / (2 if causal else 1) for n in lens)
+
+            def padded():
+                return torch.ops.fa2.fwd(*pad, attn_bias=keep, causal=causal)
+
+            def varlen():
+                return torch.ops.fa2.varlen_fwd(qp, kp, vp, cu, cu, s_max, s_max, causal=causal)
+            fns = {"padded": (padded, contextlib.nullcontext)}
+            for r in routes:
+                fns[r] = (varlen, lambda r=r: route_options(r))
+            t = time_interleaved(fns, torch.device("cuda"), warmup_ms=50, rep_ms=300)
+            tf = {k: flops / (ms * 1e-3) / 1e12 for k, ms in t.items()}
+            row = " ".join(f"{tf[r]:13.1f} {t['padded'] / t[r]:6.2f}" for r in routes)
+            print(f"{d:4d} {str(causal):>6} {b:4d} {tf['padded']:7.1f} {row}", flush=True)
 
 
 def main():
     quick = "--quick" in sys.argv
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
+    route = sys.argv[sys.argv.index("--route") + 1] if "--route" in sys.argv else None
+    if "--bench" in sys.argv or "--bench-bwd" in sys.argv:
+        bench(route, backward="--bench-bwd" in sys.argv)
+        return
+    if "--bench-mixed" in sys.argv:
+        bench_mixed(route)
+        return
+    if dev == "cuda":
+        print_planned_kernels(route)
     torch.manual_seed(0)
     failed = 0
     n = 0
     for name, kw in cases(quick):
         n += 1
         try:
-            run_case(name, **kw, dev=dev)
+            with route_options(route):
+                run_case(name, **kw, dev=dev)
             print(f"ok    {name}")
         except Exception as e:  # noqa: BLE001  (every failure is reported, the sweep goes on)
             failed += 1

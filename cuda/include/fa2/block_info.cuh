@@ -96,4 +96,11 @@ struct BlockInfo {
   }
 };
 
+// Sequence `batch`'s BlockInfo (varlen: its lengths, bottom-right aligned over them; dense: the call's).
+template <bool kVarlen>
+__device__ __forceinline__ BlockInfo sequence_block_info(const AttentionParams& p, int batch) {
+  const SequenceBounds seq = sequence_bounds<kVarlen>(p, batch);
+  return BlockInfo{seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right};
+}
+
 }  // namespace fa2

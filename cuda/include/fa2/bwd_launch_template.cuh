@@ -40,12 +40,20 @@ const char* launch_bwd_kernel(const BwdPlan& plan, const AttentionParams& p, cud
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// The varlen and / or dropout main kernel (bwd_kernel.cuh, kVarlen, kDropout) of one score path, the sm80 path's,
-// where the instance has those kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a one runs them with the sm80
-// path's tag 900): on sm_90 only with the regular tiles (plan.cpp, choose_bwd_tiles), so that few kernels are
-// instantiated.
+// The varlen and / or dropout main kernel (bwd_kernel.cuh, kVarlen, kDropout) of one score path: an sm_90a plan's
+// (arch_tag 901, varlen only: the wgmma tiles on the plain path, the sm80 ones on the score-mod path, as a dense
+// call's), else the sm80 path's, where the instance has those kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a
+// one runs them with the sm80 path's tag 900): on sm_90 only with the regular tiles (plan.cpp, choose_bwd_tiles), so
+// that few kernels are instantiated.
 template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kVarlenKernels>
-const char* launch_bwd_sm80_path_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
+const char* launch_bwd_varlen_or_dropout_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
+  if (plan.arch_tag == 901) {
+    if constexpr (kArch == 901 && (Cfg::kWgmma || kScoreMod)) {
+      return launch_bwd_kernel<T, Cfg, kArch, kScoreMod, /*kKeyBias=*/false, /*kVarlen=*/true>(plan, p, stream);
+    } else {
+      return "fa2: the backward plan names a kernel this instance does not have";
+    }
+  }
   if constexpr (kVarlenKernels && (kArch < 900 || std::is_same_v<Cfg, BwdTileConfig<Cfg::kHeadDim>>)) {
     constexpr int kSm80 = kArch / 10 * 10;
     constexpr bool kNoKeyBias = false;
@@ -278,11 +286,11 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
       }
       break;
     case BwdMain::kScoreMod:
-      e = sm80_only ? launch_bwd_sm80_path_kernel<T, CfgScoreMod, kArch, true, kVarlenKernels>(plan, p, stream)
+      e = sm80_only ? launch_bwd_varlen_or_dropout_kernel<T, CfgScoreMod, kArch, true, kVarlenKernels>(plan, p, stream)
                     : launch_bwd_kernel<T, CfgScoreMod, kArch, /*kScoreMod=*/true>(plan, p, stream);
       break;
     case BwdMain::kPlain:
-      e = sm80_only ? launch_bwd_sm80_path_kernel<T, Cfg, kArch, false, kVarlenKernels>(plan, p, stream)
+      e = sm80_only ? launch_bwd_varlen_or_dropout_kernel<T, Cfg, kArch, false, kVarlenKernels>(plan, p, stream)
                     : launch_bwd_kernel<T, Cfg, kArch, /*kScoreMod=*/false>(plan, p, stream);
       break;
   }

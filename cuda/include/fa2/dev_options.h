@@ -39,6 +39,9 @@ struct DevOptions {
   // the CPU's bf16 tile products on bf16 operands where the CPU has bf16 dot products (cpu/blas.h); off: converted
   // to fp32 for sgemm
   bool cpu_bf16_gemm = true;
+  // varlen calls run the sm_90a kernels on compute capability 9.0 (the forward's: TMA over the packed tensors; the
+  // backward's: bwd_kernel's wgmma tiles, while sm90_backward is on); off: the sm80 path's varlen kernels there too
+  bool sm90_varlen = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).

@@ -78,18 +78,24 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     //    q_row0 / k_row0 of the packed tensors, its own lengths); a block past the sequence's end has nothing to do.
     const int m0 = m_block * Traits::kBlockM;
     const SequenceBounds seq = scheduler.sequence(batch);
-    if (Traits::kVarlen && m0 >= seq.seqlen_q) continue;
-    const BlockInfo tile_info =
-        Traits::kVarlen ? BlockInfo{seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right} : info;
+    if (Traits::kVarlen && m0 >= seq.seqlen_q) continue;  // (as the producer: FwdTileScheduler::in_sequence)
+    const BlockInfo tile_info = scheduler.tile_info(seq, info);
     // the batch element's offset in a tensor: its batch stride, or a varlen sequence's first row
     auto at_batch = [&](int64_t batch_stride, int64_t row_stride, int row0) {
       return Traits::kVarlen ? int64_t(row0) * row_stride : batch * batch_stride;
     };
     const int rows_q = min(Traits::kBlockM, seq.seqlen_q - m0);
-    T* out = static_cast<T*>(p.out) + at_batch(p.out_batch_stride, p.out_row_stride, seq.q_row0) +
+    // the tile's first row of out and of lse (varlen: of the sequence's rows from q_row0)
+    auto out_rows = [&](const SequenceBounds& s) {
+      return static_cast<T*>(p.out) + at_batch(p.out_batch_stride, p.out_row_stride, s.q_row0) +
              head * p.out_head_stride + m0 * p.out_row_stride;
-    float* lse = Traits::kVarlen ? p.lse + int64_t(head) * p.total_q + seq.q_row0 + m0  // (nheads, total_q)
-                                 : p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+    };
+    auto lse_rows = [&](const SequenceBounds& s) {
+      return Traits::kVarlen ? p.lse + int64_t(head) * p.total_q + s.q_row0 + m0  // (nheads, total_q)
+                             : p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q + m0;
+    };
+    T* out = out_rows(seq);
+    float* lse = lse_rows(seq);
     const KeyBlockRange range = tile_info.key_blocks(m0, Traits::kBlockM, Traits::kBlockN);
     [[maybe_unused]] const int trace_base = FwdTrace::base(tid, trace_tile);
     FA2_CTA_MARK(trace_base, trace_base >= 0);
@@ -108,7 +114,7 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     const int bias_head = p.bias_head_stride == 0 ? 0 : head, bias_batch = p.bias_batch_stride == 0 ? 0 : batch;
     const FwdTile<Traits> tile{p,      tile_info, shared,  pipe,       tma, tid, lane, headdim, {m_block, head, batch},
                                m0,     rows_q,  range,     head_k,     bias_head,    bias_batch,   q,  k,  v,
-                               bias_bh, more_tiles, trace_base};
+                               bias_bh, more_tiles, trace_base, seq};
     // -- prologue: Q and the first (highest) key tile in flight
     Mainloop::prologue(tile);
     float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
@@ -119,8 +125,14 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     Mainloop mainloop;  // per tile: what its key loop carries between key tiles (fwd/mainloop_sm90_overlap.cuh)
     mainloop.run(tile, rows, state, use0, q_loads, acc_o, softmax);
     FA2_CTA_MARK(trace_base + FwdTrace::kIters + 1, trace_base >= 0);
+    int rows_out = rows_q;
+    if constexpr (Traits::kVarlen && Traits::kWs) {
+      // (from the sequence's bounds loaded again: kept over the key loop, they cost the consumers spills in it)
+      const SequenceBounds again = scheduler.sequence(batch);
+      out = out_rows(again), lse = lse_rows(again), rows_out = min(Traits::kBlockM, again.seqlen_q - m0);
+    }
     // -- epilogue: O / l, lse
-    Epilogue::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_q, headdim, tid, lane, more_tiles,
+    Epilogue::store(p, shared, pipe, rows, state, acc_o, softmax, out, lse, rows_out, headdim, tid, lane, more_tiles,
                     q_loads, scheduler, tile_info, t);
     FA2_CTA_MARK(trace_base + FwdTrace::kIters + 2, trace_base >= 0);
     use0 += range.hi - range.lo;
@@ -136,7 +148,8 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 // (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v and a staged key-row bias (sm_90a instances with FA2_SM90_TMA; unused
 // otherwise).
-// kVarlen: packed sequences (params.h), the sm80 path's kernels only (one tile per CTA, no bias).
+// kVarlen: packed sequences (params.h), no bias, no clusters: the sm80 path's kernels and the sm_90a ones with TMA
+// loads (maps over the packed tensors: fwd_launch_template.cuh).
 // kDropout: dropout on P (params.h, rng_state), the sm80 path's kernels only (plain or general score path).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false,

@@ -127,8 +127,9 @@ struct FwdLaunch {
 
 // The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type (and
 // with kWithTileCounter its tile-counter twin, with kWithCluster its twin in clusters of two).
+// kVarlen: the packed-sequence kernels (no cluster twin).
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule,
-          bool kWithTileCounter = false, bool kWithCluster = false>
+          bool kWithTileCounter = false, bool kWithCluster = false, bool kVarlen = false>
 FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
   constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
@@ -140,13 +141,16 @@ FwdLaunch ws_launch() {
   constexpr bool kOverlap = sm90_schedule_overlap(kSchedule);
   FwdKernel tile_counter_kernel = nullptr;
   if constexpr (kWithTileCounter) {
-    tile_counter_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, true>;
+    tile_counter_kernel =
+        &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, true, false, kVarlen>;
   }
   FwdKernel cluster_kernel = nullptr;
+  static_assert(!(kWithCluster && kVarlen), "no varlen clusters");
   if constexpr (kWithCluster) {
     cluster_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, false, true>;
   }
-  return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap>,
+  return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap, false,
+                           false, kVarlen>,
           fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true,
           tile_counter_kernel, cluster_kernel};
 }
@@ -170,6 +174,44 @@ void use_key_bias_ws_launch(BiasType bias_type, FwdLaunch& launch) {
   }
 }
 
+// The sm_90a varlen kernels (TMA loads over the packed tensors, kVarlen) a plan names: each headdim's default
+// warp-specialized schedules on the plain path (with and without a causal mask or window; the tile-counter twin where
+// the dense kernels have it), else the pipelined kernel, plain or general (softcap). No bias, no clusters, no forced
+// schedule (plan.cpp: varlen takes the defaults). launch.kernel nullptr for anything else.
+template <typename T, int kHeadDim, int kArch>
+FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
+  using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
+  using fwd::ScoreMode;
+  constexpr BiasType kNone = BiasType::kNone;
+  FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
+  constexpr Sm90Schedule kWindowed = sm90_default_schedule(kHeadDim, /*windowed=*/true);
+  constexpr Sm90Schedule kEqual = sm90_default_schedule(kHeadDim, /*windowed=*/false);
+  if (plan.warp_specialized) {
+    if (plan.score != FwdScore::kPlain) return launch;
+    if constexpr (kWindowed != Sm90Schedule::kPipelined) {
+      constexpr bool kTileCounterTwin =
+          kWindowed == Sm90Schedule::kPingpongOverlap && fwd_persistent_headdim(kHeadDim);
+      if (plan.schedule == kWindowed) {
+        return ws_launch<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, kWindowed, kTileCounterTwin, false, true>();
+      }
+    }
+    if constexpr (kEqual != Sm90Schedule::kPipelined && kEqual != kWindowed) {
+      if (plan.schedule == kEqual) {
+        return ws_launch<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, kEqual, false, false, true>();
+      }
+    }
+    return launch;
+  }
+  if (plan.score == FwdScore::kPlain) {
+    launch.kernel =
+        &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, false, false, false, false, false, true>;
+  } else if (plan.score == FwdScore::kGeneral) {
+    launch.kernel =
+        &fwd::fwd_kernel<T, kHeadDim, kArch, ScoreMode::kGeneral, kNone, false, false, false, false, false, true>;
+  }
+  return launch;
+}
+
 // The kernel a plan names (fwd_kernel_for_bias, ws_launch): the same instantiations as the plan's choices can reach,
 // and nothing else. launch.kernel nullptr where the plan names a kernel this instance does not have.
 // kVarlenKernels: the instance has the varlen and dropout kernels (cmake/Kernels.cmake: the sm80-path instances, and an
@@ -179,6 +221,7 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the non-warp-specialized kernels'
   using fwd::ScoreMode;
   FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
+  constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
   if (plan.dropout) {
     if constexpr (kVarlenKernels) {
       using Sm80Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/false>;
@@ -187,7 +230,11 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
     }
     return launch;
   }
-  if (plan.varlen) {
+  if (plan.varlen && plan.arch_tag == 901) {  // (the sm_90a varlen kernels)
+    if constexpr (kTma) launch = fwd_varlen_tma_launch<T, kHeadDim, kArch>(plan);
+    return launch;
+  }
+  if (plan.varlen) {  // (the sm80 path's)
     if constexpr (kVarlenKernels) {
       using Sm80Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/false>;
       launch = {fwd_varlen_kernel<T, kHeadDim, kArch / 10 * 10>(plan.score), Sm80Cfg::kNThreads, Sm80Cfg::kSmemBytes,
@@ -195,7 +242,6 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
     }
     return launch;
   }
-  constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
   if constexpr (kTma) {
     // (kDefault: causal / windowed calls' default schedule, the one the tile-counter and key-bias kernels exist for)
     constexpr Sm90Schedule kDefault = sm90_default_schedule(kHeadDim, /*windowed=*/true);
@@ -246,20 +292,23 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
 // The TMA's view of q, k, v (and a key-row bias) for the sm_90a instances that load with it.
 template <typename T, int kHeadDim, int kArch>
 const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, sm90::FwdTensorMaps* maps) {
-  if (plan.varlen || plan.dropout) return nullptr;  // (cp.async loads)
+  if (plan.dropout || (plan.varlen && plan.arch_tag != 901)) return nullptr;  // (the sm80 path's kernels: cp.async loads)
   if constexpr (kArch == 901 && FA2_SM90_TMA) {
     using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-    const char* e = sm90::make_bshd_tensor_map(&maps->q, p.q, bf16, p.batch, p.seqlen_q, p.nheads, p.headdim,
+    // varlen: the packed (total, heads, headdim) tensors as a batch of one (the kernels add each sequence's first row)
+    const int64_t batch = plan.varlen ? 1 : p.batch;
+    const int64_t rows_q = plan.varlen ? p.total_q : p.seqlen_q, rows_k = plan.varlen ? p.total_k : p.seqlen_k;
+    const char* e = sm90::make_bshd_tensor_map(&maps->q, p.q, bf16, batch, rows_q, p.nheads, p.headdim,
                                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, plan.block_m,
                                                Cfg::kSmemBlockCols);
     if (e == nullptr) {
-      e = sm90::make_bshd_tensor_map(&maps->k, p.k, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim,
+      e = sm90::make_bshd_tensor_map(&maps->k, p.k, bf16, batch, rows_k, p.nheads_k, p.headdim,
                                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, Cfg::kBlockN,
                                      Cfg::kSmemBlockCols);
     }
     if (e == nullptr) {
-      e = sm90::make_bshd_tensor_map(&maps->v, p.v, bf16, p.batch, p.seqlen_k, p.nheads_k, p.headdim,
+      e = sm90::make_bshd_tensor_map(&maps->v, p.v, bf16, batch, rows_k, p.nheads_k, p.headdim,
                                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, Cfg::kBlockN,
                                      Cfg::kSmemBlockCols);
     }

@@ -44,7 +44,7 @@ enum class FwdScore : int { kPlain = 0, kBiasFold = 1, kGeneral = 2, kKeyBiasFol
 struct FwdPlan {
   const char* error = nullptr;  // set: nothing may run (the message says why)
   int instance = -1;            // index into the instance table the plan was built from
-  int arch_tag = 0;             // the kernel's tag: 10 x arch (+ 1 for sm_90a): 800, 860, 900, 901 (varlen: no 901)
+  int arch_tag = 0;             // the kernel's tag: 10 x arch (+ 1 for sm_90a): 800, 860, 900, 901
   int headdim = 0;              // the instance's headdim
   FwdScore score = FwdScore::kPlain;
   BiasType bias = BiasType::kNone;
@@ -60,9 +60,11 @@ struct FwdPlan {
   int threads = 0, smem = 0;
   int tile_order_tail = 0;     // params.tile_order_tail for the kernel
   int64_t workspace_ints = 0;  // zeroed int32s the caller passes in params.workspace
-  // packed sequences (params.h, is_varlen): the sm80 path's kernel with kVarlen (arch_tag 800 .. 900), from an
-  // sm80-path instance (Hopper: the sm_90 one; in a build without those, an sm_90a one carries it), on a (query blocks
-  // of max_seqlen_q, nheads, sequences) grid
+  // packed sequences (params.h, is_varlen): on compute capability 9.0 the sm_90a kernels with kVarlen (arch_tag 901:
+  // TMA loads over the packed tensors, each headdim's default schedule, grids as a dense call's of max_seqlen_q's
+  // query blocks x nheads x sequences, no clusters) while option sm90_varlen is on; elsewhere, or with it off, the
+  // sm80 path's kernel with kVarlen (arch_tag 800 .. 900) from an sm80-path instance (Hopper: the sm_90 one; in a
+  // build without those, an sm_90a one carries it), on a (query blocks of max_seqlen_q, nheads, sequences) grid
   bool varlen = false;
   // dropout (params.h, has_dropout): the sm80 path's kernel with kDropout, from an sm80-path instance as varlen's (on
   // Hopper too: the sm_90a kernels have no dropout yet); plain or general score path
@@ -108,9 +110,11 @@ struct BwdPlan {
   int threads = 0, smem = 0;
   int64_t workspace_ints = 0;
   bool zero_workspace = false;  // the caller zeroes the workspace (the deterministic mode's counters)
-  // packed sequences (params.h, is_varlen): bwd_kernel.cuh's kernel with kVarlen and the sm80 tiles (arch_tag 800 ..
-  // 900, as FwdPlan::varlen), on a (key blocks of max_seqlen_k, nheads, sequences) grid; no row statistics kernel
-  // (softcap: the caller passes row_lse = lse and a zero row_shift)
+  // packed sequences (params.h, is_varlen): bwd_kernel.cuh's kernel with kVarlen, on a (key blocks of max_seqlen_k,
+  // nheads, sequences) grid; on compute capability 9.0 while options sm90_varlen and sm90_backward are on the sm_90a
+  // one (arch_tag 901: the wgmma tiles, the sm80 ones on the score-mod path; not yet the warp-specialized kernel),
+  // elsewhere the sm80 tiles (arch_tag 800 .. 900, as FwdPlan::varlen); no row statistics kernel (softcap: the caller
+  // passes row_lse = lse and a zero row_shift)
   bool varlen = false;
   // dropout (params.h, has_dropout): bwd_kernel.cuh's kernel with kDropout and the sm80 tiles, from an sm80-path
   // instance as varlen's; the plain path (kPlain) or the score-mod path (softcap, any bias: kScoreMod)

@@ -32,7 +32,8 @@ struct FwdKernelTraits {
   static constexpr bool kTileCounter = kTileCounter_;
   static constexpr bool kCluster = kCluster_;
   // kVarlen: packed sequences (params.h): each tile's rows, lengths and block info are its sequence's
-  // (fwd/tile_scheduler.cuh); the one-tile-per-CTA cp.async kernels, without a bias.
+  // (fwd/tile_scheduler.cuh), without a bias: the cp.async kernels, and the TMA ones, whose copies address the packed
+  // tensors from the sequence's first row (rows past its end load but are masked as keys and never stored as queries).
   static constexpr bool kVarlen = kVarlen_;
   // kDropout: P ∘ Z / (1 - p) before P V (fa2/dropout.cuh; params.h, rng_state); the cp.async kernels, plain or general
   // score path.
@@ -108,8 +109,8 @@ struct FwdKernelTraits {
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
   static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
-  static_assert(!kVarlen || (!kTma && !kWs && kBias == BiasType::kNone),
-                "varlen: the cp.async kernels (one tile per CTA), no bias");
+  static_assert(!kVarlen || (kBias == BiasType::kNone && !kCluster),
+                "varlen: no bias, no clusters (a pair's two query blocks may lie in different sequences)");
   static_assert(!kDropout || (!kWgmma && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)),
                 "dropout: the sm80 path's kernels, plain or general score path");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),

@@ -26,8 +26,13 @@ struct FwdMainloopSm90Pipelined {
   __device__ __forceinline__ static void prologue(const FwdTile<Traits>& tile) {
     tile.pipe.init(tile.p);
     if (tile.tid == 0) {
-      tile.tma.q(tile.m0, tile.coord.head, tile.coord.batch);
-      tile.tma.kv(tile.range.hi - 1, /*buf=*/0, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
+      if constexpr (Traits::kVarlen) {  // (the sequence's rows of the packed tensors: FwdTmaLoads::q_row)
+        tile.tma.q(tile.tma.q_row(tile.m0, tile.seq), tile.coord.head, /*batch=*/0);
+        tile.tma.kv(tile.range.hi - 1, /*buf=*/0, tile.head_k, /*batch=*/0, 0, 0, tile.tma.k_row0(tile.seq));
+      } else {
+        tile.tma.q(tile.m0, tile.coord.head, tile.coord.batch);
+        tile.tma.kv(tile.range.hi - 1, /*buf=*/0, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
+      }
     }
   }
 
@@ -88,7 +93,11 @@ struct FwdMainloopSm90Pipelined {
       }
       // overlaps this whole iteration
       if (tile.tid == 0 && n > range.lo) {
-        tile.tma.kv(n - 1, buf ^ 1, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
+        if constexpr (Traits::kVarlen) {
+          tile.tma.kv(n - 1, buf ^ 1, tile.head_k, /*batch=*/0, 0, 0, tile.tma.k_row0(tile.seq));
+        } else {
+          tile.tma.kv(n - 1, buf ^ 1, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
+        }
       }
       if constexpr (Traits::kStagedBias) {
         if (Traits::kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) continue;  // (the same in every warp)

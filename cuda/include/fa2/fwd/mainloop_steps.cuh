@@ -63,7 +63,16 @@ __device__ __forceinline__ void mod_and_mask_scores(float (&acc_s)[kMTiles][kNTi
   if constexpr (Traits::kMode == ScoreMode::kGeneral) {
     score_mod<typename Traits::T, Traits::kBias>(acc_s, tile.p, tile.bias_bh, rows.row0, col0);
   }
-  if (tile.info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) tile.info.apply_mask(acc_s, rows.row0, col0);
+  if constexpr (Traits::kVarlen && Traits::kWs) {
+    // the sequence's lengths loaded here (L1 hits): held in registers over the warp-specialized key loop, they cost
+    // the consumers spills in it
+    const BlockInfo info = sequence_block_info<true>(tile.p, tile.coord.batch);
+    if (info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) info.apply_mask(acc_s, rows.row0, col0);
+  } else {
+    if (tile.info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) {
+      tile.info.apply_mask(acc_s, rows.row0, col0);
+    }
+  }
 }
 
 // -- online softmax: m, l updated, O rescaled, S -> P. heavy_rows_possible: whether a tile visited so far held a bias

@@ -26,24 +26,35 @@ struct FwdTmaLoads {
   FwdSmem<Traits> smem;
   uint32_t cta_rank;  // kCluster: this CTA's rank in its pair
 
-  // a query block's Q (the block's first query m0)
+  // Where a tile's rows lie in the maps: (row, batch) of a dense call's 4-D maps; varlen (kVarlen), the packed
+  // tensors are a batch of one whose rows the sequence's first row (seq.q_row0 / k_row0) offsets. Rows past the
+  // sequence's end are loaded too (the next sequence's, or the TMA's zeros past the tensor's end): masked as keys
+  // (BlockInfo over the sequence's lengths), never stored as queries (the epilogue's rows_q).
+  __device__ __forceinline__ static int q_row(int m0, const SequenceBounds& seq) {
+    return Traits::kVarlen ? seq.q_row0 + m0 : m0;
+  }
+  __device__ __forceinline__ static int k_row0(const SequenceBounds& seq) { return Traits::kVarlen ? seq.k_row0 : 0; }
+  __device__ __forceinline__ static int map_batch(int batch) { return Traits::kVarlen ? 0 : batch; }
+
+  // a query block's Q (the block's first query m0; varlen: q_row's)
   __device__ __forceinline__ void q(int m0, int head, int batch) const {
     sm90::mbarrier_arrive_expect_tx(smem.bar_q(), Traits::Cfg::kSmemQBytes);
     sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(smem.q(), &maps.q, smem.bar_q(), m0, head, batch);
   }
-  // kSplitKV: K, or V, of key tile n into dst on its own barrier
+  // kSplitKV: K, or V, of key tile n into dst on its own barrier (row0: k_row0's)
   __device__ __forceinline__ void k_or_v(const CUtensorMap* map, uint32_t dst, uint32_t bar, int n, int head_k,
-                                         int batch) const {
+                                         int batch, int row0 = 0) const {
     sm90::mbarrier_arrive_expect_tx(bar, kKVBytes);
 #pragma unroll
     for (int blk = 0; blk < kColBlocks; ++blk) {
       const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
+      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, row0 + n * kBlockN, head_k, batch);
     }
   }
-  // K and V (and the staged bias) of key tile n into stage buf. kCluster: the whole tile lands here too, half of it
-  // from the peer's producer (each multicasts half the column blocks into both CTAs' stage).
-  __device__ __forceinline__ void kv(int n, int buf, int head_k, int batch, int bias_head, int bias_batch) const {
+  // K and V (and the staged bias) of key tile n into stage buf (row0: k_row0's). kCluster: the whole tile lands here
+  // too, half of it from the peer's producer (each multicasts half the column blocks into both CTAs' stage).
+  __device__ __forceinline__ void kv(int n, int buf, int head_k, int batch, int bias_head, int bias_batch,
+                                     int row0 = 0) const {
     const uint32_t bar = smem.bar_kv(buf);
     sm90::mbarrier_arrive_expect_tx(bar, 2 * kKVBytes + (Traits::kStagedBias ? Traits::kBiasTileBytes : 0));
     if constexpr (Traits::kCluster) {
@@ -60,8 +71,8 @@ struct FwdTmaLoads {
 #pragma unroll
       for (int blk = 0; blk < kColBlocks; ++blk) {
         const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
-        sm90::tma_load_4d(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, n * kBlockN, head_k, batch);
+        sm90::tma_load_4d(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, row0 + n * kBlockN, head_k, batch);
+        sm90::tma_load_4d(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, row0 + n * kBlockN, head_k, batch);
       }
     }
     if constexpr (Traits::kStagedBias) {
@@ -89,7 +100,10 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
   };
   for (int t = scheduler.first_tile; t < scheduler.num_tiles; t = scheduler.claim_next(t)) {
     const FwdTileCoord tile = scheduler.coord(t);
-    const KeyBlockRange range = info.key_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);
+    // (varlen: the tile's sequence; one past its end is skipped, as the consumers skip it)
+    const SequenceBounds seq = scheduler.sequence(tile.batch);
+    if (!scheduler.in_sequence(tile)) continue;
+    const KeyBlockRange range = scheduler.tile_info(seq, info).key_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);
     if (range.empty()) {  // (the consumers write its zeros)
       if constexpr (Traits::kTileCounter) {
         announce(t);
@@ -97,28 +111,28 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
       }
       continue;
     }
-    const int head_k = tile.head / p.h_h_k_ratio;
+    const int head_k = tile.head / p.h_h_k_ratio, batch = load.map_batch(tile.batch), row0 = load.k_row0(seq);
     const int bias_head = p.bias_head_stride == 0 ? 0 : tile.head, bias_batch = p.bias_batch_stride == 0 ? 0 : tile.batch;
     // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in
     // (Q K^T of tile n beside P V of tile n + 1); the last tile's V after the loop
     auto load_v_of = [&](int n, int v_use) {
       if (v_use >= kRing) sm90::mbarrier_wait(smem.bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
-      load.k_or_v(&load.maps.v, smem.v(v_use % kRing), smem.bar_v(v_use % kRing), n, head_k, tile.batch);
+      load.k_or_v(&load.maps.v, smem.v(v_use % kRing), smem.bar_v(v_use % kRing), n, head_k, batch, row0);
     };
     for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
       // the stage's previous tile (use - kRing) must have been read by every consumer warp
       if (use >= kRing) sm90::mbarrier_wait(smem.bar_empty(use % kRing), ((use / kRing) - 1) & 1);
       if constexpr (Traits::kSplitKV) {
-        load.k_or_v(&load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, tile.batch);
+        load.k_or_v(&load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, batch, row0);
         if (n != range.hi - 1) load_v_of(n + 1, use - 1);
       } else {
-        load.kv(n, use % kRing, head_k, tile.batch, bias_head, bias_batch);
+        load.kv(n, use % kRing, head_k, batch, bias_head, bias_batch, row0);
       }
       if (n == range.hi - 1) {
         // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's first K/V,
         // which need not wait for that
         announce(t);
-        load.q(tile.m_block * kBlockM, tile.head, tile.batch);
+        load.q(load.q_row(tile.m_block * kBlockM, seq), tile.head, batch);
       }
     }
     if constexpr (Traits::kSplitKV) load_v_of(range.lo, use - 1);

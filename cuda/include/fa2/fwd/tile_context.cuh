@@ -62,6 +62,7 @@ struct FwdTile {
   const void* bias_bh;  // this (batch, head)'s bias (the launcher chose kBias by it)
   bool more_tiles;      // the CTA may run a next tile (FwdTileScheduler::more_tiles)
   int trace_base;       // FA2_CTA_TRACE: this thread's first slot for this tile, -1 if it marks none
+  SequenceBounds seq;   // where the tile's rows lie (varlen: its sequence; the TMA loads address them from there)
 };
 
 // A consumer thread's rows of the tile: mma / wgmma fragment rows, ldmatrix lane bases, and the softmax's constants.

@@ -1,7 +1,8 @@
 // Which query blocks ("tiles": kBlockM queries of one (batch, head)) a forward CTA runs, and in which order (FA-3's
 // tile scheduler): one tile per CTA from a (query blocks, heads, batch) grid, one from a 1-D grid of tiles, or a
 // persistent CTA's tiles one after another (every gridDim.x-th, or the next unclaimed one from a tile counter).
-// Varlen and split-KV change what a tile is: here (varlen: a tile's rows and lengths are its sequence's, sequence()).
+// Varlen and split-KV change what a tile is: here (varlen: a tile's rows and lengths are its sequence's, sequence();
+// the grid is sized by max_seqlen_q, and a tile past its sequence's end is skipped by every part of the kernel).
 #pragma once
 #include "fa2/block_info.cuh"
 #include "fa2/fwd/pipeline.cuh"
@@ -59,6 +60,14 @@ struct FwdTileScheduler {
   // the atomic's latency, and claimed any earlier a CTA would hold tiles back from others)
   __device__ __forceinline__ int next_static(int t) const { return t + tile_stride; }
   __device__ __forceinline__ int claim_next(int t) const {
+    if constexpr (Traits::kTileCounter && Traits::kVarlen) {
+      // (a claimed tile past its sequence's end is never announced: the consumers skip only a CTA's first tile so)
+      int next;
+      do {
+        next = int(gridDim.x) + atomicAdd(static_cast<int*>(p.workspace), 1);
+      } while (next < num_tiles && !in_sequence(coord(next)));
+      return next;
+    }
     return Traits::kTileCounter ? int(gridDim.x) + atomicAdd(static_cast<int*>(p.workspace), 1) : t + tile_stride;
   }
 
@@ -101,6 +110,16 @@ struct FwdTileScheduler {
   __device__ __forceinline__ SequenceBounds sequence(int batch) const {
     return sequence_bounds<Traits::kVarlen>(p, batch);
   }
+  // Whether tile c's queries start inside its sequence (dense: always). The producer and the consumers skip the
+  // others alike, before any barrier: no Q load, no stage, no announcement.
+  __device__ __forceinline__ bool in_sequence(const FwdTileCoord& c) const {
+    return !Traits::kVarlen || c.m_block * Traits::kBlockM < sequence(c.batch).seqlen_q;
+  }
+  // Which keys a tile of sequence seq sees: dense, the call's BlockInfo; varlen, its sequence's (bottom-right aligned
+  // over its own lengths).
+  __device__ __forceinline__ BlockInfo tile_info(const SequenceBounds& seq, const BlockInfo& info) const {
+    return Traits::kVarlen ? BlockInfo{seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right} : info;
+  }
 
   __device__ __forceinline__ FwdTileCoord coord(int t) const {
     FwdTileCoord c;
@@ -111,7 +130,19 @@ struct FwdTileScheduler {
   // The first tile from t on (t, t + tile_stride, ...) whose queries see some key; num_tiles or more if none. Searched
   // only where a tile can be keyless (its two divisions and its loop were a chain of ~60 uniform-datapath instructions
   // at the end of every tile).
+  // Varlen: each tile with its own sequence's bounds, tiles past a sequence's end skipped too.
   __device__ __forceinline__ int next_with_keys(int t, const BlockInfo& info) const {
+    if constexpr (Traits::kVarlen) {
+      for (; t < num_tiles; t += tile_stride) {
+        const FwdTileCoord c = coord(t);
+        const SequenceBounds seq = sequence(c.batch);
+        const int m0 = c.m_block * Traits::kBlockM;
+        if (m0 < seq.seqlen_q && !tile_info(seq, info).key_blocks(m0, Traits::kBlockM, Traits::kBlockN).empty()) {
+          break;
+        }
+      }
+      return t;
+    }
     if (!info.every_block_sees_keys()) {
       while (t < num_tiles) {
         const FwdTileCoord c = coord(t);
