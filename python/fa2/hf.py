@@ -114,8 +114,6 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         raise NotImplementedError(
             f"fa2 has no attention dropout, got dropout={dropout} (module in training mode with attention_dropout > 0): "
             "set the config's attention dropout to 0 or use model.eval()")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("fa2 does not support attention sinks (s_aux)")
     if kwargs.get("indices") is not None:  # (DeepSeek-V3.2-style sparse attention: the keys each query reads)
         raise NotImplementedError("fa2 does not support sparse attention (indices): it would compute dense attention")
     if kwargs.get("output_attentions"):
@@ -171,6 +169,7 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
             bias = position_bias + bias
     if bias is not None and bias.dtype != torch.bool and bias.dtype not in (query.dtype, torch.float32):
         bias = bias.to(query.dtype)
+    # gpt-oss's learned sinks (s_aux, (H,)): an extra logit in each row's softmax denominator, as its eager attention
     out = torch.ops.fa2.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias, scaling,
-                                  causal, window_left, window_right, float(softcap or 0.0))
+                                  causal, window_left, window_right, float(softcap or 0.0), 0.0, kwargs.get("s_aux"))
     return out, None

@@ -134,6 +134,12 @@ struct AttentionParams {
   const int* cu_seqlens_k = nullptr;
   const int* seqused_k = nullptr;
   int total_q = 0, total_k = 0;
+
+  // ---- attention sinks (gpt-oss) ---------------------------------------------------------------------------
+  // float32 (nheads,), device memory: each query head's extra logit in the softmax denominator, natural-log units,
+  // used as given (not scaled, not softcapped); lse includes it. nullptr: none. Read once per row by the forward's
+  // epilogue; the backward needs nothing (its P comes from lse).
+  const float* sinks = nullptr;
 };
 
 inline bool is_varlen(const AttentionParams& p) { return p.cu_seqlens_q != nullptr; }
