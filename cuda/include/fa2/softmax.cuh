@@ -161,30 +161,17 @@ struct OnlineSoftmax {
       lse[r] = seen ? __fmaf_rn(row_max[r], mult * 0.69314718055994531f, logf(l)) : INFINITY;
     }
   }
-
-  // finalize() with an attention sink: one more term exp(sink) in each row's denominator (sink_log2 = sink * log2(e),
-  // log2 units; a zero value, so O is unchanged). A row that saw no key keeps out 0, lse +inf. The sum is taken
-  // relative to the larger of the row's max and the sink, so a sink far above the scores cannot overflow it.
-  __device__ __forceinline__ void finalize_with_sink(float mult, float sink_log2, float (&inv_sum)[kRows],
-                                                     float (&lse)[kRows]) const {
-    constexpr float kLn2 = 0.69314718055994531f;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float l = ptx::quad_sum(row_sum[r]);
-      const bool seen = l > 0.f;
-      const float m_log2 = row_max[r] * mult;
-      if (sink_log2 <= m_log2) {  // l + 2^(sink - m), lse = m ln 2 + ln of that
-        const float total = l + exp2_ftz(sink_log2 - m_log2);
-        inv_sum[r] = seen ? 1.f / total : 0.f;
-        lse[r] = seen ? __fmaf_rn(row_max[r], mult * kLn2, logf(total)) : INFINITY;
-      } else {  // relative to the sink: l 2^(m - sink) + 1, lse = sink ln 2 + ln of that
-        const float shrink = exp2_ftz(m_log2 - sink_log2);
-        const float total = __fmaf_rn(l, shrink, 1.f);
-        inv_sum[r] = seen ? shrink / total : 0.f;
-        lse[r] = seen ? __fmaf_rn(sink_log2, kLn2, logf(total)) : INFINITY;
-      }
-    }
-  }
 };
+
+// An attention sink (natural-log units) folded into a finalized row: one more term e^sink in its denominator (a key
+// with a zero value): lse' = log(e^lse + e^sink), O's factor scaled by e^(lse - lse'). Taken relative to the larger
+// of the two (no overflow); a row that saw no key (lse = +inf, factor 0) stays as it is. Applied after finalize() so
+// that the key loop's code does not depend on it.
+__device__ __forceinline__ void add_sink(float sink, float& inv_sum, float& lse) {
+  const float d = sink - lse;  // (-inf for a row that saw no key)
+  const float e = expf(-fabsf(d));
+  inv_sum = d > 0.f ? inv_sum * (e / (1.f + e)) : inv_sum / (1.f + e);
+  lse = (d > 0.f ? sink : lse) + log1pf(e);
+}
 
 }  // namespace fa2

@@ -61,13 +61,13 @@ struct FwdEpilogue {
                                                int t) {
     const int q_row0 = rows.q_row0;
     float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
-    // (a runtime test, once per tile: the key loop is the same with and without sinks)
-    if (p.sinks != nullptr) {
+    softmax.finalize(rows.mult, inv_sum, row_lse);
+    if (p.sinks != nullptr) {  // (after finalize: the key loop's code is the same with and without sinks)
       int m_block, head, batch;  // (the tile's head found again here, not kept live through the key loop)
       scheduler.at(t, m_block, head, batch);
-      softmax.finalize_with_sink(rows.mult, p.sinks[head] * 1.4426950408889634f, inv_sum, row_lse);
-    } else {
-      softmax.finalize(rows.mult, inv_sum, row_lse);
+      const float sink = p.sinks[head];
+#pragma unroll
+      for (int r = 0; r < 2 * kMTiles; ++r) add_sink(sink, inv_sum[r], row_lse[r]);
     }
     // O / l as T pairs, per row of this thread (row in the block): store_row(row, its pairs, one per n8 tile)
     auto store_o = [&](auto&& store_row) {
