@@ -86,6 +86,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # fa2-nosplit / fa2-split: fa2 with the warp-specialized backward's split of its last partial wave
 # (fa2.dev option bwd_tail_split) off (one CTA per (key block, head) throughout) / on wherever its cost model gains (the
 # default splits only where it was measured to pay; --causal no --pass bwd,fwdbwd at d 64 / 128).
+# fa2-sinks: fa2 with attention sinks (gpt-oss), learned (requires grad: the backward's d sinks pass counts) and all
+# -inf: the kernels do the sinks' work (the forward epilogue's extra exp per row, d sinks) while the output stays
+# fa2's, so the reference check holds. `--impls fa2,fa2-sinks --interleave` gives the sinks' cost.
 FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-nosplit": {"bwd_tail_split": 0},
                 "fa2-split": {"bwd_tail_split": 1},
@@ -99,8 +102,8 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-wsppov": {"sm90_schedule": "pingpong-overlap"},
                 "fa2-nopers": {"persistent_forward_ctas": 0},
                 "fa2-nocluster": {"fwd_cluster": False}}
-IMPLS = ("fa2", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off", "fa2-pipe",
-         "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "fa2-nocluster", "torch-fa2", "cudnn",
+IMPLS = ("fa2", "fa2-sinks", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off",
+         "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "fa2-nocluster", "torch-fa2", "cudnn",
          "efficient", "math", "flex", "sdpa", "fa4")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}
@@ -382,20 +385,24 @@ def fa4_version() -> dict:
 
 # Implementations whose output (and dout) is in the flash-attn layout (B, S, H, D); the others' is (B, H, S, D).
 def flash_layout(impl: str) -> bool:
-    return impl == "fa2" or impl in FA2_SWITCHES or impl == "fa4"
+    return impl in ("fa2", "fa2-sinks", "fa4") or impl in FA2_SWITCHES
 
 
 def make_call(impl: str, cfg: Config, bias, fa2_mod, device):
     """(f, to_bhsd): f(q, k, v) runs the implementation on (B, H, S, D) tensors and returns its output in its own
     layout; to_bhsd(out) views that output as (B, H, S, D)."""
     causal = cfg.causal
-    if impl == "fa2" or impl in FA2_SWITCHES:
+    if impl in ("fa2", "fa2-sinks") or impl in FA2_SWITCHES:
         if fa2_mod is None:
             raise RuntimeError(import_fa2()[1] or "fa2 is not importable")
+        extra = {}
+        if impl == "fa2-sinks":
+            extra["sinks"] = torch.full((cfg.nheads,), -math.inf, device=device, requires_grad=True)
+
         # flash-attn layout (B, S, H, D): transposed views of the (B, H, S, D) tensors, no copies.
         def f(q, k, v):
             return fa2_mod.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias,
-                                     causal=causal)
+                                     causal=causal, **extra)
         return f, lambda out: out.transpose(1, 2)
     if impl == "fa4":
         fa4, why = import_fa4(device)

@@ -473,8 +473,8 @@ def _bad_varlen_cases(device):
         ("softcap", good, {"softcap": -1.0}, ValueError, "softcap must be .*got -1"),
         ("dropout range", good, {"dropout_p": 1.5}, ValueError, r"dropout_p must be in \[0, 1\), got 1.5"),
         ("dropout nan", good, {"dropout_p": float("nan")}, ValueError, r"dropout_p must be in \[0, 1\), got nan"),
-        ("sinks", good, {"sinks": torch.zeros(4, device=device)}, NotImplementedError,
-         r"attention sinks \(sinks=\) are not implemented yet"),
+        ("sinks shape", good, {"sinks": torch.zeros(3, device=device)}, ValueError,
+         r"sinks must have shape \(nheads,\) = \(4,\)"),
     ]
     if device == "cpu":
         # values: read only where that costs no host sync (CPU tensors)

@@ -26,7 +26,6 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
   AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap,
                                               dropout_p, rng_state, sinks);
   resolve_rng_state(p, q, "fa2.fwd", /*draw=*/true);
-  TORCH_CHECK_NOT_IMPLEMENTED(!p.sinks.has_value(), "fa2.fwd (CPU): attention sinks are not implemented yet");
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim_v}, q.options());
   at::Tensor lse = at::empty({p.batch, p.nheads, p.seqlen_q}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fa2_fwd_cpu",

@@ -1,6 +1,6 @@
 // The CPU forward: tasks (batch, head, query block); each loops over the key blocks its window reaches with the
 // online softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one pass
-// over each score tile) and stores O / l and lse = m + log l.
+// over each score tile) and stores O / l and lse = m + log l (l with the head's sink term exp(sink - m), if any).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -34,13 +34,14 @@ struct FwdProblem {
   HeadRows<const scalar_t> q_rows, k_rows, v_rows;
   HeadRows<scalar_t> out_rows;  // (batch, seqlen_q, nheads, headdim_v)
   float* lse_data;              // (batch, nheads, seqlen_q), contiguous
+  const acc_t* sinks;           // (nheads,) each head's extra logit in the softmax denominator; nullptr: none
   // bf16 with bf16_gemm_available(): both products on bf16 operands (no conversion of Q, K, V; P rounded to bf16 for
   // P V, as the GPU kernels do; fp32 accumulation, softmax and O as for the other dtypes). Else every tile converted
   // to acc_t for sgemm / dgemm.
   bool bf16_products;
 
   FwdProblem(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-             at::Tensor& out, at::Tensor& lse)
+             at::Tensor& out, at::Tensor& lse, const at::Tensor& sinks_acc)
       : seqlen_q(p.seqlen_q),
         nheads(p.nheads),
         headdim(p.headdim),
@@ -54,6 +55,7 @@ struct FwdProblem {
         v_rows(v),
         out_rows(out),
         lse_data(lse.data_ptr<float>()),
+        sinks(sinks_acc.defined() ? sinks_acc.const_data_ptr<acc_t>() : nullptr),
         bf16_products(std::is_same_v<scalar_t, at::BFloat16> && bf16_gemm_available()) {}
 };
 
@@ -207,15 +209,27 @@ class FwdWorker {
     }
   }
 
-  // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN.
+  // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN. A sink adds
+  // exp(sink - m) to l (a key with a zero value), taken relative to the sink where it exceeds m (no overflow).
   void store_o_and_lse(int64_t b, int64_t h, int64_t q_begin, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = q_begin + r;
       scalar_t* out_row = fp_.out_rows.row(b, i, h);
       float& lse_value = fp_.lse_data[(b * fp_.nheads + h) * fp_.seqlen_q + i];
       if (l_[r] != acc_t(0)) {
-        store_row(out_row, o_acc_.data() + r * headdim_v_, headdim_v_, acc_t(1) / l_[r]);
-        lse_value = static_cast<float>(m_[r] + std::log(l_[r]));
+        acc_t m = m_[r], l = l_[r], o_factor = 1;
+        if (fp_.sinks != nullptr) {
+          const acc_t sink = fp_.sinks[h];
+          if (sink <= m) {
+            l += std::exp(sink - m);
+          } else {
+            o_factor = std::exp(m - sink);
+            l = l * o_factor + 1;
+            m = sink;
+          }
+        }
+        store_row(out_row, o_acc_.data() + r * headdim_v_, headdim_v_, o_factor / l);
+        lse_value = static_cast<float>(m + std::log(l));
       } else {
         std::fill(out_row, out_row + headdim_v_, scalar_t(0));
         lse_value = std::numeric_limits<float>::infinity();
@@ -245,7 +259,11 @@ template <typename scalar_t>
 void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 at::Tensor& out, at::Tensor& lse, int64_t dropout_batch0 = 0) {
   if (p.batch * p.nheads * p.seqlen_q == 0) return;  // nothing to write
-  const FwdProblem<scalar_t> problem(p, q, k, v, out, lse);
+  // (the sinks in the accumulation dtype, which the epilogue reads)
+  const at::Tensor sinks_acc =
+      p.sinks.has_value() ? p.sinks->to(c10::CppTypeToScalarType<acc_type<scalar_t>>::value).contiguous()
+                          : at::Tensor();
+  const FwdProblem<scalar_t> problem(p, q, k, v, out, lse, sinks_acc);
   const CpuDropout dropout = CpuDropout::from(p, dropout_batch0);
   const int64_t num_q_blocks = ceil_div(p.seqlen_q, problem.tiles.block_q);
   parallel_for(0, p.batch * p.nheads * num_q_blocks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {

@@ -21,6 +21,7 @@
 #include "dropout_state.h"
 #include "cpu/bwd_kernel.h"
 #include "cpu/fwd_kernel.h"
+#include "sinks_grad.h"
 
 namespace fa2::cpu {
 namespace {
@@ -143,8 +144,6 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(
                                                    seqused_k, scale, causal, window_left, window_right, softcap,
                                                    dropout_p, sinks, rng_state);
   resolve_rng_state(vp.problem, q, "fa2.varlen_fwd", /*draw=*/true);
-  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
-                              "implemented yet");
   const int64_t nheads = vp.problem.nheads, total_q = vp.total_q;
   at::Tensor out = at::empty({total_q, nheads, v.size(2)}, q.options());
   at::Tensor lse = at::empty({nheads, total_q}, q.options().dtype(at::kFloat));
@@ -200,8 +199,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
                                                    max_seqlen_k, seqused_k, scale, causal, window_left, window_right,
                                                    softcap, dropout_p, sinks, rng_state);
   resolve_rng_state(vp.problem, q, "fa2.varlen_bwd", /*draw=*/false);
-  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
-                              "implemented yet");
   // Gradients in their inputs' memory order, as the padded ops' (empty_grad_like on the packed tensor seen as batch 1).
   at::Tensor dq = empty_grad_like(q.unsqueeze(0)).squeeze(0);
   at::Tensor dk = empty_grad_like(k.unsqueeze(0)).squeeze(0);
@@ -211,7 +208,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     dk.zero_();
     dv.zero_();
   }
-  const at::Tensor dsinks = at::empty({0}, q.options());
+  // (lse includes the sinks: dq, dk, dv need nothing more)
+  const at::Tensor dsinks =
+      vp.problem.sinks.has_value() ? varlen_sinks_grad(dout, out, lse, *vp.problem.sinks) : at::empty({0}, q.options());
   const std::vector<SequenceRun> runs = sequence_runs(vp);
   std::vector<BwdRun> views;
   views.reserve(runs.size());

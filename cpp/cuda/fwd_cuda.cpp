@@ -42,7 +42,6 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   AttentionProblem prob = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right,
                                                  softcap, dropout_p, rng_state, sinks);
   resolve_rng_state(prob, q, "fa2.fwd", /*draw=*/true);
-  TORCH_CHECK_NOT_IMPLEMENTED(!prob.sinks.has_value(), "fa2.fwd (CUDA): attention sinks are not implemented yet");
   const c10::cuda::CUDAGuard device_guard(q.device());
   checked_compute_capability(q);
 
@@ -85,6 +84,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   params.out_row_stride = out_k.stride(1);
   params.out_head_stride = out_k.stride(2);
   params.lse = lse.data_ptr<float>();
+  const at::Tensor sinks_f32 = cuda_glue::attach_sinks(params, prob);
   // the persistent sm_90a forward's tile counter (causal / windows), zeroed on the stream
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const at::Tensor workspace = cuda_glue::attach_workspace(params, plan.workspace_ints, true, q.options(), stream);

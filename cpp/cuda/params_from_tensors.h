@@ -149,5 +149,13 @@ inline at::Tensor attach_workspace(AttentionParams& params, int64_t ints, bool z
   return workspace;
 }
 
+// The forward's attention sinks (prob.sinks, any float dtype) as the float32 (nheads,) the kernels read, pointed at
+// by params; the tensor returned keeps them alive through the launch. None (nullptr) without sinks.
+inline at::Tensor attach_sinks(AttentionParams& params, const AttentionProblem& prob) {
+  const at::Tensor sinks = prob.sinks.has_value() ? prob.sinks->to(at::kFloat).contiguous() : at::Tensor();
+  params.sinks = sinks.defined() ? sinks.const_data_ptr<float>() : nullptr;
+  return sinks;
+}
+
 }  // namespace cuda_glue
 }  // namespace fa2

@@ -17,6 +17,7 @@
 #include "dropout_state.h"
 #include "cuda/params_from_tensors.h"
 #include "fa2/launch.h"
+#include "sinks_grad.h"
 #if FA2_CUDA_BWD
 #include "fa2/bwd_launch.h"
 #endif
@@ -98,8 +99,6 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
       check_varlen_fwd_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, scale,
                               causal, window_left, window_right, softcap, dropout_p, sinks, rng_state);
   resolve_rng_state(vp.problem, q, "fa2.varlen_fwd", /*draw=*/true);
-  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
-                              "implemented yet");
   check_same_value_headdim(vp);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
@@ -120,6 +119,7 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
                                            : at::empty({1, vp.total_q, nheads, headdim_padded}, q.options());
   point_at(out_k, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
   params.lse = lse.data_ptr<float>();  // (nheads, total_q)
+  const Tensor sinks_f32 = cuda_glue::attach_sinks(params, vp.problem);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   // (none for the varlen kernels today; allocated as for any plan)
   const Tensor workspace = cuda_glue::attach_workspace(params, plan.workspace_ints, true, q.options(), stream);
@@ -144,8 +144,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
                               seqused_k, scale, causal, window_left, window_right, softcap, dropout_p, sinks,
                               rng_state);
   resolve_rng_state(vp.problem, q, "fa2.varlen_bwd", /*draw=*/false);
-  TORCH_CHECK_NOT_IMPLEMENTED(!vp.problem.sinks.has_value(), "fa2.varlen: attention sinks (sinks=) are not "
-                              "implemented yet");
   check_same_value_headdim(vp);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
@@ -159,7 +157,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
   auto grad_like = [](const Tensor& t) { return empty_grad_like(t.unsqueeze(0)).squeeze(0); };
   Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
   if (unused_keys) dk.zero_(), dv.zero_();
-  Tensor dsinks = at::empty({0}, q.options());
+  // (no row that sees a key: no sink gradient either)
+  Tensor dsinks = vp.problem.sinks.has_value() ? at::zeros_like(*vp.problem.sinks) : at::empty({0}, q.options());
   if (nothing_attends(vp)) {
     dq.zero_();
     dk.zero_();
@@ -221,6 +220,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
     dk.copy_(dk_k[0].narrow(2, 0, headdim));
     dv.copy_(dv_k[0].narrow(2, 0, headdim));
   }
+  // (lse includes the sinks: the kernels above need nothing more)
+  if (vp.problem.sinks.has_value()) dsinks = varlen_sinks_grad(dout, out, lse, *vp.problem.sinks);
   return {dq, dk, dv, dsinks};
 }
 

@@ -113,9 +113,11 @@ def sinks_grad(dout, out, lse, sinks, head_dim, lse_head_dim):
     """d sinks_h = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out): lse includes the sink, so
     exp(sinks[h] - lse) is the sink's probability (0 where lse is +inf: a row that sees no key), and rowsum(dout *
     out) is the backward's D (with dropout too: out is the dropped output). head_dim: out's heads dim (its last is
-    headdim); lse_head_dim: lse's. A fixed-order reduction (deterministic); returned in sinks' dtype."""
-    rowsum = (dout.float() * out.float()).sum(-1).movedim(head_dim, -1)
-    p_sink = torch.exp(sinks.float() - lse.movedim(lse_head_dim, -1))
+    headdim); lse_head_dim: lse's. In float32 (float64 for float64 inputs), as the varlen ops' C++
+    (cpp/sinks_grad.h); a fixed-order reduction (deterministic); returned in sinks' dtype."""
+    acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+    rowsum = (dout.to(acc) * out.to(acc)).sum(-1).movedim(head_dim, -1)
+    p_sink = torch.exp(sinks.to(acc) - lse.to(acc).movedim(lse_head_dim, -1))
     return -(p_sink * rowsum).reshape(-1, sinks.shape[0]).sum(0).to(sinks.dtype)
 
 

@@ -112,8 +112,6 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                           **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention function. query (B, H, Sq, D), key/value (B, Hk, Sk, D); returns ((B, Sq, H, D), None).
     attention_mask: None, fa2_mask's (B, kv) padding form, or a 4-D mask (bool or additive)."""
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("fa2 does not support attention sinks (s_aux)")
     if kwargs.get("indices") is not None:  # (DeepSeek-V3.2-style sparse attention: the keys each query reads)
         raise NotImplementedError("fa2 does not support sparse attention (indices): it would compute dense attention")
     if kwargs.get("output_attentions"):
@@ -169,9 +167,11 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
             bias = position_bias + bias
     if bias is not None and bias.dtype != torch.bool and bias.dtype not in (query.dtype, torch.float32):
         bias = bias.to(query.dtype)
-    # (dropout: the layer's attention dropout, which transformers passes as 0.0 in eval mode)
+    # dropout: the layer's attention dropout (transformers passes 0.0 in eval mode); gpt-oss's learned sinks (s_aux,
+    # (H,)): an extra logit in each row's softmax denominator, as its eager attention
     out = torch.ops.fa2.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias, scaling,
-                                  causal, window_left, window_right, float(softcap or 0.0), float(dropout or 0.0))
+                                  causal, window_left, window_right, float(softcap or 0.0), float(dropout or 0.0),
+                                  kwargs.get("s_aux"))
     return out, None
 
 

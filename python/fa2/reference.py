@@ -29,9 +29,10 @@ def visibility_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_left: int
 
 
 def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left=-1, window_right=-1,
-                  softcap=0.0, upcast=True, return_lse=False):
+                  softcap=0.0, upcast=True, return_lse=False, sinks=None):
     """q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv) -> (B, Sq, H, Dv); scale defaults to D ** -0.5. upcast:
-    compute in fp32 (fp64 stays fp64); else in q's dtype."""
+    compute in fp32 (fp64 stays fp64); else in q's dtype. sinks (H,): each head's extra logit in every row's softmax
+    denominator, as given (a key with a zero value; a row that sees no key still outputs 0, lse +inf)."""
     dtype = q.dtype
     compute = (torch.float64 if dtype == torch.float64 else torch.float32) if upcast else dtype
     B, Sq, H, D = q.shape
@@ -60,9 +61,14 @@ def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left
         return (out, lse) if return_lse else out
     row_max = s.amax(dim=-1, keepdim=True)
     seen = torch.isfinite(row_max) | torch.isnan(row_max)
+    sink = None if sinks is None else sinks.to(compute).view(1, H, 1, 1)
+    if sink is not None:
+        row_max = torch.maximum(row_max, sink.expand_as(row_max))
     # Rows that see no key: softmax would be 0/0; fa2 defines their output as 0 (and lse as +inf).
     p = torch.exp(s - torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)))
     denom = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink - torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)))
     p = torch.where(seen, p / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(p))
     out = (p @ vh).transpose(1, 2).to(dtype)
     if not return_lse:
@@ -73,7 +79,7 @@ def attention_ref(q, k, v, attn_bias=None, scale=None, causal=False, window_left
 
 
 def varlen_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, scale=None, causal=False,
-                         window_left=-1, window_right=-1, softcap=0.0, upcast=True, return_lse=False):
+                         window_left=-1, window_right=-1, softcap=0.0, upcast=True, return_lse=False, sinks=None):
     """Packed sequences (fa2.varlen_attention's semantics), one sequence at a time through attention_ref: q
     (total_q, H, D), k / v (total_k, Hk, D); sequence b is rows cu_seqlens[b]:cu_seqlens[b+1], of which the first
     seqused_k[b] keys are used when given. Returns out (total_q, H, D) and, with return_lse, lse (H, total_q)."""
@@ -84,7 +90,7 @@ def varlen_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, sc
         keys_end = cu_k[b + 1] if used is None else cu_k[b] + used[b]
         o, lse = attention_ref(q[cu_q[b]:cu_q[b + 1]].unsqueeze(0), k[cu_k[b]:keys_end].unsqueeze(0),
                                v[cu_k[b]:keys_end].unsqueeze(0), None, scale, causal, window_left, window_right,
-                               softcap, upcast=upcast, return_lse=True)
+                               softcap, upcast=upcast, return_lse=True, sinks=sinks)
         outs.append(o[0])
         lses.append(lse[0])
     nheads = q.shape[1]

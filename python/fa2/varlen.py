@@ -27,10 +27,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``max_seqlen_q`` / ``max_seqlen_k``: Python ints (or SymInts) at least the longest sequence's length (no host
     sync is needed to size the work). ``seqused_k`` (int32 (batch,)): only the first ``seqused_k[b]`` keys of sequence
     b are used. Causal and windows align bottom-right per sequence (over the keys used). GQA, softcap, headdim 1..256.
-    Returns out (total_q, nheads, headdim); differentiable in q, k, v. ``dropout_p``: as fa2.attention's (sequence b
-    takes batch coordinate b in the mask). ``sinks`` is accepted and not implemented yet (a NotImplementedError unless
-    None). ``torch.ops.fa2.varlen_fwd`` also returns lse
-    (nheads, total_q), float32, +inf for a row that sees no key."""
+    Returns out (total_q, nheads, headdim); differentiable in q, k, v and ``sinks`` ((nheads,): each head's extra
+    logit in the softmax denominator, as fa2.attention's). ``dropout_p``: as fa2.attention's (sequence b takes batch
+    coordinate b in the mask). ``torch.ops.fa2.varlen_fwd`` also returns lse (nheads, total_q), float32 (including
+    the sink), +inf for a row that sees no key."""
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, torch.Tensor):
             raise TypeError(f"fa2.varlen_attention: {name} must be a Python int (or SymInt), got a tensor; "

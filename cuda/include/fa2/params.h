@@ -144,6 +144,11 @@ struct AttentionParams {
   const int64_t* rng_state = nullptr;
   uint32_t dropout_keep_threshold = 65536;
   float dropout_keep_scale = 1.f;
+  // ---- attention sinks (gpt-oss) ---------------------------------------------------------------------------
+  // float32 (nheads,), device memory: each query head's extra logit in the softmax denominator, natural-log units,
+  // used as given (not scaled, not softcapped); lse includes it. nullptr: none. Read once per row by the forward's
+  // epilogue; the backward needs nothing (its P comes from lse).
+  const float* sinks = nullptr;
 };
 
 inline bool has_dropout(const AttentionParams& p) { return p.rng_state != nullptr; }

@@ -163,4 +163,15 @@ struct OnlineSoftmax {
   }
 };
 
+// An attention sink (natural-log units) folded into a finalized row: one more term e^sink in its denominator (a key
+// with a zero value): lse' = log(e^lse + e^sink), O's factor scaled by e^(lse - lse'). Taken relative to the larger
+// of the two (no overflow); a row that saw no key (lse = +inf, factor 0) stays as it is. Applied after finalize() so
+// that the key loop's code does not depend on it.
+__device__ __forceinline__ void add_sink(float sink, float& inv_sum, float& lse) {
+  const float d = sink - lse;  // (-inf for a row that saw no key)
+  const float e = expf(-fabsf(d));
+  inv_sum = d > 0.f ? inv_sum * (e / (1.f + e)) : inv_sum / (1.f + e);
+  lse = (d > 0.f ? sink : lse) + log1pf(e);
+}
+
 }  // namespace fa2
