@@ -204,8 +204,8 @@ def set_padded_batches(path: str) -> None:
     """How ``attn_implementation="fa2"`` runs a padded batch with as many queries as keys (training, prefill):
     ``"key_mask"`` (the default): fa2's attention with ``causal=True`` and a (B, 1, 1, S) key mask;
     ``"varlen"``: each row's real tokens moved to its front, ``fa2.varlen_attention`` over 2 * B segments (a row's
-    tokens, then its padding, which sees no key), the output moved back. Read while tracing: set it before
-    torch.compile traces the model."""
+    tokens, then its padding, which sees no key), the output moved back; sliding-window layers keep the key mask.
+    Read while tracing: set it before torch.compile traces the model."""
     global _padded_batches
     if path not in PADDED_BATCHES:
         raise ValueError(f"fa2.hf.set_padded_batches: path must be one of {PADDED_BATCHES}, got {path!r}")
@@ -322,8 +322,8 @@ def _packed_sequences(query, key, attention_mask, kwargs):
     batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-    sequence_ids = attention_mask is not None and attention_mask.dim() == 2 and not attention_mask.dtype.is_floating_point \
-        and attention_mask.dtype != torch.bool
+    sequence_ids = (attention_mask is not None and attention_mask.dim() == 2
+                    and not attention_mask.dtype.is_floating_point and attention_mask.dtype != torch.bool)
     if all(x is not None for x in (cu_q, cu_k, max_q, max_k)):
         # (DataCollatorWithFlattening(return_flash_attn_kwargs=True)): as transformers' flash-attention path
         if attention_mask is not None and not sequence_ids:
@@ -366,8 +366,9 @@ def _varlen_forward(query, key, value, attention_mask, scaling, is_causal, slidi
                 key.transpose(1, 2).reshape(batch * seqlen_k, nheads_k, key.shape[-1]),
                 value.transpose(1, 2).reshape(batch * seqlen_k, nheads_k, value.shape[-1]))
     if (_padded_batches == "varlen" and attention_mask is not None and attention_mask.dtype == torch.bool
-            and attention_mask.dim() == 2 and seqlen_q == seqlen_k and seqlen_q > 1):
-        # fa2_mask's padding form: causal over each row's real tokens (and the layer's window)
+            and attention_mask.dim() == 2 and seqlen_q == seqlen_k and seqlen_q > 1 and window_left < 0):
+        # fa2_mask's padding form: causal over each row's real tokens. Not with a window: transformers' window counts
+        # positions, and a row with padding inside (not only at its ends) would get it over its real tokens.
         layout = (_padded_layout(attention_mask) if torch.compiler.is_compiling() else
                   _padded_per_forward.get(attention_mask, None, lambda: _padded_layout(attention_mask)))
         gather, scatter, cu_seqlens, seqused_k = layout
