@@ -117,6 +117,23 @@ def test_packed_batch_matches_each_document_alone(name, how, device, dtype):
     zoo.assert_grads_close(f"{name} {how}", got[1], want_hi[1], want_naive[1])
 
 
+def test_two_packed_rows_without_cache_match_each_document_alone():
+    """Two rows, each packed (use_cache=False, eager): transformers' packed mask per row, read by fa2_mask as sequence
+    ids; varlen over both rows (a row start always starts a sequence) gives each document's logits alone."""
+    lengths = ((5, 11), (9, 7))
+    documents = _documents([n for row in lengths for n in row], "cpu")
+    ids = torch.tensor([documents[0] + documents[1], documents[2] + documents[3]])
+    position_ids = torch.tensor([list(range(5)) + list(range(11)), list(range(9)) + list(range(7))])
+    model = zoo.build("llama", "cpu", torch.float32, attn="fa2").eval()
+    with CountOps() as counted, torch.no_grad():
+        got = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+    assert counted.calls.get("varlen_fwd") == model.config.num_hidden_layers, counted.calls
+    eager = zoo.build("llama", "cpu", torch.float64, attn="eager").eval()
+    with torch.no_grad():
+        want = torch.cat([eager(input_ids=torch.tensor([d])).logits for d in documents], dim=1)
+    torch.testing.assert_close(got.reshape(1, -1, zoo.VOCAB), want.float(), atol=1e-5, rtol=1e-5)
+
+
 def test_one_sequence_keeps_the_dense_kernels():
     """Eager, batch 1, position ids that do not restart: fa2's dense causal call, not varlen."""
     model = zoo.build("llama", "cpu", torch.float32, attn="fa2").eval()

@@ -229,7 +229,10 @@ class _PerForward:
     def get(self, tensor, extra, compute):
         if tensor.is_inference() or tensor.numel() == 0:
             return compute()
-        key = self._key_of(tensor, extra)
+        try:
+            key = self._key_of(tensor, extra)
+        except (RuntimeError, NotImplementedError):  # no real storage (fake / functional tensors while tracing)
+            return compute()
         if self._source is None or self._key != key:
             self._source, self._key, self._value = tensor, key, compute()
         return self._value
