@@ -239,10 +239,10 @@ def _varlen_nodes(graphs):
                                          pytest.param("position_ids", True, marks=pytest.mark.slow),
                                          pytest.param("flash_kwargs", True, marks=pytest.mark.slow),
                                          pytest.param("padded", True, marks=pytest.mark.slow)])
-def test_compiled_packed_training_step(how, dynamic, padded_batches):
+def test_compiled_packed_training_step(how, dynamic, padded_batches, monkeypatch):
     """torch.compile of a model trained on a packed (or padded, varlen path) batch: one graph, no graph break, varlen
     in the forward and backward graphs, eager's loss; with dynamic=True, other document lengths (count and total)
-    run without recompiling."""
+    run without recompiling; the position ids are read once per forward pass in the compiled graph too."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     padded_batches("varlen")
@@ -271,9 +271,14 @@ def test_compiled_packed_training_step(how, dynamic, padded_batches):
     # (not fullgraph=True, which would allow what breaks the graph otherwise: data-dependent output sizes)
     compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), dynamic=dynamic)
     layers = model.config.num_hidden_layers
+    reads = []
+    compute = fa2.hf._compute_sequence_starts
+    monkeypatch.setattr(fa2.hf, "_compute_sequence_starts", lambda *a: reads.append(1) or compute(*a))
     for batch in (first, second) if dynamic else (first,):
         model.zero_grad(set_to_none=True)
+        reads.clear()
         loss = compiled(**batch).loss
+        assert len(reads) == (how == "position_ids"), f"{len(reads)} reads of the position ids in one forward pass"
         loss.backward()
         model.zero_grad(set_to_none=True)
         torch.testing.assert_close(loss.detach(), model(**batch).loss.detach())
