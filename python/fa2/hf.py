@@ -139,7 +139,8 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if position_bias is None:
-        out = _varlen_forward(query, key, value, attention_mask, scaling, is_causal, sliding_window, softcap, kwargs)
+        out = _varlen_forward(query, key, value, attention_mask, scaling, is_causal, sliding_window, softcap, dropout,
+                              kwargs)
         if out is not None:
             return out, None
     # a (B, kv) mask is fa2_mask's causal over padding (bottom-right diagonal checked there): causal with a key
@@ -355,14 +356,14 @@ def _packed_sequences(query, key, attention_mask, kwargs):
     return None
 
 
-def _varlen_forward(query, key, value, attention_mask, scaling, is_causal, sliding_window, softcap, kwargs):
+def _varlen_forward(query, key, value, attention_mask, scaling, is_causal, sliding_window, softcap, dropout, kwargs):
     """Packed batches, and padded ones when set_padded_batches("varlen"), through fa2.varlen_attention: the output
     (B, Sq, H, Dv); None for every other batch (fa2_attention_forward's paths)."""
     from .varlen import varlen_attention
     batch, nheads, seqlen_q, _ = query.shape
     nheads_k, seqlen_k = key.shape[1], key.shape[2]
     window_left = sliding_window - 1 if sliding_window is not None and sliding_window > 0 else -1
-    flags = dict(scale=scaling, softcap=float(softcap or 0.0))
+    flags = dict(scale=scaling, softcap=float(softcap or 0.0), dropout_p=float(dropout or 0.0))
 
     def packed_rows():  # (total, heads, head dim): views when the (B, H, S, D) tensors are (B, S, H, D) in memory
         return (query.transpose(1, 2).reshape(batch * seqlen_q, nheads, query.shape[-1]),
