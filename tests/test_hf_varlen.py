@@ -179,6 +179,15 @@ def test_fa2_mask_reads_transformers_packed_mask():
     assert got.dim() == 4 and got.dtype == torch.bool
 
 
+def test_sequence_ids_with_a_position_bias_are_refused():
+    """(No model makes both today: T5's decoder builds its mask without position ids.) A silent dense call would
+    attend across the packed sequences."""
+    q = k = v = torch.randn(1, 2, 4, 8)
+    ids = torch.tensor([[0, 0, 1, 1]])
+    with pytest.raises(NotImplementedError, match="position bias"):
+        fa2.hf.fa2_attention_forward(torch.nn.Module(), q, k, v, ids, position_bias=torch.zeros(1, 2, 4, 4))
+
+
 def test_set_padded_batches_checks_its_argument():
     with pytest.raises(ValueError, match="path must be one of"):
         fa2.hf.set_padded_batches("unpad")

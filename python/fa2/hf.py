@@ -138,6 +138,8 @@ def fa2_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     # (MLA, DeepSeek-V2/V3: a value head dim other than the query/key one goes to the op as it is; out takes v's)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if position_bias is not None and _is_sequence_ids(attention_mask):
+        raise NotImplementedError("fa2: packed sequences (transformers' packed-sequence mask) with a position bias")
     if position_bias is None:
         out = _varlen_forward(query, key, value, attention_mask, scaling, is_causal, sliding_window, softcap, dropout,
                               kwargs)
@@ -321,13 +323,17 @@ def _padded_layout(padding):
 _padded_per_forward = _PerForward()
 
 
+def _is_sequence_ids(mask) -> bool:
+    """fa2_mask's packed form: (B, S) integer sequence ids (its padding form is bool, transformers' masks 4-D)."""
+    return (mask is not None and mask.dim() == 2 and not mask.dtype.is_floating_point and mask.dtype != torch.bool)
+
+
 def _packed_sequences(query, key, attention_mask, kwargs):
     """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) when the batch is packed, else None."""
     batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-    sequence_ids = (attention_mask is not None and attention_mask.dim() == 2
-                    and not attention_mask.dtype.is_floating_point and attention_mask.dtype != torch.bool)
+    sequence_ids = _is_sequence_ids(attention_mask)
     if all(x is not None for x in (cu_q, cu_k, max_q, max_k)):
         # (DataCollatorWithFlattening(return_flash_attn_kwargs=True)): as transformers' flash-attention path
         if attention_mask is not None and not sequence_ids:
