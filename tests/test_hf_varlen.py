@@ -53,7 +53,7 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _documents(lengths, device, seed=0):
+def _documents(lengths, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, zoo.VOCAB, (n,), generator=g).tolist() for n in lengths]
 
@@ -80,11 +80,11 @@ def _logits_and_grads(model, calls, weights):
     return logits.detach(), grads
 
 
-def _per_document_reference(name, documents, device, dtype, attn="eager"):
+def _per_document_reference(name, documents, device, dtype):
     """(hi, naive): the eager model on each document alone, in float64 / the test dtype."""
     out = []
     for ref_dtype in (hi_dtype(dtype), dtype):
-        model = zoo.build(name, device, ref_dtype, attn=attn).train()
+        model = zoo.build(name, device, ref_dtype, attn="eager").train()
         weights = _weights((1, sum(map(len, documents)), zoo.VOCAB), device)
         calls = [{"input_ids": torch.tensor([d], device=device)} for d in documents]
         out.append(_logits_and_grads(model, calls, weights))
@@ -101,7 +101,7 @@ def test_packed_batch_matches_each_document_alone(name, how, device, dtype):
     restarting position ids (default use_cache: transformers builds no packed mask), from cu_seq_lens_q/k
     (return_flash_attn_kwargs=True), or from the sequence ids fa2_mask reads off transformers' packed mask
     (use_cache=False)."""
-    documents = _documents(DOCUMENT_LENGTHS, device)
+    documents = _documents(DOCUMENT_LENGTHS)
     batch = _flattened(documents, device, flash_kwargs=how == "flash_kwargs")
     if how == "no_cache":
         batch["use_cache"] = False
@@ -121,7 +121,7 @@ def test_two_packed_rows_without_cache_match_each_document_alone():
     """Two rows, each packed (use_cache=False, eager): transformers' packed mask per row, read by fa2_mask as sequence
     ids; varlen over both rows (a row start always starts a sequence) gives each document's logits alone."""
     lengths = ((5, 11), (9, 7))
-    documents = _documents([n for row in lengths for n in row], "cpu")
+    documents = _documents([n for row in lengths for n in row])
     ids = torch.tensor([documents[0] + documents[1], documents[2] + documents[3]])
     position_ids = torch.tensor([list(range(5)) + list(range(11)), list(range(9)) + list(range(7))])
     model = zoo.build("llama", "cpu", torch.float32, attn="fa2").eval()
@@ -150,7 +150,7 @@ def test_sequence_starts_once_per_forward(monkeypatch):
     compute = fa2.hf._compute_sequence_starts
     monkeypatch.setattr(fa2.hf, "_compute_sequence_starts", lambda *a: calls.append(1) or compute(*a))
     model = zoo.build("llama", "cpu", torch.float32, attn="fa2").eval()
-    batch = _flattened(_documents(DOCUMENT_LENGTHS, "cpu"), "cpu", flash_kwargs=False)
+    batch = _flattened(_documents(DOCUMENT_LENGTHS), "cpu", flash_kwargs=False)
     with torch.no_grad():
         model(**batch)
         assert len(calls) == 1
@@ -258,7 +258,7 @@ def test_compiled_packed_training_step(how, dynamic, padded_batches, monkeypatch
     model = zoo.build("llama", "cpu", torch.float32, attn="fa2").train()
 
     def batch_of(lengths):
-        documents = _documents(lengths, "cpu", seed=len(lengths))
+        documents = _documents(lengths, seed=len(lengths))
         if how != "padded":
             batch = _flattened(documents, "cpu", flash_kwargs=how == "flash_kwargs")
         else:
