@@ -30,7 +30,6 @@ padding kernel, or varlen over the padded layout with ``set_padded_batches("varl
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 
