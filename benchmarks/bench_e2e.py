@@ -7,6 +7,8 @@ Ways (``--ways``; default: the first four), each a Hugging Face model built from
                    the backend, which rewrites the attention sites into fa2 ops in forward and backward)
   sdpa+inductor    attn_implementation="sdpa" (F.scaled_dot_product_attention), torch.compile(model)
   hf-fa2+inductor  attn_implementation="fa2" (fa2.hf: the fa2 op called by transformers), torch.compile(model)
+  hf-fa2-padvarlen+inductor  as hf-fa2+inductor with fa2.hf.set_padded_batches("varlen"): padded batches
+                   (prefill with ``--pad``) through varlen rather than the key-row padding mask; only when named
   sdpa+inductor+fa2-sdpa  as sdpa+inductor, inside ``fa2.sdpa_backend()`` (PyTorch's flash SDPA path on fa2); only
                    when named in --ways. (Under torch.compile transformers hands SDPA a materialized mask, which takes
                    PyTorch's memory-efficient or cuDNN kernel, not the flash path: the attention ops column shows it)
@@ -18,6 +20,21 @@ Modes (``--modes``):
             attention_mask; tokens/s still counts every position, real_tokens_per_s only the unpadded ones)
   generate  greedy generation, batch 1: Hugging Face generate with a static KV cache, its decoding step compiled
             with the way's backend (the prompt's prefill inside generate runs uncompiled, as transformers does)
+  packed    padding-free training: one training step (as train) on mixed documents filling SEQLEN x BATCH tokens
+            (lengths log-uniform in 64..2048, seeded; the last cut to fit), laid out per ``--packed-ways``:
+              fa2-packed         attn_implementation="fa2", the documents end to end in one row with
+                                 DataCollatorWithFlattening's position ids + cu_seq_lens_q/k, max_length_q/k
+                                 (return_flash_attn_kwargs=True): fa2.varlen_attention
+              fa2-packed-posids  the same with the position ids alone (the default collator): fa2 derives the
+                                 sequences from them once per forward pass
+              fa2-padded         attn_implementation="fa2", one document per row, right-padded to the longest:
+                                 fa2's key-row padding mask (the default padded path)
+              fa2-padded-varlen  the same batch through fa2.hf.set_padded_batches("varlen")
+              sdpa-padded        attn_implementation="sdpa" on the padded batch (flash-attn's own packed way,
+                                 "flash_attention_2", is not installable here)
+            all torch.compile(model) with Inductor. tokens/s counts the documents' tokens (not padding); model
+            TFLOP/s counts attention over the real lengths (sum of len^2 / total in place of S); the first loss of
+            every way is the same documents' loss (a check that the layouts agree)
 
 Model (default, ~1.1B parameters, TinyLlama's shape): hidden 2048, 22 layers, 32 heads, 4 KV heads (GQA),
 intermediate 5632, vocab 32000, untied embeddings. Shapes (``--shapes SEQLENxBATCH``): 2048x4 and 8192x1.
@@ -31,6 +48,9 @@ Usage:
   python benchmarks/bench_e2e.py                               # all modes, both shapes (long: ~15 compilations)
   python benchmarks/bench_e2e.py --modes train --time-budget 270
   python benchmarks/bench_e2e.py --device cpu --quick          # smoke test
+  python benchmarks/bench_e2e.py --modes packed --shapes 2048x4  # padding-free training (issue 47)
+  python benchmarks/bench_e2e.py --modes prefill --pad 0.5 --shapes 2048x4 \
+      --ways hf-fa2+inductor,hf-fa2-padvarlen+inductor          # the two padded paths
 """
 from __future__ import annotations
 
@@ -39,6 +59,7 @@ import contextlib
 import datetime
 import gc
 import json
+import math
 import os
 import re
 import signal
@@ -61,10 +82,20 @@ WAYS = {  # name: (attn_implementation, torch.compile backend)
     "sdpa+inductor": ("sdpa", "inductor"),
     "hf-fa2+inductor": ("fa2", "inductor"),
     "sdpa+inductor+fa2-sdpa": ("sdpa", "inductor"),
+    "hf-fa2-padvarlen+inductor": ("fa2", "inductor"),
 }
 SDPA_ON_FA2_WAYS = {"sdpa+inductor+fa2-sdpa"}  # run inside fa2.sdpa_backend()
+PADDED_VARLEN_WAYS = {"hf-fa2-padvarlen+inductor"}  # run with fa2.hf.set_padded_batches("varlen")
+PACKED_WAYS = {  # mode packed: name -> (attn_implementation, batch layout, fa2.hf padded path)
+    "fa2-packed": ("fa2", "packed", "key_mask"),
+    "fa2-packed-posids": ("fa2", "packed-posids", "key_mask"),
+    "fa2-padded": ("fa2", "padded", "key_mask"),
+    "fa2-padded-varlen": ("fa2", "padded", "varlen"),
+    "sdpa-padded": ("sdpa", "padded", "key_mask"),
+}
 DEFAULT_WAYS = ("eager+inductor", "eager+fa2", "sdpa+inductor", "hf-fa2+inductor")  # the comparison the README quotes
-MODES = ("train", "prefill", "generate")
+MODES = ("train", "prefill", "generate", "packed")
+DEFAULT_MODES = ("train", "prefill", "generate")
 MODEL_FULL = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
                   intermediate_size=5632, vocab_size=32000)
 MODEL_QUICK = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -223,6 +254,18 @@ def run_train(way, seqlen, batch, args, device, model_kwargs) -> dict:
     attn, backend = WAYS[way]
     mem = Memory(device)
     model = build_model(attn, model_kwargs, device, max(seqlen, 8192))
+    gen = torch.Generator(device=device).manual_seed(1)
+    ids = torch.randint(0, model_kwargs["vocab_size"], (batch, seqlen), device=device, generator=gen)
+    result = measure_training(model, backend, {"input_ids": ids, "labels": ids}, batch * seqlen, seqlen, mem, args,
+                              device, model_kwargs)
+    result["explain"] = maybe_explain(model, ids, args.explain and backend == "fa2")
+    return result
+
+
+def measure_training(model, backend, inputs, tokens, attention_span, mem, args, device, model_kwargs) -> dict:
+    """One compiled training step on inputs (forward + loss + backward + fused AdamW step), timed. tokens: the
+    tokens a step trains on (tokens/s); attention_span: the keys per token of the FLOP count (S; for documents of
+    lengths l_i, sum(l_i^2) / sum(l_i)); mem: the case's Memory, made before the model."""
     counts = param_counts(model)
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
@@ -231,12 +274,10 @@ def run_train(way, seqlen, batch, args, device, model_kwargs) -> dict:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
         fused = False
     cmodel = compile_model(model, backend)
-    gen = torch.Generator(device=device).manual_seed(1)
-    ids = torch.randint(0, model_kwargs["vocab_size"], (batch, seqlen), device=device, generator=gen)
     losses = []
 
     def step():
-        loss = cmodel(input_ids=ids, labels=ids).loss
+        loss = cmodel(**inputs).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -253,18 +294,82 @@ def run_train(way, seqlen, batch, args, device, model_kwargs) -> dict:
     peak = mem.peak_gib()
     stats = dynamo_stats()
     ops = attention_ops(step)
-    explain = maybe_explain(model, ids, args.explain and backend == "fa2")
     L, d = model_kwargs["num_hidden_layers"], model_kwargs["hidden_size"]
     step_s = statistics.median(times)
-    tokens_per_s = batch * seqlen / step_s
-    flops_tok = train_flops_per_token(counts["all"], L, d, seqlen)
+    tokens_per_s = tokens / step_s
+    flops_tok = train_flops_per_token(counts["all"], L, d, attention_span)
     tflops = tokens_per_s * flops_tok / 1e12
     return dict(status="ok", step_ms=1e3 * step_s, tokens_per_s=tokens_per_s, flops_per_token=flops_tok,
                 tflops=tflops, mfu=tflops / args.peak_tflops,
-                tflops_nonembed=tokens_per_s * train_flops_per_token(counts["non_embedding"], L, d, seqlen) / 1e12,
+                tflops_nonembed=tokens_per_s * train_flops_per_token(counts["non_embedding"], L, d,
+                                                                      attention_span) / 1e12,
                 peak_gib=peak, first_call_s=first_s, fused_adamw=fused, params=counts,
-                loss_first=float(losses[0]), loss_last=float(losses[-1]), attention_ops=ops, explain=explain,
+                loss_first=float(losses[0]), loss_last=float(losses[-1]), attention_ops=ops,
                 step_times_ms=[1e3 * t for t in times], **stats)
+
+
+# ---- padding-free training (mode packed) ------------------------------------------------------------------------
+
+def document_lengths(total: int, seed: int = 0, shortest: int = 64, longest: int = 2048) -> list[int]:
+    """Mixed documents filling total tokens: lengths log-uniform in [shortest, longest], the last one cut to fit."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < total:
+        u = float(torch.rand((), generator=g))
+        length = int(math.exp(math.log(shortest) + u * (math.log(longest) - math.log(shortest))))
+        lengths.append(min(length, total - sum(lengths)))
+    return lengths
+
+
+def documents_batch(layout: str, lengths: list[int], vocab: int, device) -> dict:
+    """The documents as model inputs. packed / packed-posids: one row end to end with DataCollatorWithFlattening's
+    fields (position ids restarting at 0, each document's first label -100; packed adds cu_seq_lens_q/k and
+    max_length_q/k); padded: one document per row, right-padded to the longest, padding labelled -100."""
+    g = torch.Generator().manual_seed(4)
+    docs = [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
+    if layout == "padded":
+        width = max(lengths)
+        ids = torch.zeros(len(docs), width, dtype=torch.long)
+        mask = torch.zeros(len(docs), width, dtype=torch.long)
+        for row, doc in enumerate(docs):
+            ids[row, :len(doc)], mask[row, :len(doc)] = doc, 1
+        batch = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    else:
+        ids = torch.cat(docs)[None]
+        labels = torch.cat([torch.cat([torch.tensor([-100]), doc[1:]]) for doc in docs])[None]
+        batch = dict(input_ids=ids, labels=labels, position_ids=torch.cat([torch.arange(n) for n in lengths])[None])
+        if layout == "packed":
+            cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def run_packed(way, seqlen, batch, args, device, model_kwargs) -> dict:
+    attn, layout, padded_path = PACKED_WAYS[way]
+    lengths = document_lengths(seqlen * batch)
+    mem = Memory(device)
+    model = build_model(attn, model_kwargs, device, max(seqlen, 8192))
+    inputs = documents_batch(layout, lengths, model_kwargs["vocab_size"], device)
+    with padded_batches(padded_path if attn == "fa2" else None):
+        span = sum(n * n for n in lengths) / sum(lengths)
+        result = measure_training(model, "inductor", inputs, sum(lengths), span, mem, args, device, model_kwargs)
+    slots = inputs["input_ids"].numel()
+    return dict(result, documents=len(lengths), longest=max(lengths), token_slots=slots,
+                padding_fraction=1 - sum(lengths) / slots)
+
+
+@contextlib.contextmanager
+def padded_batches(path):
+    """fa2.hf.set_padded_batches(path) for one case (None: leave it), the default restored after."""
+    if path is None:
+        yield
+        return
+    import fa2.hf
+    fa2.hf.set_padded_batches(path)
+    try:
+        yield
+    finally:
+        fa2.hf.set_padded_batches("key_mask")
 
 
 def run_prefill(way, seqlen, batch, args, device, model_kwargs) -> dict:
@@ -364,11 +469,13 @@ def run_case(case, args, device, model_kwargs) -> dict:
     t0 = time.perf_counter()
     result, err = None, None
     try:
-        with sdpa_backend_for(way):
+        with sdpa_backend_for(way), padded_batches("varlen" if way in PADDED_VARLEN_WAYS else None):
             if mode == "train":
                 result = run_train(way, case["seqlen"], case["batch"], args, device, model_kwargs)
             elif mode == "prefill":
                 result = run_prefill(way, case["seqlen"], case["batch"], args, device, model_kwargs)
+            elif mode == "packed":
+                result = run_packed(way, case["seqlen"], case["batch"], args, device, model_kwargs)
             else:
                 result = run_generate(way, case["seqlen"], case["new_tokens"], args, device, model_kwargs)
     except Exception as e:  # record and go on; leave the except block so the traceback frees its tensors
@@ -425,7 +532,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--quick", action="store_true", help="tiny model (2 layers, hidden 256): a smoke run")
     p.add_argument("--ways", default=",".join(DEFAULT_WAYS), help=",".join(WAYS))
-    p.add_argument("--modes", default=",".join(MODES), help=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=",".join(MODES))
+    p.add_argument("--packed-ways", default=",".join(PACKED_WAYS), help="mode packed: " + ",".join(PACKED_WAYS))
     p.add_argument("--shapes", help="SEQLENxBATCH list for train and prefill (default 2048x4,8192x1)")
     p.add_argument("--steps", type=int, help="timed steps per case (median reported)")
     p.add_argument("--warmup", type=int, help="untimed steps, the first of which compiles")
@@ -456,7 +564,9 @@ def main(argv=None):
         if getattr(args, k) is None:
             setattr(args, k, v)
     ways, modes = [w.strip() for w in args.ways.split(",")], [m.strip() for m in args.modes.split(",")]
-    for name, vals, allowed in (("ways", ways, WAYS), ("modes", modes, MODES)):
+    packed_ways = [w.strip() for w in args.packed_ways.split(",")]
+    for name, vals, allowed in (("ways", ways, WAYS), ("modes", modes, MODES),
+                                ("packed-ways", packed_ways, PACKED_WAYS)):
         if any(v not in allowed for v in vals):
             p.error(f"--{name}: choose from {list(allowed)}")
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes.split(",")]
@@ -467,7 +577,7 @@ def main(argv=None):
     print(f"fa2 end-to-end benchmark on {env.get('gpu') or env.get('cpu')}: torch {torch.__version__}, "
           f"transformers {env['transformers']}, fa2 {env['fa2'].get('version', env['fa2'].get('error'))}", flush=True)
 
-    # Cases in order of importance (a time budget cuts from the end): training, then prefill, then generation.
+    # Cases in order of importance (a time budget cuts from the end): training, prefill, generation, packed.
     cases = []
     for mode in MODES:
         if mode not in modes:
@@ -478,7 +588,7 @@ def main(argv=None):
                                   shape=f"{args.gen_prompt}+{args.gen_tokens}x1"))
             continue
         for seqlen, batch in shapes:
-            for way in ways:
+            for way in packed_ways if mode == "packed" else ways:
                 cases.append(dict(mode=mode, way=way, seqlen=seqlen, batch=batch, shape=f"{seqlen}x{batch}"))
 
     t_start = time.monotonic()
@@ -512,7 +622,7 @@ def main(argv=None):
                         "train_per_token_nonembed": "6*N_nonembedding + 12*L*d*S (tflops_nonembed)",
                         "prefill_per_token": "2*N_layers + 4*L*d*S", "peak_tflops": args.peak_tflops},
               "settings": dict(steps=args.steps, warmup=args.warmup, shapes=args.shapes, pad=args.pad,
-                               gen_prompt=args.gen_prompt,
+                               packed_ways=args.packed_ways, gen_prompt=args.gen_prompt,
                                gen_tokens=args.gen_tokens, compile="torch.compile(model, backend, dynamic=False)"),
               "runs": runs}
     os.makedirs(args.out, exist_ok=True)
