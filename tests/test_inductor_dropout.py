@@ -249,3 +249,73 @@ def test_random_masks_that_are_not_dropout_are_kept(fn):
         compiled(fn)(q, k, v).sum().backward()
     assert records and not any(r.rewritten for r in records), [str(r) for r in records]
     assert all("random numbers" in (r.reason or "") for r in records), [str(r) for r in records]
+
+
+# ---- the zoo: GPT-2, BERT, ViT with attention dropout (zoo.DROPOUT) -------------------------------------------------
+
+def _zoo_step(model, inputs, train=True):
+    """(main output, loss, parameter gradients) of one step of a zoo model."""
+    import zoo
+    model.zero_grad(set_to_none=True)
+    with torch.set_grad_enabled(train):
+        out = model(**inputs)
+        loss = zoo.loss_of(out)
+        if train:
+            loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return zoo.main_output(out).detach(), loss.detach(), grads
+
+
+ZOO_DROPOUT = ["bert_dropout", pytest.param("gpt2_dropout", marks=pytest.mark.slow),
+               pytest.param("vit_dropout", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES[:2])
+@pytest.mark.parametrize("name", ZOO_DROPOUT)
+def test_zoo_attention_dropout(name, device, dtype):
+    """Every attention site of a model that trains with attention dropout becomes fa2 with dropout_p = 0.1, in the
+    training and in the no-grad graph; the same seed gives bitwise the same outputs and gradients, the next call
+    another draw; the loss over many seeds has eager's mean and spread (two-sample, 5 standard errors); eval mode
+    matches eager within the numerics rule."""
+    import zoo
+    entry = zoo.ZOO_BY_NAME[name]
+    model = zoo.build(name, device, dtype).train()
+    inputs = entry.inputs(device, dtype)
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="fa2_eager")
+    with recording() as records, without_aot_cache():
+        torch.manual_seed(11)
+        first = _zoo_step(fn, inputs)
+        again = _zoo_step(fn, inputs)
+        torch.manual_seed(11)
+        replay = _zoo_step(fn, inputs)
+        _zoo_step(fn, inputs, train=False)
+    for kind in ("training", "inference"):
+        sites = [r for r in records if r.graph == kind]
+        assert len(sites) == entry.sites, f"{kind}: {[str(r) for r in sites]}"
+        assert all(r.rewritten and r.flags.get("dropout_p") == zoo.ATTENTION_DROPOUT for r in sites), \
+            [str(r) for r in sites]
+    assert sum(g["fa2_bwd"] for g in records.graphs) == entry.sites
+    assert torch.equal(first[0], replay[0]) and torch.equal(first[1], replay[1]), "same seed, other output"
+    assert first[2].keys() == replay[2].keys() and all(torch.equal(first[2][n], replay[2][n]) for n in first[2])
+    assert not torch.equal(first[0], again[0]), "two calls drew the same masks"
+
+    # statistics of the loss: compiled (fa2's masks) against eager (PyTorch's), each over its own seeds
+    n = 24
+    with torch.no_grad():
+        got = torch.stack([_zoo_step(fn, inputs, train=False)[1].double() for _ in range(n)])
+        want = torch.stack([_zoo_step(model, inputs, train=False)[1].double() for _ in range(n)])
+    se = math.sqrt(got.var().item() / n + want.var().item() / n)
+    assert abs(got.mean().item() - want.mean().item()) <= 5 * se, \
+        f"loss mean {got.mean():.5g} (fa2) vs {want.mean():.5g} (eager), standard error {se:.3g}"
+    ratio = got.std().item() / want.std().item()
+    assert 0.4 < ratio < 2.5, f"loss spread fa2 / eager = {ratio:.3g}: the dropout is not the same in distribution"
+
+    # eval: no dropout, the same result as eager
+    model.eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got_eval = torch.compile(model, backend="fa2_eager")(**inputs)
+        naive = model(**inputs)
+        hi = zoo.build(name, device, hi_dtype(dtype)).eval()(**entry.inputs(device, hi_dtype(dtype)))
+    zoo.assert_model_close(f"{name} eval", zoo.main_output(got_eval), zoo.main_output(hi), zoo.main_output(naive), 2)
