@@ -114,7 +114,8 @@ def assert_kept_fraction(kept, where, p, what):
     n = int(where.sum())
     frac = (kept & where).sum().item() / n
     sigma = math.sqrt(p * (1 - p) / n)
-    assert abs(frac - (1 - p)) <= 5 * sigma, f"{what}: kept {frac:.4f} of {n} weights, expected {1 - p} ± {5 * sigma:.4f}"
+    assert abs(frac - (1 - p)) <= 5 * sigma, \
+        f"{what}: kept {frac:.4f} of {n} weights, expected {1 - p} ± {5 * sigma:.4f}"
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)

@@ -2,8 +2,9 @@
 
 Real code spells attention many ways (``@``/matmul/bmm/einsum, scale on the scores or on q, masks added, filled or
 built from arange/tril, softmax in fp32 then cast, GQA through repeat_kv, softcap, transposed or permuted layouts,
-dropout in eval). After Dynamo + AOT autograd with Inductor's decompositions they all reduce to a few op shapes, so
-sites are found by walking the graph from each softmax rather than by matching a list of spellings:
+dropout: nothing in eval, fa2's dropout_p in training). After Dynamo + AOT autograd with Inductor's decompositions
+they all reduce to a few op shapes, so sites are found by walking the graph from each softmax rather than by matching
+a list of spellings:
 
   QK^T   ``bmm(view(q4), view(kT4))`` (a 4D matmul decomposes to expand / [clone] / view / bmm / view)
   scores a chain of: scalar mul/div (scale), div -> tanh -> mul (softcap), add (bias), where (mask), dtype casts
