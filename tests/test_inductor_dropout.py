@@ -310,7 +310,8 @@ def test_zoo_attention_dropout(name, device, dtype):
     assert abs(got.mean().item() - want.mean().item()) <= 5 * se, \
         f"loss mean {got.mean():.5g} (fa2) vs {want.mean():.5g} (eager), standard error {se:.3g}"
     ratio = got.std().item() / want.std().item()
-    assert 0.4 < ratio < 2.5, f"loss spread fa2 / eager = {ratio:.3g}: the dropout is not the same in distribution"
+    # (the log of a ratio of two 24-sample standard deviations has a spread of about 0.3: 1/3 .. 3 is > 3.5 of them)
+    assert 1 / 3 < ratio < 3, f"loss spread fa2 / eager = {ratio:.3g}: the dropout is not the same in distribution"
 
     # eval: no dropout, the same result as eager
     model.eval()
