@@ -32,8 +32,8 @@ DEVICE_DTYPES = [
 P = 0.25
 
 
-def attn_f_dropout(q, k, v):
-    return F.dropout((q @ k.transpose(-2, -1) * 0.25).softmax(-1), p=P, training=True) @ v
+def attn_f_dropout(q, k, v, p=P):
+    return F.dropout((q @ k.transpose(-2, -1) * 0.25).softmax(-1), p=p, training=True) @ v
 
 
 class AttnModule(torch.nn.Module):
@@ -43,24 +43,56 @@ class AttnModule(torch.nn.Module):
         super().__init__()
         self.drop = torch.nn.Dropout(p)
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, p=None):
         w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))
         w = w.softmax(-1, dtype=torch.float32).to(v.dtype)
-        return torch.matmul(self.drop(w), v)
+        return torch.matmul(self.drop(w) if p is None else F.dropout(w, p), v)
 
 
-def attn_sdpa_dropout(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=P)
+def attn_sdpa_dropout(q, k, v, p=P):
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
 
 
-def attn_causal_dropout(q, k, v):
+def _causal(s):
+    return torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+
+
+def attn_causal_dropout(q, k, v, p=P):
     s = q @ k.transpose(-2, -1) * 0.25
-    s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    return F.dropout(s.softmax(-1), p=P, training=True) @ v
+    return F.dropout(s.masked_fill(~_causal(s), float("-inf")).softmax(-1), p=p, training=True) @ v
 
 
-FORMS = {"f_dropout": attn_f_dropout, "nn_dropout": AttnModule(), "sdpa": attn_sdpa_dropout,
-         "causal": attn_causal_dropout}
+def attn_document_dropout(q, k, v, ids, p=P):
+    """A causal document mask (runs as varlen)."""
+    s = q @ k.transpose(-2, -1) * 0.25
+    same = (ids[:, None, :, None] == ids[:, None, None, :]) & _causal(s)
+    return F.dropout(s.masked_fill(~same, float("-inf")).softmax(-1), p=p, training=True) @ v
+
+
+def attn_left_padded_dropout(q, k, v, keys, p=P):
+    """Causal and a left padding under a finite fill (transformers' eager form): the first queries of the padded row
+    see no key, and eager drops out their uniform average: the mask stays one bias (no flags + key-row split)."""
+    s = q @ k.transpose(-2, -1) * 0.25
+    visible = _causal(s) & keys[:, None, None, :]
+    return F.dropout(s.where(visible, torch.finfo(s.dtype).min).softmax(-1), p=p, training=True) @ v
+
+
+def _ids(b, s, device):
+    ids = torch.zeros(b, s, dtype=torch.int64, device=device)
+    ids[:, s // 3:] = 1
+    ids[-1, s // 2:] = 2
+    return ids
+
+
+def _left_padding(b, s, device):
+    keys = torch.ones(b, s, dtype=torch.bool, device=device)
+    keys[-1, :5] = False
+    return keys
+
+
+FORMS = {"f_dropout": (attn_f_dropout, None), "nn_dropout": (AttnModule(), None),
+         "sdpa": (attn_sdpa_dropout, None), "causal": (attn_causal_dropout, None),
+         "document": (attn_document_dropout, _ids), "left_padded": (attn_left_padded_dropout, _left_padding)}
 
 
 def probe_inputs(device, dtype, b=2, h=4, s=32, seed=0):
@@ -76,13 +108,12 @@ def compiled(fn, backend="fa2_eager"):
     return torch.compile(fn, backend=backend)
 
 
-def probs_of(fn, q, k):
-    """Eager's undropped probabilities (float64) of the form ``fn``, from its own score math in eval."""
-    s = q.double() @ k.double().transpose(-2, -1)
-    s = s * (0.25 if fn in (attn_f_dropout, attn_causal_dropout) else q.shape[-1] ** -0.5)
-    if fn is attn_causal_dropout:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
-    return s.softmax(-1)
+def probs_of(fn, q, k, *extra):
+    """Eager's undropped probabilities of the form ``fn`` (float64): the form itself with p = 0 and v the identity."""
+    q, k = q.detach().double(), k.detach().double()
+    eye = torch.eye(k.shape[-2], dtype=torch.float64, device=k.device).expand(*k.shape[:-1], k.shape[-2])
+    with torch.no_grad():
+        return fn(q, k, eye, *extra, p=0.0)
 
 
 def assert_dropout_rewritten(records, p=P, n=1):
@@ -122,16 +153,23 @@ def assert_kept_fraction(kept, where, p, what):
 @pytest.mark.parametrize("form", list(FORMS))
 def test_dropout_site_rewritten_with_its_probability(form, device, dtype):
     """The site becomes fa2 with dropout_p = p (fa2.explain's flags and note; fa2.fwd / fa2.bwd in the graph), the
-    probe's output is the rescaled probabilities with fa2's mask, about 1 - p of them kept."""
-    fn = FORMS[form].to(device) if isinstance(FORMS[form], torch.nn.Module) else FORMS[form]
+    probe's output is the rescaled probabilities with fa2's mask, about 1 - p of them kept; masked keys stay 0."""
+    from fa2.inductor.masks import KEY_ROW_SPLIT
+    fn, extra = FORMS[form]
+    fn = fn.to(device) if isinstance(fn, torch.nn.Module) else fn
     q, k, v = probe_inputs(device, dtype)
+    extra = (extra(q.shape[0], q.shape[2], device),) if extra else ()
     for x in (q, k, v):
         x.requires_grad_(True)
     with recording() as records, without_aot_cache():
-        out = compiled(fn)(q, k, v)
+        out = compiled(fn)(q, k, v, *extra)
         out.sum().backward()
     assert_dropout_rewritten(records)
-    probs = probs_of(fn, q.detach(), k.detach())
+    if form == "document":
+        assert records[0].flags.get("varlen") == "document ids", str(records[0])
+    if form == "left_padded":
+        assert KEY_ROW_SPLIT not in records[0].flags.get("note", ""), str(records[0])
+    probs = probs_of(fn, q, k, *extra)
     kept = kept_mask(out.detach(), probs, P, form)
     assert_kept_fraction(kept, probs > 0, P, form)
 
