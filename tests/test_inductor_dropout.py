@@ -174,6 +174,22 @@ def test_dropout_site_rewritten_with_its_probability(form, device, dtype):
     assert_kept_fraction(kept, probs > 0, P, form)
 
 
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES[:2])
+def test_undecomposed_native_dropout(device, dtype):
+    """Inductor's fallback_random keeps native_dropout as one op (its mask an output for the backward): the same
+    rewrite, the same statistics."""
+    from torch._inductor import config
+    q, k, v = probe_inputs(device, dtype)
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    with config.patch(fallback_random=True), recording() as records, without_aot_cache():
+        out = compiled(attn_f_dropout)(q, k, v)
+        out.sum().backward()
+    assert_dropout_rewritten(records)
+    probs = probs_of(attn_f_dropout, q, k)
+    assert_kept_fraction(kept_mask(out.detach(), probs, P, "native_dropout"), probs > 0, P, "native_dropout")
+
+
 @pytest.mark.parametrize("backend", ["fa2_eager", pytest.param("fa2", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 def test_dropout_gradients_match_eager_with_the_same_mask(device, dtype, backend):

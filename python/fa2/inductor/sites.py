@@ -722,6 +722,8 @@ def dropout_at(node, src, bwd):
     ``mul(mul(rand(shape) > p, src), 1 / (1 - p))``; the mask mul and the scaling in either order, the mask cast or
     not, the scaling a div by 1 - p), with ``nodes`` every forward node of it, the dropped tensor last; else None.
     The mask may have other users in the backward only (the old backward, which the rewrite replaces)."""
+    if is_call(node, {aten.native_dropout.default}):   # (not decomposed: Inductor's fallback_random)
+        return _native_dropout(node, src, bwd)
     first = node
     users = _fwd_users(first, bwd)
     if len(users) != 1:
@@ -748,6 +750,19 @@ def dropout_at(node, src, bwd):
         if any(u not in bwd and u not in mask_nodes and u is not mask_mul[0] for u in n.users):
             return None
     return p, mask_nodes[::-1] + [first, second]
+
+
+def _native_dropout(node, src, bwd):
+    """``native_dropout(src, p, True)``: (p, [it, its output, its mask]) when its output is the one forward use and
+    the mask only feeds the old backward."""
+    p = _scalar(node.args[1]) if len(node.args) > 1 else None
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+    if node.args[0] is not src or p is None or not 0.0 < p < 1.0 or train is not True:
+        return None
+    outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+    if len(outs) != len(node.users) or 0 not in outs or any(u not in bwd for u in getattr(outs.get(1), "users", ())):
+        return None
+    return p, [node] + ([outs[1]] if 1 in outs else []) + [outs[0]]
 
 
 def _is_safe_softmax_fixup(node, p, x) -> bool:
