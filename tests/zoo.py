@@ -1,8 +1,10 @@
 """A zoo of tiny, randomly initialized Hugging Face models (built from configs: no downloads), each with example
 inputs and the number of attention sites its forward has. Shared by tests/test_zoo.py and fa2.demo-like checks.
 
-Dropout probabilities are 0: fa2 has no dropout, and a model that trains with attention dropout is (correctly) not
-rewritten. Models are built with ``attn_implementation="eager"`` by default: the hand-written matmul/softmax attention
+Dropout probabilities are 0 in ZOO and WILD (their outputs are compared with eager's); DROPOUT holds GPT-2, BERT
+and ViT with attention dropout 0.1 (GPT-2's and BERT's default), whose sites become fa2's dropout: equal to eager
+only in distribution, so tests/test_inductor_dropout.py checks their statistics and reproducibility under a seed.
+Models are built with ``attn_implementation="eager"`` by default: the hand-written matmul/softmax attention
 that the "fa2" backend has to find; tests/test_hf.py builds the same models with ``attn_implementation="fa2"``.
 """
 from __future__ import annotations
@@ -33,9 +35,9 @@ def _ids(device, seed=0):
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g).to(device)
 
 
-def _gpt2(attn):
+def _gpt2(attn, attn_pdrop=0.0):
     from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0,
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, attn_pdrop=attn_pdrop,
                      resid_pdrop=0.0, embd_pdrop=0.0)
     return GPT2LMHeadModel._from_config(cfg, attn_implementation=attn)
 
@@ -66,19 +68,19 @@ def _gemma2(attn):
     return Gemma2ForCausalLM._from_config(cfg, attn_implementation=attn)
 
 
-def _bert(attn):
+def _bert(attn, attention_probs_dropout_prob=0.0):
     from transformers import BertConfig, BertModel
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
+                     attention_probs_dropout_prob=attention_probs_dropout_prob)
     return BertModel._from_config(cfg, attn_implementation=attn, add_pooling_layer=False)
 
 
-def _vit(attn):
+def _vit(attn, attention_probs_dropout_prob=0.0):
     from transformers import ViTConfig, ViTModel
     cfg = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=64, num_hidden_layers=2,
                     num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0)
+                    attention_probs_dropout_prob=attention_probs_dropout_prob)
     return ViTModel._from_config(cfg, attn_implementation=attn, add_pooling_layer=False)
 
 
@@ -235,7 +237,20 @@ WILD = [
     ZooModel("gemma3_left_padded", _gemma3, _left_padded_inputs, 2, "a sliding and a global layer, key padding",
              softmax_in_float64=True),
 ]
-ZOO_BY_NAME = {m.name: m for m in ZOO + WILD}
+
+# Attention dropout 0.1 (GPT-2's and BERT's default; ViTConfig's default is 0.0, 0.1 is a common fine-tuning setting),
+# the other dropouts 0 so that the statistics are the attention's: rewritten into fa2's dropout, checked for
+# statistics and seeded reproducibility, not equality with eager.
+ATTENTION_DROPOUT = 0.1
+DROPOUT = [
+    ZooModel("gpt2_dropout", lambda attn: _gpt2(attn, attn_pdrop=ATTENTION_DROPOUT), _causal_lm_inputs, 2,
+             "causal mask, attn_pdrop"),
+    ZooModel("bert_dropout", lambda attn: _bert(attn, attention_probs_dropout_prob=ATTENTION_DROPOUT), _bert_inputs,
+             2, "padding mask, attention_probs_dropout_prob"),
+    ZooModel("vit_dropout", lambda attn: _vit(attn, attention_probs_dropout_prob=ATTENTION_DROPOUT), _vit_inputs, 2,
+             "no mask, attention_probs_dropout_prob"),
+]
+ZOO_BY_NAME = {m.name: m for m in ZOO + WILD + DROPOUT}
 
 
 @contextlib.contextmanager

@@ -152,7 +152,7 @@ def replacement_fn(site: Site, spec: list):
     if site.topleft_causal:
         def fn(q, k, v, *bias_inputs):
             from ..ops import sdpa
-            return sdpa(q, k, v, None, 0.0, True, site.scale, enable_gqa=q.shape[1] != k.shape[1])
+            return sdpa(q, k, v, None, site.dropout_p, True, site.scale, enable_gqa=q.shape[1] != k.shape[1])
         return fn
 
     n_bias = len(spec)
@@ -164,7 +164,8 @@ def replacement_fn(site: Site, spec: list):
             # a scale that is a runtime scalar: applied to q (fa2's scale argument is a Python float)
             qf = qf * t if how == "mul" else qf / t
         if mask.document:
-            out = _document_attention(qf, kf, vf, bias_inputs[0], mask.causal, site.scale, site.softcap)
+            out = _document_attention(qf, kf, vf, bias_inputs[0], mask.causal, site.scale, site.softcap,
+                                      site.dropout_p)
             return out.transpose(1, 2) if site.out_layout == "bhsd" else out.squeeze(2)
         band = None
         if any(entry[0] == "fill" for entry in spec):
@@ -176,15 +177,17 @@ def replacement_fn(site: Site, spec: list):
             # differentiate the uniform softmax through q.k. Its q read as zeros gives the same forward (scores
             # exactly the fill: uniform) and those zero gradients; v's (the uniform average's) are unchanged.
             qf = torch.where(rows.transpose(1, 2), qf, 0.0)
+        # dropout_p > 0: fa2.attention draws its rng_state with torch.randint (fa2._rng.draw_rng_state), traced here,
+        # so the compiled graph draws a fresh one per call from torch's generator (never a constant)
         out = torch.ops.fa2.attention(qf, kf, vf, bias, site.scale, mask.causal, mask.window_left,
-                                      mask.window_right, site.softcap)
+                                      mask.window_right, site.softcap, site.dropout_p)
         if mask.empty_rows:
             out = _empty_row_fixup(out, qf, kf, vf, bias, mask, site.scale)
         return out.transpose(1, 2) if site.out_layout == "bhsd" else out.squeeze(2)
     return fn
 
 
-def _document_attention(qf, kf, vf, ids, causal, scale, softcap):
+def _document_attention(qf, kf, vf, ids, causal, scale, softcap, dropout_p=0.0):
     """Attention under the document mask ``ids[b, i] == ids[b, j]`` (and causal) as varlen, exactly for any ids and with
     no host sync: each row's tokens sorted by id (stable: a sequence keeps its tokens' order, which is what causal
     reads), a sequence per run of equal ids -- cu_seqlens from the change points, of static length batch * seqlen + 1,
@@ -206,7 +209,7 @@ def _document_attention(qf, kf, vf, ids, causal, scale, softcap):
     cu_seqlens = torch.searchsorted(sequence, bounds).to(torch.int32)    # sequence s starts there (total: none)
     from ..varlen import varlen_attention
     out = varlen_attention(packed(qf), packed(kf), packed(vf), cu_seqlens, cu_seqlens, seqlen, seqlen, scale=scale,
-                           causal=causal, softcap=softcap)
+                           causal=causal, softcap=softcap, dropout_p=dropout_p)
     inverse = torch.argsort(order, dim=1)
     return out.unflatten(0, (batch, seqlen))[rows, inverse]
 

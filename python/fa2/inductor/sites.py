@@ -2,8 +2,9 @@
 
 Real code spells attention many ways (``@``/matmul/bmm/einsum, scale on the scores or on q, masks added, filled or
 built from arange/tril, softmax in fp32 then cast, GQA through repeat_kv, softcap, transposed or permuted layouts,
-dropout in eval). After Dynamo + AOT autograd with Inductor's decompositions they all reduce to a few op shapes, so
-sites are found by walking the graph from each softmax rather than by matching a list of spellings:
+dropout: nothing in eval, fa2's dropout_p in training). After Dynamo + AOT autograd with Inductor's decompositions
+they all reduce to a few op shapes, so sites are found by walking the graph from each softmax rather than by matching
+a list of spellings:
 
   QK^T   ``bmm(view(q4), view(kT4))`` (a 4D matmul decomposes to expand / [clone] / view / bmm / view)
   scores a chain of: scalar mul/div (scale), div -> tanh -> mul (softcap), add (bias), where (mask), dtype casts
@@ -93,6 +94,7 @@ class Site:
     sdpa_node: torch.fx.Node | None = None
     score_shape: tuple = ()
     scale_tensors: list = field(default_factory=list)   # [(0-d tensor node, "mul" | "div")], applied to q
+    dropout_p: float = 0.0             # dropout on the probabilities (training): fa2's dropout_p, fa2's own mask
     reason: str | None = None          # why it is not rewritten (None: it can be)
     rewritten: bool = False
 
@@ -100,6 +102,8 @@ class Site:
         if self.mask is None:
             return {}
         out = {}
+        if self.dropout_p:
+            out["dropout_p"] = self.dropout_p
         if self.topleft_causal:
             out["causal"] = "top-left"
         elif self.mask.causal:
@@ -119,8 +123,11 @@ class Site:
             out["bias"] = "+".join(sorted(kinds))
             if all(b.key_row or len(shape(b.node) or ()) < 2 or same(shape(b.node)[-2], 1) for b in self.mask.bias):
                 out["key_row"] = True   # read as a (..., 1, seqlen_k) padding mask: fa2's cheap key-row bias
-        if self.mask.notes:
-            out["note"] = "; ".join(self.mask.notes)
+        notes = list(self.mask.notes)
+        if self.dropout_p:
+            notes.append(dropout_note(self.dropout_p))
+        if notes:
+            out["note"] = "; ".join(notes)
         if self.q is not None and self.k is not None:
             hq, hk = _heads(self.q), _heads(self.k)
             if hq is not None and hk is not None and hq != hk:
@@ -678,6 +685,86 @@ def matmul_site(anchor, bwd) -> Site | None:
     return site
 
 
+def dropout_note(p: float) -> str:
+    return f"dropout p={p:g} \u2192 fa2 dropout_p (fa2's own mask: equal to eager in distribution, not bitwise)"
+
+
+_RAND = {op for op in (_op("rand"), _op("rand_like")) if op is not None}
+
+
+def _dropout_mask(node, like):
+    """p when ``node`` is F.dropout's keep mask for a tensor shaped like ``like``: ``rand(shape) > p`` (or that cast
+    to a float dtype) with one uniform draw per element, 0 < p < 1; else None."""
+    if is_call(node, CASTS):
+        node = node.args[0]
+    if not (is_call(node, {aten.gt.Scalar}) and is_call(node.args[0], _RAND)):
+        return None
+    p = _scalar(node.args[1])
+    rand = node.args[0]
+    if p is None or not 0.0 < p < 1.0 or not same_shape(shape(rand), shape(like)):
+        return None
+    return p
+
+
+def _scale_of(node, src):
+    """The constant that ``node`` multiplies ``src`` by (mul by c, or div by c), else None."""
+    if not is_call(node, {aten.mul.Tensor, aten.div.Tensor}) or node.args[0] is not src and (
+            node.target == aten.div.Tensor or node.args[1] is not src):
+        return None
+    c = _scalar(node.args[1] if node.args[0] is src else node.args[0])
+    if c is None or c == 0:
+        return None
+    return c if node.target == aten.mul.Tensor else 1.0 / c
+
+
+def dropout_at(node, src, bwd):
+    """(p, nodes) when ``node`` starts F.dropout(src, p) in training as the decompositions write it (native_dropout:
+    ``mul(mul(rand(shape) > p, src), 1 / (1 - p))``; the mask mul and the scaling in either order, the mask cast or
+    not, the scaling a div by 1 - p), with ``nodes`` every forward node of it, the dropped tensor last; else None.
+    The mask may have other users in the backward only (the old backward, which the rewrite replaces)."""
+    if is_call(node, {aten.native_dropout.default}):   # (not decomposed: Inductor's fallback_random)
+        return _native_dropout(node, src, bwd)
+    first = node
+    users = _fwd_users(first, bwd)
+    if len(users) != 1:
+        return None
+    second = users[0]
+    p, mask_mul = None, None
+    for mul, inner in ((first, src), (second, first)):
+        if is_call(mul, {aten.mul.Tensor}) and inner in mul.args:
+            other = mul.args[1] if mul.args[0] is inner else mul.args[0]
+            if isinstance(other, torch.fx.Node):
+                found = _dropout_mask(other, src)
+                if found is not None:
+                    p, mask_mul = found, (mul, other)
+    if p is None:
+        return None
+    scale = _scale_of(second, first) if mask_mul[0] is first else _scale_of(first, src)
+    if scale is None or not math.isclose(scale, 1.0 / (1.0 - p), rel_tol=1e-6):
+        return None
+    mask = mask_mul[1]
+    mask_nodes = [mask] + ([mask.args[0]] if is_call(mask, CASTS) else [])
+    gt = mask_nodes[-1]
+    mask_nodes.append(gt.args[0])   # the rand
+    for n in mask_nodes:
+        if any(u not in bwd and u not in mask_nodes and u is not mask_mul[0] for u in n.users):
+            return None
+    return p, mask_nodes[::-1] + [first, second]
+
+
+def _native_dropout(node, src, bwd):
+    """``native_dropout(src, p, True)``: (p, [it, its output, its mask]) when its output is the one forward use and
+    the mask only feeds the old backward."""
+    p = _scalar(node.args[1]) if len(node.args) > 1 else None
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+    if node.args[0] is not src or p is None or not 0.0 < p < 1.0 or train is not True:
+        return None
+    outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+    if len(outs) != len(node.users) or 0 not in outs or any(u not in bwd for u in getattr(outs.get(1), "users", ())):
+        return None
+    return p, [node] + ([outs[1]] if 1 in outs else []) + [outs[0]]
+
+
 def _is_safe_softmax_fixup(node, p, x) -> bool:
     """``where(all(x == -inf, -1), 0, p)``: ``_safe_softmax`` (SDPA's math path) zeroing rows that see no key --
     which is what fa2 does for such rows anyway."""
@@ -731,8 +818,17 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
             internal.update(run)
             cur = run[-1]
             continue
+        found = dropout_at(u, cur, bwd)
+        if found is not None:
+            if site.dropout_p:
+                raise Reject("the attention probabilities go through dropout twice")
+            site.dropout_p, nodes = found
+            internal.update(nodes)
+            cur = nodes[-1]
+            continue
         if _is_random(u):
-            raise Reject("dropout is active (training with dropout_p > 0): fa2 has no dropout")
+            raise Reject("the attention probabilities are multiplied by random numbers in a form fa2 does not read "
+                         "as dropout (it reads F.dropout's: keep where rand > p, scale by 1 / (1 - p))")
         if is_call(u, {aten.mul.Tensor}) and same((shape(cur) or (0,))[-1], 1):
             raise Reject("one key (seqlen_k == 1): P V is an outer product, which the decompositions write as a "
                          "broadcasting mul")
@@ -781,6 +877,10 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
     # added fill's gradient there is linear in q, k, v only without a softcap or a tensor scale)
     allowed = () if out_layout == "nsd" else ("fill", "document") if softcap or tensor_scales else \
         ("fill", "add", "document")
+    if site.dropout_p:
+        # (the rows a split leaves without a key would be recomputed undropped; eager drops out their uniform
+        # average too: the mask stays one bias, under which fa2 averages and drops such rows as eager does)
+        allowed = tuple(a for a in allowed if a == "document")
     site.mask = _plan(terms, s, val(x).dtype, allowed)
     if site.mask.document and not document_fits(s, val(x).device):
         site.mask = _plan(terms, s, val(x).dtype, tuple(a for a in allowed if a != "document"))
@@ -995,8 +1095,9 @@ def sdpa_site(node, bwd) -> Site | None:
         for t in (q, k, v):
             if len(shape(t) or ()) != 4:
                 raise Reject("SDPA inputs are not 4D")
-        if float(args.get("dropout_p", 0.0) or 0.0) != 0.0:
-            raise Reject("dropout is active (training with dropout_p > 0): fa2 has no dropout")
+        site.dropout_p = float(args.get("dropout_p", 0.0) or 0.0)
+        if not 0.0 <= site.dropout_p < 1.0:
+            raise Reject(f"SDPA with dropout_p={site.dropout_p}")
         mask = args.get("attn_mask", args.get("attn_bias"))
         site.q, site.k, site.v = Operand(q, "bhsd"), Operand(k, "bhsd"), Operand(v, "bhsd")
         if SDPA_FWD[node.target] == "composite":
