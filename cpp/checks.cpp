@@ -132,6 +132,27 @@ void check_dropout_and_sinks(AttentionProblem& p, const at::Tensor& q, double dr
   }
 }
 
+// scale (default headdim^-0.5), softcap, causal and the windows into p (p.batch .. p.seqlen_k, headdim set), folded
+// for the kernels; prefix names the op in the scale's error.
+void set_score_flags(AttentionProblem& p, const at::Tensor& q, std::optional<double> scale, bool causal,
+                     int64_t window_left, int64_t window_right, double softcap, const char* prefix) {
+  p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.headdim));
+  p.softcap = softcap;
+  p.causal = causal;
+  // A window side at least as wide as the sequence is the same as none (query i sees j >= i + sk - sq - left, all
+  // keys once left >= sk; j <= i + sk - sq + right, all once right >= sq): -1, which also keeps the kernels' index
+  // arithmetic (row + sk - sq +- window) far from overflow for any int64 given (INT64_MAX as "unbounded").
+  p.window_left = window_left >= p.seqlen_k ? -1 : window_left;
+  const int64_t right = window_right >= p.seqlen_q ? -1 : window_right;
+  // Causal is the window [.., i + sk - sq]: intersect it with a given right window.
+  p.window_right = causal ? (right < 0 ? 0 : std::min<int64_t>(right, 0)) : right;
+  // the kernels compute in float32 below float64 (with scale * log2(e) folded): a scale that is finite as a double
+  // but not so as a float would turn every score into inf / NaN
+  const bool scale_fits = std::isfinite(static_cast<float>(p.scale * 1.4426950408889634));
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kDouble || scale_fits, prefix, ": scale must be finite in float32 for ",
+                    q.scalar_type(), " inputs, got ", p.scale);
+}
+
 }  // namespace
 
 AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -149,21 +170,7 @@ AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
   p.headdim_v = v.size(3);
   p.seqlen_k = k.size(1);
   p.nheads_k = k.size(2);
-  p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.headdim));
-  p.softcap = softcap;
-  p.causal = causal;
-  // A window side at least as wide as the sequence is the same as none (query i sees j >= i + sk - sq - left, all
-  // keys once left >= sk; j <= i + sk - sq + right, all once right >= sq): -1, which also keeps the kernels' index
-  // arithmetic (row + sk - sq +- window) far from overflow for any int64 given (INT64_MAX as "unbounded").
-  p.window_left = window_left >= p.seqlen_k ? -1 : window_left;
-  const int64_t right = window_right >= p.seqlen_q ? -1 : window_right;
-  // Causal is the window [.., i + sk - sq]: intersect it with a given right window.
-  p.window_right = causal ? (right < 0 ? 0 : std::min<int64_t>(right, 0)) : right;
-  // the kernels compute in float32 below float64 (with scale * log2(e) folded): a scale that is finite as a double
-  // but not so as a float would turn every score into inf / NaN
-  const bool scale_fits = std::isfinite(static_cast<float>(p.scale * 1.4426950408889634));
-  TORCH_CHECK_VALUE(q.scalar_type() == at::kDouble || scale_fits, "fa2: scale must be finite in float32 for ",
-                    q.scalar_type(), " inputs, got ", p.scale);
+  set_score_flags(p, q, scale, causal, window_left, window_right, softcap, "fa2");
   if (attn_bias.has_value() && attn_bias->defined()) {
     p.bias = broadcast_bias(*attn_bias, q, p.seqlen_k);
   }
@@ -573,16 +580,8 @@ KvcacheProblem check_kvcache_inputs(const at::Tensor& q, const at::Tensor& k_cac
   check_flags(scale, window_left, window_right, softcap);
   TORCH_CHECK_VALUE(num_splits >= 0, kKvcache, ": num_splits must be >= 0 (0 = chosen by the library), got ",
                     num_splits);
-  p.seqlen_k = kp.capacity;
-  p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.headdim));
-  p.softcap = softcap;
-  p.causal = causal;
-  // sides folded as check_fwd_inputs folds them, against the most keys a sequence can have
-  p.window_left = window_left >= kp.capacity ? -1 : window_left;
-  const int64_t right = window_right >= p.seqlen_q ? -1 : window_right;
-  p.window_right = causal ? (right < 0 ? 0 : std::min<int64_t>(right, 0)) : right;
-  TORCH_CHECK_VALUE(q.scalar_type() == at::kDouble || std::isfinite(static_cast<float>(p.scale * 1.4426950408889634)),
-                    kKvcache, ": scale must be finite in float32 for ", q.scalar_type(), " inputs, got ", p.scale);
+  p.seqlen_k = kp.capacity;  // (sides folded against the most keys a sequence can have)
+  set_score_flags(p, q, scale, causal, window_left, window_right, softcap, kKvcache);
   kp.rotary_q_per_row = p.window_left >= 0 || p.window_right >= 0;
 
   kp.values_checked = q.is_cpu();

@@ -29,6 +29,12 @@ def devices() -> list[str]:
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def skip_without_device(device: str) -> None:
+    """Skip the calling test when it asks for CUDA on a machine without it."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
 def dtypes_for(device: str) -> list[torch.dtype]:
     if device == "cuda":
         return [torch.float16, torch.bfloat16]

@@ -13,14 +13,12 @@ import fa2
 from fa2 import _rng
 from fa2.reference import visibility_mask
 from numerics import assert_close_rule, hi_dtype
-from samples import make_bias, make_qkv
+from samples import make_bias, make_qkv, skip_without_device
 
 DEVICES = ["cpu", "cuda"]
 
 
-def _needs(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+_needs = skip_without_device
 
 
 def _dtype(device):

@@ -15,15 +15,13 @@ import torch
 import fa2
 from fa2.reference import kvcache_attention_ref, rotary_ref
 from numerics import assert_close_rule, hi_dtype
-from samples import dtypes_for
+from samples import dtypes_for, skip_without_device
 
 DEVICE_DTYPES = [(d, t) for d in ["cpu", "cuda"] for t in dtypes_for(d)] + [("cpu", torch.float64)]
 IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
 
 
-def _needs(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+_needs = skip_without_device
 
 
 # ---- cases ---------------------------------------------------------------------------------------------------------

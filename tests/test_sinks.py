@@ -15,7 +15,7 @@ import fa2
 from fa2.reference import attention_ref, varlen_attention_ref
 from kernels import switch
 from numerics import assert_close_rule, hi_dtype
-from samples import dtypes_for, make_qkv
+from samples import dtypes_for, make_qkv, skip_without_device
 
 # (float16 and float64 in the slow profile: the same kernel code as float32 / bfloat16)
 CPU_DTYPES = [torch.float32, torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow),
@@ -39,9 +39,7 @@ FLAGS = [
 ]
 
 
-def _needs(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+_needs = skip_without_device
 
 
 def make_sinks(nheads, device, dtype=torch.float32, generator=None, requires_grad=False):

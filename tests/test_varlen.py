@@ -14,15 +14,13 @@ from hypothesis import given, strategies as st
 import fa2
 from fa2.reference import varlen_attention_ref
 from numerics import assert_close_rule, hi_dtype
-from samples import FLAG_SETS, SHARES, dtypes_for, in_share, make_qkv, share_of
+from samples import FLAG_SETS, SHARES, dtypes_for, in_share, make_qkv, share_of, skip_without_device
 
 DEVICE_DTYPES = [(d, t) for d in ["cpu", "cuda"] for t in dtypes_for(d)] + [("cpu", torch.float64)]
 IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in DEVICE_DTYPES]
 
 
-def _needs(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+_needs = skip_without_device
 
 
 # ---- samples -------------------------------------------------------------------------------------------------------

@@ -4,32 +4,16 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "fa2/kvcache_append.h"
+#include "fa2/ptx.cuh"
 
 namespace fa2 {
 namespace {
 
+using ptx::from_float;
+using ptx::to_float;
+
 constexpr int kRowsPerBlock = 8;  // warps per CTA, one row each
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(x);
-  } else {
-    return __bfloat162float(x);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(x);
-  } else {
-    return __float2bfloat16_rn(x);
-  }
-}
 
 // Column c of a row rotated at table row `angle_row` (columns past rotary_dim copied): the pair partner of c, the
 // angle j, and out = x_c cos_j -+ x_partner sin_j.
