@@ -399,6 +399,6 @@ def test_plan_routes_dropout_to_the_sm80_path_on_hopper(direction):
         pytest.skip(f"this build has no headdim-128 instance: {dropped['error']}")
     assert "dropout" in dropped["kernel"] and "sm90a" not in dropped["kernel"], dropped["kernel"]
     assert "dropout" not in plain["kernel"]
-    with_bias = fa2.dev.plan(direction, device="a100", dropout_p=0.1, bias="key_row", **call)
+    with_bias = fa2.dev.plan(direction, device="h100", dropout_p=0.1, bias="key_row", **call)
     assert "dropout" in with_bias["kernel"] and ("general" in with_bias["kernel"] or "score-mod" in
                                                  with_bias["kernel"]), with_bias["kernel"]

@@ -70,7 +70,7 @@ def test_wgmma_training_step_matches_sm80_path():
         assert err_a < 2 * err_b + 1e-3, f"{name}: wgmma path {err_a:.2e} vs sm80 path {err_b:.2e} relative error"
 
 
-# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap, tile_counter, cluster>: each sm_90a
+# fwd_kernel<T, D, 901, mode, bias, warp_specialized, pingpong, overlap, tile_counter, cluster, ...>: each sm_90a
 # schedule's flags as they stand in the kernel's name, the two flags after them either way (tile_counter: the
 # tile-counter twin runs causal / windowed calls with more query blocks than SMs; cluster: d 128's overlap kernel runs
 # calls without a causal mask or window in clusters of two)
@@ -228,15 +228,15 @@ def test_sm90_causal_forward_is_persistent_with_a_tile_counter():
     with switch("sm90_schedule", "pingpong-overlap"):  # (d 128's default: FA2_SM90_SCHEDULE may force another)
         kernels = [(name, g) for name, g in cuda_kernel_grids(lambda: fa2.attention(q, k, v, causal=True))
                    if "fwd_kernel" in name]
-        # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster, varlen>)
+        # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster, varlen, dropout>)
         assert len(kernels) == 1 and kernels[0][0].endswith(
-            ", true, true, true, true, false, false>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), kernels
+            ", true, true, true, true, false, false, false>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), kernels
         assert kernels[0][1][0] <= sms and kernels[0][1][1:] == [1, 1], kernels
         got = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
         with switch("persistent_forward_ctas", 0):
             kernels = [(name, g) for name, g in cuda_kernel_grids(
                 lambda: torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)) if "fwd_kernel" in name]
-            assert ", true, true, true, false, false, false>(" in kernels[0][0], kernels
+            assert ", true, true, true, false, false, false, false>(" in kernels[0][0], kernels
             assert kernels[0][1][0] == 4 * 16 * 16, kernels  # (one CTA per query block)
             want = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -255,7 +255,7 @@ def test_sm90_tile_counter_forward_with_blocks_that_see_no_key():
             q = torch.randn(4, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
             k, v = (torch.randn(4, 128, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
             names = cuda_kernel_names(lambda: torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0))
-            assert any(n.endswith(", true, true, true, true, false, false>(fa2::AttentionParams, "
+            assert any(n.endswith(", true, true, true, true, false, false, false>(fa2::AttentionParams, "
                                   "fa2::sm90::FwdTensorMaps)") for n in names), names
             got = torch.ops.fa2.fwd(q, k, v, None, None, True, -1, -1, 0.0)
             with switch("persistent_forward_ctas", 0):
@@ -301,10 +301,10 @@ def test_sm90_forward_in_clusters_of_two_equals_single_ctas():
             what = (shape, causal, dtype, ctas)
             assert len(kernels) == 1 and len(kernels_off) == 1, (what, kernels, kernels_off)
             name, grid = kernels[0]
-            # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster, varlen>)
-            assert name.endswith(", true, false, true, false, true, false>(fa2::AttentionParams, "
+            # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster, varlen, dropout>)
+            assert name.endswith(", true, false, true, false, true, false, false>(fa2::AttentionParams, "
                                  "fa2::sm90::FwdTensorMaps)") == clustered, (what, name)
-            assert kernels_off[0].endswith(", false, false>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), \
+            assert kernels_off[0].endswith(", false, false, false>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), \
                 kernels_off
             if clustered:
                 tiles = -(-shape[1] // 128) * shape[3] * shape[0]
@@ -404,13 +404,13 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
             names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
             grads = torch.autograd.grad(out, (q, k, v), dout)
         # bwd_kernel<T, BwdTileConfig<..., whole_block_mask, kWgmma = true>, 901, kScoreMod = false, kKeyBias = false,
-        # kVarlen = false>,
+        # kVarlen = false, kDropout = false>,
         # or at the warp-specialized kernel's headdims (unless switched off) bwd_ws_kernel<T, BwdWsTileConfig<d>>
         if d in WS_BACKWARD_HEADDIMS and fa2.dev.options()["sm90_ws_backward"]:
             assert any("bwd_ws_" in n for n in names), names
         else:
-            assert any("bwd_kernel<" in n and ", true>, 901, false, false, false>(" in n for n in names), names
-        assert not any("bwd_kernel<" in n and ", true>, 901, false, false, false>(" in n for n in names_off), names_off
+            assert any("bwd_kernel<" in n and ", true>, 901, false, false, false, false>(" in n for n in names), names
+        assert not any("bwd_kernel<" in n and ", true>, 901, false, false, false, false>(" in n for n in names_off), names_off
         assert any("bwd_kernel<" in n for n in names_off), names_off
         leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
         grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.float())

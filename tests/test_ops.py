@@ -392,7 +392,7 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
     def key_row_kernel(name):
         if ws:
             return "bwd_ws_" in name and ", true>(" in name
-        return name.endswith(", false, true, false>(fa2::AttentionParams)")
+        return name.endswith(", false, true, false, false>(fa2::AttentionParams)")
 
     dtype = torch.bfloat16
     b, sq, sk, h, hk = 3, 200, 300, 4, 2
@@ -431,7 +431,7 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
             leaf_bias = row.detach().clone().requires_grad_()
             out = fa2.attention(q, k, v, leaf_bias.expand(b, h, sq, sk))
             names = bwd_kernel_names(lambda: torch.autograd.grad(out, (q, k, v, leaf_bias), dout))
-            assert names and all(n.endswith(", true, false, false>(fa2::AttentionParams)") for n in names), names
+            assert names and all(n.endswith(", true, false, false, false>(fa2::AttentionParams)") for n in names), names
 
 
 def test_float64_logits_beyond_float32_range_keep_their_gradients():

@@ -115,6 +115,8 @@ BWD_TABLE = [
     (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0, nheads_k=2, varlen=True),
      "bwd_kernel<bf16, 128, sm90a, sm80 tiles, score-mod, varlen>", dict(gqa_dkv="partials")),
     (A100, dict(seqlen_q=1024, headdim=128, varlen=True), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain, varlen>", {}),
+    # a headdim without wgmma tiles (96): the sm_90 instance's sm80-path varlen kernel (its sm_90a one has none)
+    (H100, dict(seqlen_q=1024, headdim=96, varlen=True), "bwd_kernel<bf16, 96, sm90, sm80 tiles, plain, varlen>", {}),
 ]
 
 

@@ -116,9 +116,12 @@ int kernel_arch_tag(const InstanceDesc& e, bool sm80_varlen) { return sm80_varle
 
 // Whether a varlen call may run the sm_90a kernels where its instance is one, while the option is on: the forward's
 // (TMA loads over the packed tensors) where the instances load with the TMA; the backward's (bwd_kernel.cuh with the
-// wgmma tiles, cp.async loads) while those tiles are on (sm90_backward).
+// wgmma tiles, cp.async loads) while those tiles are on (sm90_backward) and exist at the headdim (bwd_wgmma_headdim:
+// at the others the sm_90a instances have no varlen kernel, the sm_90 ones' sm80-path kernels run).
 bool sm90_varlen_forward(const DevOptions& options) { return options.sm90_varlen && FA2_SM90_TMA; }
-bool sm90_varlen_backward(const DevOptions& options) { return options.sm90_varlen && options.sm90_backward; }
+bool sm90_varlen_backward(const DevOptions& options, int headdim) {
+  return options.sm90_varlen && options.sm90_backward && bwd_wgmma_headdim(headdim);
+}
 
 // A varlen call (params.h) takes no bias (the checks reject one before any plan); its note.
 const char* check_varlen_call(const char* direction, const AttentionParams& p, bool sm90a, PlanNotes* notes) {
@@ -677,7 +680,7 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   BwdPlan plan;
   plan.varlen = is_varlen(p);
   plan.dropout = has_dropout(p);
-  const bool sm90_varlen = plan.varlen && !plan.dropout && sm90_varlen_backward(options);
+  const bool sm90_varlen = plan.varlen && !plan.dropout && sm90_varlen_backward(options, p.headdim_rounded);
   plan.instance = pick_instance("backward", p, device, options, instances, num_instances,
                                 options.sm90_backward && !plan.dropout && (!plan.varlen || sm90_varlen), &plan.error);
   if (plan.instance < 0) return plan;
