@@ -183,9 +183,9 @@ AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                   bool causal, int64_t window_left, int64_t window_right, double softcap,
                                   bool bias_requires_grad, double dropout_p,
-                                  const std::optional<at::Tensor>& rng_state) {
+                                  const std::optional<at::Tensor>& rng_state, const std::optional<at::Tensor>& sinks) {
   AttentionProblem p = check_fwd_inputs(q, k, v, attn_bias, scale, causal, window_left, window_right, softcap,
-                                        dropout_p, rng_state);
+                                        dropout_p, rng_state, sinks);
   const std::array<int64_t, 4> out_shape{p.batch, p.seqlen_q, p.nheads, p.headdim_v};
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dout", dout}, {"out", out}}) {
     TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(out_shape), "fa2.bwd: ", name,

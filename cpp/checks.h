@@ -35,13 +35,14 @@ AttentionProblem check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
                                   const std::optional<at::Tensor>& sinks = std::nullopt);
 
 // Checks the forward's inputs again plus dout/out/lse (dout and out: (batch, seqlen_q, nheads, headdim_v)), and
-// that dbias can be produced when asked for.
+// that dbias can be produced when asked for (sinks: bwd_with_sinks').
 AttentionProblem check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                   const std::optional<at::Tensor>& attn_bias, std::optional<double> scale,
                                   bool causal, int64_t window_left, int64_t window_right, double softcap,
                                   bool bias_requires_grad, double dropout_p = 0.0,
-                                  const std::optional<at::Tensor>& rng_state = std::nullopt);
+                                  const std::optional<at::Tensor>& rng_state = std::nullopt,
+                                  const std::optional<at::Tensor>& sinks = std::nullopt);
 
 // The CUDA kernels need compute capability 8.0 or newer: raises naming the device, its name and capability
 // otherwise. (The CUDA forward asks the runtime; fa2._C._check_compute_capability lets tests reach the message.)

@@ -16,12 +16,21 @@ TORCH_LIBRARY(fa2, m) {
   // Backward by recomputation from lse. dbias has the shape and dtype of attn_bias when bias_requires_grad,
   // else it is an empty tensor of shape (0,). deterministic=True gives bitwise-reproducible gradients. dropout_p and
   // rng_state as the forward's (the same mask is replayed). No sinks: lse includes them, which is all dq, dk, dv
-  // need; d sinks comes from lse, out and dout (the autograd layer, python/fa2/_ops_impl.py).
+  // need; d sinks comes from bwd_with_sinks.
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? attn_bias=None, "
       "float? scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "bool bias_requires_grad=False, bool deterministic=False, float dropout_p=0.0, Tensor? rng_state=None) "
       "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)",
+      {at::Tag::pt2_compliant_tag});
+  // The backward of a forward with sinks whose gradient is wanted: bwd's results plus dsinks (like sinks: shape, dtype),
+  // d sinks_h = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out), from the rows' sums the backward computes
+  // anyway (bwd keeps its four results: its schema is public).
+  m.def(
+      "bwd_with_sinks(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor sinks, "
+      "Tensor? attn_bias=None, float? scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
+      "float softcap=0.0, bool bias_requires_grad=False, bool deterministic=False, float dropout_p=0.0, "
+      "Tensor? rng_state=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor dsinks)",
       {at::Tag::pt2_compliant_tag});
   // The user-facing op: differentiable through fwd/bwd.
   m.def(

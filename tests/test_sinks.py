@@ -266,6 +266,15 @@ def test_opcheck_with_sinks(device):
     torch.library.opcheck(torch.ops.fa2.attention.default, (q, k, v), {"sinks": sinks, "causal": True,
                                                                         "window_left": 6})
     torch.library.opcheck(torch.ops.fa2.fwd.default, (q, k, v), {"sinks": sinks})
+    with torch.no_grad():
+        out, lse = torch.ops.fa2.fwd(q, k, v, None, None, True, sinks=sinks)
+    dense_bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse)
+    torch.library.opcheck(torch.ops.fa2.bwd_with_sinks.default, dense_bwd_args + (sinks.detach(),), {"causal": True})
+    # bwd_with_sinks = bwd + d sinks: the same kernels, bitwise
+    with_sinks = torch.ops.fa2.bwd_with_sinks(*dense_bwd_args, sinks.detach(), causal=True)
+    plain = torch.ops.fa2.bwd(*dense_bwd_args, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(with_sinks[:3], plain[:3]))
+    assert with_sinks[4].shape == sinks.shape and with_sinks[4].dtype == sinks.dtype
     lq, lk = [7, 0, 17], [9, 4, 20]
     qv, kv_, vv = (t[0].requires_grad_() for t in make_qkv(1, sum(lq), sum(lk), 4, 2, 32, dtype=dtype, device=device))
     args = (qv, kv_, vv, _cu(lq, device), _cu(lk, device), max(lq), max(lk))

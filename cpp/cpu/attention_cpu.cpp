@@ -12,6 +12,7 @@
 
 #include "checks.h"
 #include "dropout_state.h"
+#include "sinks_grad.h"
 #include "cpu/bwd_kernel.h"
 #include "cpu/fwd_kernel.h"
 
@@ -57,10 +58,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
   return {dq, dk, dv, dbias};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_with_sinks_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& sinks, const std::optional<at::Tensor>& attn_bias,
+    std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    bool bias_requires_grad, bool deterministic, double dropout_p, const std::optional<at::Tensor>& rng_state) {
+  const AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
+                                              window_right, softcap, bias_requires_grad, dropout_p, rng_state, sinks);
+  auto [dq, dk, dv, dbias] = bwd_cpu(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right,
+                                     softcap, bias_requires_grad, deterministic, dropout_p, rng_state);
+  // (lse includes the sinks: the kernel above needs nothing more)
+  return {dq, dk, dv, dbias, sinks_grad(dout, out, lse, *p.sinks, 2, 1)};
+}
+
 }  // namespace
 }  // namespace fa2::cpu
 
 TORCH_LIBRARY_IMPL(fa2, CPU, m) {
   m.impl("fwd", &fa2::cpu::fwd_cpu);
   m.impl("bwd", &fa2::cpu::bwd_cpu);
+  m.impl("bwd_with_sinks", &fa2::cpu::bwd_with_sinks_cpu);
 }

@@ -210,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
   }
   // (lse includes the sinks: dq, dk, dv need nothing more)
   const at::Tensor dsinks =
-      vp.problem.sinks.has_value() ? varlen_sinks_grad(dout, out, lse, *vp.problem.sinks) : at::empty({0}, q.options());
+      vp.problem.sinks.has_value() ? sinks_grad(dout, out, lse, *vp.problem.sinks, 1, 0) : at::empty({0}, q.options());
   const std::vector<SequenceRun> runs = sequence_runs(vp);
   std::vector<BwdRun> views;
   views.reserve(runs.size());

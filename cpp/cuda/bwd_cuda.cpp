@@ -11,6 +11,7 @@
 
 #include "checks.h"
 #include "dropout_state.h"
+#include "sinks_grad.h"
 
 #if FA2_CUDA_BWD
 #include "cuda/params_from_tensors.h"
@@ -21,15 +22,16 @@ namespace {
 
 using at::Tensor;
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                    const Tensor& v, const Tensor& out, const Tensor& lse,
-                                                    const std::optional<Tensor>& attn_bias,
-                                                    std::optional<double> scale, bool causal, int64_t window_left,
-                                                    int64_t window_right, double softcap, bool bias_requires_grad,
-                                                    bool deterministic, double dropout_p,
-                                                    const std::optional<Tensor>& rng_state) {
+using BwdResults = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;  // dq, dk, dv, dbias, dsinks
+
+// fa2::bwd, and fa2::bwd_with_sinks where sinks are given: dsinks from the rows' D the kernels computed.
+BwdResults bwd_cuda_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor& lse, const std::optional<Tensor>& attn_bias, std::optional<double> scale,
+                         bool causal, int64_t window_left, int64_t window_right, double softcap,
+                         bool bias_requires_grad, bool deterministic, double dropout_p,
+                         const std::optional<Tensor>& rng_state, const std::optional<Tensor>& sinks) {
   AttentionProblem prob = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
-                                                 window_right, softcap, bias_requires_grad, dropout_p, rng_state);
+                                           window_right, softcap, bias_requires_grad, dropout_p, rng_state, sinks);
   resolve_rng_state(prob, q, "fa2.bwd", /*draw=*/false);
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t batch = prob.batch, seqlen_q = prob.seqlen_q, seqlen_k = prob.seqlen_k;
@@ -42,7 +44,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
     dv.zero_();
     Tensor dbias = bias_requires_grad ? at::zeros_like(*attn_bias, at::MemoryFormat::Contiguous)
                                       : at::empty({0}, q.options());
-    return {dq, dk, dv, dbias};
+    return {dq, dk, dv, dbias, sinks.has_value() ? at::zeros_like(*sinks) : Tensor()};
   }
 
   // Kernels run on one headdim, the larger of q/k's and v's rounded up to a multiple of 8 (zero-padded copies when
@@ -151,13 +153,38 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Te
     if (padded_v || accumulated) dv.copy_(dv_k.narrow(3, 0, headdim_v));
   }
   Tensor dbias = bias_requires_grad ? reduce_dbias(dbias_full, *attn_bias) : at::empty({0}, q.options());
-  return {dq, dk, dv, dbias};
+  // (lse includes the sinks: the kernels above need nothing more)
+  return {dq, dk, dv, dbias, sinks.has_value() ? sinks_grad_from_rows(softmax_d, lsek, *sinks, 1) : Tensor()};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                    const Tensor& v, const Tensor& out, const Tensor& lse,
+                                                    const std::optional<Tensor>& attn_bias,
+                                                    std::optional<double> scale, bool causal, int64_t window_left,
+                                                    int64_t window_right, double softcap, bool bias_requires_grad,
+                                                    bool deterministic, double dropout_p,
+                                                    const std::optional<Tensor>& rng_state) {
+  const BwdResults r = bwd_cuda_impl(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right,
+                                     softcap, bias_requires_grad, deterministic, dropout_p, rng_state, std::nullopt);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+}
+
+BwdResults bwd_with_sinks_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, const Tensor& lse, const Tensor& sinks,
+                               const std::optional<Tensor>& attn_bias, std::optional<double> scale, bool causal,
+                               int64_t window_left, int64_t window_right, double softcap, bool bias_requires_grad,
+                               bool deterministic, double dropout_p, const std::optional<Tensor>& rng_state) {
+  return bwd_cuda_impl(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
+                       bias_requires_grad, deterministic, dropout_p, rng_state, sinks);
 }
 
 }  // namespace
 }  // namespace fa2
 
-TORCH_LIBRARY_IMPL(fa2, CUDA, m) { m.impl("bwd", &fa2::bwd_cuda); }
+TORCH_LIBRARY_IMPL(fa2, CUDA, m) {
+  m.impl("bwd", &fa2::bwd_cuda);
+  m.impl("bwd_with_sinks", &fa2::bwd_with_sinks_cuda);
+}
 
 #else  // built with FA2_DISABLE_BWD: say so instead of the dispatcher's "no kernel" error
 
@@ -169,9 +196,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda_disabled(
     const std::optional<at::Tensor>&) {
   TORCH_CHECK(false, "fa2: this build has no CUDA backward (built with FA2_DISABLE_BWD=ON); rebuild without it");
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_with_sinks_cuda_disabled(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, const std::optional<at::Tensor>&, std::optional<double>, bool, int64_t, int64_t, double, bool,
+    bool, double, const std::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "fa2: this build has no CUDA backward (built with FA2_DISABLE_BWD=ON); rebuild without it");
+}
 }  // namespace
 }  // namespace fa2
 
-TORCH_LIBRARY_IMPL(fa2, CUDA, m) { m.impl("bwd", &fa2::bwd_cuda_disabled); }
+TORCH_LIBRARY_IMPL(fa2, CUDA, m) {
+  m.impl("bwd", &fa2::bwd_cuda_disabled);
+  m.impl("bwd_with_sinks", &fa2::bwd_with_sinks_cuda_disabled);
+}
 
 #endif

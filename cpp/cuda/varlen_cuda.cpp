@@ -220,8 +220,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
     dk.copy_(dk_k[0].narrow(2, 0, headdim));
     dv.copy_(dv_k[0].narrow(2, 0, headdim));
   }
-  // (lse includes the sinks: the kernels above need nothing more)
-  if (vp.problem.sinks.has_value()) dsinks = varlen_sinks_grad(dout, out, lse, *vp.problem.sinks);
+  // (lse includes the sinks: the kernels above need nothing more; d sinks from their rows' D = rowsum(dout * out))
+  if (vp.problem.sinks.has_value()) dsinks = sinks_grad_from_rows(softmax_d, lsek, *vp.problem.sinks, 0);
   return {dq, dk, dv, dsinks};
 }
 

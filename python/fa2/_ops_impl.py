@@ -94,6 +94,16 @@ def _bwd_fake(dout, q, k, v, out, lse, attn_bias=None, scale=None, causal=False,
     return dq, dk, dv, dbias
 
 
+@torch.library.register_fake("fa2::bwd_with_sinks")
+def _bwd_with_sinks_fake(dout, q, k, v, out, lse, sinks, attn_bias=None, scale=None, causal=False, window_left=-1,
+                         window_right=-1, softcap=0.0, bias_requires_grad=False, deterministic=False, dropout_p=0.0,
+                         rng_state=None):
+    _check_devices(q, "fa2.bwd", sinks=sinks)
+    grads = _bwd_fake(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
+                      bias_requires_grad, deterministic, dropout_p, rng_state)
+    return (*grads, sinks.new_empty(sinks.shape))
+
+
 # ---- autograd ----------------------------------------------------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
@@ -109,18 +119,6 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def sinks_grad(dout, out, lse, sinks, head_dim, lse_head_dim):
-    """d sinks_h = -sum over rows of exp(sinks[h] - lse) * rowsum(dout * out): lse includes the sink, so
-    exp(sinks[h] - lse) is the sink's probability (0 where lse is +inf: a row that sees no key), and rowsum(dout *
-    out) is the backward's D (with dropout too: out is the dropped output). head_dim: out's heads dim (its last is
-    headdim); lse_head_dim: lse's. In float32 (float64 for float64 inputs), as the varlen ops' C++
-    (cpp/sinks_grad.h); a fixed-order reduction (deterministic); returned in sinks' dtype."""
-    acc = torch.float64 if out.dtype == torch.float64 else torch.float32
-    rowsum = (dout.to(acc) * out.to(acc)).sum(-1).movedim(head_dim, -1)
-    p_sink = torch.exp(sinks.to(acc) - lse.to(acc).movedim(lse_head_dim, -1))
-    return -(p_sink * rowsum).reshape(-1, sinks.shape[0]).sum(0).to(sinks.dtype)
-
-
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, attn_bias, rng_state, sinks = ctx.saved_tensors
     scale, causal, window_left, window_right, softcap = ctx.flags
@@ -129,11 +127,16 @@ def _backward(ctx, dout, dlse):
     elif dout.stride(-1) != 1:
         # Autograd hands e.g. expanded ones (all strides 0) for out.sum(); the kernels read rows of dout directly.
         dout = dout.contiguous()
-    dq, dk, dv, dbias = torch.ops.fa2.bwd(
-        dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
-        ctx.bias_requires_grad, ctx.deterministic or torch.are_deterministic_algorithms_enabled(), ctx.dropout_p,
-        rng_state)
-    dsinks = sinks_grad(dout, out, lse, sinks, 2, 1) if ctx.sinks_requires_grad else None
+    deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+    if ctx.sinks_requires_grad:  # (d sinks from the backward's own row sums)
+        dq, dk, dv, dbias, dsinks = torch.ops.fa2.bwd_with_sinks(
+            dout, q, k, v, out, lse, sinks, attn_bias, scale, causal, window_left, window_right, softcap,
+            ctx.bias_requires_grad, deterministic, ctx.dropout_p, rng_state)
+    else:
+        dq, dk, dv, dbias = torch.ops.fa2.bwd(
+            dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
+            ctx.bias_requires_grad, deterministic, ctx.dropout_p, rng_state)
+        dsinks = None
     return (dq, dk, dv, (dbias if ctx.bias_requires_grad else None), None, None, None, None, None, None, None,
             dsinks)
 
