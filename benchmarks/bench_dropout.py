@@ -38,10 +38,12 @@ def runners(q, k, v, causal):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
         return run
 
+    # (fa2 takes and returns (B, S, H, D) views of the same tensors: the output viewed back as SDPA's (B, H, S, D),
+    # the shape pass_closure's output gradient has)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     return {
-        "fa2 p=0": lambda: fa2.attention(qt, kt, vt, causal=causal),
-        "fa2 p=0.1": lambda: fa2.attention(qt, kt, vt, causal=causal, dropout_p=0.1),
+        "fa2 p=0": lambda: fa2.attention(qt, kt, vt, causal=causal).transpose(1, 2),
+        "fa2 p=0.1": lambda: fa2.attention(qt, kt, vt, causal=causal, dropout_p=0.1).transpose(1, 2),
         "sdpa-flash p=0": sdpa(0.0),
         "sdpa-flash p=0.1": sdpa(0.1),
     }

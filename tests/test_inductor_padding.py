@@ -136,8 +136,27 @@ def test_other_padding_mask_forms_split(form, device, dtype):
     mask (those rows 0 in both), transformers' older float form (a padding inverted and filled onto a causal mask)."""
     records, got, naive, hi = run(form, (*_qkv(device, dtype), _padding(device)), device=device, dtype=dtype)
     _split(records)
-    if form is attn_sdpa_bool:  # (eager SDPA gives 0 on a row that sees no key, as fa2)
+    # (eager SDPA gives 0 on a row that sees no key, as fa2; on CUDA PyTorch's cuDNN path fills the bool mask with
+    # -65504 first, so eager's rows without a key average uniformly there and the pass keeps that)
+    if form is attn_sdpa_bool and device == "cpu":
         assert all(EMPTY_ROWS_NOTE not in r.flags["note"] for r in records)
+    check_numerics(got, naive, hi)
+
+
+def attn_cudnn_bool_fill(q, k, v, pad):
+    """What PyTorch's cuDNN SDPA path makes of a bool mask before the kernel, in any half dtype: where(mask, 0, -65504)
+    added to the scores (float16's minimum, also in bfloat16)."""
+    fill = torch.where(_hf_mask(pad, q.shape[-2]), torch.zeros((), dtype=q.dtype), torch.tensor(-65504.0, dtype=q.dtype))
+    return (q @ k.transpose(-1, -2) * D ** -0.5 + fill).softmax(-1) @ v
+
+
+def test_cudnn_style_bool_fill_splits_in_bfloat16():
+    """The -65504 fill hides keys in bfloat16 as in float16 (it is what the GPU's SDPA graph holds for a bool mask in
+    bf16): causal + key row, the rows that see no key averaged as eager does; within the rule against eager."""
+    records, got, naive, hi = run(attn_cudnn_bool_fill, (*_qkv("cpu", torch.bfloat16), _padding("cpu")), device="cpu",
+                                  dtype=torch.bfloat16)
+    _split(records)
+    assert all(EMPTY_ROWS_NOTE in r.flags["note"] for r in records)
     check_numerics(got, naive, hi)
 
 

@@ -231,7 +231,9 @@ def test_varlen_hopper_routes(route):
         for direction in ("fwd", "bwd"):
             for d in (64, 128, 192, 256):
                 plan = fa2.dev.plan(direction, varlen=True, batch=2, nheads=4, seqlen_q=512, headdim=d, causal=True)
-                assert ("sm90a" in plan["kernel"]) == (route == "sm90a") and "varlen" in plan["kernel"], plan
+                # (the backward's sm_90a varlen kernel has the wgmma tiles: d 192 takes the sm_90 instance's sm80 one)
+                sm90a = route == "sm90a" and (direction == "fwd" or d != 192)
+                assert ("sm90a" in plan["kernel"]) == sm90a and "varlen" in plan["kernel"], plan
         for s in samples:
             _check_forward(s)
         for s in varlen_samples("cuda", torch.bfloat16, requires_grad=True, full=True, seed=2):

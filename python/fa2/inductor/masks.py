@@ -779,8 +779,17 @@ def _tighter(x, y, pick):
 NEG_LARGE = -1e30  # a fill at or below this (or dtype.min) hides a key exactly as -inf does for rows with a key
 
 
+# float16's minimum / 2: in bfloat16 too, a fill at or below it hides a key. PyTorch's cuDNN SDPA path turns a bool
+# mask into where(mask, 0, -65504) whatever the dtype, and the same model must get the same rewrite on every device
+# (a hidden key's weight exp(fill + s - max) is 0 in float32 unless the row's scores spread over ~32000).
+HALF_HIDING_BOUND = torch.finfo(torch.float16).min / 2
+
+
 def hiding_bound(dtype) -> float:
-    """The largest value that hides a key (-inf included): NEG_LARGE, or a floating dtype's minimum / 2 above it."""
+    """The largest value that hides a key (-inf included): NEG_LARGE, or a floating dtype's minimum / 2 above it
+    (for bfloat16 float16's: HALF_HIDING_BOUND)."""
+    if dtype == torch.bfloat16:
+        return HALF_HIDING_BOUND
     if dtype is not None and dtype.is_floating_point:
         return max(NEG_LARGE, torch.finfo(dtype).min / 2)
     return NEG_LARGE
