@@ -14,12 +14,14 @@ import fa2.backend  # noqa: F401  (registers the "fa2" and "fa2_eager" backends)
 from fa2.inductor import recording
 from fa2.inductor._compat import without_aot_cache
 from numerics import assert_close_rule, hi_dtype
-from test_inductor_patterns import B, DEVICE_DTYPES, H, S, assert_kept, assert_rewritten, check_numerics, qkv, run
+from fa2.inductor.sites import WEIGHTS_NOTE
+from test_inductor_patterns import B, D, DEVICE_DTYPES, H, S, assert_kept, assert_rewritten, check_numerics, qkv, run
 
 
 def run_module(module, inputs, *, train, backend="fa2_eager", dtype=torch.float32, dynamic=None):
     """Compile ``module`` and call it on ``inputs`` (a list of tensor tuples: one call each); returns the records and
-    checks each call's output (and in training the parameters' gradients) against eager and a high-precision copy."""
+    checks each call's outputs (every tensor of a returned tuple; the loss reads the first) and in training the
+    parameters' gradients against eager and a high-precision copy."""
     module = module.to(dtype).train(train)
     reference = copy.deepcopy(module).to(hi_dtype(dtype))
     torch._dynamo.reset()
@@ -28,21 +30,23 @@ def run_module(module, inputs, *, train, backend="fa2_eager", dtype=torch.float3
     def step(m, args):
         m.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(train):
-            out = m(*args)
-            out = out[0] if isinstance(out, tuple) else out
+            outs = m(*args)
+            outs = [o for o in outs if isinstance(o, torch.Tensor)] if isinstance(outs, tuple) else [outs]
             if train:
-                weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
-                (out.float() * weight).sum().backward()
+                weight = torch.randn(outs[0].shape, generator=torch.Generator().manual_seed(1)).to(outs[0].device)
+                (outs[0].float() * weight).sum().backward()
         grads = {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in m.named_parameters()
                  if p.grad is not None}
-        return out.detach(), grads
+        return [o.detach() for o in outs], grads
 
     with recording() as records, without_aot_cache():
         got = [step(compiled, args) for args in inputs]
     for i, args in enumerate(inputs):
         naive = step(module, args)
         hi = step(reference, [a.to(hi_dtype(dtype)) if a.is_floating_point() else a for a in args])
-        assert_close_rule(f"call {i}: out", got[i][0], hi[0], naive[0], 2)
+        assert len(got[i][0]) == len(hi[0])
+        for j, (g, h, n) in enumerate(zip(got[i][0], hi[0], naive[0])):
+            assert_close_rule(f"call {i}: out[{j}]", g, h, n, 2)
         assert set(got[i][1]) == set(hi[1])
         for name in hi[1]:
             assert_close_rule(f"call {i}: grad {name}", got[i][1][name], hi[1][name], naive[1][name], 3)
@@ -274,19 +278,138 @@ def test_attention_weights_that_are_used_say_how_to_drop_them():
     assert_kept(records, "need_weights=False")
 
 
-def test_probabilities_that_leave_the_graph_name_the_graph_output():
-    """Probabilities that are an output of the compiled graph (returned, or alive past a graph break: Mixtral's
-    default grouped_mm experts break the graph in training) are kept, with a reason that says so."""
-    def attn_returning_weights(q, k, v):
-        p = (q @ k.transpose(-1, -2) * 0.25).softmax(-1)
-        return p @ v, p
+def _attn_returning_weights(q, k, v):
+    p = (q @ k.transpose(-1, -2) * 0.25).softmax(-1)
+    return p @ v, p
 
+
+def test_probabilities_that_leave_the_graph_name_the_graph_output():
+    """Probabilities that are an output of the compiled graph and get a gradient there (returned in training, or
+    alive past a graph break: Mixtral's default grouped_mm experts break the graph in training) are kept, with a
+    reason that says so."""
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(2, 4, 8, 16, requires_grad=True) for _ in range(3))
+    with recording() as records, without_aot_cache():
+        out, p = torch.compile(_attn_returning_weights, backend="fa2_eager")(q, k, v)
+        (out.sum() + p[..., 0].sum()).backward()
+    assert_kept(records, "an output of the compiled graph")
+    want_out, want_p = _attn_returning_weights(q, k, v)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(p, want_p)
+
+
+def test_probabilities_returned_in_inference_leave_the_site_rewritten():
+    """Without a gradient the returned probabilities are only read: they stay in the graph for the output, and the
+    attention output comes from fa2."""
     torch._dynamo.reset()
     q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
     with recording() as records, without_aot_cache():
-        out, p = torch.compile(attn_returning_weights, backend="fa2_eager")(q, k, v)
-    assert_kept(records, "an output of the compiled graph")
-    torch.testing.assert_close(out, attn_returning_weights(q, k, v)[0])
+        out, p = torch.compile(_attn_returning_weights, backend="fa2_eager")(q, k, v)
+    assert_rewritten(records)
+    assert WEIGHTS_NOTE in records[0].flags["note"]
+    hi = _attn_returning_weights(*(t.double() for t in (q, k, v)))
+    naive = _attn_returning_weights(q, k, v)
+    assert_close_rule("out", out, hi[0], naive[0], 2)
+    assert_close_rule("p", p, hi[1], naive[1], 2)
+
+
+def _attn_plus_probabilities(q, k, v):
+    """P's gradient from the output's own ("+ p", with seqlen_k == head dim) enters the softmax's backward through
+    the same incoming gradient as P V's."""
+    p = (q @ k.transpose(-1, -2) * 0.25).softmax(-1)
+    return p @ v + p
+
+
+def _attn_plus_squared_probabilities(q, k, v):
+    p = (q @ k.transpose(-1, -2) * 0.25).softmax(-1)
+    return p @ v + (p * p).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("fn", [_attn_plus_probabilities, _attn_plus_squared_probabilities])
+def test_probabilities_differentiated_elsewhere_keep_the_site(fn):
+    """A second use of P that autograd differentiates adds to P's gradient: dropping it with the old backward would
+    be a wrong gradient, so the site is kept (rewritten in inference)."""
+    args = qkv("cpu", torch.float32, sq=S, sk=D)
+    records, got, naive, hi = run(fn, args, device="cpu", dtype=torch.float32)
+    assert_kept(records, "that use is differentiated")
+    check_numerics(got, naive, hi)
+    records, got, naive, hi = run(fn, args, device="cpu", dtype=torch.float32, train=False)
+    assert_rewritten(records)
+    check_numerics(got, naive, hi)
+
+
+# ---- nn.MultiheadAttention's default need_weights=True --------------------------------------------------------------
+
+class _SelfAttention(torch.nn.Module):
+    """nn.MultiheadAttention with its default need_weights=True (F.multi_head_attention_forward's bmm path), the
+    weights then ``use``d: "discard" (SigLIP's pooling head), "return" (a second output), "detach" (read in the
+    forward only), "loss" (in the first output, so differentiated)."""
+
+    def __init__(self, use, average=True, dropout=0.0):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(32, 4, dropout=dropout, batch_first=True)
+        self.use, self.average = use, average
+
+    def forward(self, x):
+        out, weights = self.attention(x, x, x, average_attn_weights=self.average)
+        weights = weights if self.average else weights.mean(1)
+        if self.use == "return":
+            return out, weights
+        if self.use == "detach":
+            return out * weights.detach().amax(-1, keepdim=True)
+        if self.use == "loss":
+            return out + weights.sum(-1, keepdim=True) * weights[..., :1]
+        return out
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("use", ["discard", "return", "detach", "loss"])
+def test_multihead_attention_weights_read_in_the_forward_only(use, train):
+    """need_weights=True (the default): weights that nothing differentiates (discarded; returned or read in
+    inference; detached in training) stay in the graph for their readers and the output comes from fa2, forward
+    and backward; weights that are differentiated (returned or in the loss, in training) keep the site, and the
+    reason says how to drop them."""
+    torch.manual_seed(0)
+    differentiated = train and use in ("return", "loss")
+    records = run_module(_SelfAttention(use), [(torch.randn(2, 16, 32),)], train=train)
+    if differentiated:
+        assert_kept(records, "need_weights=False")
+        return
+    assert_rewritten(records)
+    assert (WEIGHTS_NOTE in records[0].flags.get("note", "")) == (use != "discard"), str(records[0])
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_multihead_attention_weights_per_head(train):
+    """average_attn_weights=False returns P itself (viewed 4-D): the same as the average."""
+    torch.manual_seed(0)
+    records = run_module(_SelfAttention("detach" if train else "return", average=False),
+                         [(torch.randn(2, 16, 32),)], train=train)
+    assert_rewritten(records)
+    records = run_module(_SelfAttention("loss", average=False), [(torch.randn(2, 16, 32),)], train=True)
+    assert_kept(records, "average_attn_weights makes no difference")
+
+
+def test_multihead_attention_weights_after_dropout_are_kept():
+    """nn.MultiheadAttention returns the weights after dropout: fa2 draws its own mask, so the site is kept."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    module = _SelfAttention("detach", dropout=0.1).train()
+    with recording() as records, without_aot_cache():
+        torch.compile(module, backend="fa2_eager")(torch.randn(2, 16, 32)).sum().backward()
+    assert_kept(records, "read after dropout")
+
+
+def test_siglip_pooling_head():
+    """transformers' SiglipMultiheadAttentionPoolingHead (nn.MultiheadAttention's need_weights=True, a repeated
+    probe: one query, the weights discarded) on a tiny config: rewritten, inference and training."""
+    siglip = pytest.importorskip("transformers.models.siglip.modeling_siglip")
+    config = siglip.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4)
+    torch.manual_seed(0)
+    for train in (False, True):
+        records = run_module(siglip.SiglipMultiheadAttentionPoolingHead(config), [(torch.randn(2, 16, 32),)],
+                             train=train)
+        assert_rewritten(records)
 
 
 # ---- dynamic shapes: the recompile after a new sequence length ------------------------------------------------------

@@ -205,6 +205,25 @@ def _mixtral(attn):
     return model
 
 
+class _SiglipVisionWithPooler(torch.nn.Module):
+    """SigLIP's vision tower with its pooling head (a learned probe through nn.MultiheadAttention with the default
+    need_weights=True, the weights discarded); the pooled vector is appended to the last hidden state so that the
+    zoo's loss and comparisons read it too."""
+
+    def __init__(self, attn):
+        super().__init__()
+        from transformers import SiglipVisionConfig, SiglipVisionModel
+        cfg = SiglipVisionConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=4, attention_dropout=0.0,
+                                 vision_use_head=True)
+        self.model = SiglipVisionModel._from_config(cfg, attn_implementation=attn)
+
+    def forward(self, pixel_values):
+        from transformers.modeling_outputs import BaseModelOutput
+        out = self.model(pixel_values=pixel_values)
+        return BaseModelOutput(last_hidden_state=torch.cat([out.last_hidden_state, out.pooler_output[:, None]], 1))
+
+
 def _left_padded_inputs(device, dtype):
     """A batch padded on the left, as for generation: the first rows of the second sequence see no key (eager
     averages v over every key there), the loss reads every position (those rows' gradients count too)."""
@@ -236,6 +255,8 @@ WILD = [
              softmax_in_float64=True),
     ZooModel("gemma3_left_padded", _gemma3, _left_padded_inputs, 2, "a sliding and a global layer, key padding",
              softmax_in_float64=True),
+    ZooModel("siglip", _SiglipVisionWithPooler, _vit_inputs, 3, "pooling head: nn.MultiheadAttention with "
+             "need_weights=True (weights discarded), one learned query"),
 ]
 
 # Attention dropout 0.1 (GPT-2's and BERT's default; ViTConfig's default is 0.0, 0.1 is a common fine-tuning setting),

@@ -24,7 +24,8 @@ import torch
 
 from . import _compat
 from ._compat import aten, statically_known_true
-from .sites import CASTS, LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape, val
+from .sites import (CASTS, GRAPH_OUTPUT_REASON, LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape,
+                    val)
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack",
               "seq_nr", "partitioner_tag")
@@ -430,8 +431,34 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
     region = _ancestors(bmms) & (_descendants([g3]) | _descendants(site.internal))
     region = (region - _ancestors([g3]) - site.internal) | set(bmms)
     plan.region = region
+    if site.weights_sources:
+        _check_only_the_output_gradient(site, region, g3, bmms)
     _plan_bias_grad(site, plan, region, walked, inputs, spec)
     return plan
+
+
+def _check_only_the_output_gradient(site, region, g3, bmms):
+    """Probabilities read by something else too (returned attention weights) stay in the graph for that reader; the
+    site's old backward may then be replaced only if no gradient of that use reaches it: a node of the old backward
+    may read a gradient (a node that depends on an incoming gradient) only as the output's own, g3 into the bmms that
+    take it, else the weights' gradient would be dropped with the old backward."""
+    graph = site.anchor.graph
+    seen, stack = set(), [n for n in graph.nodes if _compat.is_tangent(n)]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.users)
+    for r in region:
+        for m in r.all_input_nodes:
+            if m in seen and m not in region and not (m is g3 and r in bmms):
+                if any(u.op == "output" for s in site.weights_sources for u in s.users):
+                    raise Reject(GRAPH_OUTPUT_REASON)
+                raise Reject("the attention probabilities are also used elsewhere, and that use is differentiated "
+                             "(returned attention weights, or weights in the loss): nn.MultiheadAttention(..., "
+                             "need_weights=False) or Hugging Face's output_attentions=False does not compute them, and "
+                             "fa2 rewrites the site (average_attn_weights makes no difference; weights used only in "
+                             "the forward, detached or under no_grad, leave the site rewritten)")
 
 
 def _alpha_scaled(site, grad3):
@@ -556,7 +583,8 @@ def rewrite_site(graph: torch.fx.Graph, site: Site, bwd: set, fake_mode) -> None
     gm = trace_replacement(site, spec, inputs, requires, tangent, fake_mode)
 
     order = {n: i for i, n in enumerate(graph.nodes)}
-    replaced = site.internal | (plan.region if plan else set())
+    # (what the other readers of the probabilities need stays: site.weights_sources and their inputs)
+    replaced = (site.internal - _ancestors(site.weights_sources)) | (plan.region if plan else set())
     live_before = _live(graph, replaced)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     env = dict(zip(placeholders, inputs + ([tangent] if tangent is not None else [])))

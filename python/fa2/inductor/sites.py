@@ -95,6 +95,10 @@ class Site:
     score_shape: tuple = ()
     scale_tensors: list = field(default_factory=list)   # [(0-d tensor node, "mul" | "div")], applied to q
     dropout_p: float = 0.0             # dropout on the probabilities (training): fa2's dropout_p, fa2's own mask
+    # nodes of the P -> PV chain read by something else too (returned attention weights): they and what they need
+    # stay in the graph for those readers; the output comes from fa2 (rewrite.py checks that their use gets no
+    # gradient that would reach the site's backward)
+    weights_sources: list = field(default_factory=list)
     reason: str | None = None          # why it is not rewritten (None: it can be)
     rewritten: bool = False
 
@@ -126,6 +130,8 @@ class Site:
         notes = list(self.mask.notes)
         if self.dropout_p:
             notes.append(dropout_note(self.dropout_p))
+        if self.weights_sources and self.rewritten:
+            notes.append(WEIGHTS_NOTE)
         if notes:
             out["note"] = "; ".join(notes)
         if self.q is not None and self.k is not None:
@@ -782,8 +788,40 @@ def _is_safe_softmax_fixup(node, p, x) -> bool:
     return False
 
 
+WEIGHTS_NOTE = ("the probabilities are also computed for their other reader (returned attention weights: "
+                "need_weights=False / output_attentions=False skips that)")
+GRAPH_OUTPUT_REASON = (
+    "the attention probabilities are an output of the compiled graph: returned as attention weights "
+    "(output_attentions=False / need_weights=False does not compute them), or kept alive past a graph break later in "
+    "the layer (torch._dynamo.explain(model)(*inputs) lists the breaks; e.g. a mixture of experts whose backward reads "
+    "its routing on the host: transformers' experts_implementation=\"batched_mm\" traces whole)")
+USED_ELSEWHERE_REASON = (
+    "the attention probabilities are also used elsewhere (returned as attention weights: "
+    "nn.MultiheadAttention(..., need_weights=False) or Hugging Face's output_attentions=False does not compute them, "
+    "and fa2 rewrites the site; average_attn_weights makes no difference)")
+
+
+def _towards_pv(node, users, bwd):
+    """The one user of ``node`` that leads to the P V matmul (through casts and reshapes, P its left operand), or
+    None: the others read the probabilities for something else (returned attention weights)."""
+    found = []
+    for u in users:
+        prev, cur = node, u
+        for _ in range(8):
+            if is_call(cur, {aten.bmm.default}):
+                if cur.args[0] is prev:
+                    found.append(u)
+                break
+            nxt = _fwd_users(cur, bwd)
+            if not (is_call(cur, CASTS) or is_call(cur, SHAPE_OPS) and _order_preserving(cur)) or len(nxt) != 1:
+                break
+            prev, cur = cur, nxt[0]
+    return found[0] if len(found) == 1 else None
+
+
 def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
-    # -- P -> PV: the probabilities may be cast and reshaped, nothing else
+    # -- P -> PV: the probabilities may be cast and reshaped, nothing else; read by something else too (returned
+    # attention weights), that reader keeps them (site.weights_sources) and the output still comes from fa2
     internal = set(soft_nodes)
     cur = p
     while True:
@@ -791,15 +829,15 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
         if len(users) != 1:
             if not users:
                 raise Reject("the softmax output is not used")
-            if any(u.op == "output" for u in users):
-                raise Reject("the attention probabilities are an output of the compiled graph: returned as attention "
-                             "weights (output_attentions=False / need_weights=False does not compute them), or kept "
-                             "alive past a graph break later in the layer (torch._dynamo.explain(model)(*inputs) "
-                             "lists the breaks; e.g. a mixture of experts whose backward reads its routing on the "
-                             "host: transformers' experts_implementation=\"batched_mm\" traces whole)")
-            raise Reject("the attention probabilities are also used elsewhere (returned as attention weights: "
-                         "nn.MultiheadAttention(..., need_weights=False) or Hugging Face's output_attentions=False "
-                         "does not compute them, and fa2 rewrites the site)")
+            main = _towards_pv(cur, users, bwd)
+            if main is not None and site.dropout_p:
+                raise Reject("the attention probabilities are read after dropout, whose mask fa2 draws itself "
+                             "(nn.MultiheadAttention returns the dropped weights): need_weights=False / "
+                             "output_attentions=False does not compute them, and fa2 rewrites the site")
+            if main is None:
+                raise Reject(GRAPH_OUTPUT_REASON if any(u.op == "output" for u in users) else USED_ELSEWHERE_REASON)
+            site.weights_sources.append(cur)
+            users = [main]
         u = users[0]
         if is_call(u, {aten.bmm.default}):
             if u.args[0] is not cur:
