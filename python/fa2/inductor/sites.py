@@ -795,6 +795,11 @@ GRAPH_OUTPUT_REASON = (
     "(output_attentions=False / need_weights=False does not compute them), or kept alive past a graph break later in "
     "the layer (torch._dynamo.explain(model)(*inputs) lists the breaks; e.g. a mixture of experts whose backward reads "
     "its routing on the host: transformers' experts_implementation=\"batched_mm\" traces whole)")
+# (in training the rewrite still pays: fa2's backward, no probabilities kept for it)
+WEIGHTS_INFERENCE_REASON = (
+    "the attention probabilities are also read (returned attention weights) and this graph has no backward: they are "
+    "computed anyway, so fa2 would only add its own attention on top (need_weights=False / output_attentions=False "
+    "does not compute them, and fa2 rewrites the site)")
 USED_ELSEWHERE_REASON = (
     "the attention probabilities are also used elsewhere (returned as attention weights: "
     "nn.MultiheadAttention(..., need_weights=False) or Hugging Face's output_attentions=False does not compute them, "
@@ -836,6 +841,8 @@ def _fill_matmul_site(site: Site, x, p, soft_nodes, bwd):
                              "output_attentions=False does not compute them, and fa2 rewrites the site")
             if main is None:
                 raise Reject(GRAPH_OUTPUT_REASON if any(u.op == "output" for u in users) else USED_ELSEWHERE_REASON)
+            if not bwd:
+                raise Reject(WEIGHTS_INFERENCE_REASON)
             site.weights_sources.append(cur)
             users = [main]
         u = users[0]
