@@ -411,9 +411,9 @@ class BwdWorker {
       // All of the row's keys here and lse its own (Σ P = exp(own - lse)): P / Σ P, as the forward's O = Σ P v / l.
       // S recomputed here (other GEMM shapes) differs from the forward's by a few float spacings (~10 at headdim
       // 128), so a row that sees one key would get P = 1 - 1e-6 and dS = P dP (1 - P) = noise · |dP| where it is
-      // exactly 0: x / x is exactly 1. (The margin, 16 spacings, also bounds the error of dropping a sink's share.)
+      // exactly 0. (The margin, 16 spacings, also bounds the error of dropping a sink's share.)
       if (t.holds_every_key_of(bp_.mods.window, i) && lse_is_own(sum - acc_t(1), lse, /*spacings=*/16)) {
-        for (int64_t j = 0; j < t.cols; ++j) p_row[j] /= sum;
+        normalize_row(p_row, t.cols, sum);
       }
     } else if (t.holds_every_key_of(bp_.mods.window, i)) {
       // (see ExactRowStats) the statistics from this tile's own S: the exact recomputation sums in another order,
