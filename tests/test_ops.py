@@ -234,6 +234,27 @@ def test_fully_masked_rows_are_zero_with_zero_grads(device):
         assert (dq[:, dead] == 0).all()
 
 
+
+@pytest.mark.parametrize("dtype", dtypes_for("cpu") + [torch.float64], ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("shape,headdim_v,flags", [
+    ((2, 17, 64, 2, 2, 2), 54, dict(causal=True, window_left=0)),       # seqlen_k > seqlen_q: bottom-right aligned
+    ((1, 130, 130, 4, 2, 128), 128, dict(window_left=0, window_right=0)),  # GQA; keys past one 128-key tile
+    ((2, 40, 1, 4, 4, 64), 64, dict()),                                    # a single key
+], ids=["causal-left0-d2", "window00-d128", "seqlen_k1"])
+def test_cpu_rows_that_see_one_key_have_exactly_zero_dq_dk(dtype, shape, headdim_v, flags):
+    """A softmax over one key is constant: dq and dk are exactly 0, as in the reference math (where P = 1 and
+    dS = P (dP - P dP) = 0), however large dP. The CPU backward recomputes S in other tiles than the forward (an ulp
+    or so off), so P = exp(S - lse) alone came out 1 - 1e-6, leaving dS = P dP (1 - P) of noise in dq and dk."""
+    b, sq, sk, h, hk, d = shape
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cpu", requires_grad=True, generator=gen,
+                       headdim_v=headdim_v)
+    out = fa2.attention(q, k, v, **flags)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn(out.shape, generator=gen).to(dtype))
+    assert torch.count_nonzero(dq) == 0 and torch.count_nonzero(dk) == 0
+    assert dv.abs().sum() > 0  # (the gradient did flow)
+
+
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("shape", [(0, 5, 5, 2, 2, 16), (1, 0, 5, 2, 2, 16), (1, 5, 0, 2, 2, 16),
                                    (1, 1, 1, 1, 1, 1), (2, 3, 7, 4, 2, 256)])

@@ -88,6 +88,15 @@ def test_value_headdim_matches_reference(device, dtype, case):
     _check(device, dtype, shape, headdim_v, flags, bias_kind, layout)
 
 
+
+def test_rows_that_see_one_key_hypothesis_case():
+    """A draw of test_value_headdim_property that failed on the CPU: causal with window_left 0 and seqlen_k > seqlen_q,
+    so every row sees exactly one key. The reference's dk is exactly 0 (a softmax over one key is constant), while the
+    backward's recomputed S sat an ulp off the forward's: P = exp(S - lse) = 1 - 4e-7, dS = P dP (1 - P) gave
+    dk = 1.45e-5 > the rule's 1e-5 floor (headdim 2: scale 0.7; headdim_v 54: |dP| ~ 17)."""
+    flags = {"causal": True, "window_left": 0, "window_right": -1, "softcap": 0.0, "scale": None}
+    _check("cpu", torch.float32, (2, 17, 64, 2, 2, 2), 54, flags, None, "bshd", seed=0)
+
 @st.composite
 def problems(draw, device):
     dtype = draw(st.sampled_from(dtypes_for(device)))

@@ -104,6 +104,14 @@ inline bool lse_is_inexact(float lse) {
   return lse == -std::numeric_limits<float>::infinity() || (std::isfinite(lse) && std::abs(lse) > kLseExactLimit);
 }
 
+// Whether a finite float32 lse is this call's own: own - lse, the row's own statistics from this call's keys
+// (own = m + log l) less the given lse, within `spacings` float spacings of max(1, |lse|). Beyond that, lse was taken
+// with more in its denominator (a sink's share, ring attention's other chunks), which P = exp(S - lse) must keep.
+inline bool lse_is_own(double own_minus_given, float lse, double spacings) {
+  return std::isfinite(lse) && std::abs(own_minus_given) <= spacings * std::numeric_limits<float>::epsilon() *
+                                                                std::max(1.0, std::abs(static_cast<double>(lse)));
+}
+
 // Rows whose float32 lse cannot carry log l: P = exp(S - lse) needs lse = m + log l to ~1e-4, but a row whose scores
 // are all huge (every key biased by finfo.min or -1e9: a "masked" row that still sees its keys equally) has |m| so
 // large that m + log l rounds to m, and P would come out 1 instead of 1/l (l times too large gradients); an fp64 row
@@ -175,9 +183,9 @@ ExactRowStats<acc_t> exact_row_stats(const BwdProblem<scalar_t>& bp) {
                            softcap ? dtanh_row.data() : nullptr, stats.max[row], stats.inv_sum[row]);
       // A finite lse that is not this call's own (beyond float rounding) was taken over more keys (ring attention's
       // chunks): P = exp(S - lse) from it, not this call's statistics.
-      const double given = bp.lse(b, h, i), own = stats.max[row] - std::log(static_cast<double>(stats.inv_sum[row]));
-      if (std::isfinite(given) && stats.inv_sum[row] > 0 &&
-          std::abs(own - given) > 8 * std::numeric_limits<float>::epsilon() * std::max(1.0, std::abs(given))) {
+      const float given = bp.lse(b, h, i);
+      const double own = stats.max[row] - std::log(static_cast<double>(stats.inv_sum[row]));
+      if (std::isfinite(given) && stats.inv_sum[row] > 0 && !lse_is_own(own - given, given, /*spacings=*/8)) {
         stats.is_exact[row] = 0;
       }
     }
@@ -398,7 +406,15 @@ class BwdWorker {
   void probabilities_row(const Tile& t, int64_t r, acc_t* p_row) const {
     const int64_t i = t.q_begin + r, row = bp_.row_index(t.b, t.h, i);
     if (!exact_.has(row)) {
-      exp_sub_sum(p_row, t.cols, static_cast<acc_t>(bp_.lse(t.b, t.h, i)));
+      const float lse = bp_.lse(t.b, t.h, i);
+      const acc_t sum = exp_sub_sum(p_row, t.cols, static_cast<acc_t>(lse));
+      // All of the row's keys here and lse its own (Σ P = exp(own - lse)): P / Σ P, as the forward's O = Σ P v / l.
+      // S recomputed here (other GEMM shapes) differs from the forward's by a few float spacings (~10 at headdim
+      // 128), so a row that sees one key would get P = 1 - 1e-6 and dS = P dP (1 - P) = noise · |dP| where it is
+      // exactly 0. (The margin, 16 spacings, also bounds the error of dropping a sink's share.)
+      if (t.holds_every_key_of(bp_.mods.window, i) && lse_is_own(sum - acc_t(1), lse, /*spacings=*/16)) {
+        normalize_row(p_row, t.cols, sum);
+      }
     } else if (t.holds_every_key_of(bp_.mods.window, i)) {
       // (see ExactRowStats) the statistics from this tile's own S: the exact recomputation sums in another order,
       // and at |S| ~ 1e4 (a key padded by -1e4) one float spacing is 1e-3, so a row that sees a single key would get

@@ -199,6 +199,12 @@ FA2_ALWAYS_INLINE void softcap_row_impl(T* x, int64_t n, T cap, T* dtanh) {
   FA2_CPU_MULTIVERSION void scale_row(T* x, int64_t n, T factor) {                                               \
     for (int64_t j = 0; j < n; ++j) x[j] *= factor;                                                              \
   }                                                                                                              \
+  /* x / sum, as a product with 1 / sum, for a row of sum ~1; an entry equal to the sum (the row's only nonzero   \
+     one) becomes exactly 1, which x · (1 / x) need not be. */                                                   \
+  FA2_CPU_MULTIVERSION void normalize_row(T* x, int64_t n, T sum) {                                              \
+    const T inv_sum = T(1) / sum;                                                                                \
+    for (int64_t j = 0; j < n; ++j) x[j] = x[j] == sum ? T(1) : x[j] * inv_sum;                                  \
+  }                                                                                                              \
   /* dS = P ∘ (dP - D), written over dP. */                                                                      \
   FA2_CPU_MULTIVERSION void softmax_grad_row(T* dp, const T* p, int64_t n, T rowsum_dout_out) {                  \
     for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - rowsum_dout_out);                                   \
