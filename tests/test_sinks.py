@@ -6,6 +6,8 @@ without graph breaks; bad sinks; a tiny gpt-oss model through the Hugging Face p
 the CUDA kernels of both paths at every instantiated head dim (skipped without a GPU)."""
 from __future__ import annotations
 
+import copy
+
 import math
 
 import pytest
@@ -356,13 +358,17 @@ def test_gpt_oss_tiny_matches_eager():
     with torch.no_grad():  # sinks of both signs, large enough to matter
         for layer in eager.model.layers:
             layer.self_attn.sinks.copy_(torch.tensor([2.0, -1.0, 0.5, 4.0]))
-    model = transformers.GptOssForCausalLM(cfg).eval()
-    model.load_state_dict(eager.state_dict())
+    model = transformers.GptOssForCausalLM(copy.deepcopy(cfg)).eval()  # (its own config: set_attn_implementation
+    model.load_state_dict(eager.state_dict())                         # would switch a shared one for both)
     model.set_attn_implementation("fa2")
+    assert eager.config._attn_implementation == "eager"
     ids = torch.randint(0, 128, (2, 19))
     with torch.profiler.profile() as prof:  # (really fa2's op, not a fallback)
         model(input_ids=ids)
     assert sum(e.key == "fa2::fwd" for e in prof.key_averages()) == 1
+    with torch.profiler.profile() as prof:  # (and the reference really eager)
+        eager(input_ids=ids)
+    assert not any(e.key.startswith("fa2::") for e in prof.key_averages())
     padded = torch.ones_like(ids)
     padded[1, :5] = 0  # left padding on the second row
     for mask in (None, padded):
