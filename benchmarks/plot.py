@@ -246,11 +246,73 @@ def plot_placement(result: dict, out_dir: str, stem: str) -> list[str]:
                      f"{rows[0]['headdim']}", os.path.join(out_dir, f"{stem}.png"))
 
 
+def plot_decode(result: dict, out_dir: str, stem: str) -> list[str]:
+    """scripts/dev/decode_gpu_check.py --bench: one panel per head dim, the achieved bandwidth (K/V bytes read / CUDA
+    graph replay time) as a share of the device's copy bandwidth against the cache's size, one line per batch."""
+    rows = result["rows"]
+    dims = sorted({r["headdim"] for r in rows})
+    fig, axes = plt.subplots(1, len(dims), figsize=(4.2 * len(dims), 3.8), squeeze=False)
+    for ax, d in zip(axes[0], dims):
+        for batch in sorted({r["batch"] for r in rows if r["headdim"] == d}):
+            mine = sorted((r for r in rows if r["headdim"] == d and r["batch"] == batch), key=lambda r: r["kv_bytes"])
+            ax.plot([r["kv_bytes"] / 1e6 for r in mine], [100 * r["gbps"] / r["copy_gbps"] for r in mine], "o-",
+                    label=f"batch {batch}")
+        ax.axhline(85, color="#999999", lw=0.8, ls="--")
+        ax.axvline(64, color="#cccccc", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("K/V cache read (MB)")
+        ax.set_title(f"head dim {d}, GQA {rows[0]['nheads']}/{rows[0]['nheads_k']}", fontsize=9)
+    return _save_row(fig, axes, "% of device copy bandwidth",
+                     f"Decode (seqlen_q 1, bf16, {result.get('layout', '')} cache), {result.get('device', '')}",
+                     os.path.join(out_dir, f"{stem}.png"))
+
+
+def plot_varlen(result: dict, out_dir: str, stem: str) -> list[str]:
+    """A varlen JSON (benchmarks/results/varlen_*): equal lengths, dense time / varlen time per seqlen (forward and
+    backward panels, one bar group per head dim and causal); mixed lengths, useful TFLOP/s of varlen and the padded
+    dense call."""
+    rows = result["equal_lengths"]
+    panels = list(dict.fromkeys(r["direction"] for r in rows)) + ["mixed"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        if panel == "mixed":
+            mixed = result["mixed"]
+            labels = [f"d{r['headdim']}{' c' if r['causal'] else ''}" for r in mixed]
+            for i, (key, name) in enumerate((("padded_tflops", "padded dense"), ("varlen_sm80_tflops", "varlen sm80"),
+                                              ("varlen_sm90a_tflops", "varlen sm90a"))):
+                ax.bar([x - 0.3 + 0.2 * (i + 0.5) for x in range(len(mixed))], [r[key] for r in mixed], 0.2,
+                       label=name)
+            ax.set_xticks(range(len(mixed)), labels)
+            ax.set_ylabel("TFLOP/s of the real lengths")
+            ax.set_title("mixed lengths 64..8k, forward", fontsize=9)
+            ax.legend(fontsize=7)
+            continue
+        mine = [r for r in rows if r["direction"] == panel]
+        for d, causal in dict.fromkeys((r["headdim"], r["causal"]) for r in mine):
+            line = [r for r in mine if r["headdim"] == d and r["causal"] == causal]
+            ax.plot([_seq_label(r["seqlen"]) for r in line], [r["ratio_sm90a"] for r in line], "o-",
+                    label=f"d{d}{' causal' if causal else ''}")
+        ax.axhline(0.98, color="#999999", lw=0.8, ls="--")
+        ax.set_title(f"equal lengths, {panel}: dense ms / varlen ms (sm90a route)", fontsize=9)
+        ax.set_xlabel("Sequence length")
+    axes[0][0].set_ylabel("dense / varlen")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Varlen, {result.get('device', '')}, {result.get('dtype', '')}", fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"{stem}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
 def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
     """PNGs named <stem>_... (default: the name the benchmark gave its JSON, attention_<tag> / e2e_<tag>)."""
     os.makedirs(out_dir, exist_ok=True)
     if result.get("kind") == "e2e":
         return plot_e2e(result, out_dir, stem or f"e2e_{result['tag']}")
+    if result.get("kind") in ("decode", "varlen"):
+        plot = plot_decode if result["kind"] == "decode" else plot_varlen
+        return plot(result, out_dir, stem or result["kind"])
     if result.get("kind") in ("sustained", "placement"):  # (their JSON names no tag: stem from the file name)
         plot = plot_sustained if result["kind"] == "sustained" else plot_placement
         return plot(result, out_dir, stem or result["kind"])
