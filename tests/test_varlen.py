@@ -540,3 +540,49 @@ def test_varlen_gradcheck_float64():
     for flags in ({"causal": True, "softcap": 2.0}, {"window_left": 1, "window_right": 1}):
         fn = lambda q, k, v: fa2.varlen_attention(q, k, v, *s.args()[3:], **flags)  # noqa: E731
         assert torch.autograd.gradcheck(fn, (s.q, s.k, s.v), eps=1e-6, atol=1e-7), flags
+
+
+def _varlen_flag(kernel_name):
+    """fwd_kernel / bwd_kernel's kVarlen template flag (the second to last) in a demangled name, else None."""
+    if not any(f"{k}<" in kernel_name for k in ("fwd_kernel", "bwd_kernel")) or ">(" not in kernel_name:
+        return None
+    return kernel_name.split(">(")[0].split(", ")[-2] == "true"
+
+
+def test_one_spanning_sequence_runs_the_dense_kernels():
+    """A varlen call of one sequence that spans the packed tensors (max_seqlen = total, no seqused_k) runs fa2's dense
+    kernels (all their schedules): results bitwise those of fa2.attention on the (1, total, ...) view, forward and
+    backward, with sinks and dropout (the same bits: the sequence is batch 0); a max_seqlen above the sequence's length
+    keeps the varlen kernels, within the rule."""
+    _needs("cuda")
+    from kernels import cuda_kernel_names
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for d, flags in ((64, {"causal": True}), (128, {}), (128, {"window_left": 64, "window_right": 0})):
+        q, k, v = (t[0] for t in make_qkv(1, 1000, 1100, 8, 2, d, dtype=torch.bfloat16, device="cuda", generator=g))
+        sinks = torch.randn(8, device="cuda", generator=g)
+        cu_q, cu_k = cu_seqlens([1000], "cuda"), cu_seqlens([1100], "cuda")
+        for extra in ({}, {"sinks": sinks}, {"dropout_p": 0.1}):
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            leaves_dense = [t.detach().clone().unsqueeze(0).requires_grad_() for t in (q, k, v)]
+            extra_v, extra_d = dict(extra), dict(extra)
+            if "sinks" in extra:  # (its gradient too: the backward's bwd_with_sinks)
+                extra_v["sinks"], extra_d["sinks"] = (sinks.clone().requires_grad_() for _ in range(2))
+                leaves.append(extra_v["sinks"])
+                leaves_dense.append(extra_d["sinks"])
+            dout = torch.randn(q.shape, dtype=q.dtype, device="cuda", generator=g)
+            torch.manual_seed(11)
+            names = cuda_kernel_names(lambda: torch.autograd.grad(
+                fa2.varlen_attention(*leaves[:3], cu_q, cu_k, 1000, 1100, **flags, **extra_v), leaves, dout))
+            assert names and not any(_varlen_flag(n) for n in names), names
+            torch.manual_seed(11)
+            out = fa2.varlen_attention(*leaves[:3], cu_q, cu_k, 1000, 1100, **flags, **extra_v)
+            grads = torch.autograd.grad(out, leaves, dout)
+            torch.manual_seed(11)
+            out_dense = fa2.attention(*leaves_dense[:3], **flags, **extra_d)
+            grads_dense = torch.autograd.grad(out_dense, leaves_dense, dout.unsqueeze(0))
+            assert torch.equal(out, out_dense[0]), (d, flags, extra)
+            assert all(torch.equal(a, b[0]) for a, b in zip(grads[:3], grads_dense[:3])), (d, flags, extra)
+            assert all(torch.equal(a, b) for a, b in zip(grads[3:], grads_dense[3:])), (d, flags, extra)
+        # (max_seqlen above the sequence's length: the varlen kernels, as for any batch)
+        names = cuda_kernel_names(lambda: fa2.varlen_attention(q, k, v, cu_q, cu_k, 1024, 1100, **flags))
+        assert any(_varlen_flag(n) for n in names), names

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -88,6 +89,34 @@ bool nothing_attends(const VarlenProblem& vp) {
   return p.batch == 0 || p.nheads == 0 || vp.total_q == 0 || vp.total_k == 0 || p.seqlen_q == 0 || p.seqlen_k == 0;
 }
 
+// One sequence spanning the packed tensors, by the caller's own numbers (cu_seqlens of two entries, max_seqlen_q /
+// _k equal to total_q / _k, no seqused_k): fa2's dense kernels on the (1, total, heads, d) views run it, with all
+// their schedules (the varlen ones lack some: docs/performance.md), the same masks and the same dropout bits (the
+// sequence is batch 0 either way). Hugging Face's compiled batch-1 calls arrive so.
+bool one_spanning_sequence(const VarlenProblem& vp, const Tensor& cu_seqlens_q, int64_t max_seqlen_q,
+                           int64_t max_seqlen_k, const std::optional<Tensor>& seqused_k) {
+  return cu_seqlens_q.size(0) == 2 && !seqused_k.has_value() && max_seqlen_q == vp.total_q &&
+         max_seqlen_k == vp.total_k;
+}
+
+// The dense ops (their CUDA kernels, past autograd: this runs below it already).
+const c10::DispatchKeySet kCudaKeys(c10::DispatchKey::CUDA);
+using OptTensor = std::optional<Tensor>;
+
+std::tuple<Tensor, Tensor> dense_fwd(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale,
+                                     bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                     double dropout_p, const OptTensor& rng_state, const OptTensor& sinks) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fa2::fwd", "")
+          .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
+                                            std::optional<double>, bool, int64_t, int64_t, double, double,
+                                            const OptTensor&, const OptTensor&)>();
+  auto [out, lse] = op.redispatch(kCudaKeys, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), std::nullopt, scale,
+                                  causal, window_left, window_right, softcap, dropout_p, rng_state, sinks);
+  return {out.squeeze(0), lse.squeeze(0)};  // ((total_q, nheads, d); (nheads, total_q))
+}
+
 std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                            int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -100,6 +129,10 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
                               causal, window_left, window_right, softcap, dropout_p, sinks, rng_state);
   resolve_rng_state(vp.problem, q, "fa2.varlen_fwd", /*draw=*/true);
   check_same_value_headdim(vp);
+  if (one_spanning_sequence(vp, cu_seqlens_q, max_seqlen_q, max_seqlen_k, seqused_k)) {
+    return dense_fwd(q, k, v, scale, causal, window_left, window_right, softcap, dropout_p, vp.problem.rng_state,
+                     sinks);
+  }
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
   Tensor out = at::empty({vp.total_q, nheads, headdim}, q.options());
@@ -131,6 +164,40 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
 
 #if FA2_CUDA_BWD
 
+// The dense backward on the (1, total, heads, d) views (one_spanning_sequence), d sinks from its row sums.
+std::tuple<Tensor, Tensor, Tensor, Tensor> dense_bwd(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                     const Tensor& v, const Tensor& out, const Tensor& lse,
+                                                     std::optional<double> scale, bool causal, int64_t window_left,
+                                                     int64_t window_right, double softcap, double dropout_p,
+                                                     const OptTensor& sinks, bool deterministic,
+                                                     const OptTensor& rng_state) {
+  const Tensor dout1 = dout.unsqueeze(0), q1 = q.unsqueeze(0), k1 = k.unsqueeze(0), v1 = v.unsqueeze(0);
+  const Tensor out1 = out.unsqueeze(0), lse1 = lse.unsqueeze(0);
+  constexpr bool kNoBiasGrad = false;
+  if (sinks.has_value()) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fa2::bwd_with_sinks", "")
+            .typed<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
+                const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                const Tensor&, const OptTensor&, std::optional<double>, bool, int64_t, int64_t, double, bool, bool,
+                double, const OptTensor&)>();
+    const auto r = op.redispatch(kCudaKeys, dout1, q1, k1, v1, out1, lse1, *sinks, std::nullopt, scale, causal,
+                                 window_left, window_right, softcap, kNoBiasGrad, deterministic, dropout_p, rng_state);
+    return {std::get<0>(r).squeeze(0), std::get<1>(r).squeeze(0), std::get<2>(r).squeeze(0), std::get<4>(r)};
+  }
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fa2::bwd", "")
+          .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+              const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+              const OptTensor&, std::optional<double>, bool, int64_t, int64_t, double, bool, bool, double,
+              const OptTensor&)>();
+  const auto r = op.redispatch(kCudaKeys, dout1, q1, k1, v1, out1, lse1, std::nullopt, scale, causal, window_left,
+                               window_right, softcap, kNoBiasGrad, deterministic, dropout_p, rng_state);
+  return {std::get<0>(r).squeeze(0), std::get<1>(r).squeeze(0), std::get<2>(r).squeeze(0), at::empty({0}, q.options())};
+}
+
 // dq, dk, dv like q, k, v (contiguous). Keys past a sequence's seqused_k[b] are seen by no query: their gradients are
 // the zeros they start as (no kernel writes them).
 std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
@@ -145,6 +212,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
                               rng_state);
   resolve_rng_state(vp.problem, q, "fa2.varlen_bwd", /*draw=*/false);
   check_same_value_headdim(vp);
+  if (one_spanning_sequence(vp, cu_seqlens_q, max_seqlen_q, max_seqlen_k, seqused_k)) {  // (as the forward ran)
+    return dense_bwd(dout, q, k, v, out, lse, scale, causal, window_left, window_right, softcap, dropout_p, sinks,
+                     deterministic, vp.problem.rng_state);
+  }
   const c10::cuda::CUDAGuard device_guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const int64_t nheads = vp.problem.nheads, nheads_k = vp.problem.nheads_k, headdim = vp.problem.headdim;
