@@ -13,6 +13,8 @@ kernels alone), against the device's copy bandwidth (a 1 GiB torch copy, read + 
 
 Usage: PYTHONPATH=python python3 scripts/dev/decode_gpu_check.py [--quick] [--part I/N (every N-th case from the I-th)]
        PYTHONPATH=python python3 scripts/dev/decode_gpu_check.py --bench [--paged N] [--mha] [--quick] [--json F]
+       PYTHONPATH=python python3 scripts/dev/decode_gpu_check.py --splits 0,8,16,33,66,128 [--shape D,BATCH,CACHE]
+                                                                 [--paged N]   (one shape at each forced num_splits)
 """
 from __future__ import annotations
 
@@ -125,10 +127,40 @@ def bench(quick, page, json_path, mha):
         print(f"wrote {json_path}")
 
 
+def sweep_splits(splits, d, batch, n, page):
+    """Achieved bandwidth of one shape (GQA 32/8, bf16) at each forced num_splits (0: the library's choice), CUDA-graph
+    replays: to check choose_splits where a shape misses its bandwidth goal."""
+    h, hk = 32, 8
+    ref_copy = copy_bandwidth(1 << 30)
+    q = torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16)
+    kw = {}
+    if page:
+        blocks = batch * (n // page)
+        k = torch.randn(blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
+        kw["block_table"] = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
+    else:
+        k = torch.randn(batch, n, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * batch * n * hk * d * 2
+    print(f"d {d}, batch {batch}, cache {n} ({kv_bytes / 1e6:.1f} MB){f', paged {page}' if page else ''}; "
+          f"copy {ref_copy:.0f} GB/s")
+    for splits in splits:
+        ms = graph_time_ms(lambda: torch.ops.fa2._decode_attention(q, k, v, lens, num_splits=splits, **kw), 20)
+        gbs = kv_bytes / ms / 1e6
+        print(f"  num_splits {splits:>4}: {ms * 1e3:8.1f} us  {gbs:6.0f} GB/s  {100 * gbs / ref_copy:5.1f}% of copy")
+
+
 def main():
     quick = "--quick" in sys.argv
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, fa2 kernels: "
           f"{[k for k in fa2._C.build_info()['kernels'].split(',') if k.startswith('decode')]}")
+    if "--splits" in sys.argv:  # --splits 0,8,16,33,66,128 [--shape D,BATCH,CACHE] [--paged N]
+        splits = [int(x) for x in sys.argv[sys.argv.index("--splits") + 1].split(",")]
+        shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "64,1,131072"
+        page = int(sys.argv[sys.argv.index("--paged") + 1]) if "--paged" in sys.argv else 0
+        sweep_splits(splits, *map(int, shape.split(",")), page)
+        return
     if "--bench" in sys.argv:
         page = int(sys.argv[sys.argv.index("--paged") + 1]) if "--paged" in sys.argv else 0
         json_path = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
