@@ -132,18 +132,18 @@ bool apply_bwd_tail_split(const BwdTailSplitPlan& split, AttentionParams& p, sm9
 }
 
 // Launches the sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh; maps: make_bwd_ws_maps') on the plan's grid
-// and tile order.
-template <typename T, int kHeadDim, bool kKeyBias>
+// and tile order. kVarlen: its packed-sequence kernel (not at the headdim-split one's headdims: the plan's).
+template <typename T, int kHeadDim, bool kKeyBias, bool kVarlen = false>
 const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                  cudaStream_t stream) {
   using Cfg = BwdWsConfig<kHeadDim>;
-  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
+  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps) = nullptr;
   if constexpr (kBwdWsSplit<kHeadDim>) {
-    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
+    if constexpr (!kVarlen) kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
   } else {
-    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
+    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias, kVarlen>;
   }
-  if (Cfg::kSmemBytes != plan.smem || Cfg::kNThreads != plan.threads) {
+  if (kernel == nullptr || Cfg::kSmemBytes != plan.smem || Cfg::kNThreads != plan.threads) {
     return "fa2: the backward plan names a kernel this instance does not have";
   }
   const dim3 grid(unsigned(plan.grid_x), unsigned(plan.grid_y), unsigned(plan.grid_z));
@@ -158,9 +158,12 @@ const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, 
 
 // The ws kernel's maps (and its tail split's) for a plan that names it; where the encoder rejects one, the plan
 // without it (plan_bwd_without_ws, plan_bwd_without_tail_split). p receives the split's fields.
+// (varlen: the packed tensors as a batch of one, params.h's varlen_rows_view: the kernel adds each sequence's first
+// row)
 template <typename T, int kHeadDim>
 BwdPlan prepare_bwd_ws(const BwdPlan& plan, AttentionParams& p, sm90::BwdTensorMaps* maps) {
-  const bool made = plan.key_bias ? make_bwd_ws_maps<T, kHeadDim, true>(p, maps)
+  const bool made = plan.key_bias  ? make_bwd_ws_maps<T, kHeadDim, true>(p, maps)
+                    : plan.varlen ? make_bwd_ws_maps<T, kHeadDim, false>(varlen_rows_view(p), maps)
                                   : make_bwd_ws_maps<T, kHeadDim, false>(p, maps);
   if (!made) return plan_bwd_without_ws(plan, p, current_device());
   if (plan.tail_split.pieces > 1 && !apply_bwd_tail_split<kHeadDim>(plan.tail_split, p, maps)) {
@@ -275,6 +278,7 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
         AttentionParams main = p;
         main.key_blocks_done = key_blocks_done;
         e = plan.key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(plan, main, ws_maps, stream)
+            : plan.varlen ? launch_bwd_ws_kernel<T, kHeadDim, false, /*kVarlen=*/true>(plan, main, ws_maps, stream)
                           : launch_bwd_ws_kernel<T, kHeadDim, false>(plan, main, ws_maps, stream);
       }
       break;
