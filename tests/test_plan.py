@@ -109,17 +109,18 @@ BWD_TABLE = [
     # A100: the sm80 tiles; d 64's key-row bias does not fit them there: the small tiles
     (A100, dict(seqlen_q=1024, headdim=128), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain>", {}),
     (A100, dict(seqlen_q=1024, headdim=64), "bwd_kernel<bf16, 64, sm80, sm80 small tiles, plain>", {}),
-    # varlen: on H100 the warp-specialized kernel at d 64 / 128 on the plain path (no dQ overlap, no tail split; GQA
-    # as fp32 partials per query head), else bwd_kernel's wgmma tiles (the sm80 ones on the score-mod path); A100 sm80
+    # varlen: on H100 the warp-specialized kernels on the plain path (no tail split; the dQ overlap's counts per head
+    # over every sequence; GQA as fp32 partials per query head), else bwd_kernel's wgmma tiles (the sm80 ones on the
+    # score-mod path); A100 sm80
     (H100, dict(seqlen_q=4096, headdim=128, varlen=True), "bwd_ws_kernel<bf16, 128, plain, varlen>",
-     dict(grid="(32, 16, 2)", dq_overlap="no", tail_split="0 tiles x 1", workspace="0 int32")),
+     dict(grid="(32, 16, 2)", dq_overlap="yes", tail_split="0 tiles x 1", workspace="16 int32")),
     (H100, dict(seqlen_q=4096, headdim=64, varlen=True), "bwd_ws_kernel<bf16, 64, plain, varlen>",
      dict(dq_overlap="no", tail_split="0 tiles x 1")),
     (H100, dict(seqlen_q=4096, headdim=128, causal=True, varlen=True), "bwd_ws_kernel<bf16, 128, plain, varlen>", {}),
     (H100, dict(seqlen_q=1024, headdim=128, nheads_k=2, varlen=True), "bwd_ws_kernel<bf16, 128, plain, varlen>",
      dict(gqa_dkv="partials", grid="(8, 16, 2)")),
-    (H100, dict(seqlen_q=4096, headdim=256, varlen=True),
-     "bwd_kernel<bf16, 256, sm90a, sm90a wgmma tiles, plain, varlen>", {}),
+    (H100, dict(seqlen_q=4096, headdim=256, varlen=True), "bwd_ws_dsplit_kernel<bf16, 256, plain, varlen>",
+     dict(dq_overlap="no")),
     (H100, dict(seqlen_q=1024, headdim=128, deterministic=True, varlen=True),
      "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain, varlen>", {}),
     (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0, nheads_k=2, varlen=True),

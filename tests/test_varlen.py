@@ -231,12 +231,13 @@ def test_varlen_hopper_routes(route):
         for direction in ("fwd", "bwd"):
             for d in (64, 128, 192, 256):
                 plan = fa2.dev.plan(direction, varlen=True, batch=2, nheads=4, seqlen_q=512, headdim=d, causal=True)
-                # (the backward's sm_90a varlen kernels: the warp-specialized one at d 64 / 128, the wgmma tiles at
-                # 256; d 192 takes the sm_90 instance's sm80 one)
+                # (the backward's sm_90a varlen kernels are the warp-specialized ones at d 64 / 128 / 256; d 192
+                # takes the sm_90 instance's sm80 one)
                 sm90a = route == "sm90a" and (direction == "fwd" or d != 192)
                 name = plan["kernel"]
-                assert ("sm90a" in name or name.startswith("bwd_ws_kernel<")) == sm90a and "varlen" in name, plan
-                assert name.startswith("bwd_ws_kernel<") == (sm90a and direction == "bwd" and d in (64, 128)), plan
+                ws = name.startswith(("bwd_ws_kernel<", "bwd_ws_dsplit_kernel<"))
+                assert ("sm90a" in name or ws) == sm90a and "varlen" in name, plan
+                assert ws == (sm90a and direction == "bwd"), plan
         for s in samples:
             _check_forward(s)
         for s in varlen_samples("cuda", torch.bfloat16, requires_grad=True, full=True, seed=2):
@@ -255,13 +256,14 @@ def _hopper_ws_backward_samples():
     samples = []
     shapes = [(TILE_EDGES, TILE_EDGES[::-1], 4, 4, 128), (TILE_EDGES, TILE_EDGES, 4, 2, 64),
               (TILE_EDGES[::-1], TILE_EDGES, 2, 2, 64), ([129, 127, 1, 128], [127, 129, 128, 1], 8, 1, 128),
+              (TILE_EDGES, TILE_EDGES, 2, 1, 256), ([65, 63, 0, 64, 1], [63, 65, 64, 1, 0], 2, 2, 256),
               ([(7 * i) % 41 for i in range(60)] + [1500], [(5 * i) % 37 + 1 for i in range(60)] + [1600], 4, 4, 128)]
     for shape in shapes:
         for flags in ({}, {"causal": True}, {"window_left": 100, "window_right": 0}, {"window_left": 7,
                                                                                       "window_right": 30}):
             samples.append(make_varlen(*shape, dtype=torch.bfloat16, device="cuda", flags=flags, generator=g,
                                        requires_grad=True))
-    for d in (64, 128):
+    for d in (64, 128, 256):
         for flags in ({}, {"causal": True}):
             samples.append(make_varlen([5, 0, 1, 130, 300], [9, 3, 4, 140, 300], 4, 2, d, dtype=torch.bfloat16,
                                        device="cuda", flags=flags, seqused=[6, 0, 4, 129, 250], generator=g,
@@ -278,20 +280,22 @@ def _hopper_ws_backward_samples():
 
 @pytest.mark.parametrize("share", SHARES)
 def test_varlen_warp_specialized_backward(share):
-    """On compute capability 9.0 the varlen backward at d 64 / 128 on the plain path runs the warp-specialized kernel
-    (bwd_ws_kernel with kVarlen; its plan names it, also with GQA, causal and windows) and is within the rule on
+    """On compute capability 9.0 the varlen backward on the plain path runs the warp-specialized kernels (kVarlen:
+    bwd_ws_kernel at d 64 / 128, bwd_ws_dsplit_kernel at 256; the plans name them, also with GQA, causal and
+    windows) and is within the rule on
     _hopper_ws_backward_samples (whose loud sequences catch a leak across a sequence boundary); a sequence without
     queries gets exactly zero dk / dv, and the queries of a sequence whose keys are all unused (seqused_k 0) exactly
     zero dq, although the blocks of the sequence before cover their rows (their dK / dV stores and dQ adds)."""
     _needs("cuda")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialized backward runs on compute capability 9.0")
-    for d in (64, 128):
+    for d in (64, 128, 256):
+        kernel = "bwd_ws_dsplit_kernel" if d == 256 else "bwd_ws_kernel"
         for flags in ({}, {"causal": True}, {"window_left": 100, "window_right": 0}):
             for nheads_k in (4, 2):
                 plan = fa2.dev.plan("bwd", varlen=True, batch=3, nheads=4, nheads_k=nheads_k, seqlen_q=3000,
                                     headdim=d, **flags)
-                assert plan["kernel"] == f"bwd_ws_kernel<bf16, {d}, plain, varlen>", plan
+                assert plan["kernel"] == f"{kernel}<bf16, {d}, plain, varlen>", plan
     samples = _hopper_ws_backward_samples()
     for index, s in enumerate(samples):
         dout = torch.randn(s.q.shape[:-1] + s.v.shape[-1:], dtype=s.q.dtype, device="cuda")
@@ -303,7 +307,7 @@ def test_varlen_warp_specialized_backward(share):
         _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
     if share != "quick":
         return
-    for d in (64, 128):
+    for d in (64, 128, 256):
         # sequence 1 has no queries: its keys' dk / dv exactly 0 (sequence 0's key block 0 covers its rows)
         s = make_varlen([100, 0, 70], [100, 60, 70], 2, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         grads = torch.autograd.grad(fa2.varlen_attention(*s.args()), (s.q, s.k, s.v),

@@ -549,12 +549,11 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   const bool ws_capable = plan.arch_tag == 901 && cfg.wgmma && bwd_ws_headdim(plan.headdim);
   const BwdWsShape ws_shape = bwd_ws_shape(plan.headdim);
   const bool ws_smem = ws_capable && check_smem("backward", plan.headdim, ws_shape.shape.smem, device) == nullptr;
-  // varlen: bwd_ws_kernel's kVarlen (not the headdim-split kernel's headdims), on the packed tensors as a batch of
-  // one (varlen_rows_view), its GQA dK / dV fp32 partials per query head (the varlen glue's buffers)
-  const bool ws_varlen = !ws_shape.headdim_split;
+  // varlen: the ws kernels' kVarlen variants, on the packed tensors as a batch of one (varlen_rows_view), GQA's dK /
+  // dV as fp32 partials per query head (the varlen glue's buffers)
   const AttentionParams& tma_view = plan.varlen ? varlen_rows_view(p) : p;
   auto ws_eligible = [&](GqaDkv gqa_dkv) {
-    return ws_capable && (!plan.varlen || (ws_varlen && gqa_dkv == GqaDkv::kPartials)) &&
+    return ws_capable && (!plan.varlen || gqa_dkv == GqaDkv::kPartials) &&
            options.sm90_ws_backward && (!score_mod || plan.key_bias) && !p.deterministic &&
            bwd_ws_applies(tma_view, gqa_dkv, ws_shape.shape.block_m, plan.key_bias) && ws_smem &&
            (p.h_h_k_ratio == 1 || gqa_dkv != GqaDkv::kAccumulate ||
@@ -598,7 +597,6 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   note(notes, [&] {
     if (ws) return std::string("main kernel: warp-specialized") + (plan.key_bias ? " (key-row bias)" : "");
     std::string why = !ws_capable             ? "no warp-specialized kernel for this instance / headdim / tiles"
-                      : plan.varlen && !ws_varlen ? "no varlen warp-specialized kernel at this headdim"
                       : !options.sm90_ws_backward ? "option sm90_ws_backward off"
                       : score_mod && !plan.key_bias ? "softcap or a general bias"
                       : p.deterministic       ? "deterministic mode"
@@ -617,9 +615,10 @@ void plan_bwd_launch(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
     const int key_blocks = (p.seqlen_k + ws_shape.shape.block_n - 1) / ws_shape.shape.block_n;
     const int grid_heads = p.h_h_k_ratio > 1 && plan.gqa_dkv == GqaDkv::kInKernel ? p.nheads_k : p.nheads;
     plan.grid_x = key_blocks, plan.grid_y = grid_heads, plan.grid_z = p.batch;
-    // (varlen: neither the dQ conversion's overlap, whose counts are per (batch, head), nor the tail split)
-    const bool overlap_capable = bwd_ws_overlaps_dq_conversion_at(plan.headdim) && !plan.varlen;
-    const int64_t counts = overlap_capable ? int64_t(p.batch) * p.nheads : 0;
+    // (varlen: the dQ conversion's counts are per head, over every sequence: the rows it converts are (nheads,
+    // total_q); no tail split)
+    const bool overlap_capable = bwd_ws_overlaps_dq_conversion_at(plan.headdim);
+    const int64_t counts = !overlap_capable ? 0 : plan.varlen ? int64_t(p.nheads) : int64_t(p.batch) * p.nheads;
     const bool have_counts = buffers == PlanBuffers::kDecide ? overlap_capable : p.workspace != nullptr;
     plan.dq_overlap = overlap_capable && have_counts;
     if (!plan.key_bias && !plan.varlen) {

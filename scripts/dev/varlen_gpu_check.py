@@ -11,9 +11,9 @@ failure.
 sm90a-wgmma: the sm_90a backward without the warp-specialized kernel; default: the default options, sm90a there); the
 kernels each route plans are printed first.
 --bench (--bench-bwd: the backward alone): times varlen against fa2's dense kernel on the same tokens (equal lengths:
-batch x S, 16k tokens, hidden 2048; D 64 / 128, S 1k..8k, causal and not), each pair's calls interleaved call by call
-(benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen (and the backward's
-sm90a-wgmma route). --bench-mixed:
+batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 1k..8k, causal and not), each pair's calls interleaved call by
+call (benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen (and the
+backward's sm90a-wgmma route). --bench-mixed:
 mixed lengths (16k tokens, 64..8k), varlen's useful TFLOP/s against the padded dense call with a key padding mask,
 D 64 / 128 / 256. No checks.
 Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu] [--route ROUTE]
@@ -194,7 +194,7 @@ def bench(route, backward):
         print(f"route {r}: {plan.get('kernel', plan.get('error'))} (d 128)")
     print(f"{'D':>4} {'S':>5} {'causal':>6} {'dense ms':>9} " + " ".join(f"{'varlen ' + r:>13} {'ratio':>6}"
                                                                         for r in routes))
-    for d in (64, 128):
+    for d in (64, 128, 256):
         for s_len in (1024, 2048, 4096, 8192):
             for causal in (False, True):
                 b, h = tokens // s_len, hidden // d

@@ -132,18 +132,18 @@ bool apply_bwd_tail_split(const BwdTailSplitPlan& split, AttentionParams& p, sm9
 }
 
 // Launches the sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh; maps: make_bwd_ws_maps') on the plan's grid
-// and tile order. kVarlen: its packed-sequence kernel (not at the headdim-split one's headdims: the plan's).
+// and tile order. kVarlen: its packed-sequence variant.
 template <typename T, int kHeadDim, bool kKeyBias, bool kVarlen = false>
 const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                  cudaStream_t stream) {
   using Cfg = BwdWsConfig<kHeadDim>;
-  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps) = nullptr;
+  void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
   if constexpr (kBwdWsSplit<kHeadDim>) {
-    if constexpr (!kVarlen) kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
+    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias, kVarlen>;
   } else {
     kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias, kVarlen>;
   }
-  if (kernel == nullptr || Cfg::kSmemBytes != plan.smem || Cfg::kNThreads != plan.threads) {
+  if (Cfg::kSmemBytes != plan.smem || Cfg::kNThreads != plan.threads) {
     return "fa2: the backward plan names a kernel this instance does not have";
   }
   const dim3 grid(unsigned(plan.grid_x), unsigned(plan.grid_y), unsigned(plan.grid_z));
@@ -203,19 +203,24 @@ struct BwdRowKernels {
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
-  // kOverlapCapable: the instance's ws kernel overlaps its conversion (only then is that kernel instantiated)
+  // kOverlapCapable: the instance's ws kernel overlaps its conversion (only then is that kernel instantiated).
+  // grid: the main kernel's call (p: the rows it converts; a varlen call's its batch-of-one view, whose heads each
+  // count the main kernel's CTAs of every sequence)
   template <bool kOverlapCapable>
-  static const char* convert_dq(const BwdPlan& plan, const AttentionParams& p, int* key_blocks_done,
-                                cudaStream_t stream) {
+  static const char* convert_dq(const BwdPlan& plan, const AttentionParams& p, const AttentionParams& grid,
+                                int* key_blocks_done, cudaStream_t stream) {
     AttentionParams convert = p;
     const bool ws = plan.main == BwdMain::kWarpSpecialized;
-    if constexpr (bwd_ws_headdim(kHeadDim)) convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim>;
+    // (a varlen call's blocks start at each sequence's first row: the headdim-split kernel adds them row-major)
+    if constexpr (bwd_ws_headdim(kHeadDim)) {
+      convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim> && !plan.varlen;
+    }
     cudaError_t err = cudaSuccess;
     if constexpr (kOverlapCapable) {
       if (ws && plan.dq_overlap) {
         convert.key_blocks_done = key_blocks_done;
         constexpr int kKeys = BwdWsConfig<kHeadDim>::kBlockN;
-        convert.key_blocks_per_head = (p.seqlen_k + kKeys - 1) / kKeys;
+        convert.key_blocks_per_head = (grid.seqlen_k + kKeys - 1) / kKeys * (plan.varlen ? grid.batch : 1);
         cudaLaunchAttribute attribute{};
         attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -300,7 +305,7 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
   }
   if (e != nullptr) return e;
   constexpr bool kOverlapCapable = kWsCapable && bwd_ws_overlaps_dq_conversion<kHeadDim>();
-  return Rows::template convert_dq<kOverlapCapable>(plan, rows, key_blocks_done, stream);
+  return Rows::template convert_dq<kOverlapCapable>(plan, rows, p, key_blocks_done, stream);
 }
 
 // The instance's tile configs as the plan chose them (plan.tiles): sm_90a instances the wgmma ones (kSm90a) or the

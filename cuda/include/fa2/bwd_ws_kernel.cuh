@@ -30,7 +30,8 @@
 // as (nheads, total_q) rows. A key block past its sequence's end exits. A box past the sequence's end reads the next
 // sequence's rows: as queries their P is masked to 0 (so dK, dV get nothing from them and the dQ rows added into the
 // next sequence's are exact zeros), as keys their S is masked, and their dK, dV rows are not stored (another CTA's).
-// No tail split, dQ conversion overlap or GQA accumulators (the plan's); GQA as fp32 partials or summed in the CTA.
+// No tail split or GQA accumulators (the plan's; GQA as fp32 partials or summed in the CTA); an overlapping dQ
+// conversion counts each CTA in its head's count over every sequence (ws_epilogue.cuh, finish).
 //
 // Parts: the schedule and the producer (ws_prologue.cuh, shared with bwd_ws_dsplit_kernel.cuh), WsSharedStorage
 // (shared_storage.cuh), the mainloop (ws_mainloop.cuh), the epilogue (ws_epilogue.cuh).

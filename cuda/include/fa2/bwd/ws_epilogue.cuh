@@ -185,10 +185,10 @@ struct WsEpilogue : WsConsumer<Cfg> {
   }
 
   // The CTA's end: the reduce-adds' reads of the staging done; the key block counted finished for an overlapping dQ
-  // conversion.
+  // conversion (varlen: in its head's count over every sequence, the conversion's rows being (nheads, total_q)).
   __device__ __forceinline__ void finish(const AttentionParams& p) const {
     if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
-    ws_key_block_done<Cfg, /*kBarrier=*/1>(p, blk.bh, blk.heads, th.ctid);
+    ws_key_block_done<Cfg, /*kBarrier=*/1>(p, kVarlen ? int64_t(blk.head) : blk.bh, blk.heads, th.ctid);
     FA2_CTA_MARK(Base::kTraceEnd, th.ctid == 0);
     FA2_CTA_MARK(trace::kExitNs, th.ctid == 0);
   }
