@@ -27,9 +27,10 @@
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
 // kVarlen (packed sequences, params.h; plain path only): the grid's key blocks count max_seqlen_k's and its batch the
 // sequences; the TMA reads the packed tensors as a batch of one from the sequence's first rows, and lse, D, dq_accum
-// as (nheads, total_q) rows. A key block past its sequence's end exits. A box past the sequence's end reads the next
-// sequence's rows: as queries their P is masked to 0 (so dK, dV get nothing from them and the dQ rows added into the
-// next sequence's are exact zeros), as keys their S is masked, and their dK, dV rows are not stored (another CTA's).
+// as (nheads, total_q) rows. A key block past its sequence's end has no query blocks and stores nothing (it runs
+// through: ws_start). A box past the sequence's end reads the next sequence's rows: as queries their P is masked to
+// 0 (so dK, dV get nothing from them and the dQ rows added into the next sequence's are exact zeros), as keys their
+// S is masked, and their dK, dV rows are not stored (another CTA's).
 // No tail split or GQA accumulators (the plan's; GQA as fp32 partials or summed in the CTA); an overlapping dQ
 // conversion counts each CTA in its head's count over every sequence (ws_epilogue.cuh, finish).
 //
