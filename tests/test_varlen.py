@@ -282,7 +282,7 @@ def _hopper_ws_backward_samples():
 def test_varlen_warp_specialized_backward(share):
     """On compute capability 9.0 the varlen backward on the plain path runs the warp-specialized kernels (kVarlen:
     bwd_ws_kernel at d 64 / 128, bwd_ws_dsplit_kernel at 256; the plans name them, also with GQA, causal and
-    windows) and is within the rule on
+    windows, and a call launches them, at d 128 with the overlapping dQ conversion) and is within the rule on
     _hopper_ws_backward_samples (whose loud sequences catch a leak across a sequence boundary); a sequence without
     queries gets exactly zero dk / dv, and the queries of a sequence whose keys are all unused (seqused_k 0) exactly
     zero dq, although the blocks of the sequence before cover their rows (their dK / dV stores and dQ adds)."""
@@ -296,6 +296,17 @@ def test_varlen_warp_specialized_backward(share):
                 plan = fa2.dev.plan("bwd", varlen=True, batch=3, nheads=4, nheads_k=nheads_k, seqlen_q=3000,
                                     headdim=d, **flags)
                 assert plan["kernel"] == f"{kernel}<bf16, {d}, plain, varlen>", plan
+    if share == "quick":  # (the kernels a call launches: kVarlen is the ws kernel's last template argument)
+        from kernels import cuda_kernel_names
+
+        for d in (64, 128, 256):
+            s = make_varlen([300, 0, 129], [200, 5, 129], 4, 2, d, dtype=torch.bfloat16, device="cuda",
+                            flags={"causal": True}, requires_grad=True)
+            out = fa2.varlen_attention(*s.args(), causal=True)
+            names = cuda_kernel_names(lambda: torch.autograd.grad(out, (s.q, s.k, s.v), torch.ones_like(out)))
+            assert any("bwd_ws_" in n and "false, true>" in n for n in names), (d, names)
+            if d == 128:  # (the dQ conversion overlapping the main kernel's last CTAs: kAfterHeads)
+                assert any("bwd_convert_dq_kernel" in n and "true>" in n for n in names), names
     samples = _hopper_ws_backward_samples()
     for index, s in enumerate(samples):
         dout = torch.randn(s.q.shape[:-1] + s.v.shape[-1:], dtype=s.q.dtype, device="cuda")
