@@ -109,9 +109,20 @@ BWD_TABLE = [
     # A100: the sm80 tiles; d 64's key-row bias does not fit them there: the small tiles
     (A100, dict(seqlen_q=1024, headdim=128), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain>", {}),
     (A100, dict(seqlen_q=1024, headdim=64), "bwd_kernel<bf16, 64, sm80, sm80 small tiles, plain>", {}),
-    # varlen: on H100 bwd_kernel's wgmma tiles (the sm80 ones on the score-mod path), fp32 GQA partials; A100 sm80
-    (H100, dict(seqlen_q=4096, headdim=128, varlen=True),
-     "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain, varlen>", dict(grid="(32, 16, 2)")),
+    # varlen: on H100 the warp-specialized kernels on the plain path (no tail split; the dQ overlap's counts per head
+    # over every sequence; GQA as fp32 partials per query head), else bwd_kernel's wgmma tiles (the sm80 ones on the
+    # score-mod path); A100 sm80
+    (H100, dict(seqlen_q=4096, headdim=128, varlen=True), "bwd_ws_kernel<bf16, 128, plain, varlen>",
+     dict(grid="(32, 16, 2)", dq_overlap="yes", tail_split="0 tiles x 1", workspace="16 int32")),
+    (H100, dict(seqlen_q=4096, headdim=64, varlen=True), "bwd_ws_kernel<bf16, 64, plain, varlen>",
+     dict(dq_overlap="no", tail_split="0 tiles x 1")),
+    (H100, dict(seqlen_q=4096, headdim=128, causal=True, varlen=True), "bwd_ws_kernel<bf16, 128, plain, varlen>", {}),
+    (H100, dict(seqlen_q=1024, headdim=128, nheads_k=2, varlen=True), "bwd_ws_kernel<bf16, 128, plain, varlen>",
+     dict(gqa_dkv="partials", grid="(8, 16, 2)")),
+    (H100, dict(seqlen_q=4096, headdim=256, varlen=True), "bwd_ws_dsplit_kernel<bf16, 256, plain, varlen>",
+     dict(dq_overlap="no")),
+    (H100, dict(seqlen_q=1024, headdim=128, deterministic=True, varlen=True),
+     "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain, varlen>", {}),
     (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0, nheads_k=2, varlen=True),
      "bwd_kernel<bf16, 128, sm90a, sm80 tiles, score-mod, varlen>", dict(gqa_dkv="partials")),
     (A100, dict(seqlen_q=1024, headdim=128, varlen=True), "bwd_kernel<bf16, 128, sm80, sm80 tiles, plain, varlen>", {}),
@@ -171,6 +182,8 @@ def test_options_change_the_plan():
         assert "bwd_kernel<bf16, 128, sm90, sm80 tiles, plain>" in kernel("bwd", H100, **call)["kernel"]
     with dev.options_override(sm90_ws_backward=False):
         assert "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain>" in kernel("bwd", H100, **call)["kernel"]
+        assert "bwd_kernel<bf16, 128, sm90a, sm90a wgmma tiles, plain, varlen>" in kernel("bwd", H100, varlen=True,
+                                                                                          **call)["kernel"]
     with dev.options_override(key_bias_backward=False):
         assert "score-mod" in kernel("bwd", H100, bias="key_row", **call)["kernel"]
     with dev.options_override(bwd_small_tiles=True):

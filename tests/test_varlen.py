@@ -231,15 +231,108 @@ def test_varlen_hopper_routes(route):
         for direction in ("fwd", "bwd"):
             for d in (64, 128, 192, 256):
                 plan = fa2.dev.plan(direction, varlen=True, batch=2, nheads=4, seqlen_q=512, headdim=d, causal=True)
-                # (the backward's sm_90a varlen kernel has the wgmma tiles: d 192 takes the sm_90 instance's sm80 one)
+                # (the backward's sm_90a varlen kernels are the warp-specialized ones at d 64 / 128 / 256; d 192
+                # takes the sm_90 instance's sm80 one)
                 sm90a = route == "sm90a" and (direction == "fwd" or d != 192)
-                assert ("sm90a" in plan["kernel"]) == sm90a and "varlen" in plan["kernel"], plan
+                name = plan["kernel"]
+                ws = name.startswith(("bwd_ws_kernel<", "bwd_ws_dsplit_kernel<"))
+                assert ("sm90a" in name or ws) == sm90a and "varlen" in name, plan
+                assert ws == (sm90a and direction == "bwd"), plan
         for s in samples:
             _check_forward(s)
         for s in varlen_samples("cuda", torch.bfloat16, requires_grad=True, full=True, seed=2):
             dout = torch.randn(s.q.shape[:-1] + s.v.shape[-1:], dtype=s.q.dtype, device="cuda")
             out = fa2.varlen_attention(*s.args(), **s.kwargs)
             _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
+
+
+def _hopper_ws_backward_samples():
+    """test_varlen_warp_specialized_backward's samples: tile edges (lengths 0, 1, 127, 128, 129, 255, 256, 3000; the
+    query and key blocks of 64 / 128 rows end inside the next sequence), GQA, many short sequences beside a long one,
+    each plain, causal and windowed; seqused_k; and a sequence whose values and output gradient are 30 times its
+    neighbour's, so that any leak across the boundary (P of the next sequence's queries or keys not masked, a tail
+    block's dK / dV stored over the next sequence's rows) is far outside the rule."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    samples = []
+    shapes = [(TILE_EDGES, TILE_EDGES[::-1], 4, 4, 128), (TILE_EDGES, TILE_EDGES, 4, 2, 64),
+              (TILE_EDGES[::-1], TILE_EDGES, 2, 2, 64), ([129, 127, 1, 128], [127, 129, 128, 1], 8, 1, 128),
+              (TILE_EDGES, TILE_EDGES, 2, 1, 256), ([65, 63, 0, 64, 1], [63, 65, 64, 1, 0], 2, 2, 256),
+              ([(7 * i) % 41 for i in range(60)] + [1500], [(5 * i) % 37 + 1 for i in range(60)] + [1600], 4, 4, 128)]
+    for shape in shapes:
+        for flags in ({}, {"causal": True}, {"window_left": 100, "window_right": 0}, {"window_left": 7,
+                                                                                      "window_right": 30}):
+            samples.append(make_varlen(*shape, dtype=torch.bfloat16, device="cuda", flags=flags, generator=g,
+                                       requires_grad=True))
+    for d in (64, 128, 256):
+        for flags in ({}, {"causal": True}):
+            samples.append(make_varlen([5, 0, 1, 130, 300], [9, 3, 4, 140, 300], 4, 2, d, dtype=torch.bfloat16,
+                                       device="cuda", flags=flags, seqused=[6, 0, 4, 129, 250], generator=g,
+                                       requires_grad=True))
+        for flags in ({}, {"causal": True}):
+            s = make_varlen([100, 50, 129], [100, 50, 129], 2, 2, d, dtype=torch.bfloat16, device="cuda", flags=flags,
+                            generator=g, name=f"loud first sequence d{d} {flags}")
+            with torch.no_grad():
+                s.v[:100] *= 30
+            s.q.requires_grad_(), s.k.requires_grad_(), s.v.requires_grad_()
+            samples.append(s)
+    return samples
+
+
+@pytest.mark.parametrize("share", SHARES)
+def test_varlen_warp_specialized_backward(share):
+    """On compute capability 9.0 the varlen backward on the plain path runs the warp-specialized kernels (kVarlen:
+    bwd_ws_kernel at d 64 / 128, bwd_ws_dsplit_kernel at 256; the plans name them, also with GQA, causal and
+    windows, and a call launches them, at d 128 with the overlapping dQ conversion) and is within the rule on
+    _hopper_ws_backward_samples (whose loud sequences catch a leak across a sequence boundary); a sequence without
+    queries gets exactly zero dk / dv, and the queries of a sequence whose keys are all unused (seqused_k 0) exactly
+    zero dq, although the blocks of the sequence before cover their rows (their dK / dV stores and dQ adds)."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialized backward runs on compute capability 9.0")
+    for d in (64, 128, 256):
+        kernel = "bwd_ws_dsplit_kernel" if d == 256 else "bwd_ws_kernel"
+        for flags in ({}, {"causal": True}, {"window_left": 100, "window_right": 0}):
+            for nheads_k in (4, 2):
+                plan = fa2.dev.plan("bwd", varlen=True, batch=3, nheads=4, nheads_k=nheads_k, seqlen_q=3000,
+                                    headdim=d, **flags)
+                assert plan["kernel"] == f"{kernel}<bf16, {d}, plain, varlen>", plan
+    if share == "quick":  # (the kernels a call launches: kVarlen is the ws kernel's last template argument)
+        from kernels import cuda_kernel_names
+
+        for d in (64, 128, 256):
+            s = make_varlen([300, 0, 129], [200, 5, 129], 4, 2, d, dtype=torch.bfloat16, device="cuda",
+                            flags={"causal": True}, requires_grad=True)
+            out = fa2.varlen_attention(*s.args(), causal=True)
+            names = cuda_kernel_names(lambda: torch.autograd.grad(out, (s.q, s.k, s.v), torch.ones_like(out)))
+            assert any("bwd_ws_" in n and "false, true>" in n for n in names), (d, names)
+            if d == 128:  # (the dQ conversion overlapping the main kernel's last CTAs: kAfterHeads)
+                assert any("bwd_convert_dq_kernel" in n and "true>" in n for n in names), names
+    samples = _hopper_ws_backward_samples()
+    for index, s in enumerate(samples):
+        dout = torch.randn(s.q.shape[:-1] + s.v.shape[-1:], dtype=s.q.dtype, device="cuda")
+        if s.name.startswith("loud"):
+            dout[:100] *= 30
+        if not in_share(index, share):
+            continue
+        out = fa2.varlen_attention(*s.args(), **s.kwargs)
+        _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
+    if share != "quick":
+        return
+    for d in (64, 128, 256):
+        # sequence 1 has no queries: its keys' dk / dv exactly 0 (sequence 0's key block 0 covers its rows)
+        s = make_varlen([100, 0, 70], [100, 60, 70], 2, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        grads = torch.autograd.grad(fa2.varlen_attention(*s.args()), (s.q, s.k, s.v),
+                                    torch.randn(s.q.shape, dtype=s.q.dtype, device="cuda"))
+        assert (grads[1][100:160] == 0).all() and (grads[2][100:160] == 0).all(), d
+        # sequence 1 uses none of its keys: its queries' dq exactly 0 (sequence 0's query blocks cover its rows,
+        # whose dO is large)
+        s = make_varlen([100, 50, 70], [100, 60, 70], 2, 2, d, dtype=torch.bfloat16, device="cuda",
+                        seqused=[100, 0, 70], requires_grad=True)
+        dout = torch.randn(s.q.shape, dtype=s.q.dtype, device="cuda")
+        dout[100:150] *= 100
+        grads = torch.autograd.grad(fa2.varlen_attention(*s.args(), **s.kwargs), (s.q, s.k, s.v), dout)
+        assert (grads[0][100:150] == 0).all(), d
+        _check_backward(s, dout, grads)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -133,7 +133,8 @@ const char* check_varlen_call(const char* direction, const AttentionParams& p, b
     return std::string("varlen: ") +
            (!sm90a   ? std::string("the sm80 path's ") + direction + " kernel"
             : forward ? "the sm_90a kernels, TMA loads from each sequence's first row of the packed tensors"
-                      : "bwd_kernel.cuh's sm_90a kernel (wgmma tiles, cp.async loads; not the warp-specialized one)") +
+                      : "the sm_90a kernels (the main kernel below: warp-specialized with TMA loads from each "
+                        "sequence's first row, or bwd_kernel.cuh's wgmma tiles)") +
            ", a " + (direction[0] == 'f' ? "query" : "key") +
            " block of one sequence per tile (those past its end are skipped)";
   });
@@ -548,10 +549,13 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   const bool ws_capable = plan.arch_tag == 901 && cfg.wgmma && bwd_ws_headdim(plan.headdim);
   const BwdWsShape ws_shape = bwd_ws_shape(plan.headdim);
   const bool ws_smem = ws_capable && check_smem("backward", plan.headdim, ws_shape.shape.smem, device) == nullptr;
+  // varlen: the ws kernels' kVarlen variants, on the packed tensors as a batch of one (varlen_rows_view), GQA's dK /
+  // dV as fp32 partials per query head (the varlen glue's buffers)
+  const AttentionParams& tma_view = plan.varlen ? varlen_rows_view(p) : p;
   auto ws_eligible = [&](GqaDkv gqa_dkv) {
-    return ws_capable && !plan.varlen && options.sm90_ws_backward && (!score_mod || plan.key_bias) &&
-           !p.deterministic &&
-           bwd_ws_applies(p, gqa_dkv, ws_shape.shape.block_m, plan.key_bias) && ws_smem &&
+    return ws_capable && (!plan.varlen || gqa_dkv == GqaDkv::kPartials) &&
+           options.sm90_ws_backward && (!score_mod || plan.key_bias) && !p.deterministic &&
+           bwd_ws_applies(tma_view, gqa_dkv, ws_shape.shape.block_m, plan.key_bias) && ws_smem &&
            (p.h_h_k_ratio == 1 || gqa_dkv != GqaDkv::kAccumulate ||
             gqa_accumulators_usable(p, buffers, plan.headdim, ws_shape.shape.block_n));
   };
@@ -559,7 +563,9 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   const bool gqa = p.h_h_k_ratio > 1;
   plan.gqa = gqa;
   if (!gqa) {
-    ws = ws_eligible(p.gqa_dkv);
+    ws = ws_eligible(plan.varlen ? GqaDkv::kPartials : p.gqa_dkv);  // (varlen: ignored without GQA)
+  } else if (plan.varlen) {
+    plan.gqa_dkv = GqaDkv::kPartials, ws = ws_eligible(GqaDkv::kPartials);
   } else if (buffers == PlanBuffers::kGiven) {
     plan.gqa_dkv = p.gqa_dkv;
     ws = ws_eligible(p.gqa_dkv) &&
@@ -609,11 +615,13 @@ void plan_bwd_launch(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
     const int key_blocks = (p.seqlen_k + ws_shape.shape.block_n - 1) / ws_shape.shape.block_n;
     const int grid_heads = p.h_h_k_ratio > 1 && plan.gqa_dkv == GqaDkv::kInKernel ? p.nheads_k : p.nheads;
     plan.grid_x = key_blocks, plan.grid_y = grid_heads, plan.grid_z = p.batch;
+    // (varlen: the dQ conversion's counts are per head, over every sequence: the rows it converts are (nheads,
+    // total_q); no tail split)
     const bool overlap_capable = bwd_ws_overlaps_dq_conversion_at(plan.headdim);
-    const int64_t counts = overlap_capable ? int64_t(p.batch) * p.nheads : 0;
+    const int64_t counts = !overlap_capable ? 0 : plan.varlen ? int64_t(p.nheads) : int64_t(p.batch) * p.nheads;
     const bool have_counts = buffers == PlanBuffers::kDecide ? overlap_capable : p.workspace != nullptr;
     plan.dq_overlap = overlap_capable && have_counts;
-    if (!plan.key_bias) {
+    if (!plan.key_bias && !plan.varlen) {
       const BwdTailSplitPlan split = bwd_tail_split_plan(p, device, options);
       const bool fits = buffers == PlanBuffers::kDecide ||
                         (p.workspace != nullptr && p.workspace_ints >= split.workspace_offset + split.zero_ints);
@@ -782,7 +790,7 @@ std::string bwd_kernel_name(const BwdPlan& plan, DType dtype) {
   if (plan.main == BwdMain::kWarpSpecialized) {
     const bool split = bwd_ws_shape(plan.headdim).headdim_split;
     return std::string(split ? "bwd_ws_dsplit_kernel<" : "bwd_ws_kernel<") + args +
-           (plan.key_bias ? "key-row bias>" : "plain>");
+           (plan.key_bias ? "key-row bias>" : plan.varlen ? "plain, varlen>" : "plain>");
   }
   static const char* const kMain[] = {"", "plain", "key-row bias", "score-mod"};
   return "bwd_kernel<" + args + arch_name(plan.arch_tag) + ", " +

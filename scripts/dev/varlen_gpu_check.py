@@ -7,14 +7,16 @@ schedules meet (persistent CTAs over many sequences, the tile counter skipping b
 heads, a whole tile past the packed tensor's end). Rule (docs/design.md, tests/numerics.py): max|fa2 - ref32| <= 2x
 (out, lse) / 3x (dq, dk, dv) the naive low-precision math's error. One line per case, a summary; exit status 1 on any
 failure.
---route sm90a | sm80: the varlen forward's kernels on compute capability 9.0 (development option sm90_varlen; default:
-the default options, sm90a there); the kernels each route plans are printed first.
+--route sm90a | sm80 | sm90a-wgmma: the varlen kernels on compute capability 9.0 (development option sm90_varlen;
+sm90a-wgmma: the sm_90a backward without the warp-specialized kernel; default: the default options, sm90a there); the
+kernels each route plans are printed first.
 --bench (--bench-bwd: the backward alone): times varlen against fa2's dense kernel on the same tokens (equal lengths:
-batch x S, 16k tokens, hidden 2048; D 64 / 128, S 1k..8k, causal and not), each pair's calls interleaved call by call
-(benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen. --bench-mixed:
+batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 1k..8k, causal and not), each pair's calls interleaved call by
+call (benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen (and the
+backward's sm90a-wgmma route). --bench-mixed:
 mixed lengths (16k tokens, 64..8k), varlen's useful TFLOP/s against the padded dense call with a key padding mask,
 D 64 / 128 / 256. No checks.
-Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu] [--route sm90a|sm80]
+Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu] [--route ROUTE]
                                                                   [--bench | --bench-bwd | --bench-mixed [--route both]]
    (or scripts/gpu_check.sh "scripts/dev/varlen_gpu_check.py")
 """
@@ -153,7 +155,9 @@ def cases(quick):
                                               wl=300, wr=0, backward=False)
 
 
-ROUTES = {"sm90a": {"sm90_varlen": True}, "sm80": {"sm90_varlen": False}}
+# (sm90a-wgmma: the sm_90a varlen backward without the warp-specialized kernel, bwd_kernel.cuh's wgmma tiles)
+ROUTES = {"sm90a": {"sm90_varlen": True}, "sm80": {"sm90_varlen": False},
+          "sm90a-wgmma": {"sm90_varlen": True, "sm90_ws_backward": False}}
 
 
 def route_options(route):
@@ -162,12 +166,14 @@ def route_options(route):
 
 
 def print_planned_kernels(route):
-    """The forward kernels the current GPU's plans name for a few varlen calls (which route really runs)."""
-    for d in (64, 128, 192, 256):
-        for causal in (False, True):
-            with route_options(route):
-                p = fa2.dev.plan("fwd", varlen=True, batch=4, nheads=8, seqlen_q=2048, headdim=d, causal=causal)
-            print(f"plan  d{d} causal={causal}: {p.get('kernel', p.get('error'))}")
+    """The kernels the current GPU's plans name for a few varlen calls (which route really runs)."""
+    for direction in ("fwd", "bwd"):
+        for d in (64, 128, 192, 256):
+            for causal in (False, True):
+                with route_options(route):
+                    p = fa2.dev.plan(direction, varlen=True, batch=4, nheads=8, seqlen_q=2048, headdim=d,
+                                     causal=causal)
+                print(f"plan {direction} d{d} causal={causal}: {p.get('kernel', p.get('error'))}")
 
 
 def bench(route, backward):
@@ -176,12 +182,19 @@ def bench(route, backward):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from bench_attention import time_interleaved  # noqa: E402  (benchmarks/ on the path just above)
 
-    routes = ["sm90a", "sm80"] if route == "both" else [route or "sm90a"]
+    # (the backward's "both" also times the sm_90a route without the warp-specialized backward)
+    both = ["sm90a", "sm90a-wgmma", "sm80"] if backward else ["sm90a", "sm80"]
+    routes = both if route == "both" else [route or "sm90a"]
     tokens, hidden = 16384, 2048
     print(("backward" if backward else "forward") + f", bf16, {tokens} tokens, hidden {hidden}")
+    for r in routes:
+        with route_options(r):
+            plan = fa2.dev.plan("bwd" if backward else "fwd", varlen=True, batch=8, nheads=16, seqlen_q=2048,
+                                headdim=128)
+        print(f"route {r}: {plan.get('kernel', plan.get('error'))} (d 128)")
     print(f"{'D':>4} {'S':>5} {'causal':>6} {'dense ms':>9} " + " ".join(f"{'varlen ' + r:>13} {'ratio':>6}"
                                                                         for r in routes))
-    for d in (64, 128):
+    for d in (64, 128, 256):
         for s_len in (1024, 2048, 4096, 8192):
             for causal in (False, True):
                 b, h = tokens // s_len, hidden // d

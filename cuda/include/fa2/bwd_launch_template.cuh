@@ -132,16 +132,16 @@ bool apply_bwd_tail_split(const BwdTailSplitPlan& split, AttentionParams& p, sm9
 }
 
 // Launches the sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh; maps: make_bwd_ws_maps') on the plan's grid
-// and tile order.
-template <typename T, int kHeadDim, bool kKeyBias>
+// and tile order. kVarlen: its packed-sequence variant.
+template <typename T, int kHeadDim, bool kKeyBias, bool kVarlen = false>
 const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                  cudaStream_t stream) {
   using Cfg = BwdWsConfig<kHeadDim>;
   void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
   if constexpr (kBwdWsSplit<kHeadDim>) {
-    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias>;
+    kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias, kVarlen>;
   } else {
-    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias>;
+    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias, kVarlen>;
   }
   if (Cfg::kSmemBytes != plan.smem || Cfg::kNThreads != plan.threads) {
     return "fa2: the backward plan names a kernel this instance does not have";
@@ -158,9 +158,12 @@ const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, 
 
 // The ws kernel's maps (and its tail split's) for a plan that names it; where the encoder rejects one, the plan
 // without it (plan_bwd_without_ws, plan_bwd_without_tail_split). p receives the split's fields.
+// (varlen: the packed tensors as a batch of one, params.h's varlen_rows_view: the kernel adds each sequence's first
+// row)
 template <typename T, int kHeadDim>
 BwdPlan prepare_bwd_ws(const BwdPlan& plan, AttentionParams& p, sm90::BwdTensorMaps* maps) {
-  const bool made = plan.key_bias ? make_bwd_ws_maps<T, kHeadDim, true>(p, maps)
+  const bool made = plan.key_bias  ? make_bwd_ws_maps<T, kHeadDim, true>(p, maps)
+                    : plan.varlen ? make_bwd_ws_maps<T, kHeadDim, false>(varlen_rows_view(p), maps)
                                   : make_bwd_ws_maps<T, kHeadDim, false>(p, maps);
   if (!made) return plan_bwd_without_ws(plan, p, current_device());
   if (plan.tail_split.pieces > 1 && !apply_bwd_tail_split<kHeadDim>(plan.tail_split, p, maps)) {
@@ -200,19 +203,24 @@ struct BwdRowKernels {
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
-  // kOverlapCapable: the instance's ws kernel overlaps its conversion (only then is that kernel instantiated)
+  // kOverlapCapable: the instance's ws kernel overlaps its conversion (only then is that kernel instantiated).
+  // grid: the main kernel's call (p: the rows it converts; a varlen call's its batch-of-one view, whose heads each
+  // count the main kernel's CTAs of every sequence)
   template <bool kOverlapCapable>
-  static const char* convert_dq(const BwdPlan& plan, const AttentionParams& p, int* key_blocks_done,
-                                cudaStream_t stream) {
+  static const char* convert_dq(const BwdPlan& plan, const AttentionParams& p, const AttentionParams& grid,
+                                int* key_blocks_done, cudaStream_t stream) {
     AttentionParams convert = p;
     const bool ws = plan.main == BwdMain::kWarpSpecialized;
-    if constexpr (bwd_ws_headdim(kHeadDim)) convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim>;
+    // (a varlen call's blocks start at each sequence's first row: the headdim-split kernel adds them row-major)
+    if constexpr (bwd_ws_headdim(kHeadDim)) {
+      convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim> && !plan.varlen;
+    }
     cudaError_t err = cudaSuccess;
     if constexpr (kOverlapCapable) {
       if (ws && plan.dq_overlap) {
         convert.key_blocks_done = key_blocks_done;
         constexpr int kKeys = BwdWsConfig<kHeadDim>::kBlockN;
-        convert.key_blocks_per_head = (p.seqlen_k + kKeys - 1) / kKeys;
+        convert.key_blocks_per_head = (grid.seqlen_k + kKeys - 1) / kKeys * (plan.varlen ? grid.batch : 1);
         cudaLaunchAttribute attribute{};
         attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -275,6 +283,7 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
         AttentionParams main = p;
         main.key_blocks_done = key_blocks_done;
         e = plan.key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(plan, main, ws_maps, stream)
+            : plan.varlen ? launch_bwd_ws_kernel<T, kHeadDim, false, /*kVarlen=*/true>(plan, main, ws_maps, stream)
                           : launch_bwd_ws_kernel<T, kHeadDim, false>(plan, main, ws_maps, stream);
       }
       break;
@@ -296,7 +305,7 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
   }
   if (e != nullptr) return e;
   constexpr bool kOverlapCapable = kWsCapable && bwd_ws_overlaps_dq_conversion<kHeadDim>();
-  return Rows::template convert_dq<kOverlapCapable>(plan, rows, key_blocks_done, stream);
+  return Rows::template convert_dq<kOverlapCapable>(plan, rows, p, key_blocks_done, stream);
 }
 
 // The instance's tile configs as the plan chose them (plan.tiles): sm_90a instances the wgmma ones (kSm90a) or the

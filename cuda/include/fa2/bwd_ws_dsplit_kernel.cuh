@@ -24,6 +24,8 @@
 // sum its group (ws_groups_gqa) the query blocks come head after head of the group, as in bwd_ws_kernel.cuh
 // (warpgroup 1's late dQ then that of the previous step: the previous head's last block where the head changed).
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
+// kVarlen (packed sequences): as bwd_ws_kernel.cuh's (the sequence's rows of the packed tensors; the rows of a box
+// past its end masked as queries and as keys, not stored as keys), dQ added row-major (WsDsplitDq).
 //
 // Parts: the schedule, the producer and the consumer prologue (ws_prologue.cuh, shared with bwd_ws_kernel.cuh),
 // WsDsplitSharedStorage (shared_storage.cuh), the scores (ws_scores.cuh), the dK / dV stores (ws_dkv_store.cuh).
@@ -51,9 +53,10 @@
 namespace fa2 {
 namespace bwd {
 
-template <typename T, typename Cfg, bool kKeyBias>
+template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     bwd_ws_dsplit_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
+  static_assert(!(kVarlen && kKeyBias), "varlen: no bias");
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kBlockCols = Cfg::kBlockCols, kDCols = Cfg::kDCols;
   using QTile = SwizzledTile<kBlockM, kHeadDim, kBlockCols>;   // Q, dO: (queries, d)
@@ -72,10 +75,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   if (sK % 1024 != 0) __trap();  // the descriptors and the TMA's swizzle assume 1024-byte aligned tiles
 
   // -- the key block and its query blocks, the ring's barriers; the producer warpgroup's whole part
-  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, shared);
+  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias, kVarlen>(p, maps, shared);
   if (blk.producer) return;
   const int n_block = blk.n_block, head = blk.head, batch = blk.batch, n0 = blk.n0, m_lo = blk.m_lo, m_hi = blk.m_hi;
-  const int64_t bh = blk.bh;
+  const int64_t bh = kVarlen ? int64_t(head) : blk.bh;  // (varlen: the head of (nheads, total_q) rows)
 
   // -- the consumer warpgroups
   const WsConsumerThread th = ws_consumer_thread(blk);
@@ -89,7 +92,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   if constexpr (kKeyBias) {
     if (wg == 0) ws_load_key_bias<T>(p, batch, head, n0 + key0, key_bias);
   }
-  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const BlockInfo info = kVarlen ? BlockInfo{blk.seq.seqlen_q, blk.seq.seqlen_k, p.window_left, p.window_right}
+                                 : BlockInfo{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
   float acc_dk[kDCols / 2], acc_dv[kDCols / 2];  // (this warp's 16 keys, the warpgroup's kDCols columns)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
@@ -97,7 +101,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
   // dQ of a warpgroup's columns, two passes per query block (WsDsplitDq)
   constexpr int kDqPassCols = kDCols / 2;  // (columns of a pass)
-  const WsDsplitDq<T, Cfg> dq{shared, sK, wg, ctid, warp_in_wg, group, tig, col0};
+  const WsDsplitDq<T, Cfg, kVarlen> dq{shared, sK, wg, ctid, warp_in_wg, group, tig, col0, blk.seq};
 
   if (steps > 0) sm90::mbarrier_wait_untimed(shared.kv_loaded(), /*phase=*/0);
   // this step's query block and (batch, head), and the previous step's (warpgroup 1 adds its dQ a step late)
@@ -106,7 +110,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   for (int it = 0; it < steps; ++it) {
     const int s = it % kStages, b = it & 1, m0 = m * kBlockM;
     sm90::mbarrier_wait_untimed(shared.full(s), (it / kStages) & 1);
-    const int stats_off = ws_stats_offset(ws_stats_row(bh_q, p.seqlen_q, m0));
+    const int stats_off = ws_stats_offset(kVarlen ? ws_stats_row(bh_q, p.total_q, blk.seq.q_row0 + m0)
+                                                  : ws_stats_row(bh_q, p.seqlen_q, m0));
     const WsStats stats{shared.template at<const float>(shared.lse(s)) + stats_off,
                         shared.template at<const float>(shared.dsum(s)) + stats_off,
                         shared.template at<const float>(shared.shift(s)) + stats_off};
@@ -119,10 +124,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
           acc_sdp, sK, 0, shared.q(s), 0);
       sm90::wait_hold<0>(acc_sdp);
       // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
-      if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-        ws_scores_to_p<kKeyBias, true>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
+      if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > (kVarlen ? info.seqlen_q : p.seqlen_q)) {
+        ws_scores_to_p<kKeyBias, true, kVarlen>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       } else {
-        ws_scores_to_p<kKeyBias, false>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
+        ws_scores_to_p<kKeyBias, false, kVarlen>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       }
       pack_k16_fragments<T>(sdp_frag, a_frag);
       // -- P^T to shared memory for warpgroup 1 (its dS^T and dV_1), then dV_0 += P^T dO[:, 0:kDCols]
@@ -213,8 +218,14 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   //    sees stores zeros.
   // (GQA's fp32 partials per query head; else at the kv head: its accumulators, or stored like k)
   const int dkv_head = p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kPartials ? head : blk.head_k;
-  ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk), reinterpret_cast<float(&)[kDTiles][4]>(acc_dv),
-                    batch, dkv_head, n0 + key0, col0, tig);
+  if constexpr (kVarlen) {  // (rows of the packed tensors from the sequence's first key; only its keys)
+    ws_store_dk_dv<T, kDTiles, true>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk),
+                                     reinterpret_cast<float(&)[kDTiles][4]>(acc_dv), 0, dkv_head,
+                                     blk.seq.k_row0 + n0 + key0, col0, tig, blk.seq.k_row0 + blk.seq.seqlen_k);
+  } else {
+    ws_store_dk_dv<T>(p, reinterpret_cast<float(&)[kDTiles][4]>(acc_dk),
+                      reinterpret_cast<float(&)[kDTiles][4]>(acc_dv), batch, dkv_head, n0 + key0, col0, tig);
+  }
   // (barrier 6: 1, 2 and 5 are the handshakes' above)
   ws_key_block_done<Cfg, /*kBarrier=*/6>(p, bh, blk.heads, ctid);
 }

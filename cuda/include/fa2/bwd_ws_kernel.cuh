@@ -25,6 +25,14 @@
 // bwd_row_stats_kernel's (shift, lse) per query, as bwd_kernel.cuh's key-row variant; each thread's two keys' bias
 // values live in registers for the whole CTA, and a key block whose every key is padded skips its query blocks.
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
+// kVarlen (packed sequences, params.h; plain path only): the grid's key blocks count max_seqlen_k's and its batch the
+// sequences; the TMA reads the packed tensors as a batch of one from the sequence's first rows, and lse, D, dq_accum
+// as (nheads, total_q) rows. A key block past its sequence's end has no query blocks and stores nothing (it runs
+// through: ws_start). A box past the sequence's end reads the next sequence's rows: as queries their P is masked to
+// 0 (so dK, dV get nothing from them and the dQ rows added into the next sequence's are exact zeros), as keys their
+// S is masked, and their dK, dV rows are not stored (another CTA's).
+// No tail split or GQA accumulators (the plan's; GQA as fp32 partials or summed in the CTA); an overlapping dQ
+// conversion counts each CTA in its head's count over every sequence (ws_epilogue.cuh, finish).
 //
 // Parts: the schedule and the producer (ws_prologue.cuh, shared with bwd_ws_dsplit_kernel.cuh), WsSharedStorage
 // (shared_storage.cuh), the mainloop (ws_mainloop.cuh), the epilogue (ws_epilogue.cuh).
@@ -48,9 +56,10 @@
 namespace fa2 {
 namespace bwd {
 
-template <typename T, typename Cfg, bool kKeyBias>
+template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     bwd_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
+  static_assert(!(kVarlen && kKeyBias), "varlen: no bias");
   constexpr int kHeadDim = Cfg::kHeadDim, kDTiles = kHeadDim / 8;  // (n8 tiles of dK / dV: 16 keys x d)
   extern __shared__ __align__(1024) unsigned char smem[];
   const WsSmem<Cfg> shared(smem);  // WsSharedStorage
@@ -60,7 +69,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   FA2_CTA_MARK(trace::kSm, threadIdx.x == 0);
 
   // -- the key block and its query blocks, the ring's barriers; the producer warpgroup's whole part
-  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias>(p, maps, shared);
+  const WsKeyBlock blk = ws_start<T, Cfg, kKeyBias, kVarlen>(p, maps, shared);
   if (blk.producer) return;
 
   // -- the consumer warpgroups: kKeyBias: the bias of this thread's keys key0, key0 + 8 (0 past seqlen_k: those keys
@@ -72,35 +81,41 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dk));
   ptx::zero(reinterpret_cast<float(&)[1][kDTiles][4]>(acc_dv));
   // -- dK_w, dV_w over the query blocks; dQ added per block
-  const BlockInfo info{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  const WsMainloop<T, Cfg, kKeyBias> mainloop(consumer, info, key_bias);
+  const BlockInfo info = kVarlen ? BlockInfo{blk.seq.seqlen_q, blk.seq.seqlen_k, p.window_left, p.window_right}
+                                 : BlockInfo{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const WsMainloop<T, Cfg, kKeyBias, kVarlen> mainloop(consumer, info, key_bias);
   float acc_s[Cfg::kBlockM / 2], acc_dp[Cfg::kBlockM / 2];  // S^T, dP^T: (this warp's 16 keys, kBlockM queries)
   mainloop.first_scores(acc_s);
-  // this step's query block, and the flat row (batch, head, query) of its head's first query (the launcher checks
-  // that batch * nheads * seqlen_q fits an int)
-  int m = blk.m_lo, head_row0 = int(blk.bh * p.seqlen_q);
+  // this step's query block, and the flat row (batch, head, query) of its head's first query (varlen: (head, query)
+  // of the sequence's first query; the plan checks that batch * nheads * seqlen_q, or nheads * total_q, fits an int)
+  const int head_rows = kVarlen ? p.total_q : p.seqlen_q;
+  int m = blk.m_lo, head_row0 = kVarlen ? blk.head * p.total_q + blk.seq.q_row0 : int(blk.bh * p.seqlen_q);
   for (int it = 0; it < consumer.steps; ++it) {
     mainloop.step(p, maps, acc_s, acc_dp, acc_dk, acc_dv, it, m, head_row0);
     FA2_CTA_MARK(consumer.kTraceBlock0 + it, consumer.th.ctid == 0 && it < consumer.kTraceBlocks);
-    if (++m > blk.m_hi) m = blk.m_lo, head_row0 += p.seqlen_q;  // (the group's next head)
+    if (++m > blk.m_hi) m = blk.m_lo, head_row0 += head_rows;  // (the group's next head)
   }
   FA2_CTA_MARK(consumer.kTraceLoopEnd, consumer.th.ctid == 0);
   // -- dK = scale dS^T Q, dV out: a tail piece's sums first (the last piece to count stores the tile's); then GQA's
   //    accumulators, GQA's fp32 partials, or (the default) staged to 16-byte stores like k
-  const WsEpilogue<T, Cfg, kKeyBias> epilogue(consumer);
+  const WsEpilogue<T, Cfg, kKeyBias, kVarlen> epilogue(consumer);
   auto& dk_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dk);
   auto& dv_frag = reinterpret_cast<float(&)[kDTiles][4]>(acc_dv);
   const bool fp32_dkv = p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel;
   WsTailTile tail{0, -1, -1};
-  if (Cfg::kTailSplit && !kKeyBias && p.bwd_tail_pieces > 1) tail = ws_tail_tile(p);
+  if (Cfg::kTailSplit && !kKeyBias && !kVarlen && p.bwd_tail_pieces > 1) tail = ws_tail_tile(p);
   const int piece = tail.piece, tail_index = tail.tail_index;
   if (piece >= 0) {
     volatile int* const last_piece = epilogue.count_tail_piece(p, maps, dk_frag, dv_frag, tail_index);
     if (*last_piece == 0) return;
     epilogue.load_tail_sums(p, dk_frag, dv_frag, tail_index);
   }
-  if (p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kAccumulate) {
+  if (!kVarlen && p.h_h_k_ratio > 1 && p.gqa_dkv == GqaDkv::kAccumulate) {
     epilogue.add_gqa_accumulators(p, maps, dk_frag, dv_frag);
+  } else if (kVarlen && fp32_dkv) {  // (the plan's varlen GQA: fp32 partials per query head, (total_k, nheads, d))
+    ws_store_dk_dv<T, kDTiles, /*kVarlen=*/true>(p, dk_frag, dv_frag, /*batch=*/0, blk.head,
+                                                 blk.seq.k_row0 + blk.n0 + consumer.key0, 0, consumer.th.tig,
+                                                 blk.seq.k_row0 + blk.seq.seqlen_k);
   } else if (fp32_dkv) {
     ws_store_dk_dv<T>(p, dk_frag, dv_frag, blk.batch, p.gqa_dkv == GqaDkv::kPartials ? blk.head : blk.head_k,
                       blk.n0 + consumer.key0, 0, consumer.th.tig);

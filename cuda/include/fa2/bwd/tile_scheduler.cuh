@@ -2,7 +2,8 @@
 //   - bwd_kernel: the grid's blockIdx, or in deterministic mode the order in which CTAs start (a ticket counter);
 //   - the ws kernels: blockIdx, a causal launch's tail sent rank-major (tile_order.h), or a tail split into pieces over
 //     the query blocks (tile_order.h, tail_split); a CTA may take a whole GQA group of query heads.
-// Varlen: a tile lies within its sequence (BwdTileSequence). Split-KV schedules go here.
+// Varlen: a tile lies within its sequence (BwdTileSequence; the ws kernels' WsKeyBlock::seq). Split-KV schedules go
+// here.
 #pragma once
 #include <cstdint>
 
@@ -124,14 +125,17 @@ struct WsKeyBlock {
   int n_block, head, heads, head_k, batch, n0, m_lo, m_hi;
   int64_t bh;     // batch * nheads + head
   bool producer;  // this thread is in the producer warpgroup, whose part is done: the kernel returns
+  SequenceBounds seq;  // varlen (bwd_ws_kernel's kVarlen) only: the key block's sequence
   // the consumers' loop steps: query blocks m_lo .. m_hi of query head head, then (a CTA that sums a GQA group) of each
   // next head of the group in turn
   __device__ __forceinline__ int steps() const { return m_hi >= m_lo ? (m_hi - m_lo + 1) * heads : 0; }
 };
 
 // The ws kernels' schedule: the key block (blockIdx.x of (key blocks, heads, batch), with a tail tile_order.h's order,
-// or a tail split's tile), its query heads, and its query range (a tail piece's part of it).
-template <typename Cfg, bool kKeyBias>
+// or a tail split's tile), its query heads, and its query range (a tail piece's part of it). kVarlen: batch is the
+// sequence, whose lengths (blk.seq) bound the query range, bottom-right aligned over them; a key block at or past
+// the sequence's end has an empty one (the grid's key blocks count max_seqlen_k's).
+template <typename Cfg, bool kKeyBias, bool kVarlen = false>
 __device__ __forceinline__ WsKeyBlock ws_schedule(const AttentionParams& p) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   WsKeyBlock blk;
@@ -139,7 +143,7 @@ __device__ __forceinline__ WsKeyBlock ws_schedule(const AttentionParams& p) {
   const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
   int piece = -1;  // (where the launch splits its last wave, this CTA's piece of a tail tile: ws_tail_tile)
   // (the tail split: no GQA, no causal lengths, no bias, bwd_tail_split_plan; compiled only where it may run)
-  if (Cfg::kTailSplit && !kKeyBias && p.bwd_tail_pieces > 1) {
+  if (Cfg::kTailSplit && !kKeyBias && !kVarlen && p.bwd_tail_pieces > 1) {
     const WsTailTile tile = ws_tail_tile(p);
     piece = tile.piece;
     const int bh = tile.t / num_n_blocks;
@@ -158,10 +162,19 @@ __device__ __forceinline__ WsKeyBlock ws_schedule(const AttentionParams& p) {
     blk.head = grid_head, blk.heads = 1, blk.head_k = grid_head / p.h_h_k_ratio;
   }
   blk.n0 = blk.n_block * kBlockN;
-  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
-  blk.m_lo = range.lo(blk.n_block);
-  blk.m_hi = range.hi(blk.n_block);
+  if constexpr (kVarlen) {
+    blk.seq = sequence_bounds<true>(p, blk.batch);
+    const int num_m_blocks = (blk.seq.seqlen_q + kBlockM - 1) / kBlockM;
+    const QueryBlockRange range{blk.seq.seqlen_q, blk.seq.seqlen_k, p.window_left, p.window_right,
+                                kBlockM,          kBlockN,          num_m_blocks};
+    blk.m_lo = range.lo(blk.n_block);
+    blk.m_hi = blk.n0 < blk.seq.seqlen_k ? range.hi(blk.n_block) : blk.m_lo - 1;
+  } else {
+    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const QueryBlockRange range{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, kBlockM, kBlockN, num_m_blocks};
+    blk.m_lo = range.lo(blk.n_block);
+    blk.m_hi = range.hi(blk.n_block);
+  }
   if (piece >= 0) {  // (its part of the tile's query blocks; the pieces cover them once, in order)
     const int len = blk.m_hi - blk.m_lo + 1, lo = blk.m_lo;
     blk.m_lo = lo + len * piece / p.bwd_tail_pieces;

@@ -33,11 +33,11 @@ __device__ __forceinline__ void ws_key_block_done(const AttentionParams& p, int6
 // added into kv head `head`'s accumulators (kAccumulate, bwd_ws_dsplit_kernel.cuh: red.global.add, as the group's
 // other heads' CTAs do; bwd_ws_kernel.cuh adds them by the TMA); else T at kv head `head`, each quad's fragments
 // transposed (ptx::quad_transpose) into whole n8 tiles per lane, stored 16 bytes at a time (every lane of the warp
-// calls this).
-template <typename T, int kDTiles>
+// calls this). kVarlen: batch 0 and keys as rows of the packed tensors, key_end (else unused) the sequence's end there.
+template <typename T, int kDTiles, bool kVarlen = false>
 __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const float (&dk_frag)[kDTiles][4],
                                                const float (&dv_frag)[kDTiles][4], int batch, int head, int key_first,
-                                               int col_first, int tig) {
+                                               int col_first, int tig, int key_end = 0) {
   static_assert(kDTiles >= 1, "whole n8 tiles");
   const bool fp32_dkv = p.h_h_k_ratio > 1 && p.gqa_dkv != GqaDkv::kInKernel;
   if (kDTiles % 4 == 0 && !fp32_dkv) {
@@ -59,7 +59,7 @@ __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const f
         ptx::quad_transpose(xk, tig);  // this lane: n8 tile 4 g + tig
         ptx::quad_transpose(xv, tig);
         const int col = col_first + 8 * (4 * g + tig);
-        if (key < p.seqlen_k && col < p.headdim) {
+        if (key < (kVarlen ? key_end : p.seqlen_k) && col < p.headdim) {
           *reinterpret_cast<uint4*>(dk_bh + int64_t(key) * p.dk_row_stride + col) =
               make_uint4(xk[0], xk[1], xk[2], xk[3]);
           *reinterpret_cast<uint4*>(dv_bh + int64_t(key) * p.dv_row_stride + col) =
@@ -72,7 +72,7 @@ __device__ __forceinline__ void ws_store_dk_dv(const AttentionParams& p, const f
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = key_first + 8 * half;
-    if (key >= p.seqlen_k) continue;
+    if (key >= (kVarlen ? key_end : p.seqlen_k)) continue;
 #pragma unroll
     for (int nt = 0; nt < kDTiles; ++nt) {
       const int col = col_first + 8 * nt + 2 * tig;

@@ -38,23 +38,31 @@ __device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], 
   }
 }
 
-// A warp's dQ fragments of 16 queries added into dq_accum row-major (rows bh seqlen_q + query, kHeadDim fp32 columns)
-// with red.global.add.v2.f32 from the registers: element (nt, 2 half + e) at query q0 + 8 half, column col0 + 8 nt + e
-// (col0 with the lane's 2 tig). Queries past seqlen_q are not added (their dS^T is 0, and their rows are another
-// head's). (A partial last query block's; whole blocks go in the fragment order.)
+// A warp's dQ fragments of 16 queries added into dq_accum row-major (kHeadDim fp32 columns) with
+// red.global.add.v2.f32 from the registers: element (nt, 2 half + e) at row row_base + q0 + 8 half, column col0 +
+// 8 nt + e (col0 with the lane's 2 tig). Queries from seqlen_q on are not added (their dS^T is 0, and their rows are
+// another head's or, varlen, another sequence's). (varlen: rows of the (nheads, total_q) layout)
 template <int kHeadDim, int kNTiles>
-__device__ __forceinline__ void ws_red_dq(const AttentionParams& p, const float (&dq_frag)[kNTiles][4], int64_t bh,
-                                          int q0, int col0) {
-  float* const row0 = p.dq_accum + (bh * p.seqlen_q + q0) * int64_t(kHeadDim) + col0;
+__device__ __forceinline__ void ws_red_dq_rows(const AttentionParams& p, const float (&dq_frag)[kNTiles][4],
+                                               int64_t row_base, int q0, int seqlen_q, int col0) {
+  float* const row0 = p.dq_accum + (row_base + q0) * int64_t(kHeadDim) + col0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    if (q0 + 8 * half >= p.seqlen_q) continue;
+    if (q0 + 8 * half >= seqlen_q) continue;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       ptx::red_add_f32x2(row0 + 8 * half * int64_t(kHeadDim) + 8 * nt, dq_frag[nt][2 * half],
                          dq_frag[nt][2 * half + 1]);
     }
   }
+}
+
+// ws_red_dq_rows at query q0 of (batch, head) bh (rows bh seqlen_q + query). (A partial last query block's; whole
+// blocks go in the fragment order.)
+template <int kHeadDim, int kNTiles>
+__device__ __forceinline__ void ws_red_dq(const AttentionParams& p, const float (&dq_frag)[kNTiles][4], int64_t bh,
+                                          int q0, int col0) {
+  ws_red_dq_rows<kHeadDim>(p, dq_frag, bh * p.seqlen_q, q0, p.seqlen_q, col0);
 }
 
 }  // namespace bwd

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "fa2/block_info.cuh"  // SequenceBounds
 #include "fa2/bwd/dq_fragment_order.h"
 #include "fa2/bwd/shared_storage.cuh"
 #include "fa2/bwd/ws_dq.cuh"  // ws_red_dq
@@ -17,7 +18,10 @@
 namespace fa2 {
 namespace bwd {
 
-template <typename T, typename Cfg>
+// kVarlen: every block added row-major (the conversion reads a varlen call's dq_accum row-major: its blocks start at
+// each sequence's first row, not at multiples of DqFragmentOrder::kRows), at bh_of = the head's (nheads, total_q)
+// rows from the sequence's first query, only the sequence's queries.
+template <typename T, typename Cfg, bool kVarlen = false>
 struct WsDsplitDq {
   static constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   static constexpr int kDCols = Cfg::kDCols, kDqPassCols = kDCols / 2, kDqPassTiles = kDqPassCols / 8;
@@ -30,10 +34,17 @@ struct WsDsplitDq {
   const WsDsplitSmem<Cfg>& shared;
   const uint32_t& sK;
   const int &wg, &ctid, &warp_in_wg, &group, &tig, &col0;
+  const SequenceBounds& seq;  // (varlen only)
 
   // This thread's fragments of pass `pass` of the query block at m0_of of (batch, head) bh_of into dq_accum.
   __device__ __forceinline__ void red(const AttentionParams& p, const Acc& acc, int64_t bh_of, int m0_of,
                                       int pass) const {
+    if constexpr (kVarlen) {
+      const int q0 = m0_of + warp_in_wg * 16 + group;
+      ws_red_dq_rows<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc),
+                               bh_of * p.total_q + seq.q_row0, q0, seq.seqlen_q, col0 + pass * kDqPassCols + 2 * tig);
+      return;
+    }
     if (m0_of + kBlockM <= p.seqlen_q) {
       // (n8 tile 0's place, then each tile's distance from it: one base register for the eight)
       float* const base = p.dq_accum + (bh_of * p.seqlen_q + m0_of) * int64_t(kHeadDim) +

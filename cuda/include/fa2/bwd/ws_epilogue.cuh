@@ -20,7 +20,9 @@
 namespace fa2 {
 namespace bwd {
 
-template <typename T, typename Cfg, bool kKeyBias>
+// kVarlen: dK, dV rows in the packed (total_k, nheads_k, headdim) tensors from the key block's sequence's first row,
+// only the sequence's keys stored (the rows past its end are the next sequence's: another CTA's).
+template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false>
 struct WsEpilogue : WsConsumer<Cfg> {
   static constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of dK / dV (16 keys x d)
@@ -155,6 +157,17 @@ struct WsEpilogue : WsConsumer<Cfg> {
             key_w * p.dv_row_stride;
     constexpr int kIters = 64 * kDTiles / 128;
     static_assert(64 * kDTiles % 128 == 0, "the 16-byte chunks split evenly over the warpgroup");
+    if constexpr (kVarlen) {  // (rows of the packed tensors from the sequence's first key; only its keys)
+      const int64_t row = blk.seq.k_row0 + key_w;
+      dk = static_cast<T*>(p.dk) + blk.head_k * p.dk_head_stride + row * p.dk_row_stride;
+      dv = static_cast<T*>(p.dv) + blk.head_k * p.dv_head_stride + row * p.dv_row_stride;
+      const int rows = blk.seq.seqlen_k - key_w;
+      copy_out_rows<OutTile, kDTiles, kIters, 128>(s_dk, dk, p.dk_row_stride, 0, th.ctid & 127, rows, p.headdim,
+                                                   [] {});
+      copy_out_rows<OutTile, kDTiles, kIters, 128>(s_dv, dv, p.dv_row_stride, 0, th.ctid & 127, rows, p.headdim,
+                                                   [] {});
+      return;
+    }
     copy_out_rows<OutTile, kDTiles, kIters, 128>(s_dk, dk, p.dk_row_stride, 0, th.ctid & 127, p.seqlen_k - key_w,
                                                  p.headdim, [] {});
     copy_out_rows<OutTile, kDTiles, kIters, 128>(s_dv, dv, p.dv_row_stride, 0, th.ctid & 127, p.seqlen_k - key_w,
@@ -172,10 +185,10 @@ struct WsEpilogue : WsConsumer<Cfg> {
   }
 
   // The CTA's end: the reduce-adds' reads of the staging done; the key block counted finished for an overlapping dQ
-  // conversion.
+  // conversion (varlen: in its head's count over every sequence, the conversion's rows being (nheads, total_q)).
   __device__ __forceinline__ void finish(const AttentionParams& p) const {
     if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/false>();  // (the staging must outlive the reads)
-    ws_key_block_done<Cfg, /*kBarrier=*/1>(p, blk.bh, blk.heads, th.ctid);
+    ws_key_block_done<Cfg, /*kBarrier=*/1>(p, kVarlen ? int64_t(blk.head) : blk.bh, blk.heads, th.ctid);
     FA2_CTA_MARK(Base::kTraceEnd, th.ctid == 0);
     FA2_CTA_MARK(trace::kExitNs, th.ctid == 0);
   }

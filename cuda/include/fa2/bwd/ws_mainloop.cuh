@@ -60,7 +60,8 @@ struct WsConsumer {
         dq_col0(Cfg::kDqSplitRows ? 0 : th_.wg * kDqCols) {}
 };
 
-template <typename T, typename Cfg, bool kKeyBias>
+// kVarlen: info holds the key block's sequence's lengths (its query rows past them are the next sequence's).
+template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false>
 struct WsMainloop : WsConsumer<Cfg> {
   static constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   static constexpr int kBlockCols = Cfg::kBlockCols, kColBlocks = kHeadDim / kBlockCols;
@@ -107,10 +108,10 @@ struct WsMainloop : WsConsumer<Cfg> {
   __device__ __forceinline__ void scores_to_p(const AttentionParams& p, float (&acc_s)[kBlockM / 2], const WsStats& stats, int m0,
                                               uint32_t (&p_frag)[kKSteps][4]) const {
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);  // (16 keys, kBlockM queries)
-    if (info.needs_mask(blk.n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > p.seqlen_q) {
-      ws_scores_to_p<kKeyBias, true>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
+    if (info.needs_mask(blk.n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > (kVarlen ? info.seqlen_q : p.seqlen_q)) {
+      ws_scores_to_p<kKeyBias, true, kVarlen>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
     } else {
-      ws_scores_to_p<kKeyBias, false>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
+      ws_scores_to_p<kKeyBias, false, kVarlen>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
     }
     pack_k16_fragments<T>(s_frag, p_frag);
   }
@@ -209,7 +210,8 @@ struct WsMainloop : WsConsumer<Cfg> {
   }
 
   // One step: query block m in stage it % kStages (head_row0: the flat (batch, head, query) row of its head's first
-  // query); dK_w, dV_w accumulated (this warp's 16 keys, d), dQ added, the next block's S^T issued into acc_s.
+  // query; varlen: the (head, query) row of its sequence's first query); dK_w, dV_w accumulated (this warp's 16
+  // keys, d), dQ added, the next block's S^T issued into acc_s.
   __device__ __forceinline__ void step(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                        float (&acc_s)[kBlockM / 2], float (&acc_dp)[kBlockM / 2],
                                        float (&acc_dk)[kHeadDim / 2], float (&acc_dv)[kHeadDim / 2], int it, int m,

@@ -24,11 +24,13 @@ __device__ __forceinline__ int ws_stats_offset(int row) { return row & 3; }
 // it % kStages (it counting over heads and blocks), each once every consumer warp has released the stage's previous
 // block (it - kStages). lse / D / shift come from the flat (batch, heads, seqlen_q) views in ws_stat_box_elems boxes,
 // which start up to 3 values before the block (never read; rows past seqlen_q read the next head's, past the buffers'
-// end zeros).
+// end zeros). q_row0, k_row0: the first query / key row in the maps (varlen: the sequence's in the packed tensors, a
+// batch of one, whose (nheads, total_q) statistics the caller passes as seqlen_q = total_q, bh = head; its rows past
+// the sequence's end read the next sequence's, which the consumers mask; dense calls: 0).
 template <int kBlockM, int kBlockN, int kHeadDim, int kBlockCols, bool kShift, class Smem>
 __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, const Smem& smem, int64_t seqlen_q,
                                            int m_lo, int m_hi, int n0, int head, int heads, int head_k, int batch,
-                                           int64_t bh) {
+                                           int64_t bh, int q_row0, int k_row0) {
   constexpr int kKVBytes = kBlockN * kHeadDim * 2, kQBytes = kBlockM * kHeadDim * 2;
   constexpr int kBoxElems = ws_stat_box_elems<kBlockM>();
   constexpr int kStatsBytes = (kShift ? 3 : 2) * kBoxElems * 4;
@@ -36,13 +38,13 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
   static_assert(kBoxElems * 4 % 16 == 0 && kBoxElems <= 256, "a block's lse / D is one 1-D TMA box");
   // -- K, V: (kBlockN, d) each, once
   sm90::mbarrier_arrive_expect_tx(smem.kv_loaded(), 2 * kKVBytes);
-  sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.k(), &maps.k, smem.kv_loaded(), n0, head_k, batch);
-  sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.v(), &maps.v, smem.kv_loaded(), n0, head_k, batch);
+  sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.k(), &maps.k, smem.kv_loaded(), k_row0 + n0, head_k, batch);
+  sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.v(), &maps.v, smem.kv_loaded(), k_row0 + n0, head_k, batch);
   // -- per query block: Q, dO (kBlockM, d) and the rows' statistics into stage it % kStages, once it is free
   int it = 0;
   for (int g = 0; g < heads; ++g) {
     for (int m = m_lo; m <= m_hi; ++m, ++it) {
-      const int s = it % kStages, m0 = m * kBlockM;
+      const int s = it % kStages, m0 = q_row0 + m * kBlockM;
       if (it >= kStages) sm90::mbarrier_wait(smem.empty(s), ((it / kStages) - 1) & 1);
       sm90::mbarrier_arrive_expect_tx(smem.full(s), 2 * kQBytes + kStatsBytes);
       sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(smem.q(s), &maps.q, smem.full(s), m0, head + g, batch);

@@ -52,7 +52,10 @@ __device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int b
 // ring's barriers, the CTA's only barrier (ws_cta_barrier: with kKeyBias an all-padded key block empties the range),
 // then the producer warpgroup's whole part (its registers given back, one thread streaming the query blocks:
 // ws_produce; a stage goes back to it once its consumers release it) and the consumers' registers taken.
-template <typename T, typename Cfg, bool kKeyBias, class Smem>
+// kVarlen: the producer loads the sequence's rows of the packed tensors. (A key block past its sequence's end has no
+// query blocks: ws_schedule. Leaving the kernel before setmaxnreg instead made ptxas ignore every setmaxnreg, C7507,
+// and spill the consumers' accumulators.)
+template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false, class Smem>
 __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                                const Smem& smem) {
   static_assert(Cfg::kBlockN <= Cfg::kNThreads, "one key per thread");
@@ -60,7 +63,7 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
   if constexpr (Cfg::kOverlapDqConversion) {
     if (threadIdx.x == 0) ptx::launch_dependent_grids();
   }
-  WsKeyBlock blk = ws_schedule<Cfg, kKeyBias>(p);
+  WsKeyBlock blk = ws_schedule<Cfg, kKeyBias, kVarlen>(p);
 
   if (threadIdx.x == 0) smem.init_barriers(4 * Cfg::kConsumerWarpgroups);
   blk.m_hi = ws_cta_barrier<T, kKeyBias, Cfg::kBlockN>(p, blk.n0, blk.batch, blk.head, blk.m_lo, blk.m_hi);
@@ -69,8 +72,15 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
   if (blk.producer) {
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0 && blk.m_lo <= blk.m_hi) {
-      ws_produce<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHeadDim, Cfg::kBlockCols, kKeyBias>(
-          maps, smem, p.seqlen_q, blk.m_lo, blk.m_hi, blk.n0, blk.head, blk.heads, blk.head_k, blk.batch, blk.bh);
+      if constexpr (kVarlen) {  // (the packed tensors as a batch of one; statistics (nheads, total_q))
+        ws_produce<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHeadDim, Cfg::kBlockCols, kKeyBias>(
+            maps, smem, p.total_q, blk.m_lo, blk.m_hi, blk.n0, blk.head, blk.heads, blk.head_k, /*batch=*/0,
+            /*bh=*/blk.head, blk.seq.q_row0, blk.seq.k_row0);
+      } else {
+        ws_produce<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHeadDim, Cfg::kBlockCols, kKeyBias>(
+            maps, smem, p.seqlen_q, blk.m_lo, blk.m_hi, blk.n0, blk.head, blk.heads, blk.head_k, blk.batch, blk.bh,
+            /*q_row0=*/0, /*k_row0=*/0);
+      }
     }
   } else {
     sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();

@@ -24,8 +24,9 @@ struct WsStats {
 // key_first + 8 half, query m0 + 8 j + 2 tig + e), rounded later: P = exp2(q.k scale log2e - lse log2e), or with a
 // key-row bias (kKeyBias) exp2((q.k scale + bias[key] - shift) log2e - lse log2e) against bwd_row_stats_kernel's
 // (shift, lse). kMasked: P = 0 for keys outside each query's range and for queries past seqlen_q (their lse and D are
-// another row's). stats: the stage's (WsStats).
-template <bool kKeyBias, bool kMasked, int kSNTiles>
+// another row's; kVarlen: past info's, the sequence's, whose next rows are the next sequence's). stats: the stage's
+// (WsStats).
+template <bool kKeyBias, bool kMasked, bool kVarlen = false, int kSNTiles>
 __device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], const WsStats& stats,
                                                const AttentionParams& p, const BlockInfo& info, int m0, int key_first,
                                                int tig, const float (&key_bias)[2]) {
@@ -41,7 +42,7 @@ __device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], con
       if constexpr (kMasked) {
         const int query = m0 + 8 * j + 2 * tig + e;
         info.key_range(query, key_lo, key_hi);
-        if (query >= p.seqlen_q) key_hi = -1;  // (its lse and D are another row's: P = 0)
+        if (query >= (kVarlen ? info.seqlen_q : p.seqlen_q)) key_hi = -1;  // (its lse and D are another row's: P = 0)
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
