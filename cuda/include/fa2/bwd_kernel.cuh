@@ -187,8 +187,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const int group = lane >> 2, tig = lane & 3;
   // S, P, dP, dS of a query block (Sm80Scores: the plain path, its key-row bias variant, or the score-mod path)
   const Sm80Scores<T, Cfg, kScoreMod, kKeyBias, kDropout> scores{
-      p,    shared, info, bias_bh, dbias, sdp_m0, sdp_n0, lane, group, tig,
-      dropout_head<kDropout && !kWgmma>(p, batch, head), batch, head};
+      p, shared, info, bias_bh, dbias, sdp_m0, sdp_n0, lane, group, tig, dropout_of<kDropout, kWgmma>(p, batch, head)};
 
   using kWaitSync = std::bool_constant<!kWgmma>;  // issued without waiting where that is possible (wgmma)
   for (int m = m_lo, it = 0; m <= m_last; ++m, ++it) {

@@ -19,6 +19,21 @@
 namespace fa2 {
 namespace bwd {
 
+// Sm80Scores' dropout state for (batch, head): with the mma.sync tiles its DropoutHead; with the wgmma tiles the
+// coordinates it is read again from per query block (L1 hits: kept over the query blocks, its registers cost spills).
+struct DropoutCoords {
+  int batch, head;
+};
+template <bool kDropout, bool kWgmma>
+__device__ __forceinline__ std::conditional_t<kWgmma, DropoutCoords, DropoutHead> dropout_of(
+    const AttentionParams& p, int batch, int head) {
+  if constexpr (kWgmma) {
+    return DropoutCoords{batch, head};
+  } else {
+    return dropout_head<kDropout>(p, batch, head);
+  }
+}
+
 // kDropout: the forward's dropout mask Z replayed (fa2/dropout.cuh): P ∘ Z / (1 - p) to shared memory for dV, and
 // dS = P (dP ∘ Z / (1 - p) - D) (the gradient reaching the undropped P), on the plain and the score-mod paths. With
 // the wgmma tiles a warp's part of the m64 accumulator maps elements to threads as mma.sync's C fragments do (rows
@@ -43,17 +58,24 @@ struct Sm80Scores {
   float* dbias;         // the score-mod path's dbias of this (batch, head), or null
   int sdp_m0, sdp_n0;   // this warp's S / dP tile: rows sdp_m0.., keys sdp_n0..
   int lane, group, tig;
-  DropoutHead dropout;  // kDropout: this (batch, head)'s (else unused)
-  int batch, head;      // (kDropout with the wgmma tiles: its DropoutHead read again per query block)
+  // kDropout: this (batch, head)'s (dropout_of; else unused)
+  std::conditional_t<kWgmma, DropoutCoords, DropoutHead> dropout;
 
   // kDropout: this thread's keep bits of the (query block m0, key block n0) tile (row0 - group, col0 - 2 tig: the warp
-  // tile's first query and key). The wgmma tiles read the Philox key and counter again (L1 hits): kept over the
-  // query blocks, they cost spills.
+  // tile's first query and key)
   __device__ __forceinline__ Keep keep_bits(int row0, int col0) const {
-    return Keep(kWgmma ? DropoutHead(p, batch, head) : dropout, row0 - group, col0 - tig * 2, group, tig);
+    if constexpr (kWgmma) {
+      return Keep(DropoutHead(p, dropout.batch, dropout.head), row0 - group, col0 - tig * 2, group, tig);
+    } else {
+      return Keep(dropout, row0 - group, col0 - tig * 2, group, tig);
+    }
   }
   __device__ __forceinline__ float keep_scale() const {
-    return kWgmma ? p.dropout_keep_scale : dropout.keep_scale;
+    if constexpr (kWgmma) {
+      return p.dropout_keep_scale;
+    } else {
+      return dropout.keep_scale;
+    }
   }
 
   // S = Q K^T or dP = dO V^T (acc overwritten): (kBlockM, kBlockN) over the warps. wait: complete on return (always

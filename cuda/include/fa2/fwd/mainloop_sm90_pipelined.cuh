@@ -21,8 +21,9 @@ struct FwdMainloopSm90Pipelined {
   static constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
   static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim, kNThreads = Traits::kNThreads;
   static_assert(Traits::kTma && !Traits::kWs, "TMA loads issued by thread 0 between CTA barriers");
-  // dropout's keep bits drawn before S takes its registers (at most 8 groups a thread: kBlockN <= 128 keys), or after
-  // the softmax (the cp.async mainloop's choice, kDrawKeepFirst there)
+  // dropout's keep bits drawn before S takes its registers (at most 8 groups a thread: kBlockN <= 128 keys; the Philox
+  // work overlaps the tile's wait), else after the softmax: drawn there, the 128-register d 64 plain kernel spilled
+  // 200 B (ptxas), none drawn first
   static constexpr bool kDrawKeepFirst = true;
 
   // -- prologue: the barriers (after the tile's empty-range check, as this one-tile kernel always had them: run
