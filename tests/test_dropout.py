@@ -150,23 +150,27 @@ def test_kernel_mask_matches_the_mirror(device):
 @pytest.mark.parametrize("headdim", [64, 128])
 def test_kernel_mask_matches_the_mirror_in_key_slices(device, headdim):
     """The mask at a real headdim over several key and query tiles: v = the identity on keys j d .. j d + d - 1 (zero
-    elsewhere) makes out = (P ∘ Z / (1 - p)) of those keys, one call per slice, the same rng_state each time."""
+    elsewhere) makes out = (P ∘ Z / (1 - p)) of those keys, one call per slice, the same rng_state each time. CUDA:
+    both routes (on Hopper the sm_90a kernels, and the sm80 path's with development option sm90_dropout off)."""
     _needs(device)
     dtype = _dtype(device)
     p = 0.3
     b, sq, sk, h = 1, 150 if device == "cpu" else 300, 2 * headdim + 44, 2
     q, k, _ = make_qkv(b, sq, sk, h, h, headdim, dtype=dtype, device=device)
     state = _state(77, 2 ** 33 + 5, device)
-    got = torch.zeros(b, h, sq, sk, dtype=torch.bool, device=device)
-    for j0 in range(0, sk, headdim):
-        width = min(headdim, sk - j0)
-        v = torch.zeros(sk, headdim, dtype=dtype, device=device)
-        v[j0:j0 + width, :width] = torch.eye(width, dtype=dtype, device=device)
-        v = v.expand(b, h, sk, headdim).transpose(1, 2)
-        out, _ = torch.ops.fa2.fwd(q, k, v, dropout_p=p, rng_state=state)
-        got[..., j0:j0 + width] = (out.transpose(1, 2) != 0)[..., :width]
     expected = _keep(state, q, k, p)
-    assert torch.equal(got, expected), f"{int((got != expected).sum())} of {got.numel()} weights differ"
+    for sm90_dropout in ([True] if device == "cpu" else [True, False]):
+        got = torch.zeros(b, h, sq, sk, dtype=torch.bool, device=device)
+        with fa2.dev.options_override(sm90_dropout=sm90_dropout):
+            for j0 in range(0, sk, headdim):
+                width = min(headdim, sk - j0)
+                v = torch.zeros(sk, headdim, dtype=dtype, device=device)
+                v[j0:j0 + width, :width] = torch.eye(width, dtype=dtype, device=device)
+                v = v.expand(b, h, sk, headdim).transpose(1, 2)
+                out, _ = torch.ops.fa2.fwd(q, k, v, dropout_p=p, rng_state=state)
+                got[..., j0:j0 + width] = (out.transpose(1, 2) != 0)[..., :width]
+        assert torch.equal(got, expected), (f"sm90_dropout={sm90_dropout}: {int((got != expected).sum())} of "
+                                            f"{got.numel()} weights differ")
 
 
 # ---- forward and backward against the reference with the same mask ------------------------------------------------
