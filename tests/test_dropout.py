@@ -451,7 +451,8 @@ def _plan_call(shape, flags, dropout_p):
 @pytest.mark.parametrize("name,shape,flags", SM90_CASES, ids=[c[0] for c in SM90_CASES])
 def test_sm90a_dropout_kernels_match_reference_with_the_same_mask(name, shape, flags):
     """CUDA: forward and backward against the reference with the mirror's mask, at every headdim's tiles (several
-    query and key blocks, tails, causal, window, GQA, bias, softcap); on Hopper the plan must name the sm_90a kernels."""
+    query and key blocks, tails, causal, window, GQA, bias, softcap); on Hopper the plan must name the sm_90a
+    kernels."""
     _needs("cuda")
     if torch.cuda.get_device_capability() == (9, 0):
         call = _plan_call(shape, flags, 0.15)
@@ -461,6 +462,36 @@ def test_sm90a_dropout_kernels_match_reference_with_the_same_mask(name, shape, f
         wgmma_bwd = shape[-1] in WGMMA_BWD_HEADDIMS and not flags.get("bias") and not flags.get("softcap")
         assert ("sm90a wgmma tiles" in bwd_kernel) == wgmma_bwd and "dropout" in bwd_kernel, bwd_kernel
     _check_forward_and_backward("cuda", name, shape, flags, 0.15)
+
+
+@pytest.mark.parametrize("sm90_dropout", [True, False])
+def test_hopper_dropout_launches_the_sm90a_kernels(sm90_dropout):
+    """Compute capability 9.0: a dropout call runs the pipelined sm_90a forward with kDropout (tag 901, not
+    warp-specialized) and bwd_kernel's wgmma tiles with kDropout; with development option sm90_dropout off, the sm80
+    path's (tag 900). The kernels' names as the profiler gives them."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("compute capability 9.0 only")
+    from kernels import cuda_kernel_names, switch
+
+    q, k, v = make_qkv(2, 300, 300, 4, 4, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+
+    def run():
+        out = fa2.attention(q, k, v, causal=True, dropout_p=0.1)
+        out.backward(torch.ones_like(out))
+
+    with switch("sm90_dropout", sm90_dropout):
+        names = cuda_kernel_names(run)
+    tag = ", 901, " if sm90_dropout else ", 900, "
+    # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster, varlen, dropout>)
+    fwd = [n for n in names if "fwd_kernel<" in n]
+    assert len(fwd) == 1 and tag in fwd[0] and fwd[0].endswith(
+        ", false, false, false, false, false, false, true>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), names
+    # (bwd_kernel<T, Cfg, arch, score_mod, key_bias, varlen, dropout>: with sm90_dropout the wgmma config, kWgmma true)
+    bwd = [n for n in names if "bwd_kernel<" in n]
+    assert len(bwd) == 1 and tag in bwd[0], names
+    assert bwd[0].endswith(", false, false, false, true>(fa2::AttentionParams)"), names
+    assert (", true, true>" + tag in bwd[0]) == sm90_dropout, bwd
 
 
 # ---- the plan: Hopper routes dropout to the sm_90a kernels -----------------------------------------------------------
