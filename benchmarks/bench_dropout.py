@@ -1,7 +1,8 @@
 """Dropout's cost on the GPU: fa2 forward+backward with dropout_p = 0.1 against fa2 without dropout, and PyTorch's
 SDPA flash-attention kernel with and without dropout, on the FA-2 grid (bf16, 16k tokens, hidden 2048: batch =
 16384 / seqlen, heads = 2048 / headdim), non-causal and causal. The issue's goals (issue 50): fa2 p=0.1 at >= 0.9x fa2
-p=0, and >= SDPA flash p=0.1.
+p=0, and >= SDPA flash p=0.1. On Hopper, "fa2 p=0.1 sm80" is the same call on the sm80 path's dropout kernels
+(development option sm90_dropout off), the route dropout took before the sm_90a kernels had it.
 
     python benchmarks/bench_dropout.py [--headdims 64,128] [--seqlens 1024,2048,4096,8192] [--pass fwdbwd|fwd]
                                        [--causal both|yes|no] [--json out.json]
@@ -28,7 +29,8 @@ def median_ms(fn):
 
 
 def runners(q, k, v, causal):
-    """(B, H, S, D) inputs: name -> () -> out, each the same attention."""
+    """(B, H, S, D) inputs: name -> (() -> out, fa2's development options while it is timed), each the same
+    attention."""
     import fa2
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -41,11 +43,13 @@ def runners(q, k, v, causal):
     # (fa2 takes and returns (B, S, H, D) views of the same tensors: the output viewed back as SDPA's (B, H, S, D),
     # the shape pass_closure's output gradient has)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    dropped = lambda: fa2.attention(qt, kt, vt, causal=causal, dropout_p=0.1).transpose(1, 2)  # noqa: E731
     return {
-        "fa2 p=0": lambda: fa2.attention(qt, kt, vt, causal=causal).transpose(1, 2),
-        "fa2 p=0.1": lambda: fa2.attention(qt, kt, vt, causal=causal, dropout_p=0.1).transpose(1, 2),
-        "sdpa-flash p=0": sdpa(0.0),
-        "sdpa-flash p=0.1": sdpa(0.1),
+        "fa2 p=0": (lambda: fa2.attention(qt, kt, vt, causal=causal).transpose(1, 2), {}),
+        "fa2 p=0.1": (dropped, {}),
+        "fa2 p=0.1 sm80": (dropped, dict(sm90_dropout=False)),
+        "sdpa-flash p=0": (sdpa(0.0), {}),
+        "sdpa-flash p=0.1": (sdpa(0.1), {}),
     }
 
 
@@ -61,11 +65,13 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_dropout.py needs a CUDA GPU")
+    import fa2
     rows = []
     causals = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
     print(f"{torch.cuda.get_device_name()}  bf16  {args.pass_}  tokens {args.tokens}  hidden {args.hidden}")
     print(f"{'D':>4} {'S':>6} {'causal':>6} | " + " | ".join(f"{n:>16}" for n in
-          ("fa2 p=0", "fa2 p=0.1", "sdpa-flash p=0", "sdpa-flash p=0.1")) + " | p=0.1/p=0  vs sdpa p=0.1")
+          ("fa2 p=0", "fa2 p=0.1", "fa2 p=0.1 sm80", "sdpa-flash p=0", "sdpa-flash p=0.1")) +
+          " | p=0.1/p=0  vs sdpa p=0.1")
     for d in (int(x) for x in args.headdims.split(",")):
         for s in (int(x) for x in args.seqlens.split(",")):
             for causal in causals:
@@ -73,9 +79,10 @@ def main():
                 dout = torch.randn_like(q)
                 flops = attention_flops(batch, nheads, s, s, d, causal, args.pass_)
                 cells = {}
-                for name, run in runners(q, k, v, causal).items():
+                for name, (run, options) in runners(q, k, v, causal).items():
                     try:
-                        ms = median_ms(pass_closure(run, args.pass_, (q, k, v), dout))
+                        with fa2.dev.options_override(**options):
+                            ms = median_ms(pass_closure(run, args.pass_, (q, k, v), dout))
                         cells[name] = flops / ms / 1e9
                     except Exception as e:  # (a backend that cannot run a shape: reported, not fatal)
                         cells[name] = None

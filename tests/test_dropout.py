@@ -1,7 +1,8 @@
 """Dropout (docs/design.md, Dropout): the mask's statistics and independence, the kernels' mask against the Python
 mirror of the Philox mapping (fa2/_rng.py), the forward's mask replayed by the backward (gradients against a reference
 that applies the same mask), reproducibility under torch.manual_seed, p = 0, bad input, opcheck, torch.compile; CPU
-and CUDA (the CUDA tests skip without a GPU; on Hopper they run the sm80-path kernels the plan routes dropout to)."""
+and CUDA (the CUDA tests skip without a GPU; on Hopper they run the sm_90a kernels the plan routes dropout to: the
+pipelined forward, bwd_kernel's wgmma tiles on the plain path at d 32 / 64 / 128 / 256, the sm80 path's elsewhere)."""
 from __future__ import annotations
 
 import math
@@ -145,6 +146,33 @@ def test_kernel_mask_matches_the_mirror(device):
     assert_close_rule("out", out, ref, attention_ref_dropout(q, k, v, expected, p, upcast=False), 2)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_kernel_mask_matches_the_mirror_in_key_slices(device, headdim):
+    """The mask at a real headdim over several key and query tiles: v = the identity on keys j d .. j d + d - 1 (zero
+    elsewhere) makes out = (P ∘ Z / (1 - p)) of those keys, one call per slice, the same rng_state each time. CUDA:
+    both routes (on Hopper the sm_90a kernels, and the sm80 path's with development option sm90_dropout off)."""
+    _needs(device)
+    dtype = _dtype(device)
+    p = 0.3
+    b, sq, sk, h = 1, 150 if device == "cpu" else 300, 2 * headdim + 44, 2
+    q, k, _ = make_qkv(b, sq, sk, h, h, headdim, dtype=dtype, device=device)
+    state = _state(77, 2 ** 33 + 5, device)
+    expected = _keep(state, q, k, p)
+    for sm90_dropout in ([True] if device == "cpu" else [True, False]):
+        got = torch.zeros(b, h, sq, sk, dtype=torch.bool, device=device)
+        with fa2.dev.options_override(sm90_dropout=sm90_dropout):
+            for j0 in range(0, sk, headdim):
+                width = min(headdim, sk - j0)
+                v = torch.zeros(sk, headdim, dtype=dtype, device=device)
+                v[j0:j0 + width, :width] = torch.eye(width, dtype=dtype, device=device)
+                v = v.expand(b, h, sk, headdim).transpose(1, 2)
+                out, _ = torch.ops.fa2.fwd(q, k, v, dropout_p=p, rng_state=state)
+                got[..., j0:j0 + width] = (out.transpose(1, 2) != 0)[..., :width]
+        assert torch.equal(got, expected), (f"sm90_dropout={sm90_dropout}: {int((got != expected).sum())} of "
+                                            f"{got.numel()} weights differ")
+
+
 # ---- forward and backward against the reference with the same mask ------------------------------------------------
 
 CASES = [
@@ -169,8 +197,11 @@ def _case_inputs(shape, flags, device, dtype):
 @pytest.mark.parametrize("name,shape,flags", CASES, ids=[c[0] for c in CASES])
 def test_forward_and_backward_match_reference_with_the_same_mask(device, name, shape, flags):
     _needs(device)
+    _check_forward_and_backward(device, name, shape, flags, 0.2)
+
+
+def _check_forward_and_backward(device, name, shape, flags, p):
     dtype = _dtype(device)
-    p = 0.2
     q, k, v, bias, flags = _case_inputs(shape, flags, device, dtype)
     state = _state(42, 7, device)
     out, lse = torch.ops.fa2.fwd(q, k, v, bias, dropout_p=p, rng_state=state, **flags)
@@ -388,17 +419,120 @@ def test_cuda_graph_replays_draw_fresh_masks():
         assert _binomial_ok(int(m.sum()), m.numel(), 0.5)
 
 
-# ---- the plan: Hopper routes dropout to the sm80 path ----------------------------------------------------------------
+# ---- the sm_90a kernels (Hopper): shapes across their tiles ---------------------------------------------------------
+
+# The headdims whose backward has bwd_kernel's wgmma tiles (bwd_tile_config.h, bwd_wgmma_headdim): dropout's plain
+# backward runs them on Hopper; the others, and the score-mod path (bias, softcap), run the sm80 tiles.
+WGMMA_BWD_HEADDIMS = (32, 64, 128, 256)
+
+SM90_CASES = [
+    ("d64_tails", (2, 300, 281, 4, 4, 64), {}),
+    ("d64_causal_gqa", (1, 257, 390, 6, 2, 64), dict(causal=True)),
+    ("d32_causal", (1, 150, 170, 2, 2, 32), dict(causal=True)),
+    ("d128_window_gqa", (2, 200, 333, 4, 2, 128), dict(window_left=50, window_right=10)),
+    ("d128_causal", (1, 384, 384, 2, 2, 128), dict(causal=True)),
+    ("d256", (1, 130, 150, 2, 1, 256), {}),
+    ("d96", (1, 100, 140, 2, 2, 96), {}),
+    ("d192_causal", (1, 140, 100, 2, 1, 192), dict(causal=True)),
+    ("d128_padding_bias", (2, 130, 200, 2, 2, 128), dict(bias="padding")),
+    ("d64_softcap", (1, 200, 260, 2, 2, 64), dict(softcap=8.0)),
+]
+
+
+def _plan_call(shape, flags, dropout_p):
+    b, sq, sk, h, hk, d = shape
+    call = dict(batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk, headdim=d, dtype="bfloat16",
+                dropout_p=dropout_p, **{k: v for k, v in flags.items() if k != "bias"})
+    if "bias" in flags:
+        call["bias"] = "key_row"
+    return call
+
+
+@pytest.mark.parametrize("name,shape,flags", SM90_CASES, ids=[c[0] for c in SM90_CASES])
+def test_sm90a_dropout_kernels_match_reference_with_the_same_mask(name, shape, flags):
+    """CUDA: forward and backward against the reference with the mirror's mask, at every headdim's tiles (several
+    query and key blocks, tails, causal, window, GQA, bias, softcap); on Hopper the plan must name the sm_90a
+    kernels."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() == (9, 0):
+        call = _plan_call(shape, flags, 0.15)
+        fwd_kernel = fa2.dev.plan("fwd", **call)["kernel"]
+        bwd_kernel = fa2.dev.plan("bwd", **call)["kernel"]
+        assert "sm90a" in fwd_kernel and "dropout" in fwd_kernel, fwd_kernel
+        wgmma_bwd = shape[-1] in WGMMA_BWD_HEADDIMS and not flags.get("bias") and not flags.get("softcap")
+        assert ("sm90a wgmma tiles" in bwd_kernel) == wgmma_bwd and "dropout" in bwd_kernel, bwd_kernel
+    _check_forward_and_backward("cuda", name, shape, flags, 0.15)
+
+
+@pytest.mark.parametrize("sm90_dropout", [True, False])
+def test_hopper_dropout_launches_the_sm90a_kernels(sm90_dropout):
+    """Compute capability 9.0: a dropout call runs the pipelined sm_90a forward with kDropout (tag 901, not
+    warp-specialized) and bwd_kernel's wgmma tiles with kDropout; with development option sm90_dropout off, the sm80
+    path's (tag 900). The kernels' names as the profiler gives them."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("compute capability 9.0 only")
+    from kernels import cuda_kernel_names, switch
+
+    q, k, v = make_qkv(2, 300, 300, 4, 4, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+
+    def run():
+        out = fa2.attention(q, k, v, causal=True, dropout_p=0.1)
+        out.backward(torch.ones_like(out))
+
+    with switch("sm90_dropout", sm90_dropout):
+        names = cuda_kernel_names(run)
+    tag = ", 901, " if sm90_dropout else ", 900, "
+    # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster, varlen, dropout>)
+    fwd = [n for n in names if "fwd_kernel<" in n]
+    assert len(fwd) == 1 and tag in fwd[0] and fwd[0].endswith(
+        ", false, false, false, false, false, false, true>(fa2::AttentionParams, fa2::sm90::FwdTensorMaps)"), names
+    # (bwd_kernel<T, Cfg, arch, score_mod, key_bias, varlen, dropout>: with sm90_dropout the wgmma config, kWgmma true)
+    bwd = [n for n in names if "bwd_kernel<" in n]
+    assert len(bwd) == 1 and tag in bwd[0], names
+    assert bwd[0].endswith(", false, false, false, true>(fa2::AttentionParams)"), names
+    assert (", true, true>" + tag in bwd[0]) == sm90_dropout, bwd
+
+
+# ---- the plan: Hopper routes dropout to the sm_90a kernels -----------------------------------------------------------
+
+@pytest.mark.parametrize("headdim", [32, 64, 96, 128, 192, 256])
+def test_plan_routes_dropout_to_the_sm90a_kernels_on_hopper(headdim):
+    call = dict(batch=2, nheads=8, seqlen_q=1024, seqlen_k=1024, headdim=headdim, dtype="bfloat16")
+    dropped = fa2.dev.plan("fwd", device="h100", dropout_p=0.1, **call)
+    if "error" in dropped:
+        pytest.skip(f"this build has no headdim-{headdim} instance: {dropped['error']}")
+    # the forward: the pipelined sm_90a kernel (the warp-specialized ones have no dropout), plain or general
+    kernel = dropped["kernel"]
+    assert "dropout" in kernel and "sm90a" in kernel and "warp-specialized" not in kernel, kernel
+    assert "dropout" not in fa2.dev.plan("fwd", device="h100", **call)["kernel"]
+    for extra in (dict(bias="key_row"), dict(softcap=5.0)):
+        kernel = fa2.dev.plan("fwd", device="h100", dropout_p=0.1, **extra, **call)["kernel"]
+        assert "sm90a" in kernel and "general" in kernel and "dropout" in kernel, (extra, kernel)
+    varlen = fa2.dev.plan("fwd", device="h100", dropout_p=0.1, varlen=True, causal=True, **call)["kernel"]
+    assert "sm90a" in varlen and "varlen" in varlen and "dropout" in varlen, varlen
+    # the backward: bwd_kernel's wgmma tiles on the plain path where they exist (not the warp-specialized kernel)
+    kernel = fa2.dev.plan("bwd", device="h100", dropout_p=0.1, **call)["kernel"]
+    wgmma = headdim in WGMMA_BWD_HEADDIMS
+    assert "dropout" in kernel and ("sm90a, sm90a wgmma tiles, plain" in kernel) == wgmma, kernel
+    assert wgmma or "sm90, sm80 tiles" in kernel, kernel
+    assert "dropout" not in fa2.dev.plan("bwd", device="h100", **call)["kernel"]
+    varlen = fa2.dev.plan("bwd", device="h100", dropout_p=0.1, varlen=True, causal=True, **call)["kernel"]
+    assert ("sm90a wgmma tiles" in varlen) == wgmma and "varlen" in varlen and "dropout" in varlen, varlen
+    for extra in (dict(bias="key_row"), dict(softcap=5.0)):
+        kernel = fa2.dev.plan("bwd", device="h100", dropout_p=0.1, **extra, **call)["kernel"]
+        assert "sm90, sm80 tiles, score-mod" in kernel and "dropout" in kernel, (extra, kernel)
+
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_plan_routes_dropout_to_the_sm80_path_on_hopper(direction):
-    call = dict(batch=2, nheads=8, seqlen_q=1024, seqlen_k=1024, headdim=128, dtype="bfloat16")
-    plain = fa2.dev.plan(direction, device="h100", **call)
-    dropped = fa2.dev.plan(direction, device="h100", dropout_p=0.1, **call)
-    if "error" in dropped:
-        pytest.skip(f"this build has no headdim-128 instance: {dropped['error']}")
-    assert "dropout" in dropped["kernel"] and "sm90a" not in dropped["kernel"], dropped["kernel"]
-    assert "dropout" not in plain["kernel"]
-    with_bias = fa2.dev.plan(direction, device="h100", dropout_p=0.1, bias="key_row", **call)
-    assert "dropout" in with_bias["kernel"] and ("general" in with_bias["kernel"] or "score-mod" in
-                                                 with_bias["kernel"]), with_bias["kernel"]
+def test_plan_keeps_dropout_on_the_sm80_path_elsewhere(direction):
+    """A100: the sm80 path; Hopper with the sm_90a backward switched off: the sm80 path's backward."""
+    call = dict(batch=2, nheads=8, seqlen_q=1024, seqlen_k=1024, headdim=128, dtype="bfloat16", dropout_p=0.1)
+    kernel = fa2.dev.plan(direction, device="a100", **call)
+    if "error" in kernel:
+        pytest.skip(f"this build has no sm80 headdim-128 instance: {kernel['error']}")
+    assert "sm80" in kernel["kernel"] and "sm90" not in kernel["kernel"] and "dropout" in kernel["kernel"], kernel
+    if direction == "bwd":
+        with fa2.dev.options_override(sm90_backward=False):
+            kernel = fa2.dev.plan("bwd", device="h100", **call)["kernel"]
+        assert "sm90a" not in kernel and "dropout" in kernel, kernel

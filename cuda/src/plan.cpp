@@ -143,12 +143,25 @@ const char* check_varlen_call(const char* direction, const AttentionParams& p, b
 
 // A dropout call's score path (the kernels with dropout: plain or general, fwd_launch_template.cuh): a bias folded into
 // S takes the general path; its note.
-void note_dropout_score(FwdScore& score, PlanNotes* notes) {
+void note_dropout_score(FwdScore& score, int arch_tag, PlanNotes* notes) {
   if (score == FwdScore::kBiasFold || score == FwdScore::kKeyBiasFold) score = FwdScore::kGeneral;
   note(notes, [&] {
-    return std::string("dropout: the sm80 path's kernel with dropout (Philox bits from rng_state), ") +
-           (score == FwdScore::kPlain ? "plain" : "general") + " score path";
+    return std::string("dropout: ") + (arch_tag == 901 ? "the pipelined sm_90a kernel" : "the sm80 path's kernel") +
+           " with dropout (Philox bits from rng_state), " + (score == FwdScore::kPlain ? "plain" : "general") +
+           " score path";
   });
+}
+
+// Whether a dropout call may run the sm_90a kernels where its instance is one (while option sm90_dropout is on): the
+// forward's pipelined ones where the instances load with the TMA (varlen: where sm90_varlen_forward); the backward's
+// wgmma tiles (bwd_kernel.cuh, not the warp-specialized kernel) on the plain path (no bias, no softcap: the score-mod
+// path keeps the sm80 tiles there too) at the headdims that have them (varlen: where sm90_varlen_backward).
+bool sm90_dropout_forward(const AttentionParams& p, const DevOptions& options) {
+  return options.sm90_dropout && FA2_SM90_TMA && (!is_varlen(p) || sm90_varlen_forward(options));
+}
+bool sm90_dropout_backward(const AttentionParams& p, const DevOptions& options) {
+  return options.sm90_dropout && options.sm90_backward && bwd_wgmma_headdim(p.headdim_rounded) &&
+         !bwd_uses_score_mod(p) && (!is_varlen(p) || sm90_varlen_backward(options, p.headdim_rounded));
 }
 
 // ---- launch limits ----------------------------------------------------------------------------------------------
@@ -198,23 +211,27 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   const bool plain = !general && p.bias_type == BiasType::kNone;
   const bool equal_blocks = p.window_left < 0 && p.window_right < 0;  // (causal is folded into window_right)
   const bool tma = arch_tag == 901 && FA2_SM90_TMA;
+  // dropout on sm_90a: the pipelined kernels only (fwd_launch_template.cuh, fwd_dropout_kernel)
+  const bool dropout = has_dropout(p);
   // the default of causal / windowed calls: the schedule the tile-counter and key-bias kernels are built for
   const Sm90Schedule built_default = tma ? sm90_default_schedule(headdim, true) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = built_default;
   // (varlen: the defaults only, the schedules its kernels are built for: fwd_launch_template.cuh)
-  const bool forced = tma && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
+  const bool forced = tma && !dropout && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
   if (tma) {
-    schedule = forced        ? options.sm90_schedule
+    schedule = dropout        ? Sm90Schedule::kPipelined
+               : forced       ? options.sm90_schedule
                : is_varlen(p) ? sm90_default_schedule(headdim, !equal_blocks)
                               : sm90_schedule_for_keys(headdim, !equal_blocks, p.seqlen_k);
   }
   if (tma) {
     note(notes, [&] {
       return std::string("schedule: ") + sm90_schedule_name(schedule) +
-             (forced ? " (forced: option sm90_schedule)"
-                     : std::string(" (d ") + std::to_string(headdim) + "'s default " +
-                           (equal_blocks ? "without" : "with") + " a causal mask or window at " +
-                           std::to_string(p.seqlen_k) + " keys)");
+             (dropout  ? " (dropout: the pipelined kernels have it)"
+              : forced ? " (forced: option sm90_schedule)"
+                       : std::string(" (d ") + std::to_string(headdim) + "'s default " +
+                             (equal_blocks ? "without" : "with") + " a causal mask or window at " +
+                             std::to_string(p.seqlen_k) + " keys)");
     });
   }
   // a bias with one value per key (padding masks): its own variant; on sm_90a its key tiles come by the TMA, which
@@ -223,7 +240,8 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   const bool bias_rows_tma_loadable = p.bias_col_stride == 1 && reinterpret_cast<uintptr_t>(p.bias) % 16 == 0 &&
                                       (p.batch == 1 || (p.bias_batch_stride * elem) % 16 == 0) &&
                                       (p.nheads == 1 || (p.bias_head_stride * elem) % 16 == 0);
-  const bool key_row_bias = !general && p.bias_type != BiasType::kNone && p.bias_row_stride == 0 &&
+  // (dropout: none, its bias is the general path's: note_dropout_score)
+  const bool key_row_bias = !general && !dropout && p.bias_type != BiasType::kNone && p.bias_row_stride == 0 &&
                             (!tma || bias_rows_tma_loadable);
   if (tma && plain && schedule != Sm90Schedule::kPipelined) {
     c.ws = true;
@@ -257,12 +275,15 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
            (general ? "general (softcap or scale <= 0)"
             : plain ? "plain (no bias, no softcap)"
             : key_row_bias ? "key-row bias folded into S (one value per key: a padding mask)"
+            : dropout      ? "bias folded into S (with dropout: the general path's)"
                            : "bias folded into S (it varies along queries, or its rows are not TMA-loadable)");
   });
   if (tma && !c.ws) {
     note(notes, [&] {
       return std::string("kernel: pipelined (") +
-             (plain ? "the schedule is pipelined" : "warp-specialized kernels serve the plain path and key-row bias") +
+             (dropout ? "dropout"
+              : plain ? "the schedule is pipelined"
+                      : "warp-specialized kernels serve the plain path and key-row bias") +
              ")";
     });
   }
@@ -358,13 +379,15 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   FwdPlan plan;
   plan.varlen = is_varlen(p);
   plan.dropout = has_dropout(p);
-  // dropout: the sm80 path's kernels only; varlen: the sm_90a ones where the option allows, else the sm80 path's
-  const bool sm90_varlen = plan.varlen && !plan.dropout && sm90_varlen_forward(options);
+  // dropout, varlen: the sm_90a kernels where they have them and the option allows, else the sm80 path's
+  const bool sm90_dropout = plan.dropout && sm90_dropout_forward(p, options);
+  const bool sm90_varlen = plan.varlen && sm90_varlen_forward(options);
   plan.instance = pick_instance("forward", p, device, options, instances, num_instances,
-                                !plan.dropout && (!plan.varlen || sm90_varlen), &plan.error);
+                                (!plan.dropout || sm90_dropout) && (!plan.varlen || sm90_varlen), &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  const bool sm80_path = plan.dropout || (plan.varlen && !(sm90_varlen && arch_tag_of(inst) == 901));
+  const bool sm90a = arch_tag_of(inst) == 901;
+  const bool sm80_path = (plan.dropout && !(sm90_dropout && sm90a)) || (plan.varlen && !(sm90_varlen && sm90a));
   if (plan.varlen && (plan.error = check_varlen_call("forward", p, !sm80_path, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim, plan.bias = p.bias_type;
   note(notes, [&] {
@@ -374,7 +397,7 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   });
   note_headdim_padding(p, notes);
   FwdChoice c = choose_fwd_kernel(p, options, plan.arch_tag, inst.headdim, notes);
-  if (plan.dropout) note_dropout_score(c.score, notes);
+  if (plan.dropout) note_dropout_score(c.score, plan.arch_tag, notes);
   plan.score = c.score, plan.warp_specialized = c.ws, plan.schedule = c.schedule, plan.key_bias_tma = c.key_bias_tma;
   const KernelShape shape =
       fwd_kernel_shape(inst.headdim, plan.arch_tag == 901, c.ws, c.ws && sm90_schedule_pingpong(c.schedule));
@@ -553,7 +576,7 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   // dV as fp32 partials per query head (the varlen glue's buffers)
   const AttentionParams& tma_view = plan.varlen ? varlen_rows_view(p) : p;
   auto ws_eligible = [&](GqaDkv gqa_dkv) {
-    return ws_capable && (!plan.varlen || gqa_dkv == GqaDkv::kPartials) &&
+    return ws_capable && (!plan.varlen || gqa_dkv == GqaDkv::kPartials) && !plan.dropout &&
            options.sm90_ws_backward && (!score_mod || plan.key_bias) && !p.deterministic &&
            bwd_ws_applies(tma_view, gqa_dkv, ws_shape.shape.block_m, plan.key_bias) && ws_smem &&
            (p.h_h_k_ratio == 1 || gqa_dkv != GqaDkv::kAccumulate ||
@@ -598,6 +621,7 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
     if (ws) return std::string("main kernel: warp-specialized") + (plan.key_bias ? " (key-row bias)" : "");
     std::string why = !ws_capable             ? "no warp-specialized kernel for this instance / headdim / tiles"
                       : !options.sm90_ws_backward ? "option sm90_ws_backward off"
+                      : plan.dropout          ? "dropout: the warp-specialized kernel has none"
                       : score_mod && !plan.key_bias ? "softcap or a general bias"
                       : p.deterministic       ? "deterministic mode"
                                               : "the TMA cannot address every buffer, or too little shared memory";
@@ -688,18 +712,23 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   BwdPlan plan;
   plan.varlen = is_varlen(p);
   plan.dropout = has_dropout(p);
-  const bool sm90_varlen = plan.varlen && !plan.dropout && sm90_varlen_backward(options, p.headdim_rounded);
+  const bool sm90_dropout = plan.dropout && sm90_dropout_backward(p, options);
+  const bool sm90_varlen = plan.varlen && sm90_varlen_backward(options, p.headdim_rounded);
   plan.instance = pick_instance("backward", p, device, options, instances, num_instances,
-                                options.sm90_backward && !plan.dropout && (!plan.varlen || sm90_varlen), &plan.error);
+                                options.sm90_backward && (!plan.dropout || sm90_dropout) &&
+                                    (!plan.varlen || sm90_varlen),
+                                &plan.error);
   if (plan.instance < 0) return plan;
   const InstanceDesc& inst = instances[plan.instance];
-  const bool sm80_path = plan.dropout || (plan.varlen && !(sm90_varlen && arch_tag_of(inst) == 901));
+  const bool sm90a = arch_tag_of(inst) == 901;
+  const bool sm80_path = (plan.dropout && !(sm90_dropout && sm90a)) || (plan.varlen && !(sm90_varlen && sm90a));
   if (plan.varlen && (plan.error = check_varlen_call("backward", p, !sm80_path, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim;
   if (plan.dropout) {
     note(notes, [&] {
-      return std::string("dropout: the sm80 path's bwd_kernel, replaying the forward's mask (Philox bits from "
-                         "rng_state)");
+      return std::string("dropout: ") +
+             (plan.arch_tag == 901 ? "bwd_kernel's sm_90a wgmma tiles" : "the sm80 path's bwd_kernel") +
+             ", replaying the forward's mask (Philox bits from rng_state)";
     });
   }
   note(notes, [&] {

@@ -76,7 +76,8 @@ namespace bwd {
 // kVarlen: packed sequences (params.h): the grid's key blocks count max_seqlen_k's, and a CTA works within its
 // sequence (rows from its first of the packed tensors, its own lengths); one whose key block lies past its sequence's
 // end exits (no bias, no dbias).
-// kDropout: the forward's dropout mask replayed from params.rng_state (Sm80Scores; mma.sync tiles, no key-row bias).
+// kDropout: the forward's dropout mask replayed from params.rng_state (Sm80Scores; mma.sync or wgmma tiles, no key-row
+// bias).
 template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kKeyBias, bool kVarlen = false,
           bool kDropout = false>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_constant__ AttentionParams p) {
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1) bwd_kernel(const __grid_con
   const int group = lane >> 2, tig = lane & 3;
   // S, P, dP, dS of a query block (Sm80Scores: the plain path, its key-row bias variant, or the score-mod path)
   const Sm80Scores<T, Cfg, kScoreMod, kKeyBias, kDropout> scores{
-      p, shared, info, bias_bh, dbias, sdp_m0, sdp_n0, lane, group, tig, dropout_head<kDropout>(p, batch, head)};
+      p, shared, info, bias_bh, dbias, sdp_m0, sdp_n0, lane, group, tig, dropout_of<kDropout, kWgmma>(p, batch, head)};
 
   using kWaitSync = std::bool_constant<!kWgmma>;  // issued without waiting where that is possible (wgmma)
   for (int m = m_lo, it = 0; m <= m_last; ++m, ++it) {

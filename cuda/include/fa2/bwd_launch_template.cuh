@@ -41,15 +41,26 @@ const char* launch_bwd_kernel(const BwdPlan& plan, const AttentionParams& p, cud
 }
 
 // The varlen and / or dropout main kernel (bwd_kernel.cuh, kVarlen, kDropout) of one score path: an sm_90a plan's
-// (arch_tag 901, varlen only: the wgmma tiles on the plain path, the sm80 ones on the score-mod path, as a dense
-// call's), else the sm80 path's, where the instance has those kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a
-// one runs them with the sm80 path's tag 900): on sm_90 only with the regular tiles (plan.cpp, choose_bwd_tiles), so
-// that few kernels are instantiated.
+// (arch_tag 901: varlen with the wgmma tiles on the plain path, the sm80 ones on the score-mod path, as a dense call's;
+// dropout, padded or varlen, with the wgmma tiles on the plain path only: plan.cpp, sm90_dropout_backward), else the
+// sm80 path's, where the instance has those kernels (kVarlenKernels: cmake/Kernels.cmake; an sm_90a one runs them with
+// the sm80 path's tag 900): on sm_90 only with the regular tiles (plan.cpp, choose_bwd_tiles), so that few kernels are
+// instantiated.
 template <typename T, typename Cfg, int kArch, bool kScoreMod, bool kVarlenKernels>
 const char* launch_bwd_varlen_or_dropout_kernel(const BwdPlan& plan, const AttentionParams& p, cudaStream_t stream) {
   if (plan.arch_tag == 901) {
+    constexpr bool kNoKeyBias = false, kDropout = true;
+    if constexpr (kArch == 901 && Cfg::kWgmma && !kScoreMod) {
+      if (plan.dropout && plan.varlen) {
+        return launch_bwd_kernel<T, Cfg, kArch, false, kNoKeyBias, /*kVarlen=*/true, kDropout>(plan, p, stream);
+      }
+      if (plan.dropout) {
+        return launch_bwd_kernel<T, Cfg, kArch, false, kNoKeyBias, /*kVarlen=*/false, kDropout>(plan, p, stream);
+      }
+    }
     if constexpr (kArch == 901 && (Cfg::kWgmma || kScoreMod)) {
-      return launch_bwd_kernel<T, Cfg, kArch, kScoreMod, /*kKeyBias=*/false, /*kVarlen=*/true>(plan, p, stream);
+      if (plan.dropout) return "fa2: the backward plan names a kernel this instance does not have";
+      return launch_bwd_kernel<T, Cfg, kArch, kScoreMod, kNoKeyBias, /*kVarlen=*/true>(plan, p, stream);
     } else {
       return "fa2: the backward plan names a kernel this instance does not have";
     }

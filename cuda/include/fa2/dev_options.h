@@ -42,6 +42,9 @@ struct DevOptions {
   // varlen calls run the sm_90a kernels on compute capability 9.0 (the forward's: TMA over the packed tensors; the
   // backward's: bwd_kernel's wgmma tiles, while sm90_backward is on); off: the sm80 path's varlen kernels there too
   bool sm90_varlen = true;
+  // dropout calls run the sm_90a kernels on compute capability 9.0 (the pipelined forward; bwd_kernel's wgmma tiles on
+  // the plain path, while sm90_backward is on); off: the sm80 path's dropout kernels there too
+  bool sm90_dropout = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).

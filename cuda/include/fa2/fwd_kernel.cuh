@@ -150,7 +150,8 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 // otherwise).
 // kVarlen: packed sequences (params.h), no bias, no clusters: the sm80 path's kernels and the sm_90a ones with TMA
 // loads (maps over the packed tensors: fwd_launch_template.cuh).
-// kDropout: dropout on P (params.h, rng_state), the sm80 path's kernels only (plain or general score path).
+// kDropout: dropout on P (params.h, rng_state): the sm80 path's kernels and the pipelined sm_90a ones (plain or general
+// score path).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false,
           bool kVarlen = false, bool kDropout = false>

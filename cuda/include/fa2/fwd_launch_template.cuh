@@ -73,12 +73,13 @@ FwdKernel fwd_varlen_kernel(FwdScore score) {
   return nullptr;
 }
 
-// The dropout kernel (fwd_kernel.cuh, kDropout) of a plan: the sm80 path's, plain (no bias) or general (any bias,
-// softcap), padded or varlen (no bias), or nullptr. (kArch: 800, 860, 900, as fwd_varlen_kernel's.)
+// The dropout kernel (fwd_kernel.cuh, kDropout) of a plan: plain (no bias) or general (any bias, softcap), padded or
+// varlen (no bias), or nullptr. kArch: 800, 860, 900 (the sm80 path's, as fwd_varlen_kernel's) or 901 (the pipelined
+// sm_90a kernels, TMA loads).
 template <typename T, int kHeadDim, int kArch>
 FwdKernel fwd_dropout_kernel(const FwdPlan& plan) {
   using fwd::ScoreMode;
-  static_assert(kArch % 10 == 0, "dropout runs the sm80 path's kernels");
+  static_assert(kArch % 10 == 0 || (kArch == 901 && FA2_SM90_TMA), "dropout: the sm80 path's or pipelined kernels");
   constexpr ScoreMode kPlain = ScoreMode::kPlain, kGeneral = ScoreMode::kGeneral;
   constexpr bool kDropout = true;
   if (plan.varlen) {
@@ -214,14 +215,19 @@ FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
 
 // The kernel a plan names (fwd_kernel_for_bias, ws_launch): the same instantiations as the plan's choices can reach,
 // and nothing else. launch.kernel nullptr where the plan names a kernel this instance does not have.
-// kVarlenKernels: the instance has the varlen and dropout kernels (cmake/Kernels.cmake: the sm80-path instances, and an
-// sm_90a one in a build without sm_90 ones, which runs them with the sm80 path's tag 900).
+// kVarlenKernels: the instance has the sm80 path's varlen and dropout kernels (cmake/Kernels.cmake: the sm80-path
+// instances, and an sm_90a one in a build without sm_90 ones, which runs them with the sm80 path's tag 900). The sm_90a
+// instances with TMA loads have their own (arch_tag 901 plans).
 template <typename T, int kHeadDim, int kArch, bool kVarlenKernels>
 FwdLaunch fwd_launch_of(const FwdPlan& plan) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/kArch == 901>;  // the non-warp-specialized kernels'
   using fwd::ScoreMode;
   FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
+  if (plan.dropout && plan.arch_tag == 901) {  // (the pipelined sm_90a kernels: Cfg's shape)
+    if constexpr (kTma) launch.kernel = fwd_dropout_kernel<T, kHeadDim, kArch>(plan);
+    return launch;
+  }
   if (plan.dropout) {
     if constexpr (kVarlenKernels) {
       using Sm80Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/false>;
@@ -292,7 +298,7 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
 // The TMA's view of q, k, v (and a key-row bias) for the sm_90a instances that load with it.
 template <typename T, int kHeadDim, int kArch>
 const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, sm90::FwdTensorMaps* maps) {
-  if (plan.dropout || (plan.varlen && plan.arch_tag != 901)) return nullptr;  // (the sm80 path's kernels: cp.async loads)
+  if (plan.arch_tag != 901) return nullptr;  // (the sm80 path's kernels: cp.async loads)
   if constexpr (kArch == 901 && FA2_SM90_TMA) {
     using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;

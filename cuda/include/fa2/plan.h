@@ -66,8 +66,9 @@ struct FwdPlan {
   // sm80 path's kernel with kVarlen (arch_tag 800 .. 900) from an sm80-path instance (Hopper: the sm_90 one; in a
   // build without those, an sm_90a one carries it), on a (query blocks of max_seqlen_q, nheads, sequences) grid
   bool varlen = false;
-  // dropout (params.h, has_dropout): the sm80 path's kernel with kDropout, from an sm80-path instance as varlen's (on
-  // Hopper too: the sm_90a kernels have no dropout yet); plain or general score path
+  // dropout (params.h, has_dropout): the kernel with kDropout, plain or general score path: on compute capability 9.0
+  // the pipelined sm_90a one (arch_tag 901; not warp_specialized) while option sm90_dropout is on, else the sm80
+  // path's from an sm80-path instance as varlen's
   bool dropout = false;
 };
 
@@ -116,8 +117,10 @@ struct BwdPlan {
   // elsewhere the sm80 tiles (arch_tag 800 .. 900, as FwdPlan::varlen); no row statistics kernel (softcap: the caller
   // passes row_lse = lse and a zero row_shift)
   bool varlen = false;
-  // dropout (params.h, has_dropout): bwd_kernel.cuh's kernel with kDropout and the sm80 tiles, from an sm80-path
-  // instance as varlen's; the plain path (kPlain) or the score-mod path (softcap, any bias: kScoreMod)
+  // dropout (params.h, has_dropout): bwd_kernel.cuh's kernel with kDropout (never the ws kernel), the plain path
+  // (kPlain) or the score-mod path (softcap, any bias: kScoreMod): the sm_90a wgmma tiles on the plain path at their
+  // headdims on compute capability 9.0 (option sm90_dropout), else the sm80 tiles from an sm80-path instance as
+  // varlen's
   bool dropout = false;
 };
 

@@ -19,8 +19,25 @@
 namespace fa2 {
 namespace bwd {
 
+// Sm80Scores' dropout state for (batch, head): with the mma.sync tiles its DropoutHead; with the wgmma tiles the
+// coordinates it is read again from per query block (L1 hits: kept over the query blocks, its registers cost spills).
+struct DropoutCoords {
+  int batch, head;
+};
+template <bool kDropout, bool kWgmma>
+__device__ __forceinline__ std::conditional_t<kWgmma, DropoutCoords, DropoutHead> dropout_of(
+    const AttentionParams& p, int batch, int head) {
+  if constexpr (kWgmma) {
+    return DropoutCoords{batch, head};
+  } else {
+    return dropout_head<kDropout>(p, batch, head);
+  }
+}
+
 // kDropout: the forward's dropout mask Z replayed (fa2/dropout.cuh): P ∘ Z / (1 - p) to shared memory for dV, and
-// dS = P (dP ∘ Z / (1 - p) - D) (the gradient reaching the undropped P), on the plain and the score-mod paths.
+// dS = P (dP ∘ Z / (1 - p) - D) (the gradient reaching the undropped P), on the plain and the score-mod paths. With
+// the wgmma tiles a warp's part of the m64 accumulator maps elements to threads as mma.sync's C fragments do (rows
+// group, group + 8 of its 16 at sdp_m0, keys 2 tig, 2 tig + 1 of each n8 tile from sdp_n0), so the same groups.
 template <typename T, typename Cfg, bool kScoreMod, bool kKeyBias, bool kDropout = false>
 struct Sm80Scores {
   static constexpr int kHeadDim = Cfg::kHeadDim, kSdPM = Cfg::kSdPMTiles, kSdPN = Cfg::kSdPNTiles;
@@ -31,7 +48,7 @@ struct Sm80Scores {
   using kWaitSync = std::bool_constant<!kWgmma>;  // issued without waiting where that is possible (wgmma)
   using Acc = float[kSdPM][kSdPN][4];             // S or dP: this warp's (kSdPM m16, kSdPN n8) tiles
   static_assert(!(kScoreMod && kKeyBias), "the key-row bias variant is one of the plain path");
-  static_assert(!(kDropout && (kKeyBias || kWgmma)), "dropout: the sm80 tiles' plain and score-mod paths");
+  static_assert(!(kDropout && kKeyBias), "dropout: the plain and score-mod paths");
   using Keep = FragmentKeep<kSdPM, kSdPN>;
 
   const AttentionParams& p;
@@ -41,12 +58,24 @@ struct Sm80Scores {
   float* dbias;         // the score-mod path's dbias of this (batch, head), or null
   int sdp_m0, sdp_n0;   // this warp's S / dP tile: rows sdp_m0.., keys sdp_n0..
   int lane, group, tig;
-  DropoutHead dropout;  // kDropout: this (batch, head)'s (else unused)
+  // kDropout: this (batch, head)'s (dropout_of; else unused)
+  std::conditional_t<kWgmma, DropoutCoords, DropoutHead> dropout;
 
   // kDropout: this thread's keep bits of the (query block m0, key block n0) tile (row0 - group, col0 - 2 tig: the warp
   // tile's first query and key)
   __device__ __forceinline__ Keep keep_bits(int row0, int col0) const {
-    return Keep(dropout, row0 - group, col0 - tig * 2, group, tig);
+    if constexpr (kWgmma) {
+      return Keep(DropoutHead(p, dropout.batch, dropout.head), row0 - group, col0 - tig * 2, group, tig);
+    } else {
+      return Keep(dropout, row0 - group, col0 - tig * 2, group, tig);
+    }
+  }
+  __device__ __forceinline__ float keep_scale() const {
+    if constexpr (kWgmma) {
+      return p.dropout_keep_scale;
+    } else {
+      return dropout.keep_scale;
+    }
   }
 
   // S = Q K^T or dP = dO V^T (acc overwritten): (kBlockM, kBlockN) over the warps. wait: complete on return (always
@@ -79,9 +108,10 @@ struct Sm80Scores {
                                         const float (&dsum)[2 * kSdPM], const float* shift, int row0, int col0,
                                         Mask mask) const {
     const float* key_bias = shared.template at<const float>(shared.key_bias()) + sdp_n0 + tig * 2;
-    // (dropout's keep bits first, while few registers are live: drawn after S, ptxas spilled 464 B, not 368, at d 64)
+    // (dropout's keep bits: mma.sync first, while few registers are live: drawn after S, ptxas spilled 464 B, not 368,
+    // at d 64; wgmma once P is packed, S's registers free, while dP runs on the tensor cores)
     [[maybe_unused]] Keep keep;
-    if constexpr (kDropout) keep = keep_bits(row0, col0);
+    if constexpr (kDropout && !kWgmma) keep = keep_bits(row0, col0);
     // -- S = Q K^T;  P = exp2(q.k scale log2e - lse log2e), masked on boundary blocks, rounded to T
     //    (wgmma: dP = dO V^T is issued right behind S and runs on the tensor cores while P is computed)
     product_sdp(acc_s, shared.q(buf), shared.k(), kWaitSync{});
@@ -109,9 +139,14 @@ struct Sm80Scores {
     }
     if constexpr (kDropout) {
       // -- P ∘ Z / (1 - p) for dV; dP = dO V^T, then dP ∘ Z / (1 - p);  dS = P (dP - D)
+      if constexpr (kWgmma) keep = keep_bits(row0, col0);
       store_dropped_p(p_packed, keep);
-      product_sdp(acc_dp, shared.dout(buf), shared.v(), std::true_type{});
-      keep.apply(acc_dp, dropout.keep_scale);
+      if constexpr (kWgmma) {
+        sm90::wait_hold<0>(acc_dp);
+      } else {
+        product_sdp(acc_dp, shared.dout(buf), shared.v(), std::true_type{});
+      }
+      keep.apply(acc_dp, keep_scale());
       dp_to_ds<T>(acc_dp, p_packed, dsum);
       store_fragments<T, PTile>(shared.ds(), acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
       return;
@@ -138,7 +173,7 @@ struct Sm80Scores {
     product_sdp(acc_dp, shared.dout(buf), shared.v(), kWaitSync{});
     if constexpr (kWgmma) sm90::wait_hold<0>(acc_s, acc_dp);
     // -- dropout: dP ∘ Z / (1 - p) before dS = P (dP - D); P ∘ Z / (1 - p) after it (for dV)
-    if constexpr (kDropout) keep.apply(acc_dp, dropout.keep_scale);
+    if constexpr (kDropout) keep.apply(acc_dp, keep_scale());
     switch (p.bias_type) {
       case BiasType::kSameAsInput:
         scores_to_p_ds<true>(acc_s, acc_dp, lse2, dsum, shift, p, static_cast<const T*>(bias_bh), dbias, info,
@@ -157,7 +192,7 @@ struct Sm80Scores {
                              needs_mask, row0, col0);
         break;
     }
-    if constexpr (kDropout) keep.apply(acc_s, dropout.keep_scale);
+    if constexpr (kDropout) keep.apply(acc_s, keep_scale());
     store_fragments<T, PTile>(shared.p(), acc_s, sdp_m0 + group, sdp_n0 + tig * 2);
     store_fragments<T, PTile>(shared.ds(), acc_dp, sdp_m0 + group, sdp_n0 + tig * 2);
   }
@@ -172,7 +207,7 @@ struct Sm80Scores {
 #pragma unroll
         for (int nt = 0; nt < kSdPN; ++nt) {
           const float2 prob = unpack2<T>(p_packed[mt][nt][half]);
-          const float scale = dropout.keep_scale;
+          const float scale = keep_scale();
           const uint32_t dropped = ptx::pack2<T>(keep.keep(mt, nt, 2 * half) ? prob.x * scale : 0.f,
                                                  keep.keep(mt, nt, 2 * half + 1) ? prob.y * scale : 0.f);
           st_shared_pair<PTile>(shared.p(), sdp_m0 + group + mt * 16 + half * 8, sdp_n0 + tig * 2 + nt * 8, dropped);

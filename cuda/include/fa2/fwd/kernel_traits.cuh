@@ -35,8 +35,8 @@ struct FwdKernelTraits {
   // (fwd/tile_scheduler.cuh), without a bias: the cp.async kernels, and the TMA ones, whose copies address the packed
   // tensors from the sequence's first row (rows past its end load but are masked as keys and never stored as queries).
   static constexpr bool kVarlen = kVarlen_;
-  // kDropout: P ∘ Z / (1 - p) before P V (fa2/dropout.cuh; params.h, rng_state); the cp.async kernels, plain or general
-  // score path.
+  // kDropout: P ∘ Z / (1 - p) before P V (fa2/dropout.cuh; params.h, rng_state); the cp.async and the pipelined sm_90a
+  // kernels (not the warp-specialized ones), plain or general score path.
   static constexpr bool kDropout = kDropout_;
 
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
@@ -111,8 +111,8 @@ struct FwdKernelTraits {
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
   static_assert(!kVarlen || (kBias == BiasType::kNone && !kCluster),
                 "varlen: no bias, no clusters (a pair's two query blocks may lie in different sequences)");
-  static_assert(!kDropout || (!kWgmma && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)),
-                "dropout: the sm80 path's kernels, plain or general score path");
+  static_assert(!kDropout || (!kWs && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)),
+                "dropout: the cp.async and pipelined kernels, plain or general score path");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
                 "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
 };

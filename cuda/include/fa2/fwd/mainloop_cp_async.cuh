@@ -37,12 +37,6 @@ struct FwdMainloopCpAsync {
   }
 
   static constexpr bool kDrawKeepFirst = FragmentKeep<kMTiles, kNTiles>::kGroups <= 8;
-  // This thread's dropout keep bits of key tile n (fa2/dropout.cuh).
-  __device__ __forceinline__ static FragmentKeep<kMTiles, kNTiles> keep_bits(const DropoutHead& dropout,
-                                                                            const FwdThreadRows<Traits>& rows, int n,
-                                                                            int lane) {
-    return FragmentKeep<kMTiles, kNTiles>(dropout, rows.row0 - (lane >> 2), n * kBlockN, lane >> 2, lane & 3);
-  }
 
   // S (kRowsPerWarp, kBlockN) of this warp for the current key tile. In the object the consumers make per query tile,
   // not a local of run: the same values, but nvcc numbers S's registers by where it is declared and ptxas allocates
@@ -66,7 +60,7 @@ struct FwdMainloopCpAsync {
       // ptxas spilled 24 B at d 128, 60 B drawn after the softmax), else after the softmax (d 64, 16 groups: 36-72 B,
       // up to 584 B drawn first)
       [[maybe_unused]] FragmentKeep<kMTiles, kNTiles> keep;
-      if constexpr (Traits::kDropout && kDrawKeepFirst) keep = keep_bits(dropout, rows, n, lane);
+      if constexpr (Traits::kDropout && kDrawKeepFirst) keep = dropout_keep(dropout, rows, n, lane);
       start_scores(acc_s, tile, rows, n, col0);
 
       // -- tile n has landed (this thread's copies, then the barrier), and every warp is done with the buffers about
@@ -109,7 +103,7 @@ struct FwdMainloopCpAsync {
       softmax_step(softmax, acc_s, acc_o, rows, /*heavy_rows_possible=*/true);
       // -- dropout: P ∘ Z / (1 - p) (l took P's sum)
       if constexpr (Traits::kDropout) {
-        if constexpr (!kDrawKeepFirst) keep = keep_bits(dropout, rows, n, lane);
+        if constexpr (!kDrawKeepFirst) keep = dropout_keep(dropout, rows, n, lane);
         keep.apply(acc_s, dropout.keep_scale);
       }
       // -- O += P V

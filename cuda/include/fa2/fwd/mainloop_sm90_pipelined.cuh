@@ -1,6 +1,7 @@
 // The pipelined sm_90a forward's mainloop: two warpgroups multiply with wgmma, TMA loads on mbarriers, and thread 0
 // issues the next K/V tile's copies after a CTA barrier per tile (the default at d <= 96: tile_config.h). A key-row
-// bias's tile (kStagedBias) is folded to fp32 once for the CTA there.
+// bias's tile (kStagedBias) is folded to fp32 once for the CTA there. With kDropout, P ∘ Z / (1 - p) before P V, the
+// same keep bits as the cp.async mainloop's (fwd/mainloop_steps.cuh, dropout_keep).
 #pragma once
 #include <cmath>
 
@@ -20,6 +21,10 @@ struct FwdMainloopSm90Pipelined {
   static constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
   static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim, kNThreads = Traits::kNThreads;
   static_assert(Traits::kTma && !Traits::kWs, "TMA loads issued by thread 0 between CTA barriers");
+  // dropout's keep bits drawn before S takes its registers (at most 8 groups a thread: kBlockN <= 128 keys; the Philox
+  // work overlaps the tile's wait), else after the softmax: drawn there, the 128-register d 64 plain kernel spilled
+  // 200 B (ptxas), none drawn first
+  static constexpr bool kDrawKeepFirst = true;
 
   // -- prologue: the barriers (after the tile's empty-range check, as this one-tile kernel always had them: run
   //    first, ptxas spilled 20 -> 44-68 B more in the 128-register d 64 key-row kernel), Q and the first key tile
@@ -76,6 +81,12 @@ struct FwdMainloopSm90Pipelined {
       // A staged key tile of zero bias: S = Q K^T as on the plain path, whose wgmma ptxas issues without reading the
       // accumulator, dropping the zeroing (where the compiler sees the zeros, below). Clear: S += Q K^T.
       bool overwrite_s = false;
+      // (the Philox key and counter read again per tile, L1 hits: kept over the loop, they cost the 128-register plain
+      // kernel spills)
+      [[maybe_unused]] const DropoutHead dropout =
+          dropout_head<Traits::kDropout>(tile.p, tile.coord.batch, tile.coord.head);
+      [[maybe_unused]] FragmentKeep<kMTiles, kNTiles> keep;
+      if constexpr (Traits::kDropout && kDrawKeepFirst) keep = dropout_keep(dropout, rows, n, lane);
       start_scores(acc_s, tile, rows, n, col0);
 
       // -- tile n has landed, and every warp is done with the stage about to be refilled
@@ -122,6 +133,11 @@ struct FwdMainloopSm90Pipelined {
       }
       mod_and_mask_scores(acc_s, tile, rows, n, col0);
       softmax_step(softmax, acc_s, acc_o, rows, heavy_rows_possible);
+      // -- dropout: P ∘ Z / (1 - p) (l took P's sum)
+      if constexpr (Traits::kDropout) {
+        if constexpr (!kDrawKeepFirst) keep = dropout_keep(dropout, rows, n, lane);
+        keep.apply(acc_s, dropout.keep_scale);
+      }
       // -- O += P V
       gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, tile.smem.v(buf));
     }

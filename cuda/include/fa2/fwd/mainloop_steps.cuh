@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 
+#include "fa2/dropout.cuh"
 #include "fa2/fwd/score_bias.cuh"
 #include "fa2/fwd/score_mod.cuh"
 #include "fa2/fwd/tile_context.cuh"
@@ -89,6 +90,17 @@ __device__ __forceinline__ void softmax_step(OnlineSoftmax<kMTiles>& softmax, fl
   } else {
     softmax.template update<false>(acc_s, acc_o, rows.mult, rows.heavy_s);
   }
+}
+
+// -- dropout: this thread's keep bits of key tile n (fa2/dropout.cuh). The mma.sync C fragments and a warp's part of a
+// wgmma m64 accumulator map elements to threads alike (rows group, group + 8 of the warp's 16, keys 2 tig, 2 tig + 1
+// of each n8 tile), so both paths draw the same groups: rows.row0 - group is the warp's first row, a multiple of 16.
+template <class Traits>
+__device__ __forceinline__ FragmentKeep<Traits::kMTiles, Traits::kNTiles> dropout_keep(const DropoutHead& dropout,
+                                                                                      const FwdThreadRows<Traits>& rows,
+                                                                                      int n, int lane) {
+  return FragmentKeep<Traits::kMTiles, Traits::kNTiles>(dropout, rows.row0 - (lane >> 2), n * Traits::kBlockN,
+                                                        lane >> 2, lane & 3);
 }
 
 }  // namespace fwd
