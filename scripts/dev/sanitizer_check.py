@@ -68,6 +68,24 @@ CASES = [
     dict(shape=(2, 200, 150, 6, 2, 128), flags=dict(causal=True)),
     # the backward's key-row variant on the sm80 tiles (d 96: no wgmma config; the default)
     dict(shape=(2, 70, 300, 2, 2, 96), flags={}, padding=True),
+    # dropout (its Philox bits per fragment group, forward and the backward's replay) with tails, GQA, a bias; sinks
+    # (folded in the forward's epilogue, d sinks from the backward's row sums)
+    dict(shape=(2, 97, 131, 4, 2, 64), flags=dict(causal=True, dropout_p=0.1)),
+    dict(shape=(1, 130, 300, 2, 1, 128), flags=dict(dropout_p=0.2), bias=(1, 1, 1, 300)),
+    dict(shape=(1, 70, 200, 2, 2, 256), flags=dict(window_left=32, window_right=0, dropout_p=0.1)),
+    dict(shape=(2, 100, 260, 4, 2, 128), flags=dict(causal=True), sinks=True),
+    dict(shape=(2, 65, 300, 2, 2, 64), flags={}, sinks=True, padding=True),
+]
+# varlen: (lengths_q, lengths_k, heads, kv heads, headdim, flags): tile edges, empty sequences, GQA, one sequence
+# spanning the tensors (the dense kernels), dropout and sinks
+VARLEN_CASES = [
+    ([128, 1, 0, 129, 255, 300], [128, 1, 9, 129, 255, 300], 4, 2, 128, dict(causal=True)),
+    ([1, 127, 0, 200], [5, 127, 3, 260], 2, 2, 64, {}),
+    ([90, 0, 131], [90, 17, 131], 2, 1, 256, dict(window_left=20, window_right=0)),
+    ([70, 33], [70, 45], 2, 2, 96, dict(causal=True)),
+    ([130, 60], [140, 60], 4, 2, 64, dict(dropout_p=0.1, causal=True)),
+    ([300], [300], 4, 2, 128, dict(causal=True)),  # (one spanning sequence: the dense kernels)
+    ([100, 37], [120, 37], 4, 4, 128, dict(sinks=True)),
 ]
 # FA2_SANITIZER_CASES="i,j,..": only those cases (indices into CASES), e.g. a new one on its own under every tool
 if os.environ.get("FA2_SANITIZER_CASES"):
@@ -86,15 +104,25 @@ for dtype in (torch.bfloat16, torch.float16):
             bias[0, ..., 128:256] = bias[0, ..., sk * 3 // 4:] = bias[1] = float("-inf")
         elif case.get("bool_bias"):
             bias = torch.rand(b, h, sq, sk, device="cuda") > 0.2
+        sinks = torch.randn(h, device="cuda", requires_grad=True) if case.get("sinks") else None
         split_before = fa2.dev.options()["bwd_tail_split"]  # (FA2_DEV_OPTIONS', or the default)
         if case.get("tail_split"):
             fa2.dev.set_options(bwd_tail_split=1)
-        out = fa2.attention(q, k, v, bias, **case["flags"])
-        grads = torch.autograd.grad(out, [t for t in (q, k, v, bias) if t is not None and t.requires_grad],
+        out = fa2.attention(q, k, v, bias, sinks=sinks, **case["flags"])
+        grads = torch.autograd.grad(out, [t for t in (q, k, v, bias, sinks) if t is not None and t.requires_grad],
                                     torch.randn_like(out))
         fa2.dev.set_options(bwd_tail_split=split_before)
         with fa2.deterministic():
-            out = fa2.attention(q, k, v, bias, **case["flags"])
+            out = fa2.attention(q, k, v, bias, sinks=sinks, **case["flags"])
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    for lengths_q, lengths_k, h, hk, d, flags in VARLEN_CASES:
+        flags = dict(flags)
+        sinks = torch.randn(h, device="cuda", requires_grad=True) if flags.pop("sinks", False) else None
+        cu_q, cu_k = (torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                                   device="cuda") for lens in (lengths_q, lengths_k))
+        q = torch.randn(sum(lengths_q), h, d, device="cuda", dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(sum(lengths_k), hk, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+        out = fa2.varlen_attention(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), sinks=sinks, **flags)
+        torch.autograd.grad(out, [t for t in (q, k, v, sinks) if t is not None], torch.randn_like(out))
 torch.cuda.synchronize()
-print("sanitizer_check: ran", 2 * len(CASES), "cases")
+print("sanitizer_check: ran", 2 * (len(CASES) + len(VARLEN_CASES)), "cases")
