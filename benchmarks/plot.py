@@ -295,14 +295,8 @@ def plot_varlen(result: dict, out_dir: str, stem: str) -> list[str]:
         ax.axhline(0.98, color="#999999", lw=0.8, ls="--")
         ax.set_title(f"equal lengths, {panel}: dense ms / varlen ms (sm90a route)", fontsize=9)
         ax.set_xlabel("Sequence length")
-    axes[0][0].set_ylabel("dense / varlen")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"Varlen, {result.get('device', '')}, {result.get('dtype', '')}", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out_dir, f"{stem}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return _save_row(fig, axes, "dense / varlen", f"Varlen, {result.get('device', '')}, {result.get('dtype', '')}",
+                     os.path.join(out_dir, f"{stem}.png"))
 
 
 def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:

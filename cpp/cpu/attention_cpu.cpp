@@ -34,15 +34,16 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& attn_bias, std::optional<double> scale, bool causal,
-    int64_t window_left, int64_t window_right, double softcap, bool bias_requires_grad, bool deterministic,
-    double dropout_p, const std::optional<at::Tensor>& rng_state) {
-  // Always deterministic on the CPU (see BwdPartition), so `deterministic` needs no separate path.
-  (void)deterministic;
-  AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
-                                              window_right, softcap, bias_requires_grad, dropout_p, rng_state);
+using BwdResults = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // dq, dk, dv, dbias, dsinks
+
+// fa2::bwd, and fa2::bwd_with_sinks where sinks are given (d sinks from dout and out: the kernel keeps no D).
+BwdResults bwd_cpu_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& attn_bias,
+                        std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+                        double softcap, bool bias_requires_grad, double dropout_p,
+                        const std::optional<at::Tensor>& rng_state, const std::optional<at::Tensor>& sinks) {
+  AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right,
+                                        softcap, bias_requires_grad, dropout_p, rng_state, sinks);
   resolve_rng_state(p, q, "fa2.bwd", /*draw=*/false);
   at::Tensor dq = empty_grad_like(q), dk = empty_grad_like(k), dv = empty_grad_like(v);  // (written by strides)
   // dS with respect to the bias, full size (the one O(N²) buffer), in the accumulation dtype; zero where masked.
@@ -55,20 +56,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     bwd_kernel<scalar_t>(p, dout, q, k, v, out, lse, dq, dk, dv, dbias_full);
   });
   at::Tensor dbias = bias_requires_grad ? reduce_dbias(dbias_full, *attn_bias) : at::empty({0}, q.options());
-  return {dq, dk, dv, dbias};
+  // (lse includes the sinks: the kernel above needs nothing more)
+  return {dq, dk, dv, dbias, p.sinks.has_value() ? sinks_grad(dout, out, lse, *p.sinks, 2, 1) : at::Tensor()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_with_sinks_cpu(
+// Always deterministic on the CPU (see BwdPartition), so `deterministic` needs no separate path.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const at::Tensor& sinks, const std::optional<at::Tensor>& attn_bias,
-    std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-    bool bias_requires_grad, bool deterministic, double dropout_p, const std::optional<at::Tensor>& rng_state) {
-  const AttentionProblem p = check_bwd_inputs(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left,
-                                              window_right, softcap, bias_requires_grad, dropout_p, rng_state, sinks);
-  auto [dq, dk, dv, dbias] = bwd_cpu(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right,
-                                     softcap, bias_requires_grad, deterministic, dropout_p, rng_state);
-  // (lse includes the sinks: the kernel above needs nothing more)
-  return {dq, dk, dv, dbias, sinks_grad(dout, out, lse, *p.sinks, 2, 1)};
+    const at::Tensor& lse, const std::optional<at::Tensor>& attn_bias, std::optional<double> scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, bool bias_requires_grad, bool /*deterministic*/,
+    double dropout_p, const std::optional<at::Tensor>& rng_state) {
+  const BwdResults r = bwd_cpu_impl(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right,
+                                    softcap, bias_requires_grad, dropout_p, rng_state, std::nullopt);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+}
+
+BwdResults bwd_with_sinks_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& out, const at::Tensor& lse, const at::Tensor& sinks,
+                              const std::optional<at::Tensor>& attn_bias, std::optional<double> scale, bool causal,
+                              int64_t window_left, int64_t window_right, double softcap, bool bias_requires_grad,
+                              bool /*deterministic*/, double dropout_p, const std::optional<at::Tensor>& rng_state) {
+  return bwd_cpu_impl(dout, q, k, v, out, lse, attn_bias, scale, causal, window_left, window_right, softcap,
+                      bias_requires_grad, dropout_p, rng_state, sinks);
 }
 
 }  // namespace

@@ -81,6 +81,22 @@ def copy_bandwidth(nbytes):
     return 2 * nbytes / ms / 1e6
 
 
+def decode_inputs(batch, n, h, hk, d, page):
+    """A decode step's bf16 inputs: q (batch, 1, h, d); k / v caches of n keys per sequence, contiguous or paged (page
+    keys a block, the blocks shuffled: kw holds the block table); every sequence's length n."""
+    q = torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16)
+    kw = {}
+    if page:
+        blocks = batch * (n // page)
+        k = torch.randn(blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
+        kw["block_table"] = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
+    else:
+        k = torch.randn(batch, n, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+    return q, k, v, lens, kw
+
+
 def bench(quick, page, json_path, mha):
     h, hk = (32, 32) if mha else (32, 8)
     batches = (1, 16, 256) if quick else (1, 4, 16, 64, 256)
@@ -98,16 +114,7 @@ def bench(quick, page, json_path, mha):
                 kv_bytes = 2 * batch * n * hk * d * 2
                 if kv_bytes > limit:
                     continue
-                q = torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16)
-                kw = {}
-                if page:
-                    blocks = batch * (n // page)
-                    k = torch.randn(blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
-                    kw["block_table"] = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
-                else:
-                    k = torch.randn(batch, n, hk, d, device="cuda", dtype=torch.bfloat16)
-                v = torch.randn_like(k)
-                lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+                q, k, v, lens, kw = decode_inputs(batch, n, h, hk, d, page)
 
                 def call():
                     return torch.ops.fa2._decode_attention(q, k, v, lens, **kw)
@@ -132,16 +139,7 @@ def sweep_splits(splits, d, batch, n, page):
     replays: to check choose_splits where a shape misses its bandwidth goal."""
     h, hk = 32, 8
     ref_copy = copy_bandwidth(1 << 30)
-    q = torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16)
-    kw = {}
-    if page:
-        blocks = batch * (n // page)
-        k = torch.randn(blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
-        kw["block_table"] = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
-    else:
-        k = torch.randn(batch, n, hk, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+    q, k, v, lens, kw = decode_inputs(batch, n, h, hk, d, page)
     kv_bytes = 2 * batch * n * hk * d * 2
     print(f"d {d}, batch {batch}, cache {n} ({kv_bytes / 1e6:.1f} MB){f', paged {page}' if page else ''}; "
           f"copy {ref_copy:.0f} GB/s")
