@@ -308,3 +308,49 @@ def test_cta_trace_reads_every_tile_of_both_warpgroups():
     assert stats["both_switching"] == 1010 - 960
     assert stats["one_switching"] == (960 - 810) + (1160 - 1010) + (2010 - 1810)
     assert stats["switch_share_both"] == pytest.approx(50 / 2000)
+
+
+def test_causal_flops_count_the_pairs_a_bottom_right_mask_keeps():
+    """bench_common.attention_flops: a causal chunk of queries against a longer cache counts the (query, key) pairs
+    the bottom-right mask keeps (query i sees keys j <= i + Sk - Sq); equal lengths keep the FA-2 paper's S²/2."""
+    common = pytest.importorskip("bench_common")
+    for seqlen_q, seqlen_k in ((2, 4), (3, 3), (5, 2), (128, 4096), (1, 7)):
+        keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool).tril(seqlen_k - seqlen_q)
+        want = keep.sum().item() if seqlen_q != seqlen_k else seqlen_q * seqlen_k / 2
+        assert common.attention_flops(2, 3, seqlen_q, seqlen_k, 8, True, "fwd") == 4 * 2 * 3 * 8 * want
+    assert common.attention_flops(1, 1, 128, 4096, 1, False, "fwd") == 4 * 128 * 4096
+
+
+def test_bench_decode_runs_every_implementation_on_the_cpu(tmp_path):
+    """benchmarks/bench_decode.py --device cpu with tiny sizes: decode rows of fa2, SDPA (its backend recorded) and
+    flex on a contiguous and a paged cache, each checked against fa2's output and fp32 math; FA-4 n/a with the
+    reason; prefill rows of the dense and KV-cache calls with their TFLOP/s over the dense one; the JSON and PNGs."""
+    bench_decode = pytest.importorskip("bench_decode")
+    result = bench_decode.main(["--device", "cpu", "--batches", "2", "--caches", "32", "--paged", "0,16",
+                                "--prefill-q", "16", "--prefill-k", "48", "--out", str(tmp_path), "--tag", "t"])
+    decode = {(r["page"], r["impl"]): r for r in result["decode"]}
+    assert len(decode) == 8 and decode[(16, "fa4")]["status"] == "n/a" and "CUDA" in decode[(16, "fa4")]["reason"]
+    for page in (0, 16):
+        for impl in ("fa2", "sdpa", "flex"):
+            r = decode[(page, impl)]
+            assert r["status"] == "ok" and r["timing"] == "eager" and r["gbps"] > 0, r
+            assert r["check_ok"] and r["max_diff_vs_baseline"] < 0.05 and r["kv_bytes"] == 4 * 2 * 32 * 8 * 64
+        assert "scaled_dot_product" in decode[(page, "sdpa")]["backend"]
+    prefill = {r["impl"]: r for r in result["prefill"]}
+    assert set(prefill) == {"fa2-dense", "fa2-kvcache", "fa2-kvcache-append"}
+    for r in prefill.values():
+        assert r["status"] == "ok" and r["check_ok"] and r["flops"] == 4 * 32 * 128 * (16 * 48 - 16 * 15 // 2)
+    assert prefill["fa2-kvcache"]["vs_dense"] > 0 and prefill["fa2-kvcache"]["max_diff_vs_baseline"] == 0
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["kvcache_t.json", "kvcache_t_decode.png", "kvcache_t_prefill.png"]
+
+
+def test_bench_decode_flags_a_wrong_output_and_skips_past_its_budget():
+    bench_decode = pytest.importorskip("bench_decode")
+    ref = torch.randn(2, 1, 4, 8)
+    rows = [{"impl": "fa2"}, {"impl": "sdpa"}]
+    bench_decode.check(rows, {"fa2": ref.bfloat16(), "sdpa": (ref + 1).bfloat16()}, ref)
+    assert rows[0]["check_ok"] and not rows[1]["check_ok"] and rows[1]["max_diff_vs_baseline"] > 0.9
+    skipped = bench_decode.run_section([(0, 64, 1, 512)], None, deadline=0,
+                                       describe=lambda s: dict(section="decode", cache=s[3], impl="*"))
+    assert skipped == [{"section": "decode", "cache": 512, "impl": "*", "status": "skipped", "reason": "time budget"}]
