@@ -428,7 +428,7 @@ def run(args, fa2_mod, device, env) -> dict:
             "graph_capture": capture_summary(decode + prefill),
             "grid": {k: getattr(args, k) for k in ("dims", "batches", "caches", "paged", "nheads", "nheads_k",
                                                    "impls", "prefill_q", "prefill_k", "prefill_batch",
-                                                   "prefill_dim", "iters", "max_kv_gib", "time_budget")},
+                                                   "prefill_dim", "iters", "copy_mib", "max_kv_gib", "time_budget")},
             "notes": __doc__.split("\n\n")[1:4], "decode": decode, "prefill": prefill}
 
 
