@@ -12,6 +12,7 @@ Sustained: TFLOP/s back to back at the power cap with the SM clock; placement: e
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -325,6 +326,38 @@ def main():
         stem = os.path.splitext(os.path.basename(path))[0]  # a renamed JSON keeps its PNGs apart
         for png in plot_all(result, args.out or os.path.dirname(os.path.abspath(path)), stem):
             print("wrote", png)
+
+
+def plot_varlen_peers(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/bench_varlen.py: one panel per (pass, batch mix and tokens), useful TFLOP/s (the real lengths) of
+    each implementation per (head dim, heads, causal); a bar that did not run shows its status."""
+    rows, env = result["rows"], result["env"]
+    scale, unit = (1.0, "TFLOP/s") if env.get("gpu") else (1000.0, "GFLOP/s")
+    passes = [p for p in PASS_LABEL if any(r["pass"] == p for r in rows)]
+    batches = list(dict.fromkeys((r["mix"], r["tokens"]) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    colors = {"torch": COLORS["torch-fa2"], "padded": "#7f7f7f"}
+    fig, axes = plt.subplots(len(passes), len(batches), figsize=(1.5 + 4.2 * len(batches), 0.8 + 3.2 * len(passes)),
+                             squeeze=False)
+    for (pi, pass_), (bi, (mix, tokens)) in itertools.product(enumerate(passes), enumerate(batches)):
+        ax, mine = axes[pi][bi], [r for r in rows if r["pass"] == pass_ and (r["mix"], r["tokens"]) == (mix, tokens)]
+        groups = list(dict.fromkeys((r["headdim"], r["nheads"], r["nheads_k"], r["causal"]) for r in mine))
+        width = 0.8 / len(impls)
+        for (gi, group), (ii, impl) in itertools.product(enumerate(groups), enumerate(impls)):
+            r = next((x for x in mine if x["impl"] == impl and
+                      (x["headdim"], x["nheads"], x["nheads_k"], x["causal"]) == group), None)
+            x = gi - 0.4 + width * (ii + 0.5)
+            color = colors.get(impl, COLORS.get(impl, "#17becf"))
+            if r is not None and r["status"] == "ok":
+                ax.bar(x, r["tflops"] * scale, width, color=color, label=impl if gi == 0 else None)
+            elif r is not None:
+                ax.text(x, 0, r["status"], ha="center", va="bottom", fontsize=5, rotation=90, color=color)
+        ax.set_xticks(range(len(groups)), [f"d{d}{f' {h}/{hk}' if h != hk else ''}{' c' if c else ''}"
+                                           for d, h, hk, c in groups], fontsize=7)
+        ax.set_title(f"{PASS_LABEL[pass_]}, {mix}, {_seq_label(tokens)} tokens", fontsize=9)
+    return _save_row(fig, axes, f"{unit} of the real lengths",
+                     f"Varlen attention, {_hw(env)}, {result.get('dtype', '')}, torch {env.get('torch')}, "
+                     f"{env.get('date', '')[:10]}", os.path.join(out_dir, f"{stem}.png"))
 
 
 if __name__ == "__main__":
