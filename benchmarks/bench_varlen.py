@@ -339,7 +339,7 @@ def run_config(cfg: Config, lengths: list[int], impls, passes, fa2_mod, device, 
             continue
         ready[impl] = got[:2]
         fa2_sample = got[2] if impl == "fa2" else fa2_sample
-    del fa2_sample
+    got = fa2_sample = None  # (the samples' memory, before the timing)
     for pass_ in passes:
         rows += time_pass(ready, pass_, device, warmup_ms, rep_ms, useful_flops(lengths, cfg, pass_),
                           lambda impl, status, **kw: rec(impl, pass_, status, **kw))
