@@ -12,6 +12,7 @@ Sustained: TFLOP/s back to back at the power cap with the SM clock; placement: e
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -384,6 +385,8 @@ def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
         return plot_e2e(result, out_dir, stem or f"e2e_{result['tag']}")
     if result.get("kind") == "kvcache":
         return plot_kvcache(result, out_dir, stem or f"kvcache_{result['tag']}")
+    if result.get("kind") == "varlen_peers":
+        return plot_varlen_peers(result, out_dir, stem or f"varlen_peers_{result['tag']}")
     if result.get("kind") in ("decode", "varlen"):
         plot = plot_decode if result["kind"] == "decode" else plot_varlen
         return plot(result, out_dir, stem or result["kind"])
@@ -392,6 +395,38 @@ def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
         return plot(result, out_dir, stem or result["kind"])
     stem = stem or f"attention_{result['tag']}"
     return plot_attention_speed(result, out_dir, stem) + plot_attention_memory(result, out_dir, stem)
+
+
+def plot_varlen_peers(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/bench_varlen.py: one panel per (pass, batch mix and tokens), useful TFLOP/s (the real lengths) of
+    each implementation per (head dim, heads, causal); a bar that did not run shows its status."""
+    rows, env = result["rows"], result["env"]
+    scale, unit = (1.0, "TFLOP/s") if env.get("gpu") else (1000.0, "GFLOP/s")
+    passes = [p for p in PASS_LABEL if any(r["pass"] == p for r in rows)]
+    batches = list(dict.fromkeys((r["mix"], r["tokens"]) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    colors = {"torch": COLORS["torch-fa2"], "padded": "#7f7f7f"}
+    fig, axes = plt.subplots(len(passes), len(batches), figsize=(1.5 + 4.2 * len(batches), 0.8 + 3.2 * len(passes)),
+                             squeeze=False)
+    for (pi, pass_), (bi, (mix, tokens)) in itertools.product(enumerate(passes), enumerate(batches)):
+        ax, mine = axes[pi][bi], [r for r in rows if r["pass"] == pass_ and (r["mix"], r["tokens"]) == (mix, tokens)]
+        groups = list(dict.fromkeys((r["headdim"], r["nheads"], r["nheads_k"], r["causal"]) for r in mine))
+        width = 0.8 / len(impls)
+        for (gi, group), (ii, impl) in itertools.product(enumerate(groups), enumerate(impls)):
+            r = next((x for x in mine if x["impl"] == impl and
+                      (x["headdim"], x["nheads"], x["nheads_k"], x["causal"]) == group), None)
+            x = gi - 0.4 + width * (ii + 0.5)
+            color = colors.get(impl, COLORS.get(impl, "#17becf"))
+            if r is not None and r["status"] == "ok":
+                ax.bar(x, r["tflops"] * scale, width, color=color, label=impl if gi == 0 else None)
+            elif r is not None:
+                ax.text(x, 0, r["status"], ha="center", va="bottom", fontsize=5, rotation=90, color=color)
+        ax.set_xticks(range(len(groups)), [f"d{d}{f' {h}/{hk}' if h != hk else ''}{' c' if c else ''}"
+                                           for d, h, hk, c in groups], fontsize=7)
+        ax.set_title(f"{PASS_LABEL[pass_]}, {mix}, {_seq_label(tokens)} tokens", fontsize=9)
+    return _save_row(fig, axes, f"{unit} of the real lengths",
+                     f"Varlen attention, {_hw(env)}, {result.get('dtype', '')}, torch {env.get('torch')}, "
+                     f"{env.get('date', '')[:10]}", os.path.join(out_dir, f"{stem}.png"))
 
 
 def main():
