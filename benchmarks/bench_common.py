@@ -1,5 +1,6 @@
 """What bench_attention.py and bench_e2e.py share: device sync, /proc memory readings, error summaries, the
-fa2 import and the environment record written into every result JSON."""
+fa2 import and the environment record written into every result JSON; and what bench_decode.py and
+scripts/dev/decode_gpu_check.py share: decode inputs, mean and CUDA-graph timings, the device's copy bandwidth."""
 from __future__ import annotations
 
 import datetime
@@ -9,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -97,16 +99,27 @@ def environment(device: torch.device, fa2_mod, fa2_err, **extra) -> dict:
 
 def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headdim: int, causal: bool,
                     pass_: str) -> float:
-    """Forward: Q·Kᵀ and P·V, each 2·Sq·Sk·D per (batch, head) -> 4·B·H·Sq·Sk·D; causal does half the work.
+    """Forward: Q·Kᵀ and P·V, each 2·Sq·Sk·D per (batch, head) -> 4·B·H·Sq·Sk·D; causal (Sq = Sk) half.
     Backward: five matmuls of the same size (recomputed S, dV, dP, dQ, dK) = 2.5 x forward. fwd+bwd = 3.5 x.
     Masked-out (padding) keys are still counted, as work done: the peers compute them (additive bias); fa2's sm_90a
     forward skips the key tiles whose bias is all -inf (headdims above 64 and the warp-specialized kernels), so its
     padding-mask TFLOP/s count work it did not do (at most the padded 10% of keys, in whole 64/128-key tiles); so
-    do its backward ones (the key-row variant skips key blocks whose keys are all padded)."""
-    fwd = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
+    do its backward ones (the key-row variant skips key blocks whose keys are all padded).
+    Causal with seqlen_q != seqlen_k (a chunk of queries against a longer KV cache): only the (query, key) pairs the
+    bottom-right-aligned mask lets through (causal_pairs); with seqlen_q == seqlen_k the paper's S²/2."""
+    pairs = seqlen_q * seqlen_k
     if causal:
-        fwd /= 2
+        pairs = pairs / 2 if seqlen_q == seqlen_k else causal_pairs(seqlen_q, seqlen_k)
+    fwd = 4.0 * batch * nheads * pairs * headdim
     return {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_] * fwd
+
+
+def causal_pairs(seqlen_q: int, seqlen_k: int) -> int:
+    """The (query, key) pairs a causal mask aligned bottom-right keeps: query i sees keys j <= i + seqlen_k - seqlen_q.
+    seqlen_q <= seqlen_k: Sq·Sk − Sq·(Sq − 1)/2; longer queries: only the last Sk rows see keys, Sk·(Sk + 1)/2."""
+    if seqlen_q > seqlen_k:
+        return seqlen_k * (seqlen_k + 1) // 2
+    return seqlen_q * seqlen_k - seqlen_q * (seqlen_q - 1) // 2
 
 
 def pass_closure(run, pass_: str, inputs, dout):
@@ -227,3 +240,60 @@ def nvidia_smi_id(device) -> str | None:
     """The -i that names this CUDA device to nvidia-smi ("GPU-<uuid>"), or None where torch does not say."""
     uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
     return f"GPU-{uuid}" if uuid else None
+
+
+# ---- decode: inputs, timings, the device's copy bandwidth (bench_decode.py, scripts/dev/decode_gpu_check.py) -------
+
+def mean_time_ms(fn, iters: int, device=torch.device("cuda")) -> float:
+    """Mean ms per call of `iters` back-to-back calls after one untimed call (CUDA events around the burst on a GPU,
+    time.perf_counter on the CPU)."""
+    fn()
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) * 1e3 / iters
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def graph_time_ms(fn, iters: int) -> float:
+    """Per call, replaying `iters` calls captured in one CUDA graph: the kernels' time without the host's per-call
+    cost (which bounds eager calls on small caches)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    return mean_time_ms(graph.replay, 3) / iters
+
+
+def copy_bandwidth(nbytes: int, device=torch.device("cuda")) -> float:
+    """GB/s of a device copy of nbytes (read + write counted)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    ms = mean_time_ms(lambda: dst.copy_(src), 20, device)
+    return 2 * nbytes / ms / 1e6
+
+
+def decode_inputs(batch, n, h, hk, d, page, device="cuda"):
+    """A decode step's bf16 inputs: q (batch, 1, h, d); k / v caches of n keys per sequence, contiguous or paged (page
+    keys a block, the blocks shuffled: kw holds the block table); every sequence's length n."""
+    q = torch.randn(batch, 1, h, d, device=device, dtype=torch.bfloat16)
+    kw = {}
+    if page:
+        blocks = batch * (n // page)
+        k = torch.randn(blocks, page, hk, d, device=device, dtype=torch.bfloat16)
+        kw["block_table"] = torch.randperm(blocks, device=device).to(torch.int32).view(batch, -1)
+    else:
+        k = torch.randn(batch, n, hk, d, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), n, dtype=torch.int32, device=device)
+    return q, k, v, lens, kw

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Plots for the benchmark JSON files (bench_attention.py, bench_e2e.py, sustained.py, placement.py); also callable
-on a saved file.
+"""Plots for the benchmark JSON files (bench_attention.py, bench_e2e.py, sustained.py, placement.py,
+bench_decode.py); also callable on a saved file.
 
   python benchmarks/plot.py benchmarks/results/attention_h200-20261204g-grid.json [--out DIR]
 
@@ -12,6 +12,7 @@ Sustained: TFLOP/s back to back at the power cap with the SM clock; placement: e
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -299,11 +300,93 @@ def plot_varlen(result: dict, out_dir: str, stem: str) -> list[str]:
                      os.path.join(out_dir, f"{stem}.png"))
 
 
+KVCACHE_MARKERS = "osv^D<>p"
+PREFILL_COLORS = {"fa2-dense": "#7f7f7f", "fa2-kvcache": "#d62728", "fa2-kvcache-append": "#fc9272"}
+
+
+def plot_kvcache(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/bench_decode.py: <stem>_decode.png, one panel per (cache layout, head dim), each implementation's
+    achieved bandwidth as a share of the device's copy bandwidth against the K/V bytes read (a marker and a line per
+    batch size); <stem>_prefill.png, TFLOP/s per chunk x cache and implementation (fa2-kvcache over fa2-dense on the
+    bars)."""
+    return _plot_kvcache_decode(result, out_dir, stem) + _plot_kvcache_prefill(result, out_dir, stem)
+
+
+def _plot_kvcache_decode(result: dict, out_dir: str, stem: str) -> list[str]:
+    rows = [r for r in result["decode"] if r["status"] == "ok"]
+    if not rows:
+        return []
+    pages, dims = sorted({r["page"] for r in rows}), sorted({r["headdim"] for r in rows})
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(len(pages), len(dims), figsize=(max(8.0, 4.4 * len(dims)), 3.4 * len(pages) + 1.0),
+                             squeeze=False)
+    for (pi, page), (di, d) in ((p, q) for p in enumerate(pages) for q in enumerate(dims)):
+        ax = axes[pi][di]
+        for impl in impls:
+            for bi, batch in enumerate(batches):
+                line = sorted((r for r in rows if (r["impl"], r["page"], r["headdim"], r["batch"]) ==
+                               (impl, page, d, batch)), key=lambda r: r["kv_bytes"])
+                ax.plot([r["kv_bytes"] / 1e6 for r in line], [r["pct_copy"] for r in line], lw=0.9,
+                        marker=KVCACHE_MARKERS[bi % len(KVCACHE_MARKERS)], ms=4, color=COLORS.get(impl, "#7f7f7f"))
+        ax.axhline(85, color="#999999", lw=0.8, ls="--")
+        ax.axvline(64, color="#cccccc", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_title(f"{'paged, ' + str(page) + ' keys a block' if page else 'contiguous'}, head dim {d}", fontsize=9)
+        ax.set_xlabel("K/V cache read (MB)", fontsize=8)
+        ax.set_ylabel("% of device copy bandwidth", fontsize=8)
+    handles = [plt.Line2D([], [], color=COLORS.get(i, "#7f7f7f"), lw=2) for i in impls]
+    handles += [plt.Line2D([], [], color="#444444", marker=KVCACHE_MARKERS[i % len(KVCACHE_MARKERS)], ls="")
+                for i in range(len(batches))]
+    height = fig.get_size_inches()[1]
+    fig.legend(handles, impls + [f"batch {b}" for b in batches], loc="upper center", ncol=min(len(handles), 9),
+               fontsize=7, frameon=False, bbox_to_anchor=(0.5, 1 - 0.5 / height))
+    r0, env = rows[0], result["env"]
+    fig.suptitle(f"Decode (seqlen_q 1, bf16, heads {r0['nheads']}/{r0['nheads_k']}), {_hw(env)}\n"
+                 f"device copy {result['copy_gbps']:.0f} GB/s (read + write), torch {env.get('torch')}, "
+                 f"{env.get('date', '')[:10]}", fontsize=9, x=0.01, y=0.995, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / height))
+    path = os.path.join(out_dir, f"{stem}_decode.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def _plot_kvcache_prefill(result: dict, out_dir: str, stem: str) -> list[str]:
+    rows = [r for r in result["prefill"] if r["status"] == "ok"]
+    if not rows:
+        return []
+    shapes = list(dict.fromkeys((r["seqlen_q"], r["cache"]) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(shapes), 3.8))
+    width = 0.8 / len(impls)
+    for ii, impl in enumerate(impls):
+        for si, shape in enumerate(shapes):
+            r = next((x for x in rows if (x["impl"], x["seqlen_q"], x["cache"]) == (impl, *shape)), None)
+            if r is None:
+                continue
+            x = si - 0.4 + width * (ii + 0.5)
+            ax.bar(x, r["tflops"], width, color=PREFILL_COLORS.get(impl, COLORS.get(impl, "#2ca02c")),
+                   label=impl if si == 0 else None)
+            if "vs_dense" in r:
+                ax.text(x, r["tflops"], f"{r['vs_dense']:.2f}x", ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.set_xticks(range(len(shapes)), [f"q {_seq_label(q)}\nkv {_seq_label(k)}" for q, k in shapes], fontsize=7)
+    ax.set_ylim(0, 1.2 * max(r["tflops"] for r in rows))
+    r0 = rows[0]
+    return _save_row(fig, [[ax]], "TFLOP/s (unmasked work)",
+                     f"Chunked prefill, causal, bf16, D {r0['headdim']}, heads {r0['nheads']}/{r0['nheads_k']}, "
+                     f"batch {r0['batch']}, {_hw(result['env'])}", os.path.join(out_dir, f"{stem}_prefill.png"))
+
+
 def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
     """PNGs named <stem>_... (default: the name the benchmark gave its JSON, attention_<tag> / e2e_<tag>)."""
     os.makedirs(out_dir, exist_ok=True)
     if result.get("kind") == "e2e":
         return plot_e2e(result, out_dir, stem or f"e2e_{result['tag']}")
+    if result.get("kind") == "kvcache":
+        return plot_kvcache(result, out_dir, stem or f"kvcache_{result['tag']}")
+    if result.get("kind") == "varlen_peers":
+        return plot_varlen_peers(result, out_dir, stem or f"varlen_peers_{result['tag']}")
     if result.get("kind") in ("decode", "varlen"):
         plot = plot_decode if result["kind"] == "decode" else plot_varlen
         return plot(result, out_dir, stem or result["kind"])
@@ -312,6 +395,38 @@ def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
         return plot(result, out_dir, stem or result["kind"])
     stem = stem or f"attention_{result['tag']}"
     return plot_attention_speed(result, out_dir, stem) + plot_attention_memory(result, out_dir, stem)
+
+
+def plot_varlen_peers(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/bench_varlen.py: one panel per (pass, batch mix and tokens), useful TFLOP/s (the real lengths) of
+    each implementation per (head dim, heads, causal); a bar that did not run shows its status."""
+    rows, env = result["rows"], result["env"]
+    scale, unit = (1.0, "TFLOP/s") if env.get("gpu") else (1000.0, "GFLOP/s")
+    passes = [p for p in PASS_LABEL if any(r["pass"] == p for r in rows)]
+    batches = list(dict.fromkeys((r["mix"], r["tokens"]) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    colors = {"torch": COLORS["torch-fa2"], "padded": "#7f7f7f"}
+    fig, axes = plt.subplots(len(passes), len(batches), figsize=(1.5 + 4.2 * len(batches), 0.8 + 3.2 * len(passes)),
+                             squeeze=False)
+    for (pi, pass_), (bi, (mix, tokens)) in itertools.product(enumerate(passes), enumerate(batches)):
+        ax, mine = axes[pi][bi], [r for r in rows if r["pass"] == pass_ and (r["mix"], r["tokens"]) == (mix, tokens)]
+        groups = list(dict.fromkeys((r["headdim"], r["nheads"], r["nheads_k"], r["causal"]) for r in mine))
+        width = 0.8 / len(impls)
+        for (gi, group), (ii, impl) in itertools.product(enumerate(groups), enumerate(impls)):
+            r = next((x for x in mine if x["impl"] == impl and
+                      (x["headdim"], x["nheads"], x["nheads_k"], x["causal"]) == group), None)
+            x = gi - 0.4 + width * (ii + 0.5)
+            color = colors.get(impl, COLORS.get(impl, "#17becf"))
+            if r is not None and r["status"] == "ok":
+                ax.bar(x, r["tflops"] * scale, width, color=color, label=impl if gi == 0 else None)
+            elif r is not None:
+                ax.text(x, 0, r["status"], ha="center", va="bottom", fontsize=5, rotation=90, color=color)
+        ax.set_xticks(range(len(groups)), [f"d{d}{f' {h}/{hk}' if h != hk else ''}{' c' if c else ''}"
+                                           for d, h, hk, c in groups], fontsize=7)
+        ax.set_title(f"{PASS_LABEL[pass_]}, {mix}, {_seq_label(tokens)} tokens", fontsize=9)
+    return _save_row(fig, axes, f"{unit} of the real lengths",
+                     f"Varlen attention, {_hw(env)}, {result.get('dtype', '')}, torch {env.get('torch')}, "
+                     f"{env.get('date', '')[:10]}", os.path.join(out_dir, f"{stem}.png"))
 
 
 def main():

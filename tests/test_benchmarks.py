@@ -308,3 +308,121 @@ def test_cta_trace_reads_every_tile_of_both_warpgroups():
     assert stats["both_switching"] == 1010 - 960
     assert stats["one_switching"] == (960 - 810) + (1160 - 1010) + (2010 - 1810)
     assert stats["switch_share_both"] == pytest.approx(50 / 2000)
+
+
+def test_causal_flops_count_the_pairs_a_bottom_right_mask_keeps():
+    """bench_common.attention_flops: a causal chunk of queries against a longer cache counts the (query, key) pairs
+    the bottom-right mask keeps (query i sees keys j <= i + Sk - Sq); equal lengths keep the FA-2 paper's S²/2."""
+    common = pytest.importorskip("bench_common")
+    for seqlen_q, seqlen_k in ((2, 4), (3, 3), (5, 2), (128, 4096), (1, 7)):
+        keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool).tril(seqlen_k - seqlen_q)
+        want = keep.sum().item() if seqlen_q != seqlen_k else seqlen_q * seqlen_k / 2
+        assert common.attention_flops(2, 3, seqlen_q, seqlen_k, 8, True, "fwd") == 4 * 2 * 3 * 8 * want
+    assert common.attention_flops(1, 1, 128, 4096, 1, False, "fwd") == 4 * 128 * 4096
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_bench_decode_runs_every_implementation_on_the_cpu(tmp_path):
+    """benchmarks/bench_decode.py --device cpu with tiny sizes: decode rows of fa2, SDPA (its backend recorded) and
+    flex on a contiguous and a paged cache, each checked against fa2's output and fp32 math; FA-4 n/a with the
+    reason; prefill rows of the dense and KV-cache calls with their TFLOP/s over the dense one; the JSON and PNGs."""
+    bench_decode = pytest.importorskip("bench_decode")
+    result = bench_decode.main(["--device", "cpu", "--batches", "2", "--caches", "32", "--paged", "0,16",
+                                "--prefill-q", "16", "--prefill-k", "48", "--out", str(tmp_path), "--tag", "t"])
+    decode = {(r["page"], r["impl"]): r for r in result["decode"]}
+    assert len(decode) == 8 and decode[(16, "fa4")]["status"] == "n/a" and "CUDA" in decode[(16, "fa4")]["reason"]
+    for page in (0, 16):
+        for impl in ("fa2", "sdpa", "flex"):
+            r = decode[(page, impl)]
+            assert r["status"] == "ok" and r["timing"] == "eager" and r["gbps"] > 0, r
+            assert r["check_ok"] and r["max_diff_vs_baseline"] < 0.05 and r["kv_bytes"] == 4 * 2 * 32 * 8 * 64
+        assert "scaled_dot_product" in decode[(page, "sdpa")]["backend"]
+    prefill = {r["impl"]: r for r in result["prefill"]}
+    assert set(prefill) == {"fa2-dense", "fa2-kvcache", "fa2-kvcache-append"}
+    for r in prefill.values():
+        assert r["status"] == "ok" and r["check_ok"] and r["flops"] == 4 * 32 * 128 * (16 * 48 - 16 * 15 // 2)
+    assert prefill["fa2-kvcache"]["vs_dense"] > 0 and prefill["fa2-kvcache"]["max_diff_vs_baseline"] == 0
+    import importlib.util
+    pngs = ["kvcache_t_decode.png", "kvcache_t_prefill.png"] if importlib.util.find_spec("matplotlib") else []
+    assert sorted(os.listdir(tmp_path)) == ["kvcache_t.json"] + pngs  # (plot.py needs matplotlib: the bench extra)
+
+
+def test_bench_decode_flags_a_wrong_output_and_skips_past_its_budget():
+    bench_decode = pytest.importorskip("bench_decode")
+    ref = torch.randn(2, 1, 4, 8)
+    rows = [{"impl": "fa2"}, {"impl": "sdpa"}]
+    bench_decode.check(rows, {"fa2": ref.bfloat16(), "sdpa": (ref + 1).bfloat16()}, ref)
+    assert rows[0]["check_ok"] and not rows[1]["check_ok"] and rows[1]["max_diff_vs_baseline"] > 0.9
+    skipped = bench_decode.run_section([(0, 64, 1, 512)], None, deadline=0,
+                                       describe=lambda s: dict(section="decode", cache=s[3], impl="*"))
+    assert skipped == [{"section": "decode", "cache": 512, "impl": "*", "status": "skipped", "reason": "time budget"}]
+
+
+def test_bench_varlen_cpu_smoke_writes_checked_rows(tmp_path):
+    """benchmarks/bench_varlen.py --device cpu --quick: fa2.varlen_attention and the padded dense call on the same
+    packed batches, each pass timed, both checked against fp32 math and the padded one against fa2; the JSON holds the
+    batches (filling the tokens exactly) and rows whose FLOPs are the real lengths'; the PNG is drawn."""
+    import json
+
+    bench_varlen = pytest.importorskip("bench_varlen")
+    pytest.importorskip("fa2")
+    result = bench_varlen.main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--tag", "t"])
+    saved = json.loads((tmp_path / "varlen_peers_t.json").read_text())
+    assert saved["rows"] == json.loads(json.dumps(result["rows"])) and (tmp_path / "varlen_peers_t.png").exists()
+    assert set(saved["batches"]) == {"loguniform/192", "equal/192"}
+    assert all(sum(lengths) == 192 for lengths in saved["batches"].values())
+    assert saved["batches"]["equal/192"] == [48] * 4
+    assert {(r["impl"], r["mix"], r["causal"], r["pass"]) for r in saved["rows"]} == {
+        (i, m, c, p) for i in ("fa2", "padded") for m in ("loguniform", "equal") for c in (False, True)
+        for p in ("fwd", "fwdbwd")}
+    for r in saved["rows"]:
+        lengths = saved["batches"][f"{r['mix']}/{r['tokens']}"]
+        want = sum(4.0 * n * n * r["nheads"] * r["headdim"] for n in lengths) / (2 if r["causal"] else 1)
+        assert r["status"] == "ok" and r["ms"] > 0, r
+        assert r["flops"] == pytest.approx(want * (3.5 if r["pass"] == "fwdbwd" else 1.0))
+        assert r["check"]["ok"] is True and "grad_rel_err" in r["check"], r
+        if r["impl"] == "padded":
+            assert r["check"]["vs_fa2"]["out_max_abs"] < 1e-5 and r["check"]["vs_fa2"]["grad_max_abs"] < 1e-5
+
+
+def test_bench_varlen_peer_calls_and_reasons(monkeypatch):
+    """The peers' entry points, on the CPU: SDPA on jagged nested views returns the packed rows (run through the MATH
+    backend, which takes non-causal nested calls on the CPU); PyTorch's varlen_attn gets causal in this torch's
+    spelling (is_causal, or window_size (-1, 0)) and enable_gqa where it has it; FA-4 off a GPU is n/a with the reason; every mix fills the tokens."""
+    torch_varlen = pytest.importorskip("torch.nn.attention.varlen")
+    bench_varlen = pytest.importorskip("bench_varlen")
+    fa2 = pytest.importorskip("fa2")
+    for mix in bench_varlen.MIXES:
+        lengths = bench_varlen.draw_lengths(mix, 1000, 8, 300, 64)
+        assert sum(lengths) == 1000 and max(lengths) <= 300 and min(lengths[:-1]) >= 8, (mix, lengths)
+    cfg = bench_varlen.Config("loguniform", 192, "fp32", 16, 2, 2, False)
+    batch = bench_varlen.Batch(cfg, bench_varlen.draw_lengths("loguniform", 192, 4, 64, 48), torch.device("cpu"))
+    want = fa2.varlen_attention(batch.q, batch.k, batch.v, batch.cu_seqlens, batch.cu_seqlens, batch.max_seqlen,
+                                batch.max_seqlen)
+    got = bench_varlen.cudnn_nested_call(batch, backend="MATH")(batch.q, batch.k, batch.v)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    calls = []
+
+    def older(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+        calls.append({"is_causal": is_causal})
+        return q
+
+    def newer(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
+        calls.append({"window_size": window_size, "enable_gqa": enable_gqa})
+        return q
+
+    def causal_batch(nheads_k):
+        return bench_varlen.Batch(bench_varlen.Config("equal", 96, "fp32", 16, 4, nheads_k, True), [48, 48],
+                                  torch.device("cpu"))
+    monkeypatch.setattr(torch_varlen, "varlen_attn", older)
+    mha, gqa = causal_batch(4), causal_batch(2)
+    for batch_ in (mha, gqa):  # (a signature without enable_gqa gets the fewer KV heads as they are)
+        bench_varlen.torch_varlen_call(batch_)(batch_.q, batch_.k, batch_.v)
+    monkeypatch.setattr(torch_varlen, "varlen_attn", newer)
+    for batch_ in (mha, gqa):
+        bench_varlen.torch_varlen_call(batch_)(batch_.q, batch_.k, batch_.v)
+    assert calls == [{"is_causal": True}, {"is_causal": True}, {"window_size": (-1, 0), "enable_gqa": False},
+                     {"window_size": (-1, 0), "enable_gqa": True}]
+    rows = bench_varlen.run_config(cfg, batch.lengths, ["fa2", "fa4"], ["fwd"], fa2, torch.device("cpu"), 1, 2)
+    by = {r["impl"]: r for r in rows}
+    assert by["fa2"]["status"] == "ok" and by["fa4"]["status"] == "n/a" and "CUDA GPUs only" in by["fa4"]["reason"]

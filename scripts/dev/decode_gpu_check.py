@@ -28,6 +28,8 @@ import torch
 import fa2  # noqa: F401  (registers torch.ops.fa2.*)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_common import copy_bandwidth, decode_inputs, graph_time_ms, mean_time_ms  # noqa: E402
 from decode_samples import cases, run_case  # noqa: E402
 
 
@@ -47,54 +49,6 @@ def check(quick, part, parts):
             print(f"FAIL  {name}: {type(e).__name__}: {str(e)[:600]}")
     print(f"{n - failed}/{n} decode cases passed in {time.time() - start:.0f} s")
     return failed == 0
-
-
-def time_ms(fn, iters):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
-
-
-def graph_time_ms(fn, iters):
-    """Per call, replaying `iters` calls captured in one CUDA graph: the kernels' time without the host's per-call
-    cost (which bounds eager calls on small caches)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    return time_ms(graph.replay, 3) / iters
-
-
-def copy_bandwidth(nbytes):
-    """GB/s of a device copy of nbytes (read + write counted)."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), 20)
-    return 2 * nbytes / ms / 1e6
-
-
-def decode_inputs(batch, n, h, hk, d, page):
-    """A decode step's bf16 inputs: q (batch, 1, h, d); k / v caches of n keys per sequence, contiguous or paged (page
-    keys a block, the blocks shuffled: kw holds the block table); every sequence's length n."""
-    q = torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16)
-    kw = {}
-    if page:
-        blocks = batch * (n // page)
-        k = torch.randn(blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
-        kw["block_table"] = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
-    else:
-        k = torch.randn(batch, n, hk, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
-    return q, k, v, lens, kw
 
 
 def bench(quick, page, json_path, mha):
@@ -119,7 +73,7 @@ def bench(quick, page, json_path, mha):
                 def call():
                     return torch.ops.fa2._decode_attention(q, k, v, lens, **kw)
 
-                eager_ms = time_ms(call, 20)
+                eager_ms = mean_time_ms(call, 20)
                 ms = graph_time_ms(call, 20)
                 gbs = kv_bytes / ms / 1e6
                 print(f"{d:>4} {batch:>5} {n:>7} {kv_bytes / 1e6:>8.1f} {eager_ms * 1e3:>9.1f} {ms * 1e3:>9.1f} "
