@@ -49,3 +49,29 @@ def cuda_kernel_spans(fn):
     """(name, start, end) of each CUDA kernel fn() launches, in microseconds on the GPU's clock (torch.profiler's
     trace), in launch order."""
     return [(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in _cuda_kernel_events(fn)]
+
+
+def kernel_template_args(name):
+    """The top-level template arguments of the kernel in a demangled name ("void ns::k<A, B<C, D>, true>(...)" ->
+    ["A", "B<C, D>", "true"]): tests read a flag by its position, whatever flags later come after it."""
+    start = name.index("<")
+    args, depth, current = [], 0, ""
+    for ch in name[start + 1:]:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            if depth == 0:
+                break
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return args + [current.strip()]
+
+
+def is_ws_key_row_kernel(name):
+    """Whether name is a warp-specialized backward kernel's key-row bias variant (bwd_ws_kernel / bwd_ws_dsplit_kernel
+    <T, Cfg, kKeyBias, ...>)."""
+    return "bwd_ws_" in name and kernel_template_args(name)[2] == "true"

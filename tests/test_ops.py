@@ -10,7 +10,7 @@ import torch
 
 import fa2
 from fa2.reference import attention_ref
-from kernels import cuda_kernel_names, switch
+from kernels import cuda_kernel_names, is_ws_key_row_kernel, switch
 from numerics import assert_close_rule, hi_dtype
 from samples import SHARES, devices, dtypes_for, in_share, make_qkv, sample_inputs, share_of
 
@@ -404,7 +404,7 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
     def bwd_kernel_names(fn):
         return [n for n in cuda_kernel_names(fn) if "bwd_kernel<" in n or "bwd_ws_" in n]
 
-    # sm_90a at the warp-specialized backward's headdims: its key-row variant (bwd_ws_kernel<T, Cfg, true>) takes
+    # sm_90a at the warp-specialized backward's headdims: its key-row variant (bwd_ws_kernel<T, Cfg, true, ...>) takes
     # the non-deterministic calls; test_hopper.py compares the two kernels
     ws = (torch.cuda.get_device_capability() == (9, 0) and fa2.dev.options()["sm90_backward"]
           and fa2.dev.options()["sm90_ws_backward"] and d in fa2.dev.tuning_tables()["sm90_ws_backward_headdims"]
@@ -412,7 +412,7 @@ def test_cuda_key_bias_backward_variant_follows_the_rule(d, kind):
 
     def key_row_kernel(name):
         if ws:
-            return "bwd_ws_" in name and ", true>(" in name
+            return is_ws_key_row_kernel(name)
         return name.endswith(", false, true, false, false>(fa2::AttentionParams)")
 
     dtype = torch.bfloat16

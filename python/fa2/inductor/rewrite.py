@@ -400,7 +400,8 @@ def plan_backward(site: Site, bwd: set, inputs: list, spec: list) -> BackwardPla
         return None
     scaled_dq3, scaled_dk3 = _alpha_scaled(site, dq3), _alpha_scaled(site, dk3)
     g3 = dp3.args[0] if dp3 is not None else dv3.args[1]
-    if dp3 is not None and dp3.args[0] is not g3:
+    # dP = dO V^T and dV = P^T dO must read the same incoming gradient dO
+    if dp3 is not None and dv3 is not None and dv3.target == aten.bmm.default and dv3.args[1] is not g3:
         raise Reject("the backward is not recognized")
     gs = {b.args[0] for b in (dq3,) if b is not None} | \
         {b.args[1] for b in (dk3,) if b is not None and b.target == aten.bmm.default}
