@@ -9,6 +9,7 @@ p=0, and >= SDPA flash p=0.1. On Hopper, "fa2 p=0.1 sm80" is the same call on th
 
 Timing: bench_attention.time_ms (triton's do_bench where installed: CUDA events, L2 flushed between calls), the median.
 TFLOP/s with the FA-2 paper's count (bench_common.attention_flops), the work of the undropped attention.
+JSON (--json, kind "dropout"): the rows; `python benchmarks/plot.py FILE.json` draws them (plot.plot_dropout).
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def main():
                                  ratio_vs_sdpa_p01=vs))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), pass_=args.pass_, rows=rows), f, indent=1)
+            json.dump(dict(kind="dropout", device=torch.cuda.get_device_name(), torch=torch.__version__, pass_=args.pass_,
+                           rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

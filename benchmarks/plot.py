@@ -385,6 +385,8 @@ def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
         return plot_e2e(result, out_dir, stem or f"e2e_{result['tag']}")
     if result.get("kind") == "kvcache":
         return plot_kvcache(result, out_dir, stem or f"kvcache_{result['tag']}")
+    if result.get("kind") == "dropout":
+        return plot_dropout(result, out_dir, stem or "dropout")
     if result.get("kind") == "varlen_peers":
         return plot_varlen_peers(result, out_dir, stem or f"varlen_peers_{result['tag']}")
     if result.get("kind") in ("decode", "varlen"):
@@ -427,6 +429,26 @@ def plot_varlen_peers(result: dict, out_dir: str, stem: str) -> list[str]:
     return _save_row(fig, axes, f"{unit} of the real lengths",
                      f"Varlen attention, {_hw(env)}, {result.get('dtype', '')}, torch {env.get('torch')}, "
                      f"{env.get('date', '')[:10]}", os.path.join(out_dir, f"{stem}.png"))
+
+
+def plot_dropout(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/bench_dropout.py: TFLOP/s (the undropped attention's FLOPs) per implementation, one panel per head
+    dim, a bar group per (seqlen, causal)."""
+    rows = result["rows"]
+    dims = sorted({r["headdim"] for r in rows})
+    impls = list(rows[0]["tflops"])
+    fig, axes = plt.subplots(1, len(dims), figsize=(6.0 * len(dims), 3.8), squeeze=False)
+    for ax, d in zip(axes[0], dims):
+        mine = [r for r in rows if r["headdim"] == d]
+        width = 0.8 / len(impls)
+        for i, impl in enumerate(impls):
+            ax.bar([x + i * width for x in range(len(mine))], [r["tflops"].get(impl) or 0 for r in mine], width,
+                   label=impl)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(mine))])
+        ax.set_xticklabels([f"{r['seqlen'] // 1024}k{' c' if r['causal'] else ''}" for r in mine], fontsize=8)
+        ax.set_title(f"head dim {d}", fontsize=9)
+    return _save_row(fig, axes, "TFLOP/s", f"Dropout, {result.get('pass_', '')} bf16, {result.get('device', '')}"
+                     " (c: causal)", os.path.join(out_dir, f"{stem}.png"))
 
 
 def main():
