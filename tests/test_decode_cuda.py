@@ -90,3 +90,70 @@ def test_bad_indices_read_inside_the_cache():
     got = torch.ops.fa2._decode_attention(q, k, v, lens, cache_batch_idx=idx)
     want = torch.ops.fa2._decode_attention(q, k, v, lens, cache_batch_idx=idx.clamp(0, k.shape[0] - 1))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+DENSE_DECODE_SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim)
+    (1, 1, 4099, 32, 8, 128),   # one decode step over a long cache: split-KV
+    (3, 4, 1000, 8, 2, 64),     # speculative tokens, GQA: 16 rows a kv head
+    (2, 1, 129, 4, 4, 64),      # MHA, a key tile's edge
+    (2, 16, 300, 8, 2, 128),    # 64 rows a kv head: the limit (decode::kMaxRowsForDenseCalls)
+    (1, 2, 1, 8, 1, 256),       # one key, MQA
+]
+
+
+@pytest.mark.parametrize("shape", DENSE_DECODE_SHAPES, ids=[str(s) for s in DENSE_DECODE_SHAPES])
+@pytest.mark.parametrize("flags", [{}, {"causal": True}, {"causal": True, "window_left": 100},
+                                   {"softcap": 30.0, "window_left": 50, "window_right": 2}],
+                         ids=["plain", "causal", "causal-window", "softcap-window"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dense_decode_shaped_calls_run_the_decode_kernel(shape, flags, dtype):
+    """fa2.attention with few query rows per kv head (option dense_decode, the default) runs the decode kernel:
+    output and gradients (the backward reads its out and lse) within the rule against fp32 math, with the option
+    off the dense kernels, equally within the rule."""
+    from fa2.reference import attention_ref
+    from kernels import cuda_kernel_names, switch
+    from numerics import assert_close_rule
+    from samples import make_qkv
+    b, sq, sk, h, hk, d = shape
+    g = torch.Generator(device="cuda").manual_seed(sq * 1000 + sk)
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=g)
+    dout = torch.randn(b, sq, h, d, dtype=dtype, device="cuda", generator=g)
+    leaves_hi = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_hi = attention_ref(*leaves_hi, **flags)
+    grads_hi = torch.autograd.grad(ref_hi, leaves_hi, dout.double())
+    leaves_lo = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_lo = attention_ref(*leaves_lo, upcast=False, **flags)
+    grads_lo = torch.autograd.grad(ref_lo, leaves_lo, dout)
+    for on in (True, False):
+        with switch("dense_decode", on):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            names = cuda_kernel_names(lambda: fa2.attention(*leaves, **flags))
+            assert any("decode_kernel" in n for n in names) == on, names
+            out = fa2.attention(*leaves, **flags)
+            grads = torch.autograd.grad(out, leaves, dout)
+        assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo)
+        for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+            assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo)
+
+
+def test_dense_decode_leaves_what_the_decode_kernel_does_not_take():
+    """A bias, dropout, sinks or a value headdim of its own keep fa2.attention on the dense kernels, as do more than
+    64 query rows per kv head."""
+    from kernels import cuda_kernel_names
+    from samples import make_qkv
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = make_qkv(2, 2, 700, 8, 2, 64, dtype=torch.bfloat16, device="cuda", generator=g)
+    calls = {
+        "bias": dict(attn_bias=torch.ones(2, 1, 1, 700, dtype=torch.bool, device="cuda")),
+        "dropout": dict(dropout_p=0.1),
+        "sinks": dict(sinks=torch.zeros(8, device="cuda")),
+    }
+    for what, kw in calls.items():
+        names = cuda_kernel_names(lambda: fa2.attention(q, k, v, **kw))
+        assert names and not any("decode_kernel" in n for n in names), (what, names)
+    q_many = torch.randn(2, 17, 8, 64, dtype=torch.bfloat16, device="cuda", generator=g)  # 68 rows a kv head
+    names = cuda_kernel_names(lambda: fa2.attention(q_many, k, v))
+    assert names and not any("decode_kernel" in n for n in names), names
+    v_wide = torch.randn(2, 700, 2, 128, dtype=torch.bfloat16, device="cuda", generator=g)
+    names = cuda_kernel_names(lambda: fa2.attention(q, k, v_wide))
+    assert names and not any("decode_kernel" in n for n in names), names

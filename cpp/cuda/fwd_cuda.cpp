@@ -13,7 +13,9 @@
 
 #include "checks.h"
 #include "dropout_state.h"
+#include "cuda/decode_cuda.h"
 #include "cuda/params_from_tensors.h"
+#include "fa2/decode/tile_config.h"
 #include "fa2/launch.h"
 
 namespace fa2 {
@@ -31,6 +33,27 @@ int checked_compute_capability(const at::Tensor& q) {
   C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   check_compute_capability(major, minor, q.device().str(), prop.name);  // raises
   return 0;
+}
+
+// Whether a call is one the decode kernel serves better than the dense grid (option dense_decode): few query rows per
+// kv head, and none of bias, dropout, sinks or a value headdim of its own, which the decode kernel does not take.
+bool decode_shaped(const AttentionProblem& prob) {
+  DevOptions options;
+  (void)dev_options(&options);  // (a malformed FA2_DEV_OPTIONS leaves the defaults here; the dense plan reports it)
+  return options.dense_decode && !prob.bias.has_value() && prob.dropout_p == 0.0 && !prob.sinks.has_value() &&
+         prob.headdim_v == prob.headdim &&
+         prob.seqlen_q * (prob.nheads / prob.nheads_k) <= decode::kMaxRowsForDenseCalls;
+}
+
+// The decode kernel over k / v as a contiguous cache in which every sequence holds all seqlen_k keys (causal and
+// windows bottom-right over them, as the dense kernels'); false, nothing written, where it declines the layout.
+bool run_as_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionProblem& prob,
+                   at::Tensor& out, at::Tensor& lse) {
+  const at::Tensor seqlens_k = at::full({prob.batch}, prob.seqlen_k, q.options().dtype(at::kInt));
+  return cuda_glue::try_decode_attention(q, k, v, seqlens_k, std::nullopt, std::nullopt, static_cast<float>(prob.scale),
+                                         prob.causal, static_cast<int>(prob.window_left),
+                                         static_cast<int>(prob.window_right), static_cast<float>(prob.softcap),
+                                         /*num_splits=*/0, out, lse);
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -54,6 +77,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
     lse.fill_(std::numeric_limits<float>::infinity());
     return {out, lse};
   }
+  if (decode_shaped(prob) && run_as_decode(q, k, v, prob, out, lse)) return {out, lse};
 
   // Kernels run on one headdim, the larger of q/k's and v's rounded up to a multiple of 8 (zero-padded copies when
   // needed: cuda_glue::kernel_headdim), instantiated for the next headdim in FA2_HEADDIMS; loads and stores are

@@ -45,6 +45,9 @@ struct DevOptions {
   // dropout calls run the sm_90a kernels on compute capability 9.0 (the pipelined forward; bwd_kernel's wgmma tiles on
   // the plain path, while sm90_backward is on); off: the sm80 path's dropout kernels there too
   bool sm90_dropout = true;
+  // fa2.attention's decode-shaped CUDA calls (few query rows per kv head, no bias / dropout / sinks) run the KV-cache
+  // op's decode kernel (split-KV, the kv head's query heads together); off: the dense forward kernels
+  bool dense_decode = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).

@@ -12,6 +12,10 @@ constexpr int kThreads = 128;  // four warps
 constexpr int kMaxWarpsM = 4;
 constexpr int kMaxRowsPerCta = 16 * kMaxWarpsM;
 constexpr int kMaxRowBlocks = 4;
+// fa2.attention's CUDA forward hands a call to the decode kernel up to this many query rows per kv head (option
+// dense_decode): one row block, so each CTA reads its kv head's keys once, where the dense grid would give every query
+// head's few rows a 128-row tile of its own and read the keys once per query head.
+constexpr int kMaxRowsForDenseCalls = kMaxRowsPerCta;
 
 struct DecodeTileConfig {
   int block_n;  // keys per stage (K and V tiles of block_n rows)
