@@ -264,11 +264,12 @@ class _Pool(torch.nn.Module):
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
-@pytest.mark.parametrize("queries", [1, 3])
-def test_pooling_probe_with_unused_weights(queries, train):
-    """One query: autograd's dK and dV are outer products (broadcasting muls after the decompositions)."""
+@pytest.mark.parametrize("queries,dtype", [(1, torch.float32), (3, torch.float32), (1, torch.bfloat16)])
+def test_pooling_probe_with_unused_weights(queries, dtype, train):
+    """One query: autograd's dK and dV are outer products (broadcasting muls after the decompositions; in bf16 of
+    operands cast to float32, the product cast back)."""
     torch.manual_seed(0)
-    records = run_module(_Pool(queries=queries), [(torch.randn(2, 16, 32),)], train=train)
+    records = run_module(_Pool(queries=queries), [(torch.randn(2, 16, 32, dtype=dtype),)], train=train, dtype=dtype)
     assert_rewritten(records)
 
 

@@ -292,13 +292,26 @@ def _transposed_users(x, pos, bwd):
 
 def _outer_products(x, other, operand, bwd):
     """Backward muls ``transpose(x) * other`` shaped like the forward bmm operand ``operand`` (a bmm whose inner
-    dim is 1, decomposed)."""
+    dim is 1, decomposed; in half precision both factors are cast up and the product cast back: the cast back is
+    the product)."""
     out = []
     for t in x.users:
-        if is_call(t, {aten.permute.default, aten.transpose.int}) and _is_last_two_swap(t):
-            out.extend(m for m in t.users if is_call(m, {aten.mul.Tensor}) and m in bwd and
-                       set(m.args) == {t, other} and same_shape(shape(m), shape(operand)))
+        if not (is_call(t, {aten.permute.default, aten.transpose.int}) and _is_last_two_swap(t)):
+            continue
+        for m in {m for u in [t, *_casts_of(t)] for m in u.users}:
+            if is_call(m, {aten.mul.Tensor}) and m in bwd and {_uncast(a) for a in m.args} == {t, other} \
+                    and same_shape(shape(m), shape(operand)):
+                back = [c for c in m.users if is_call(c, CASTS)] if _uncast(m.args[0]) is not m.args[0] else []
+                out.append(back[0] if len(back) == 1 and len(m.users) == 1 else m)
     return out
+
+
+def _casts_of(node):
+    return [u for u in node.users if is_call(u, CASTS)]
+
+
+def _uncast(node):
+    return node.args[0] if is_call(node, CASTS) else node
 
 
 def _is_last_two_swap(node) -> bool:
