@@ -447,12 +447,16 @@ class _GqaDecoderAttention(torch.nn.Module):
         return (p @ v).transpose(1, 2).reshape(b, s, -1)
 
 
-def test_gqa_training_keeps_the_rewrite_after_the_dynamic_recompile():
+@pytest.mark.parametrize("device,dtype", [
+    ("cpu", torch.float32), ("cpu", torch.bfloat16),
+    pytest.param("cuda", torch.bfloat16, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))])
+def test_gqa_training_keeps_the_rewrite_after_the_dynamic_recompile(device, dtype):
     """Called at 16, 24, 20 tokens in training: the second call recompiles with a symbolic length, where repeat_kv's
-    full slice traces as slice / slice_scatter in the backward; every graph is rewritten, fa2.bwd included."""
+    full slice traces as slice / slice_scatter in the backward; every graph is rewritten, fa2.bwd included (fp32 and
+    bf16: the same rewrite on every device and dtype)."""
     torch.manual_seed(0)
-    inputs = [(torch.randn(2, s, 32),) for s in (16, 24, 20)]
-    records = run_module(_GqaDecoderAttention(), inputs, train=True)
+    inputs = [(torch.randn(2, s, 32, device=device, dtype=dtype),) for s in (16, 24, 20)]
+    records = run_module(_GqaDecoderAttention().to(device), inputs, train=True, dtype=dtype)
     assert len(records.graphs) == 2, records.graphs
     assert_rewritten(records, n=2, causal=True, gqa="4/2")
 
