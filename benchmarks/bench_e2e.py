@@ -18,8 +18,10 @@ Modes (``--modes``):
   prefill   forward only, no grad, no KV cache, logits of the last position only
             (``--pad F``: a left-padded batch, row b with round(F * S * b / (B - 1)) padding tokens, passed as the
             attention_mask; tokens/s still counts every position, real_tokens_per_s only the unpadded ones)
-  generate  greedy generation, batch 1: Hugging Face generate with a static KV cache, its decoding step compiled
-            with the way's backend (the prompt's prefill inside generate runs uncompiled, as transformers does)
+  generate  greedy generation (batch ``--gen-batch``, default 1): Hugging Face generate with a static KV cache, its
+            decoding step compiled with the way's backend (the prompt's prefill inside generate runs uncompiled, as
+            transformers does); ``--gen-cache dynamic``: the dynamic cache instead, generate uncompiled (transformers
+            compiles only static-cache decoding), the attention as the way's attn_implementation calls it
   packed    padding-free training: one training step (as train) on mixed documents filling SEQLEN x BATCH tokens
             (lengths log-uniform in 64..2048, seeded; the last cut to fit), laid out per ``--packed-ways``:
               fa2-packed         attn_implementation="fa2", the documents end to end in one row with
@@ -426,7 +428,7 @@ def left_padding_mask(batch: int, seqlen: int, pad: float, device):
     return mask
 
 
-def run_generate(way, prompt_len, new_tokens, args, device, model_kwargs) -> dict:
+def run_generate(way, prompt_len, new_tokens, batch, args, device, model_kwargs) -> dict:
     from transformers.generation import CompileConfig
     attn, backend = WAYS[way]
     mem = Memory(device)
@@ -438,12 +440,12 @@ def run_generate(way, prompt_len, new_tokens, args, device, model_kwargs) -> dic
     cc = CompileConfig(backend=backend, mode=args.gen_mode, dynamic=False, fullgraph=False)
     cc._compile_all_devices = True  # also compile on the CPU (smoke runs)
     gen = torch.Generator(device=device).manual_seed(3)
-    prompt = torch.randint(0, model_kwargs["vocab_size"], (1, prompt_len), device=device, generator=gen)
+    prompt = torch.randint(0, model_kwargs["vocab_size"], (batch, prompt_len), device=device, generator=gen)
+    cache = dict(cache_implementation="static", compile_config=cc) if args.gen_cache == "static" else {}
 
     def generate(n):
         # min_new_tokens = n: an EOS from the random model does not end the run early.
-        return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              cache_implementation="static", compile_config=cc, pad_token_id=0)
+        return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, **cache)
 
     t0 = time.perf_counter()
     out = generate(new_tokens)  # compiles the decoding step
@@ -458,7 +460,7 @@ def run_generate(way, prompt_len, new_tokens, args, device, model_kwargs) -> dic
     stats = dynamo_stats()
     ops = attention_ops(lambda: generate(4))
     decode_s = max(t_full - t_one, 1e-9) / max(1, new_tokens - 1)
-    return dict(status="ok", tokens_per_s=1.0 / decode_s, decode_ms_per_token=1e3 * decode_s,
+    return dict(status="ok", tokens_per_s=batch / decode_s, decode_ms_per_token=1e3 * decode_s, cache=args.gen_cache,
                 prefill_plus_first_ms=1e3 * t_one, total_ms=1e3 * t_full, peak_gib=peak, first_call_s=first_s,
                 generated=out[0, prompt_len:prompt_len + 16].tolist(), attention_ops=ops, **stats)
 
@@ -477,7 +479,8 @@ def run_case(case, args, device, model_kwargs) -> dict:
             elif mode == "packed":
                 result = run_packed(way, case["seqlen"], case["batch"], args, device, model_kwargs)
             else:
-                result = run_generate(way, case["seqlen"], case["new_tokens"], args, device, model_kwargs)
+                result = run_generate(way, case["seqlen"], case["new_tokens"], case["batch"], args, device,
+                                      model_kwargs)
     except Exception as e:  # record and go on; leave the except block so the traceback frees its tensors
         err = ("oom" if is_oom(e) else "n/a" if _is_unavailable(e) else "error", short_error(e))
     cleanup(device)
@@ -520,7 +523,7 @@ def print_table(runs, peak_tflops, file=sys.stdout):
                       ops or "(none: matmul + softmax)"])
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
     print(f"\nmodel TFLOP/s: train 6N+12·L·d·S per token (N = all params), prefill 2N_layers+4·L·d·S; "
-          f"MFU vs {peak_tflops} TFLOP/s; generate: decode tokens/s at batch 1", file=file)
+          f"MFU vs {peak_tflops} TFLOP/s; generate: decode tokens/s (every sequence of the batch)", file=file)
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)), file=file)
     for l in lines:
         print("  ".join(c.ljust(w) for c, w in zip(l, widths)), file=file)
@@ -539,6 +542,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, help="untimed steps, the first of which compiles")
     p.add_argument("--gen-prompt", type=int, help="generation prompt length")
     p.add_argument("--gen-tokens", type=int, help="new tokens per generation")
+    p.add_argument("--gen-batch", type=int, default=1, help="generation batch (the prompts: random tokens)")
+    p.add_argument("--gen-cache", default="static", choices=("static", "dynamic"),
+                   help="generation's KV cache: static (decoding step compiled) or dynamic (uncompiled)")
     p.add_argument("--gen-mode", default=None, help="torch.compile mode of the decoding step, e.g. "
                    "reduce-overhead (CUDA graphs); default none")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="for MFU (H100/H200 dense bf16: 989)")
@@ -584,8 +590,9 @@ def main(argv=None):
             continue
         if mode == "generate":
             for way in ways:
-                cases.append(dict(mode=mode, way=way, seqlen=args.gen_prompt, batch=1, new_tokens=args.gen_tokens,
-                                  shape=f"{args.gen_prompt}+{args.gen_tokens}x1"))
+                cases.append(dict(mode=mode, way=way, seqlen=args.gen_prompt, batch=args.gen_batch,
+                                  new_tokens=args.gen_tokens,
+                                  shape=f"{args.gen_prompt}+{args.gen_tokens}x{args.gen_batch}"))
             continue
         for seqlen, batch in shapes:
             for way in packed_ways if mode == "packed" else ways:
@@ -623,7 +630,8 @@ def main(argv=None):
                         "prefill_per_token": "2*N_layers + 4*L*d*S", "peak_tflops": args.peak_tflops},
               "settings": dict(steps=args.steps, warmup=args.warmup, shapes=args.shapes, pad=args.pad,
                                packed_ways=args.packed_ways, gen_prompt=args.gen_prompt,
-                               gen_tokens=args.gen_tokens, compile="torch.compile(model, backend, dynamic=False)"),
+                               gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, gen_cache=args.gen_cache,
+                               compile="torch.compile(model, backend, dynamic=False)"),
               "runs": runs}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"e2e_{tag}.json")
