@@ -11,6 +11,7 @@
 #include "checks.h"
 #include "cpu/blas.h"  // bf16_gemm_supported, bf16_gemm_switch
 #include "fa2/bwd_tile_config.h"  // bwd_ws_headdim (plain constexpr C++)
+#include "fa2/decode/dense_route.h"
 #include "fa2/dev_options.h"
 #include "fa2/philox.h"  // dropout_keep_threshold
 #include "fa2/plan.h"
@@ -80,7 +81,7 @@ std::vector<fa2::InstanceDesc> plan_instances(bool forward) {
 // A described call (plan's arguments) as the glue would fill the params: contiguous (batch, seqlen, heads, headdim)
 // tensors, aligned, zero-padded to one headdim (fa2::kernel_headdim) where headdim_v (v's) differs from headdim (q's
 // and k's); a bias "key_row" (a padding mask: (batch, 1, 1, seqlen_k) broadcast) or "full" (batch, nheads,
-// seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool"); dropout_p > 0: dropout on.
+// seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool"); dropout_p > 0: dropout on; sinks: sinks given.
 fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::InstanceDesc>& instances) {
   auto get = [&](const char* k, auto fallback) {
     return c.contains(k) && !c[k].is_none() ? c[k].cast<decltype(fallback)>() : fallback;
@@ -137,6 +138,10 @@ fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::
     p.dropout_keep_threshold = fa2::dropout_keep_threshold(dropout_p);
     p.dropout_keep_scale = float(1.0 / (1.0 - dropout_p));
   }
+  if (get("sinks", false)) {
+    static const float some_sinks[1] = {0.f};  // (an address: sinks given)
+    p.sinks = some_sinks;
+  }
   if (get("varlen", false)) {  // packed sequences: batch sequences of seqlen_q / seqlen_k (their max_seqlen)
     static const int some_cu_seqlens[2] = {0, 0};  // (addresses only: a plan never reads them)
     p.cu_seqlens_q = p.cu_seqlens_k = some_cu_seqlens;
@@ -184,6 +189,11 @@ py::dict plan_of(const std::string& direction, const py::dict& call, const py::o
   if (forward) {
     d = plan_dict(fa2::plan_fwd(p, dev, options, instances.data(), int(instances.size()), fa2::PlanBuffers::kDecide,
                                 &notes), p.dtype, notes);
+    // (fa2.attention's call, not varlen's: the glue hands decode-shaped ones to the decode kernel, this plan the
+    // fallback where that kernel declines the layout)
+    d["decode_kernel"] = p.cu_seqlens_q == nullptr && fa2::decode::dense_call_goes_to_decode(
+        p.seqlen_q, p.nheads, p.nheads_k, p.bias_type != fa2::BiasType::kNone, p.rng_state != nullptr, p.sinks != nullptr,
+        p.call_headdim_v != p.call_headdim_qk, options);
   } else {
     const fa2::BwdPlan plan = fa2::plan_bwd(p, dev, options, instances.data(), int(instances.size()),
                                             fa2::PlanBuffers::kDecide, &notes);

@@ -15,7 +15,7 @@
 #include "dropout_state.h"
 #include "cuda/decode_cuda.h"
 #include "cuda/params_from_tensors.h"
-#include "fa2/decode/tile_config.h"
+#include "fa2/decode/dense_route.h"
 #include "fa2/launch.h"
 
 namespace fa2 {
@@ -35,14 +35,13 @@ int checked_compute_capability(const at::Tensor& q) {
   return 0;
 }
 
-// Whether a call is one the decode kernel serves better than the dense grid (option dense_decode): few query rows per
-// kv head, and none of bias, dropout, sinks or a value headdim of its own, which the decode kernel does not take.
+// Whether the decode kernel serves the call better than the dense grid (fa2/decode/dense_route.h).
 bool decode_shaped(const AttentionProblem& prob) {
   DevOptions options;
   (void)dev_options(&options);  // (a malformed FA2_DEV_OPTIONS leaves the defaults here; the dense plan reports it)
-  return options.dense_decode && !prob.bias.has_value() && prob.dropout_p == 0.0 && !prob.sinks.has_value() &&
-         prob.headdim_v == prob.headdim &&
-         prob.seqlen_q * (prob.nheads / prob.nheads_k) <= decode::kMaxRowsForDenseCalls;
+  return decode::dense_call_goes_to_decode(prob.seqlen_q, prob.nheads, prob.nheads_k, prob.bias.has_value(),
+                                           prob.dropout_p > 0.0, prob.sinks.has_value(),
+                                           prob.headdim_v != prob.headdim, options);
 }
 
 // The decode kernel over k / v as a contiguous cache in which every sequence holds all seqlen_k keys (causal and

@@ -1,0 +1,22 @@
+// Which of fa2.attention's forward calls the decode kernel takes instead of the dense grid (the CUDA glue decides with
+// it, and fa2.dev.plan reports it): plain C++, no torch, no CUDA.
+#pragma once
+#include <cstdint>
+
+#include "fa2/decode/tile_config.h"
+#include "fa2/dev_options.h"
+
+namespace fa2 {
+namespace decode {
+
+// Few query rows per kv head (up to kMaxRowsForDenseCalls) and none of what the decode kernel does not take: a bias,
+// dropout, sinks, a value headdim of its own. Option dense_decode off: never. (The kernel may still decline a call's
+// layout or headdim; the dense grid then runs it.)
+inline bool dense_call_goes_to_decode(int64_t seqlen_q, int64_t nheads, int64_t nheads_k, bool bias, bool dropout,
+                                      bool sinks, bool own_headdim_v, const DevOptions& options) {
+  return options.dense_decode && !bias && !dropout && !sinks && !own_headdim_v && nheads_k > 0 &&
+         seqlen_q * (nheads / nheads_k) <= kMaxRowsForDenseCalls;
+}
+
+}  // namespace decode
+}  // namespace fa2
