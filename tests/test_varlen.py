@@ -639,7 +639,8 @@ def _varlen_flag(kernel_name):
     """fwd_kernel / bwd_kernel's kVarlen template flag (the second to last) in a demangled name, else None."""
     if not any(f"{k}<" in kernel_name for k in ("fwd_kernel", "bwd_kernel")) or ">(" not in kernel_name:
         return None
-    return kernel_name.split(">(")[0].split(", ")[-2] == "true"
+    from kernels import kernel_template_args
+    return kernel_template_args(kernel_name)[-2] == "true"
 
 
 def test_one_spanning_sequence_runs_the_dense_kernels():

@@ -24,8 +24,8 @@ import torch
 
 from . import _compat
 from ._compat import aten, statically_known_true
-from .sites import (CASTS, GRAPH_OUTPUT_REASON, LAYOUT, PERMUTES, Reject, Site, _perm, is_call, same_shape, shape,
-                    val)
+from .sites import (CASTS, GRAPH_OUTPUT_REASON, LAYOUT, PERMUTES, Reject, Site, _exact_upcast_source, _perm, is_call,
+                    same_shape, shape, val)
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack",
               "seq_nr", "partitioner_tag")
@@ -298,20 +298,13 @@ def _outer_products(x, other, operand, bwd):
     for t in x.users:
         if not (is_call(t, {aten.permute.default, aten.transpose.int}) and _is_last_two_swap(t)):
             continue
-        for m in {m for u in [t, *_casts_of(t)] for m in u.users}:
-            if is_call(m, {aten.mul.Tensor}) and m in bwd and {_uncast(a) for a in m.args} == {t, other} \
-                    and same_shape(shape(m), shape(operand)):
-                back = [c for c in m.users if is_call(c, CASTS)] if _uncast(m.args[0]) is not m.args[0] else []
+        for m in {m for u in [t, *(c for c in t.users if is_call(c, CASTS))] for m in u.users}:
+            upcast = [_exact_upcast_source(a) for a in m.args]
+            if is_call(m, {aten.mul.Tensor}) and m in bwd and \
+                    {src or a for src, a in zip(upcast, m.args)} == {t, other} and same_shape(shape(m), shape(operand)):
+                back = [c for c in m.users if is_call(c, CASTS)] if any(upcast) else []
                 out.append(back[0] if len(back) == 1 and len(m.users) == 1 else m)
     return out
-
-
-def _casts_of(node):
-    return [u for u in node.users if is_call(u, CASTS)]
-
-
-def _uncast(node):
-    return node.args[0] if is_call(node, CASTS) else node
 
 
 def _is_last_two_swap(node) -> bool:
