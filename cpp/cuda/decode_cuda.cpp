@@ -31,7 +31,7 @@ bool int32_on(const at::Tensor& t, const at::Tensor& q, int64_t dims) {
 
 // What the kernel needs beyond the caller's checks (layouts, index tensors); nullptr when all holds.
 const char* tensors_decline(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& seqlens_k, const std::optional<at::Tensor>& block_table,
+                            const std::optional<at::Tensor>& seqlens_k, const std::optional<at::Tensor>& block_table,
                             const std::optional<at::Tensor>& cache_batch_idx, const at::Tensor& out,
                             const at::Tensor& lse) {
   if (!q.is_cuda() || (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)) return "q not fp16/bf16 CUDA";
@@ -48,7 +48,9 @@ const char* tensors_decline(const at::Tensor& q, const at::Tensor& k_cache, cons
       lse.sizes() != at::IntArrayRef({q.size(0), q.size(2), q.size(1)})) {
     return "lse is not a contiguous float32 (batch, nheads, seqlen_q)";
   }
-  if (!int32_on(seqlens_k, q, 1) || seqlens_k.size(0) != q.size(0)) return "seqlens_k is not int32 (batch,)";
+  if (seqlens_k && (!int32_on(*seqlens_k, q, 1) || seqlens_k->size(0) != q.size(0))) {
+    return "seqlens_k is not int32 (batch,)";
+  }
   if (block_table && (!int32_on(*block_table, q, 2) || block_table->size(0) != q.size(0))) {
     return "block_table is not int32 (batch, max_blocks) with unit column stride";
   }
@@ -61,7 +63,7 @@ const char* tensors_decline(const at::Tensor& q, const at::Tensor& k_cache, cons
 // Launches the decode kernel: nullptr, or why it does not take the call (then nothing was written). A launch that
 // fails after the plan accepted the call raises.
 const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                             const at::Tensor& seqlens_k, const std::optional<at::Tensor>& block_table,
+                             const std::optional<at::Tensor>& seqlens_k, const std::optional<at::Tensor>& block_table,
                              const std::optional<at::Tensor>& cache_batch_idx, float scale, bool causal,
                              int window_left, int window_right, float softcap, int num_splits, at::Tensor& out,
                              at::Tensor& lse) {
@@ -76,7 +78,7 @@ const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, con
   p.v_cache = v_cache.data_ptr();
   outer_strides(k_cache, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   outer_strides(v_cache, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  p.seqlens_k = seqlens_k.data_ptr<int>();
+  if (seqlens_k) p.seqlens_k = seqlens_k->data_ptr<int>();
   if (block_table) {
     p.block_table = block_table->data_ptr<int>();
     p.block_table_batch_stride = block_table->stride(0);
@@ -120,7 +122,7 @@ const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, con
 }  // namespace
 
 bool try_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                          const at::Tensor& seqlens_k, const std::optional<at::Tensor>& block_table,
+                          const std::optional<at::Tensor>& seqlens_k, const std::optional<at::Tensor>& block_table,
                           const std::optional<at::Tensor>& cache_batch_idx, float scale, bool causal,
                           int window_left, int window_right, float softcap, int num_splits,
                           at::Tensor& out, at::Tensor& lse) {

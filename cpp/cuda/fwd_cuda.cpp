@@ -48,10 +48,10 @@ bool decode_shaped(const AttentionProblem& prob) {
 // windows bottom-right over them, as the dense kernels'); false, nothing written, where it declines the layout.
 bool run_as_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionProblem& prob,
                    at::Tensor& out, at::Tensor& lse) {
-  const at::Tensor seqlens_k = at::full({prob.batch}, prob.seqlen_k, q.options().dtype(at::kInt));
-  return cuda_glue::try_decode_attention(q, k, v, seqlens_k, std::nullopt, std::nullopt, static_cast<float>(prob.scale),
-                                         prob.causal, static_cast<int>(prob.window_left),
-                                         static_cast<int>(prob.window_right), static_cast<float>(prob.softcap),
+  return cuda_glue::try_decode_attention(q, k, v, /*seqlens_k=*/std::nullopt, /*block_table=*/std::nullopt,
+                                         /*cache_batch_idx=*/std::nullopt, static_cast<float>(prob.scale), prob.causal,
+                                         static_cast<int>(prob.window_left), static_cast<int>(prob.window_right),
+                                         static_cast<float>(prob.softcap),
                                          /*num_splits=*/0, out, lse);
 }
 

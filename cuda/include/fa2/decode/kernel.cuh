@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   // the kv head's row r: query r / group of head kvh * group + r % group; this CTA's: row0 + 0 .. rows_here - 1
   const int row0 = row_block * Traits::kBlockM;
   const int rows_here = min(p.seqlen_q * group - row0, Traits::kBlockM);
-  const int seqlen_k = min(max(p.seqlens_k[b], 0), p.capacity);
+  const int seqlen_k = p.seqlens_k != nullptr ? min(max(p.seqlens_k[b], 0), p.capacity) : p.capacity;
 
   // -- this split's key tiles: an equal share of the tiles any row of the CTA sees (rows' ranges move right with i)
   const RowKeys first_row = row_keys(p, row0 / group, seqlen_k);
