@@ -50,8 +50,8 @@ struct FwdEpilogue {
   }
 
   // -- O / l (0 for a row that saw nothing), lse = m + log l (+inf for such a row), for tile t (out, lse: its first
-  // row's; rows_q of its rows below seqlen_q; l includes the tile's head's sink, p.sinks). more_tiles: the CTA may run a next tile (FwdTileScheduler::more_tiles),
-  // whose Q kStagedO reads into registers here.
+  // row's; rows_q of its rows below seqlen_q; l includes the tile's head's sink, p.sinks). more_tiles: the CTA may
+  // run a next tile (FwdTileScheduler::more_tiles), whose Q kStagedO reads into registers here.
   __device__ __forceinline__ static void store(const AttentionParams& p, const FwdSmem<Traits>& smem,
                                                const FwdPipeline<Traits>& pipe, const FwdThreadRows<Traits>& rows,
                                                FwdConsumerState<Traits>& state, float (&acc_o)[kMTiles][kDTiles][4],
@@ -60,12 +60,17 @@ struct FwdEpilogue {
                                                const FwdTileScheduler<Traits>& scheduler, const BlockInfo& info,
                                                int t) {
     const int q_row0 = rows.q_row0;
+    // the sink's load issued before finalize's shuffles, which hide its latency (the tile's head is found again
+    // here, not kept live through the key loop: that code is the same with and without sinks)
+    float sink = 0.f;
+    if (p.sinks != nullptr) {
+      int m_block, head, batch;
+      scheduler.at(t, m_block, head, batch);
+      sink = p.sinks[head];
+    }
     float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
     softmax.finalize(rows.mult, inv_sum, row_lse);
-    if (p.sinks != nullptr) {  // (after finalize: the key loop's code is the same with and without sinks)
-      int m_block, head, batch;  // (the tile's head found again here, not kept live through the key loop)
-      scheduler.at(t, m_block, head, batch);
-      const float sink = p.sinks[head];
+    if (p.sinks != nullptr) {
 #pragma unroll
       for (int r = 0; r < 2 * kMTiles; ++r) add_sink(sink, inv_sum[r], row_lse[r]);
     }
