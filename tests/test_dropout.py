@@ -73,13 +73,18 @@ def _keep(rng_state, q, k, dropout_p):
 
 # ---- the generator and the mapping --------------------------------------------------------------------------------
 
-def test_philox_known_answers():
-    """Random123's known-answer vectors for Philox4x32-10 (the mirror; the kernels' mask is checked against it)."""
-    assert _rng.philox4x32_10((0, 0, 0, 0), (0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
-    assert _rng.philox4x32_10((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6,
-                                                                          0x6D5451FD)
-    assert _rng.philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == (
-        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
+@pytest.mark.parametrize("rounds,answers", [
+    (7, [(0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48), (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662),
+         (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A)]),
+    (10, [(0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
+          (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)]),
+])
+def test_philox_known_answers(rounds, answers):
+    """Random123's known-answer vectors for Philox4x32-7 (the kernels' generator) and -10 (the mirror's rounds; the
+    kernels' mask is checked against the mirror)."""
+    inputs = [((0, 0, 0, 0), (0, 0)), ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2),
+              ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0))]
+    assert [_rng.philox4x32(counter, key, rounds) for counter, key in inputs] == answers
 
 
 @pytest.mark.parametrize("dropout_p", [0.1, pytest.param(0.5, marks=pytest.mark.slow),

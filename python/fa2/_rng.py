@@ -1,7 +1,7 @@
 """Dropout's random state: the draw of a call's ``rng_state`` and a Python mirror of the kernels' mask.
 
 ``rng_state`` is an int64 ``(2,)`` tensor ``(seed, offset)`` on q's device: the key and the counter base of the
-Philox4x32-10 generator the kernels use (cuda/include/fa2/philox.h, which documents the mapping from
+Philox4x32-7 generator the kernels use (cuda/include/fa2/philox.h, which documents the mapping from
 (batch, head, query, key) to bits). It is drawn with ``torch.randint`` from torch's default generator of q's device:
 that consumes the generator (``torch.manual_seed`` reproduces a call, forward and backward, and consecutive calls get
 independent masks), is an ordinary op under ``torch.compile`` (traced into the graph, no graph break) and is safe
@@ -23,12 +23,13 @@ def draw_rng_state(device) -> torch.Tensor:
 # ---- the mirror of cuda/include/fa2/philox.h (tests and reference implementations) ---------------------------------
 
 _M32 = 0xFFFFFFFF
+DROPOUT_ROUNDS = 7  # philox.h's kDropoutPhiloxRounds
 
 
-def _philox4x32_10(x, y, z, w, k0: int, k1: int):
+def _philox4x32(x, y, z, w, k0: int, k1: int, rounds: int = DROPOUT_ROUNDS):
     # int64 tensors holding uint32 values; products of two uint32 wrap in int64 but keep their low 64 bits, which is
     # all mulhi / mullo need.
-    for _ in range(10):
+    for _ in range(rounds):
         p0 = x * 0xD2511F53
         p1 = z * 0xCD9E8D57
         hi0, lo0 = (p0 >> 32) & _M32, p0 & _M32
@@ -39,10 +40,10 @@ def _philox4x32_10(x, y, z, w, k0: int, k1: int):
     return x, y, z, w
 
 
-def philox4x32_10(counter, key):
-    """Philox4x32-10 of one counter (four uint32 ints) and key (two): four uint32 ints (the known-answer tests)."""
+def philox4x32(counter, key, rounds: int = DROPOUT_ROUNDS):
+    """Philox4x32 of one counter (four uint32 ints) and key (two): four uint32 ints (the known-answer tests)."""
     x, y, z, w = (torch.tensor([c], dtype=torch.int64) for c in counter)
-    return tuple(int(t) for t in _philox4x32_10(x, y, z, w, key[0] & _M32, key[1] & _M32))
+    return tuple(int(t) for t in _philox4x32(x, y, z, w, key[0] & _M32, key[1] & _M32, rounds))
 
 
 def keep_threshold(dropout_p: float) -> int:
@@ -70,7 +71,7 @@ def dropout_keep_mask(rng_state: torch.Tensor, batch: int, nheads: int, seqlen_q
     kg = torch.arange(int(key_group.max()) + 1 if seqlen_k else 0, dtype=torch.int64).view(1, 1, 1, -1)
     qg = torch.arange(int(query_group.max()) + 1 if seqlen_q else 0, dtype=torch.int64).view(1, 1, -1, 1)
     shape = (len(b), nheads, qg.shape[2], kg.shape[3])
-    words = _philox4x32_10(kg.expand(shape), qg.expand(shape), counter_lo.expand(shape), counter_hi.expand(shape),
+    words = _philox4x32(kg.expand(shape), qg.expand(shape), counter_lo.expand(shape), counter_hi.expand(shape),
                            seed & _M32, seed >> 32)
     words = [w[:, :, query_group][:, :, :, key_group] for w in words]  # (batch, nheads, seqlen_q, seqlen_k)
     slot = (((i >> 3) & 1) * 4).view(-1, 1) + (((j >> 3) & 1) * 2 + (j & 1)).view(1, -1)  # (seqlen_q, seqlen_k)

@@ -31,7 +31,8 @@ struct DropoutHead {
   // 8 keep bits of the group of key group kg, query group qg: bit 4 half + 2 (nt % 2) + e for fragment element
   // (half, e) of n8 tile nt (philox.h's slot order).
   __device__ __forceinline__ uint32_t keep_bits(uint32_t kg, uint32_t qg) const {
-    const PhiloxBits b = philox4x32_10(PhiloxBits{kg, qg, counter_lo, counter_hi}, seed_lo, seed_hi);
+    const PhiloxBits b =
+        philox4x32<kDropoutPhiloxRounds>(PhiloxBits{kg, qg, counter_lo, counter_hi}, seed_lo, seed_hi);
     const uint32_t words[4] = {b.x, b.y, b.z, b.w};
     uint32_t bits = 0;
 #pragma unroll

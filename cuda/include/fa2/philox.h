@@ -1,4 +1,4 @@
-// Dropout's random bits: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), a
+// Dropout's random bits: Philox4x32-7 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), a
 // counter-based generator, so any thread can compute the bits of any attention weight from its coordinates alone:
 // the forward never stores a mask and the backward (any tile shape) replays it. One header for the CPU kernel
 // (cpp/cpu/) and the CUDA kernels: plain C++ plus __host__ __device__, no torch.
@@ -17,6 +17,8 @@
 // per eight weights, no bits wasted and none shared between threads. 16 bits a draw: the keep probability is
 // keep_threshold / 65536, within 2^-17 of 1 - p (8-bit draws, as flash-attn's, would be off by up to 2^-9).
 // (batch, head) sit in the counter, not the key, so that each call's draws are one Philox stream keyed by the seed.
+// Seven rounds: the fewest the paper found Crush-resistant (BigCrush passes), as flash-attn's dropout uses; the
+// generator's instructions are most of dropout's cost, and ten rounds (curand's) would add 3/7 to them.
 #pragma once
 #include <cstdint>
 
@@ -40,14 +42,18 @@ FA2_PHILOX_FN uint32_t mul_hi_u32(uint32_t a, uint32_t b) {
 #endif
 }
 
-// Philox4x32 with 10 rounds: counter (x, y, z, w), key (k0, k1).
-FA2_PHILOX_FN PhiloxBits philox4x32_10(PhiloxBits c, uint32_t k0, uint32_t k1) {
+// The rounds of dropout's generator (the CPU kernel, the CUDA kernels and python/fa2/_rng.py's DROPOUT_ROUNDS).
+constexpr int kDropoutPhiloxRounds = 7;
+
+// Philox4x32 with kRounds rounds: counter (x, y, z, w), key (k0, k1).
+template <int kRounds>
+FA2_PHILOX_FN PhiloxBits philox4x32(PhiloxBits c, uint32_t k0, uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;  // round multipliers
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // key schedule increments
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
     const uint32_t hi0 = mul_hi_u32(kMul0, c.x), lo0 = kMul0 * c.x;
     const uint32_t hi1 = mul_hi_u32(kMul1, c.z), lo1 = kMul1 * c.z;
     c = PhiloxBits{hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0};
@@ -79,7 +85,8 @@ FA2_PHILOX_FN PhiloxBits dropout_group_bits(const DropoutRng& rng, uint64_t head
   const uint32_t query_group = static_cast<uint32_t>((i >> 4) * 8 + (i & 7));
   const PhiloxBits counter{key_group, query_group, static_cast<uint32_t>(head_counter),
                            static_cast<uint32_t>(head_counter >> 32)};
-  return philox4x32_10(counter, static_cast<uint32_t>(rng.seed), static_cast<uint32_t>(rng.seed >> 32));
+  return philox4x32<kDropoutPhiloxRounds>(counter, static_cast<uint32_t>(rng.seed),
+                                          static_cast<uint32_t>(rng.seed >> 32));
 }
 
 // The 16-bit draw of (query i, key j) from its group's bits: slot 4 ((i / 8) % 2) + 2 ((j / 8) % 2) + j % 2.
