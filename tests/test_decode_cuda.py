@@ -136,15 +136,62 @@ def test_dense_decode_shaped_calls_run_the_decode_kernel(shape, flags, dtype):
             assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo)
 
 
+KEY_MASK_SHAPES = [DENSE_DECODE_SHAPES[0], DENSE_DECODE_SHAPES[1], DENSE_DECODE_SHAPES[3]]
+
+
+@pytest.mark.parametrize("shape", KEY_MASK_SHAPES, ids=[str(s) for s in KEY_MASK_SHAPES])
+@pytest.mark.parametrize("flags", [{}, {"causal": True}, {"causal": True, "window_left": 100}],
+                         ids=["plain", "causal", "causal-window"])
+def test_dense_decode_takes_a_key_mask(shape, flags):
+    """A bool key mask (B, 1, 1, Sk) — a static cache's decoding step: left padding, empty slots past the tokens —
+    goes to the decode kernel too (its keys hidden on top of causal / windows; a batch element with no key left
+    outputs 0): output and gradients within the rule, as the dense kernels' with the option off."""
+    from fa2.reference import attention_ref
+    from kernels import cuda_kernel_names, switch
+    from numerics import assert_close_rule
+    from samples import make_qkv
+    b, sq, sk, h, hk, d = shape
+    g = torch.Generator(device="cuda").manual_seed(sq * 1000 + sk + 7)
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=torch.bfloat16, device="cuda", generator=g)
+    dout = torch.randn(b, sq, h, d, dtype=torch.bfloat16, device="cuda", generator=g)
+    keys = torch.arange(sk, device="cuda")
+    mask = (keys >= 5) & (keys < sk - 40)  # left padding, and empty cache slots at the end
+    mask = mask & (torch.rand(b, sk, device="cuda", generator=g) > 0.1)  # and holes
+    if b > 1:
+        mask[1] = False  # a batch element that sees no key at all
+    mask = mask[:, None, None, :]
+    flags = dict(flags, attn_bias=mask)
+    leaves_hi = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_hi = attention_ref(*leaves_hi, **flags)
+    grads_hi = torch.autograd.grad(ref_hi, leaves_hi, dout.double())
+    leaves_lo = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_lo = attention_ref(*leaves_lo, upcast=False, **flags)
+    grads_lo = torch.autograd.grad(ref_lo, leaves_lo, dout)
+    for on in (True, False):
+        with switch("dense_decode", on):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            names = cuda_kernel_names(lambda: fa2.attention(*leaves, **flags))
+            assert any("decode_kernel" in n for n in names) == on, names
+            out = fa2.attention(*leaves, **flags)
+            grads = torch.autograd.grad(out, leaves, dout)
+        if b > 1:
+            assert torch.equal(out[1], torch.zeros_like(out[1])), "a row that sees no key outputs 0"
+        assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo)
+        for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+            assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo)
+
+
 def test_dense_decode_leaves_what_the_decode_kernel_does_not_take():
-    """A bias, dropout, sinks or a value headdim of its own keep fa2.attention on the dense kernels, as do more than
-    64 query rows per kv head."""
+    """A bias other than a bool key mask, dropout, sinks or a value headdim of its own keep fa2.attention on the
+    dense kernels, as do more than 64 query rows per kv head."""
     from kernels import cuda_kernel_names
     from samples import make_qkv
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = make_qkv(2, 2, 700, 8, 2, 64, dtype=torch.bfloat16, device="cuda", generator=g)
     calls = {
-        "bias": dict(attn_bias=torch.ones(2, 1, 1, 700, dtype=torch.bool, device="cuda")),
+        "float key bias": dict(attn_bias=torch.zeros(2, 1, 1, 700, dtype=torch.bfloat16, device="cuda")),
+        "bool mask per query": dict(attn_bias=torch.ones(2, 1, 2, 700, dtype=torch.bool, device="cuda")),
+        "bool mask per head": dict(attn_bias=torch.ones(2, 8, 1, 700, dtype=torch.bool, device="cuda")),
         "dropout": dict(dropout_p=0.1),
         "sinks": dict(sinks=torch.zeros(8, device="cuda")),
     }

@@ -254,13 +254,16 @@ def test_explain_plan_and_cli(capsys):
 
 
 def test_forward_plan_says_when_the_decode_kernel_takes_the_call():
-    """fa2.attention's decode-shaped calls (up to 64 query rows per kv head; no bias, dropout, sinks or value headdim
-    of its own) go to the decode kernel (option dense_decode): the forward plan says so; varlen calls never."""
+    """fa2.attention's decode-shaped calls (up to 64 query rows per kv head; no bias but a bool key mask, no dropout,
+    sinks or value headdim of its own) go to the decode kernel (option dense_decode): the forward plan says so; varlen
+    calls never."""
     decode = dict(batch=4, nheads=32, nheads_k=8, seqlen_q=1, seqlen_k=32768, headdim=128)
     assert kernel("fwd", H100, **decode)["decode_kernel"] is True
     assert kernel("fwd", H100, **dict(decode, seqlen_q=16))["decode_kernel"] is True   # 64 rows a kv head
     assert kernel("fwd", H100, **dict(decode, seqlen_q=17))["decode_kernel"] is False  # 68
-    for other in (dict(bias="key_row"), dict(dropout_p=0.1), dict(sinks=True), dict(headdim_v=64), dict(varlen=True)):
+    assert kernel("fwd", H100, **decode, bias="key_row", bias_dtype="bool")["decode_kernel"] is True  # a padding mask
+    for other in (dict(bias="key_row"), dict(bias="key_row", bias_dtype="float32"), dict(bias="full", bias_dtype="bool"),
+                  dict(dropout_p=0.1), dict(sinks=True), dict(headdim_v=64), dict(varlen=True)):
         assert kernel("fwd", H100, **decode, **other)["decode_kernel"] is False, other
     with dev.options_override(dense_decode=False):
         assert kernel("fwd", H100, **decode)["decode_kernel"] is False

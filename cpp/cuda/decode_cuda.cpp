@@ -31,9 +31,8 @@ bool int32_on(const at::Tensor& t, const at::Tensor& q, int64_t dims) {
 
 // What the kernel needs beyond the caller's checks (layouts, index tensors); nullptr when all holds.
 const char* tensors_decline(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const std::optional<at::Tensor>& seqlens_k, const std::optional<at::Tensor>& block_table,
-                            const std::optional<at::Tensor>& cache_batch_idx, const at::Tensor& out,
-                            const at::Tensor& lse) {
+                            const DecodeKeys& keys, const at::Tensor& out, const at::Tensor& lse) {
+  const auto& [seqlens_k, block_table, cache_batch_idx, key_mask] = keys;
   if (!q.is_cuda() || (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)) return "q not fp16/bf16 CUDA";
   if (k_cache.scalar_type() != q.scalar_type() || v_cache.scalar_type() != q.scalar_type()) return "dtypes differ";
   if (q.dim() != 4 || k_cache.dim() != 4 || v_cache.dim() != 4) return "q or a cache is not 4-D";
@@ -57,19 +56,24 @@ const char* tensors_decline(const at::Tensor& q, const at::Tensor& k_cache, cons
   if (cache_batch_idx && (!int32_on(*cache_batch_idx, q, 1) || cache_batch_idx->size(0) != q.size(0))) {
     return "cache_batch_idx is not int32 (batch,)";
   }
+  if (key_mask) {
+    const int64_t capacity = block_table ? block_table->size(1) * k_cache.size(1) : k_cache.size(1);
+    if (key_mask->scalar_type() != at::kBool || key_mask->device() != q.device() || key_mask->dim() != 2 ||
+        key_mask->size(0) != q.size(0) || key_mask->size(1) != capacity ||
+        (key_mask->size(1) > 1 && key_mask->stride(1) != 1)) {
+      return "key_mask is not bool (batch, capacity) with unit key stride";
+    }
+  }
   return nullptr;
 }
 
 // Launches the decode kernel: nullptr, or why it does not take the call (then nothing was written). A launch that
 // fails after the plan accepted the call raises.
 const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                             const std::optional<at::Tensor>& seqlens_k, const std::optional<at::Tensor>& block_table,
-                             const std::optional<at::Tensor>& cache_batch_idx, float scale, bool causal,
-                             int window_left, int window_right, float softcap, int num_splits, at::Tensor& out,
-                             at::Tensor& lse) {
-  if (const char* why = tensors_decline(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx, out, lse)) {
-    return why;
-  }
+                             const DecodeKeys& keys, float scale, bool causal, int window_left, int window_right,
+                             float softcap, int num_splits, at::Tensor& out, at::Tensor& lse) {
+  if (const char* why = tensors_decline(q, k_cache, v_cache, keys, out, lse)) return why;
+  const auto& [seqlens_k, block_table, cache_batch_idx, key_mask] = keys;
   if (!(softcap > 0.f) && !(scale > 0.f)) return "a scale <= 0 without softcap";
   DecodeParams p;
   p.q = q.data_ptr();
@@ -88,6 +92,10 @@ const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, con
     p.capacity = static_cast<int>(k_cache.size(1));
   }
   if (cache_batch_idx) p.cache_batch_idx = cache_batch_idx->data_ptr<int>();
+  if (key_mask) {
+    p.key_mask = key_mask->data_ptr<bool>();
+    p.key_mask_batch_stride = key_mask->size(0) > 1 ? key_mask->stride(0) : 0;
+  }
   p.cache_entries = static_cast<int>(k_cache.size(0));
   p.out = out.data_ptr();
   outer_strides(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
@@ -122,12 +130,10 @@ const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, con
 }  // namespace
 
 bool try_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                          const std::optional<at::Tensor>& seqlens_k, const std::optional<at::Tensor>& block_table,
-                          const std::optional<at::Tensor>& cache_batch_idx, float scale, bool causal,
-                          int window_left, int window_right, float softcap, int num_splits,
-                          at::Tensor& out, at::Tensor& lse) {
-  return decode_attention(q, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx, scale, causal, window_left,
-                          window_right, softcap, num_splits, out, lse) == nullptr;
+                          const DecodeKeys& keys, float scale, bool causal, int window_left, int window_right,
+                          float softcap, int num_splits, at::Tensor& out, at::Tensor& lse) {
+  return decode_attention(q, k_cache, v_cache, keys, scale, causal, window_left, window_right, softcap, num_splits,
+                          out, lse) == nullptr;
 }
 
 namespace {
@@ -149,9 +155,10 @@ std::tuple<at::Tensor, at::Tensor> decode_attention_op(const at::Tensor& q, cons
   at::Tensor out = at::empty_like(qc);
   at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   const float s = scale ? static_cast<float>(*scale) : 1.f / std::sqrt(static_cast<float>(q.size(3)));
-  const char* why = decode_attention(qc, k_cache, v_cache, seqlens_k, block_table, cache_batch_idx, s, causal,
-                                     static_cast<int>(window_left), static_cast<int>(window_right),
-                                     static_cast<float>(softcap), static_cast<int>(num_splits), out, lse);
+  const DecodeKeys keys{seqlens_k, block_table, cache_batch_idx, std::nullopt};
+  const char* why = decode_attention(qc, k_cache, v_cache, keys, s, causal, static_cast<int>(window_left),
+                                     static_cast<int>(window_right), static_cast<float>(softcap),
+                                     static_cast<int>(num_splits), out, lse);
   TORCH_CHECK(why == nullptr, "fa2._decode_attention: the decode kernel does not take this call: ", why);
   return {out, lse};
 }

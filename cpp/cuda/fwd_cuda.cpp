@@ -35,24 +35,35 @@ int checked_compute_capability(const at::Tensor& q) {
   return 0;
 }
 
+// A bool bias that is one key mask per batch element, broadcast over heads and query rows (a padding mask): its
+// (batch, seqlen_k) view, unit key stride; else none.
+std::optional<at::Tensor> key_mask_of(const AttentionProblem& prob) {
+  if (!prob.bias || prob.bias->scalar_type() != at::kBool) return std::nullopt;
+  const at::Tensor& bias = *prob.bias;  // (batch, nheads, seqlen_q, seqlen_k), stride 0 on broadcast dims
+  const bool key_row = (bias.size(1) == 1 || bias.stride(1) == 0) && (bias.size(2) == 1 || bias.stride(2) == 0) &&
+                       (bias.size(3) == 1 || bias.stride(3) == 1);
+  if (!key_row) return std::nullopt;
+  return bias.select(2, 0).select(1, 0);
+}
+
 // Whether the decode kernel serves the call better than the dense grid (fa2/decode/dense_route.h).
-bool decode_shaped(const AttentionProblem& prob) {
+bool decode_shaped(const AttentionProblem& prob, const std::optional<at::Tensor>& key_mask) {
   DevOptions options;
   (void)dev_options(&options);  // (a malformed FA2_DEV_OPTIONS leaves the defaults here; the dense plan reports it)
-  return decode::dense_call_goes_to_decode(prob.seqlen_q, prob.nheads, prob.nheads_k, prob.bias.has_value(),
-                                           prob.dropout_p > 0.0, prob.sinks.has_value(),
-                                           prob.headdim_v != prob.headdim, options);
+  return decode::dense_call_goes_to_decode(prob.seqlen_q, prob.nheads, prob.nheads_k,
+                                           prob.bias.has_value() && !key_mask.has_value(), prob.dropout_p > 0.0,
+                                           prob.sinks.has_value(), prob.headdim_v != prob.headdim, options);
 }
 
 // The decode kernel over k / v as a contiguous cache in which every sequence holds all seqlen_k keys (causal and
-// windows bottom-right over them, as the dense kernels'); false, nothing written, where it declines the layout.
+// windows bottom-right over them, as the dense kernels'), under the bias's key mask if any; false, nothing written,
+// where it declines the layout.
 bool run_as_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionProblem& prob,
-                   at::Tensor& out, at::Tensor& lse) {
-  return cuda_glue::try_decode_attention(q, k, v, /*seqlens_k=*/std::nullopt, /*block_table=*/std::nullopt,
-                                         /*cache_batch_idx=*/std::nullopt, static_cast<float>(prob.scale), prob.causal,
+                   const std::optional<at::Tensor>& key_mask, at::Tensor& out, at::Tensor& lse) {
+  const cuda_glue::DecodeKeys keys{std::nullopt, std::nullopt, std::nullopt, key_mask};
+  return cuda_glue::try_decode_attention(q, k, v, keys, static_cast<float>(prob.scale), prob.causal,
                                          static_cast<int>(prob.window_left), static_cast<int>(prob.window_right),
-                                         static_cast<float>(prob.softcap),
-                                         /*num_splits=*/0, out, lse);
+                                         static_cast<float>(prob.softcap), /*num_splits=*/0, out, lse);
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -76,7 +87,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
     lse.fill_(std::numeric_limits<float>::infinity());
     return {out, lse};
   }
-  if (decode_shaped(prob) && run_as_decode(q, k, v, prob, out, lse)) return {out, lse};
+  const std::optional<at::Tensor> key_mask = key_mask_of(prob);
+  if (decode_shaped(prob, key_mask) && run_as_decode(q, k, v, prob, key_mask, out, lse)) return {out, lse};
 
   // Kernels run on one headdim, the larger of q/k's and v's rounded up to a multiple of 8 (zero-padded copies when
   // needed: cuda_glue::kernel_headdim), instantiated for the next headdim in FA2_HEADDIMS; loads and stores are

@@ -185,9 +185,9 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cuda(
     return {out, lse};
   }
   const bool decoded = cuda_glue::try_decode_attention(
-      q_attn, k_cache, v_cache, seqlens_k, kp.block_table, kp.cache_batch_idx, static_cast<float>(p.scale), p.causal,
-      static_cast<int>(p.window_left), static_cast<int>(p.window_right), static_cast<float>(p.softcap),
-      static_cast<int>(num_splits), out, lse);
+      q_attn, k_cache, v_cache, cuda_glue::DecodeKeys{seqlens_k, kp.block_table, kp.cache_batch_idx, std::nullopt},
+      static_cast<float>(p.scale), p.causal, static_cast<int>(p.window_left), static_cast<int>(p.window_right),
+      static_cast<float>(p.softcap), static_cast<int>(num_splits), out, lse);
   if (!decoded) out = varlen_attention_over_cache(kp, q_attn, k_cache, v_cache, seqlens_k, lse);
   return {out, lse};
 }

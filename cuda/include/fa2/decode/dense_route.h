@@ -9,12 +9,13 @@
 namespace fa2 {
 namespace decode {
 
-// Few query rows per kv head (up to kMaxRowsForDenseCalls) and none of what the decode kernel does not take: a bias,
+// Few query rows per kv head (up to kMaxRowsForDenseCalls) and none of what the decode kernel does not take: a bias
+// other than a bool key mask (a padding mask broadcast over heads and queries, e.g. a static cache's decoding step),
 // dropout, sinks, a value headdim of its own. Option dense_decode off: never. (The kernel may still decline a call's
 // layout or headdim; the dense grid then runs it.)
-inline bool dense_call_goes_to_decode(int64_t seqlen_q, int64_t nheads, int64_t nheads_k, bool bias, bool dropout,
-                                      bool sinks, bool own_headdim_v, const DevOptions& options) {
-  return options.dense_decode && !bias && !dropout && !sinks && !own_headdim_v && nheads_k > 0 &&
+inline bool dense_call_goes_to_decode(int64_t seqlen_q, int64_t nheads, int64_t nheads_k, bool bias_not_key_mask,
+                                      bool dropout, bool sinks, bool own_headdim_v, const DevOptions& options) {
+  return options.dense_decode && !bias_not_key_mask && !dropout && !sinks && !own_headdim_v && nheads_k > 0 &&
          seqlen_q * (nheads / nheads_k) <= kMaxRowsForDenseCalls;
 }
 

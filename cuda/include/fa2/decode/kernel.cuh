@@ -194,6 +194,20 @@ __device__ __forceinline__ void merge_and_store(const DecodeParams& p, unsigned 
   }
 }
 
+// Masks S (this thread's keys from key0, as mask_scores) where the key mask hides the key: keys past seqlen_k are
+// masked already and not read.
+template <int kNTiles>
+__device__ __forceinline__ void mask_hidden_keys(float (&s)[1][kNTiles][4], const bool* key_mask, int seqlen_k,
+                                                 int key0) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = key0 + nt * 8 + e;
+      if (key < seqlen_k && !key_mask[key]) s[0][nt][e] = s[0][nt][e + 2] = -INFINITY;
+    }
+}
+
 // Masks S (this warp's 16 rows x kKeysPerWarp keys of the tile from key n0) outside each row's visible keys.
 template <int kNTiles>
 __device__ __forceinline__ void mask_scores(float (&s)[1][kNTiles][4], const RowKeys (&keys)[2], int key0) {
@@ -276,6 +290,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
     const int row = row0 + warp_m * 16 + lane / 4 + 8 * half;
     keys[half] = row_keys(p, min(row / group, p.seqlen_q - 1), seqlen_k);
   }
+  const bool* const key_mask = p.key_mask != nullptr ? p.key_mask + b * p.key_mask_batch_stride : nullptr;
   const bool softcap = p.softcap > 0.f;
   const float mult = softcap ? kLog2e : p.scale_log2;  // scores -> log2 units (the exp2's FMA)
   const float scale_over_cap = softcap ? p.scale / p.softcap : 0.f;
@@ -307,6 +322,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
     }
     const int n0 = t * kBlockN;
     if (n0 < all_lo || n0 + kBlockN > all_hi) mask_scores(acc_s, keys, n0 + warp_key0 + (lane % 4) * 2);
+    if (key_mask != nullptr) mask_hidden_keys(acc_s, key_mask, seqlen_k, n0 + warp_key0 + (lane % 4) * 2);
 
     // -- online softmax, then O += P V
     softmax.update</*kHeavyRows=*/false>(acc_s, acc_o, mult, 0.f);

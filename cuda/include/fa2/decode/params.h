@@ -22,6 +22,10 @@ struct DecodeParams {
   int64_t block_table_batch_stride = 0;
   int block_size = 0;                    // paged: keys per block
   const int* cache_batch_idx = nullptr;  // contiguous: (batch,) cache row of batch element b; nullptr = b
+  // a key mask (fa2.attention's bool key-row bias): key j of element b is seen iff key_mask[b * stride + j] != 0
+  // (on top of seqlens_k / causal / windows); nullptr = none
+  const bool* key_mask = nullptr;
+  int64_t key_mask_batch_stride = 0;
 
   void* out = nullptr;  // like q
   int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
