@@ -131,9 +131,9 @@ def test_dense_decode_shaped_calls_run_the_decode_kernel(shape, flags, dtype):
             assert any("decode_kernel" in n for n in names) == on, names
             out = fa2.attention(*leaves, **flags)
             grads = torch.autograd.grad(out, leaves, dout)
-        assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo)
+        assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo, factor=2)
         for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
-            assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo)
+            assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo, factor=3)
 
 
 KEY_MASK_SHAPES = [DENSE_DECODE_SHAPES[0], DENSE_DECODE_SHAPES[1], DENSE_DECODE_SHAPES[3]]
@@ -176,9 +176,9 @@ def test_dense_decode_takes_a_key_mask(shape, flags):
             grads = torch.autograd.grad(out, leaves, dout)
         if b > 1:
             assert torch.equal(out[1], torch.zeros_like(out[1])), "a row that sees no key outputs 0"
-        assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo)
+        assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo, factor=2)
         for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
-            assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo)
+            assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo, factor=3)
 
 
 def test_dense_decode_leaves_what_the_decode_kernel_does_not_take():

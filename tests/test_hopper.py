@@ -124,6 +124,15 @@ def _schedule_calls(dtype):
     return calls
 
 
+@pytest.fixture
+def dense_forward_only():
+    """Decode-shaped calls (few query rows per kv head) on the dense kernels too, not the decode kernel (option
+    dense_decode): for tests of the dense forward's schedules over samples that include such shapes."""
+    with switch("dense_decode", False):
+        yield
+
+
+@pytest.mark.usefixtures("dense_forward_only")
 @pytest.mark.parametrize("schedule", ["ws", "pingpong", "overlap", "pingpong-overlap", "auto"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sm90_schedules_equal_the_pipelined_forward(dtype, schedule):
