@@ -115,8 +115,10 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     const FwdTile<Traits> tile{p,      tile_info, shared,  pipe,       tma, tid, lane, headdim, {m_block, head, batch},
                                m0,     rows_q,  range,     head_k,     bias_head,    bias_batch,   q,  k,  v,
                                bias_bh, more_tiles, trace_base, seq};
-    // -- prologue: Q and the first (highest) key tile in flight
+    // -- prologue: Q and the first (highest) key tile in flight; the head's sink into L1 for the epilogue (a prefetch:
+    //    its load after the key loop then hits, and no register is kept through the loop)
     Mainloop::prologue(tile);
+    if (p.sinks != nullptr && lane == 0) ptx::prefetch_l1(p.sinks + head);
     float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
     ptx::zero(acc_o);
     OnlineSoftmax<kMTiles> softmax;

@@ -143,6 +143,9 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return r;
 }
 
+// A global line into L1 ahead of the load that reads it, with no register held until then.
+__device__ __forceinline__ void prefetch_l1(const void* ptr) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(ptr)); }
+
 // A 4 x 4 transpose of 32-bit words within each quad of lanes (lane & 3 = j): before, x[i] is word j of 16-byte
 // chunk i; after, x[k] is word k of chunk j. For C fragments packed to T pairs (lane j: columns 2 j, 2 j + 1 of each
 // n8 tile), four n8 tiles of a row become one whole n8 tile per lane, to store 16 bytes at a time. Two shuffle rounds
