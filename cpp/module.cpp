@@ -191,7 +191,9 @@ py::dict plan_of(const std::string& direction, const py::dict& call, const py::o
                                 &notes), p.dtype, notes);
     // (fa2.attention's call, not varlen's: the glue hands decode-shaped ones to the decode kernel, this plan the
     // fallback where that kernel declines the layout)
-    const bool key_mask = p.bias_type == fa2::BiasType::kBool && p.bias_head_stride == 0 && p.bias_row_stride == 0;
+    const bool key_mask = fa2::decode::bias_is_key_mask(p.bias_type == fa2::BiasType::kBool, p.nheads,
+                                                        p.bias_head_stride, p.seqlen_q, p.bias_row_stride, p.seqlen_k,
+                                                        p.bias_col_stride);
     d["decode_kernel"] = p.cu_seqlens_q == nullptr && fa2::decode::dense_call_goes_to_decode(
         p.seqlen_q, p.nheads, p.nheads_k, p.bias_type != fa2::BiasType::kNone && !key_mask, p.rng_state != nullptr,
         p.sinks != nullptr, p.call_headdim_v != p.call_headdim_qk, options);

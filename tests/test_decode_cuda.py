@@ -101,29 +101,19 @@ DENSE_DECODE_SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim
 ]
 
 
-@pytest.mark.parametrize("shape", DENSE_DECODE_SHAPES, ids=[str(s) for s in DENSE_DECODE_SHAPES])
-@pytest.mark.parametrize("flags", [{}, {"causal": True}, {"causal": True, "window_left": 100},
-                                   {"softcap": 30.0, "window_left": 50, "window_right": 2}],
-                         ids=["plain", "causal", "causal-window", "softcap-window"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_dense_decode_shaped_calls_run_the_decode_kernel(shape, flags, dtype):
-    """fa2.attention with few query rows per kv head (option dense_decode, the default) runs the decode kernel:
-    output and gradients (the backward reads its out and lse) within the rule against fp32 math, with the option
-    off the dense kernels, equally within the rule."""
+def _check_both_routes(q, k, v, dout, flags):
+    """fa2.attention(q, k, v, **flags) with option dense_decode on (the decode kernel must run) and off (it must not):
+    output and gradients within the rule against fp64 / low-precision references; returns both outputs."""
     from fa2.reference import attention_ref
     from kernels import cuda_kernel_names, switch
     from numerics import assert_close_rule
-    from samples import make_qkv
-    b, sq, sk, h, hk, d = shape
-    g = torch.Generator(device="cuda").manual_seed(sq * 1000 + sk)
-    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=g)
-    dout = torch.randn(b, sq, h, d, dtype=dtype, device="cuda", generator=g)
     leaves_hi = [t.double().requires_grad_() for t in (q, k, v)]
     ref_hi = attention_ref(*leaves_hi, **flags)
     grads_hi = torch.autograd.grad(ref_hi, leaves_hi, dout.double())
     leaves_lo = [t.clone().requires_grad_() for t in (q, k, v)]
     ref_lo = attention_ref(*leaves_lo, upcast=False, **flags)
     grads_lo = torch.autograd.grad(ref_lo, leaves_lo, dout)
+    outs = []
     for on in (True, False):
         with switch("dense_decode", on):
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -134,6 +124,25 @@ def test_dense_decode_shaped_calls_run_the_decode_kernel(shape, flags, dtype):
         assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo, factor=2)
         for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
             assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo, factor=3)
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("shape", DENSE_DECODE_SHAPES, ids=[str(s) for s in DENSE_DECODE_SHAPES])
+@pytest.mark.parametrize("flags", [{}, {"causal": True}, {"causal": True, "window_left": 100},
+                                   {"softcap": 30.0, "window_left": 50, "window_right": 2}],
+                         ids=["plain", "causal", "causal-window", "softcap-window"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dense_decode_shaped_calls_run_the_decode_kernel(shape, flags, dtype):
+    """fa2.attention with few query rows per kv head (option dense_decode, the default) runs the decode kernel:
+    output and gradients (the backward reads its out and lse) within the rule against fp32 math, with the option
+    off the dense kernels, equally within the rule."""
+    from samples import make_qkv
+    b, sq, sk, h, hk, d = shape
+    g = torch.Generator(device="cuda").manual_seed(sq * 1000 + sk)
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", generator=g)
+    dout = torch.randn(b, sq, h, d, dtype=dtype, device="cuda", generator=g)
+    _check_both_routes(q, k, v, dout, flags)
 
 
 KEY_MASK_SHAPES = [DENSE_DECODE_SHAPES[0], DENSE_DECODE_SHAPES[1], DENSE_DECODE_SHAPES[3]]
@@ -146,9 +155,6 @@ def test_dense_decode_takes_a_key_mask(shape, flags):
     """A bool key mask (B, 1, 1, Sk) — a static cache's decoding step: left padding, empty slots past the tokens —
     goes to the decode kernel too (its keys hidden on top of causal / windows; a batch element with no key left
     outputs 0): output and gradients within the rule, as the dense kernels' with the option off."""
-    from fa2.reference import attention_ref
-    from kernels import cuda_kernel_names, switch
-    from numerics import assert_close_rule
     from samples import make_qkv
     b, sq, sk, h, hk, d = shape
     g = torch.Generator(device="cuda").manual_seed(sq * 1000 + sk + 7)
@@ -160,25 +166,9 @@ def test_dense_decode_takes_a_key_mask(shape, flags):
     if b > 1:
         mask[1] = False  # a batch element that sees no key at all
     mask = mask[:, None, None, :]
-    flags = dict(flags, attn_bias=mask)
-    leaves_hi = [t.double().requires_grad_() for t in (q, k, v)]
-    ref_hi = attention_ref(*leaves_hi, **flags)
-    grads_hi = torch.autograd.grad(ref_hi, leaves_hi, dout.double())
-    leaves_lo = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref_lo = attention_ref(*leaves_lo, upcast=False, **flags)
-    grads_lo = torch.autograd.grad(ref_lo, leaves_lo, dout)
-    for on in (True, False):
-        with switch("dense_decode", on):
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            names = cuda_kernel_names(lambda: fa2.attention(*leaves, **flags))
-            assert any("decode_kernel" in n for n in names) == on, names
-            out = fa2.attention(*leaves, **flags)
-            grads = torch.autograd.grad(out, leaves, dout)
+    for out in _check_both_routes(q, k, v, dout, dict(flags, attn_bias=mask)):
         if b > 1:
             assert torch.equal(out[1], torch.zeros_like(out[1])), "a row that sees no key outputs 0"
-        assert_close_rule(f"out (dense_decode {on})", out, ref_hi, ref_lo, factor=2)
-        for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
-            assert_close_rule(f"{name} (dense_decode {on})", got, hi, lo, factor=3)
 
 
 def test_dense_decode_leaves_what_the_decode_kernel_does_not_take():

@@ -38,11 +38,12 @@ int checked_compute_capability(const at::Tensor& q) {
 // A bool bias that is one key mask per batch element, broadcast over heads and query rows (a padding mask): its
 // (batch, seqlen_k) view, unit key stride; else none.
 std::optional<at::Tensor> key_mask_of(const AttentionProblem& prob) {
-  if (!prob.bias || prob.bias->scalar_type() != at::kBool) return std::nullopt;
+  if (!prob.bias) return std::nullopt;
   const at::Tensor& bias = *prob.bias;  // (batch, nheads, seqlen_q, seqlen_k), stride 0 on broadcast dims
-  const bool key_row = (bias.size(1) == 1 || bias.stride(1) == 0) && (bias.size(2) == 1 || bias.stride(2) == 0) &&
-                       (bias.size(3) == 1 || bias.stride(3) == 1);
-  if (!key_row) return std::nullopt;
+  if (!decode::bias_is_key_mask(bias.scalar_type() == at::kBool, bias.size(1), bias.stride(1), bias.size(2),
+                                bias.stride(2), bias.size(3), bias.stride(3))) {
+    return std::nullopt;
+  }
   return bias.select(2, 0).select(1, 0);
 }
 

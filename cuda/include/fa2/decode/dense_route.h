@@ -9,6 +9,14 @@
 namespace fa2 {
 namespace decode {
 
+// A bias the decode kernel takes as its key mask: bool, one value per key for every head and query row (each of those
+// dims of size 1 or stride 0), unit key stride (a padding mask; a static cache's decoding step).
+inline bool bias_is_key_mask(bool bool_dtype, int64_t nheads, int64_t head_stride, int64_t seqlen_q,
+                             int64_t row_stride, int64_t seqlen_k, int64_t key_stride) {
+  return bool_dtype && (nheads == 1 || head_stride == 0) && (seqlen_q == 1 || row_stride == 0) &&
+         (seqlen_k == 1 || key_stride == 1);
+}
+
 // Few query rows per kv head (up to kMaxRowsForDenseCalls) and none of what the decode kernel does not take: a bias
 // other than a bool key mask (a padding mask broadcast over heads and queries, e.g. a static cache's decoding step),
 // dropout, sinks, a value headdim of its own. Option dense_decode off: never. (The kernel may still decline a call's
