@@ -469,6 +469,69 @@ def test_sm90a_dropout_kernels_match_reference_with_the_same_mask(name, shape, f
     _check_forward_and_backward("cuda", name, shape, flags, 0.15)
 
 
+WS_DROPOUT_CASES = [  # bwd_ws_kernel's dropout variant: d 64 / 128, plain path (development option sm90_ws_dropout)
+    ("d64_tails", (2, 300, 281, 4, 4, 64), {}),
+    ("d64_causal_gqa", (1, 257, 390, 6, 2, 64), dict(causal=True)),
+    ("d128_window_gqa", (2, 200, 333, 4, 2, 128), dict(window_left=50, window_right=10)),
+    ("d128_causal_long", (1, 700, 700, 2, 2, 128), dict(causal=True)),
+]
+
+
+@pytest.mark.parametrize("name,shape,flags", WS_DROPOUT_CASES, ids=[c[0] for c in WS_DROPOUT_CASES])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ws_backward_with_dropout_matches_reference_with_the_same_mask(name, shape, flags, dtype):
+    """Compute capability 9.0, option sm90_ws_dropout on: the dropout backward runs bwd_ws_kernel (its transposed
+    fragments draw the forward's keep bits, a Philox group split over a lane pair), within the rule against the
+    reference with the mirror's mask, as bwd_kernel's wgmma tiles are with the option off."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("compute capability 9.0 only")
+    from kernels import cuda_kernel_names, switch
+    b, sq, sk, h, hk, d = shape
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", requires_grad=True)
+    p = 0.17
+    state = _state(5, 2 ** 32 + 3, "cuda")
+    out, lse = torch.ops.fa2.fwd(q, k, v, dropout_p=p, rng_state=state, **flags)
+    keep = _keep(state, q, k, p)
+    dout = torch.randn_like(out)
+    hi = [t.detach().to(hi_dtype(dtype)).requires_grad_() for t in (q, k, v)]
+    lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref_hi = attention_ref_dropout(*hi, keep, p, **flags)
+    ref_lo = attention_ref_dropout(*lo, keep, p, upcast=False, **flags)
+    g_hi = torch.autograd.grad(ref_hi, hi, dout.to(ref_hi.dtype))
+    g_lo = torch.autograd.grad(ref_lo, lo, dout)
+    for ws in (True, False):
+        with switch("sm90_ws_dropout", ws):
+            bwd = lambda: torch.ops.fa2.bwd(dout, q.detach(), k.detach(), v.detach(), out, lse, None, dropout_p=p,
+                                            rng_state=state, **flags)
+            names = cuda_kernel_names(bwd)
+            grads = bwd()[:3]
+        assert any("bwd_ws_kernel<" in n for n in names) == ws, (ws, names)
+        for label, got, gh, gl in zip(("dq", "dk", "dv"), grads, g_hi, g_lo):
+            assert_close_rule(f"{name} {label} (sm90_ws_dropout {ws})", got, gh, gl, 3)
+
+
+def test_plan_routes_dropout_to_the_ws_backward_with_its_option():
+    """Option sm90_ws_dropout: the plain dropout backward at d 64 / 128 plans bwd_ws_kernel's dropout variant on
+    Hopper; d 256 (the headdim-split kernel), varlen, a bias and softcap keep bwd_kernel."""
+    call = dict(batch=2, nheads=8, seqlen_q=1024, seqlen_k=1024, dtype="bfloat16", dropout_p=0.1)
+    with fa2.dev.options_override(sm90_ws_dropout=True):
+        for d in (64, 128):
+            plan = fa2.dev.plan("bwd", device="h100", headdim=d, **call)
+            if "error" in plan:
+                pytest.skip(plan["error"])
+            assert plan["kernel"] == f"bwd_ws_kernel<bf16, {d}, plain, dropout>", plan["kernel"]
+            causal = fa2.dev.plan("bwd", device="h100", headdim=d, causal=True, nheads_k=2, **call)["kernel"]
+            assert causal.startswith("bwd_ws_kernel<") and "dropout" in causal, causal
+        for d, extra in ((256, {}), (64, dict(varlen=True, causal=True)), (64, dict(bias="key_row")),
+                         (64, dict(softcap=5.0))):
+            plan = fa2.dev.plan("bwd", device="h100", headdim=d, **extra, **call)
+            if "error" in plan:
+                continue
+            assert plan["kernel"].startswith("bwd_kernel<") and "dropout" in plan["kernel"], (d, extra, plan["kernel"])
+    assert fa2.dev.plan("bwd", device="h100", headdim=64, **call)["kernel"].startswith("bwd_kernel<")
+
+
 @pytest.mark.parametrize("sm90_dropout", [True, False])
 def test_hopper_dropout_launches_the_sm90a_kernels(sm90_dropout):
     """Compute capability 9.0: a dropout call runs the pipelined sm_90a forward with kDropout (tag 901, not

@@ -12,7 +12,7 @@ const char* const kDevOptionNames[] = {
     "arch_specific_kernels", "sm90_schedule",    "persistent_forward_ctas", "fwd_cluster",
     "tile_order_tail",       "sm90_backward",    "sm90_ws_backward",        "key_bias_backward",
     "bwd_small_tiles",       "bwd_gqa_grouping", "bwd_gqa_accumulate",      "bwd_tail_split",
-    "cpu_bf16_gemm",         "sm90_varlen",      "sm90_dropout",
+    "cpu_bf16_gemm",         "sm90_varlen",      "sm90_dropout",            "sm90_ws_dropout",
     "dense_decode"};
 const int kNumDevOptions = int(sizeof(kDevOptionNames) / sizeof(kDevOptionNames[0]));
 
@@ -142,6 +142,7 @@ const char* set_dev_option(DevOptions* o, const char* key, const char* value) {
   else if (k == "cpu_bf16_gemm") ok = parse_bool(value, &o->cpu_bf16_gemm);
   else if (k == "sm90_varlen") ok = parse_bool(value, &o->sm90_varlen);
   else if (k == "sm90_dropout") ok = parse_bool(value, &o->sm90_dropout);
+  else if (k == "sm90_ws_dropout") ok = parse_bool(value, &o->sm90_ws_dropout);
   else if (k == "dense_decode") ok = parse_bool(value, &o->dense_decode);
   else if (k == "persistent_forward_ctas") ok = parse_int(value, -1, 1 << 30, &o->persistent_forward_ctas);
   else if (k == "bwd_gqa_grouping") ok = parse_int(value, -1, 1, &o->bwd_gqa_grouping);
@@ -201,6 +202,7 @@ std::string dev_option_value(const DevOptions& o, const char* key) {
   if (k == "cpu_bf16_gemm") return b(o.cpu_bf16_gemm);
   if (k == "sm90_varlen") return b(o.sm90_varlen);
   if (k == "sm90_dropout") return b(o.sm90_dropout);
+  if (k == "sm90_ws_dropout") return b(o.sm90_ws_dropout);
   if (k == "dense_decode") return b(o.dense_decode);
   return "";
 }

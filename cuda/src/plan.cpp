@@ -575,8 +575,10 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
   // varlen: the ws kernels' kVarlen variants, on the packed tensors as a batch of one (varlen_rows_view), GQA's dK /
   // dV as fp32 partials per query head (the varlen glue's buffers)
   const AttentionParams& tma_view = plan.varlen ? varlen_rows_view(p) : p;
+  // dropout: bwd_ws_kernel's kDropout variant (plain path, not the d 256 headdim-split kernel) while the option is on
+  const bool ws_dropout = options.sm90_ws_dropout && !plan.varlen && !ws_shape.headdim_split;
   auto ws_eligible = [&](GqaDkv gqa_dkv) {
-    return ws_capable && (!plan.varlen || gqa_dkv == GqaDkv::kPartials) && !plan.dropout &&
+    return ws_capable && (!plan.varlen || gqa_dkv == GqaDkv::kPartials) && (!plan.dropout || ws_dropout) &&
            options.sm90_ws_backward && (!score_mod || plan.key_bias) && !p.deterministic &&
            bwd_ws_applies(tma_view, gqa_dkv, ws_shape.shape.block_m, plan.key_bias) && ws_smem &&
            (p.h_h_k_ratio == 1 || gqa_dkv != GqaDkv::kAccumulate ||
@@ -621,7 +623,7 @@ void choose_bwd_main(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
     if (ws) return std::string("main kernel: warp-specialized") + (plan.key_bias ? " (key-row bias)" : "");
     std::string why = !ws_capable             ? "no warp-specialized kernel for this instance / headdim / tiles"
                       : !options.sm90_ws_backward ? "option sm90_ws_backward off"
-                      : plan.dropout          ? "dropout: the warp-specialized kernel has none"
+                      : plan.dropout          ? "dropout: option sm90_ws_dropout off, or d 256 / varlen"
                       : score_mod && !plan.key_bias ? "softcap or a general bias"
                       : p.deterministic       ? "deterministic mode"
                                               : "the TMA cannot address every buffer, or too little shared memory";
@@ -727,7 +729,7 @@ BwdPlan plan_bwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   if (plan.dropout) {
     note(notes, [&] {
       return std::string("dropout: ") +
-             (plan.arch_tag == 901 ? "bwd_kernel's sm_90a wgmma tiles" : "the sm80 path's bwd_kernel") +
+             (plan.arch_tag == 901 ? "the sm_90a kernels" : "the sm80 path's bwd_kernel") +
              ", replaying the forward's mask (Philox bits from rng_state)";
     });
   }
@@ -819,7 +821,7 @@ std::string bwd_kernel_name(const BwdPlan& plan, DType dtype) {
   if (plan.main == BwdMain::kWarpSpecialized) {
     const bool split = bwd_ws_shape(plan.headdim).headdim_split;
     return std::string(split ? "bwd_ws_dsplit_kernel<" : "bwd_ws_kernel<") + args +
-           (plan.key_bias ? "key-row bias>" : plan.varlen ? "plain, varlen>" : "plain>");
+           (plan.key_bias ? "key-row bias>" : plan.varlen ? "plain, varlen>" : plan.dropout ? "plain, dropout>" : "plain>");
   }
   static const char* const kMain[] = {"", "plain", "key-row bias", "score-mod"};
   return "bwd_kernel<" + args + arch_name(plan.arch_tag) + ", " +

@@ -144,15 +144,16 @@ bool apply_bwd_tail_split(const BwdTailSplitPlan& split, AttentionParams& p, sm9
 
 // Launches the sm_90a warp-specialized main kernel (bwd_ws_kernel.cuh; maps: make_bwd_ws_maps') on the plan's grid
 // and tile order. kVarlen: its packed-sequence variant.
-template <typename T, int kHeadDim, bool kKeyBias, bool kVarlen = false>
+template <typename T, int kHeadDim, bool kKeyBias, bool kVarlen = false, bool kDropout = false>
 const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                  cudaStream_t stream) {
   using Cfg = BwdWsConfig<kHeadDim>;
   void (*kernel)(const AttentionParams, const sm90::BwdTensorMaps);
   if constexpr (kBwdWsSplit<kHeadDim>) {
+    if constexpr (kDropout) return "fa2: the backward plan names a kernel this instance does not have";
     kernel = &bwd::bwd_ws_dsplit_kernel<T, Cfg, kKeyBias, kVarlen>;
   } else {
-    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias, kVarlen>;
+    kernel = &bwd::bwd_ws_kernel<T, Cfg, kKeyBias, kVarlen, kDropout>;
   }
   if (Cfg::kSmemBytes != plan.smem || Cfg::kNThreads != plan.threads) {
     return "fa2: the backward plan names a kernel this instance does not have";
@@ -293,9 +294,11 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
       if constexpr (kWsCapable) {
         AttentionParams main = p;
         main.key_blocks_done = key_blocks_done;
-        e = plan.key_bias ? launch_bwd_ws_kernel<T, kHeadDim, true>(plan, main, ws_maps, stream)
-            : plan.varlen ? launch_bwd_ws_kernel<T, kHeadDim, false, /*kVarlen=*/true>(plan, main, ws_maps, stream)
-                          : launch_bwd_ws_kernel<T, kHeadDim, false>(plan, main, ws_maps, stream);
+        e = plan.key_bias  ? launch_bwd_ws_kernel<T, kHeadDim, true>(plan, main, ws_maps, stream)
+            : plan.varlen  ? launch_bwd_ws_kernel<T, kHeadDim, false, /*kVarlen=*/true>(plan, main, ws_maps, stream)
+            : plan.dropout ? launch_bwd_ws_kernel<T, kHeadDim, false, false, /*kDropout=*/true>(plan, main, ws_maps,
+                                                                                                stream)
+                           : launch_bwd_ws_kernel<T, kHeadDim, false>(plan, main, ws_maps, stream);
       }
       break;
     case BwdMain::kKeyBias:

@@ -31,6 +31,8 @@
 // through: ws_start). A box past the sequence's end reads the next sequence's rows: as queries their P is masked to
 // 0 (so dK, dV get nothing from them and the dQ rows added into the next sequence's are exact zeros), as keys their
 // S is masked, and their dK, dV rows are not stored (another CTA's).
+// kDropout (option sm90_ws_dropout; plain path): the forward's keep mask on P^T for dV and on dP^T for dS
+// (ws_mainloop.cuh, TransposedKeep), drawn per query block while dP^T runs.
 // No tail split or GQA accumulators (the plan's; GQA as fp32 partials or summed in the CTA); an overlapping dQ
 // conversion counts each CTA in its head's count over every sequence (ws_epilogue.cuh, finish).
 //
@@ -56,10 +58,11 @@
 namespace fa2 {
 namespace bwd {
 
-template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false>
+template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false, bool kDropout = false>
 __global__ void __launch_bounds__(Cfg::kNThreads, 1)
     bwd_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::BwdTensorMaps maps) {
   static_assert(!(kVarlen && kKeyBias), "varlen: no bias");
+  static_assert(!kDropout || (!kVarlen && !kKeyBias), "dropout: the plain path");
   constexpr int kHeadDim = Cfg::kHeadDim, kDTiles = kHeadDim / 8;  // (n8 tiles of dK / dV: 16 keys x d)
   extern __shared__ __align__(1024) unsigned char smem[];
   const WsSmem<Cfg> shared(smem);  // WsSharedStorage
@@ -83,17 +86,18 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   // -- dK_w, dV_w over the query blocks; dQ added per block
   const BlockInfo info = kVarlen ? BlockInfo{blk.seq.seqlen_q, blk.seq.seqlen_k, p.window_left, p.window_right}
                                  : BlockInfo{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  const WsMainloop<T, Cfg, kKeyBias, kVarlen> mainloop(consumer, info, key_bias);
+  const WsMainloop<T, Cfg, kKeyBias, kVarlen, kDropout> mainloop(consumer, info, key_bias);
   float acc_s[Cfg::kBlockM / 2], acc_dp[Cfg::kBlockM / 2];  // S^T, dP^T: (this warp's 16 keys, kBlockM queries)
   mainloop.first_scores(acc_s);
   // this step's query block, and the flat row (batch, head, query) of its head's first query (varlen: (head, query)
   // of the sequence's first query; the plan checks that batch * nheads * seqlen_q, or nheads * total_q, fits an int)
   const int head_rows = kVarlen ? p.total_q : p.seqlen_q;
   int m = blk.m_lo, head_row0 = kVarlen ? blk.head * p.total_q + blk.seq.q_row0 : int(blk.bh * p.seqlen_q);
+  int head = blk.head;
   for (int it = 0; it < consumer.steps; ++it) {
-    mainloop.step(p, maps, acc_s, acc_dp, acc_dk, acc_dv, it, m, head_row0);
+    mainloop.step(p, maps, acc_s, acc_dp, acc_dk, acc_dv, it, m, head_row0, head);
     FA2_CTA_MARK(consumer.kTraceBlock0 + it, consumer.th.ctid == 0 && it < consumer.kTraceBlocks);
-    if (++m > blk.m_hi) m = blk.m_lo, head_row0 += head_rows;  // (the group's next head)
+    if (++m > blk.m_hi) m = blk.m_lo, head_row0 += head_rows, ++head;  // (the group's next head)
   }
   FA2_CTA_MARK(consumer.kTraceLoopEnd, consumer.th.ctid == 0);
   // -- dK = scale dS^T Q, dV out: a tail piece's sums first (the last piece to count stores the tile's); then GQA's

@@ -22,6 +22,7 @@
 #include "fa2/bwd/ws_prologue.cuh"  // WsConsumerThread
 #include "fa2/bwd/ws_scores.cuh"
 #include "fa2/cta_trace.cuh"
+#include "fa2/dropout.cuh"
 #include "fa2/params.h"
 #include "fa2/ptx.cuh"
 #include "fa2/sm90/tma.cuh"
@@ -61,8 +62,11 @@ struct WsConsumer {
 };
 
 // kVarlen: info holds the key block's sequence's lengths (its query rows past them are the next sequence's).
-template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false>
+// kDropout (plain path, not varlen): dV += (P^T ∘ Z / (1 - p)) dO and dS^T = P^T ∘ (dP^T ∘ Z / (1 - p) - D), Z the
+// forward's keep mask (TransposedKeep).
+template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false, bool kDropout = false>
 struct WsMainloop : WsConsumer<Cfg> {
+  static_assert(!kDropout || (!kKeyBias && !kVarlen), "dropout: the plain path");
   static constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   static constexpr int kBlockCols = Cfg::kBlockCols, kColBlocks = kHeadDim / kBlockCols;
   using QTile = SwizzledTile<kBlockM, kHeadDim, kBlockCols>;  // Q, dO: (queries, d)
@@ -72,6 +76,7 @@ struct WsMainloop : WsConsumer<Cfg> {
   static constexpr int kKSteps = kBlockM / 16;  // k16 steps of dV, dK (queries)
   static constexpr int kDqRows = Cfg::kDqRows, kDqCols = Cfg::kDqCols;
   static constexpr int kDqNTiles = kDqCols / 8;  // n8 tiles of this warpgroup's dQ part (16 queries x kDqCols)
+  using Keep = TransposedKeep<kKSteps>;
   static_assert(kColBlocks * kBlockCols * kBlockN * 2 == Cfg::kSmemKVBytes, "K/V boxes cover the tile exactly");
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q/dO boxes cover the tile exactly");
   static_assert(ws_stat_box_elems<kBlockM>() * 4 <= Cfg::kSmemStatBytes, "a statistic's box fits its space");
@@ -104,26 +109,40 @@ struct WsMainloop : WsConsumer<Cfg> {
   }
 
   // P^T from S^T (ws_scores_to_p), rounded to T: p_frag (kKSteps k16 register-A fragments); masked (P = 0) on
-  // boundary blocks.
+  // boundary blocks. kDropout (dS after dV): p_frag holds P^T ∘ Z / (1 - p), acc_s keeps P^T (dS needs it where
+  // Z = 0); with dS before dV, dv_and_ds drops p_frag once dS has read it.
   __device__ __forceinline__ void scores_to_p(const AttentionParams& p, float (&acc_s)[kBlockM / 2], const WsStats& stats, int m0,
-                                              uint32_t (&p_frag)[kKSteps][4]) const {
+                                              uint32_t (&p_frag)[kKSteps][4], const Keep& keep) const {
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);  // (16 keys, kBlockM queries)
     if (info.needs_mask(blk.n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > (kVarlen ? info.seqlen_q : p.seqlen_q)) {
       ws_scores_to_p<kKeyBias, true, kVarlen>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
     } else {
       ws_scores_to_p<kKeyBias, false, kVarlen>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
     }
-    pack_k16_fragments<T>(s_frag, p_frag);
+    if constexpr (kDropout && !Cfg::kDsBeforeDv) {
+      const float scale = p.dropout_keep_scale;
+      auto dropped = [&](int j, int idx) { return keep.keep(j, idx >> 1, idx & 1) ? s_frag[j][idx] * scale : 0.f; };
+#pragma unroll
+      for (int kt = 0; kt < kKSteps; ++kt) {
+        p_frag[kt][0] = ptx::pack2<T>(dropped(2 * kt, 0), dropped(2 * kt, 1));
+        p_frag[kt][1] = ptx::pack2<T>(dropped(2 * kt, 2), dropped(2 * kt, 3));
+        p_frag[kt][2] = ptx::pack2<T>(dropped(2 * kt + 1, 0), dropped(2 * kt + 1, 1));
+        p_frag[kt][3] = ptx::pack2<T>(dropped(2 * kt + 1, 2), dropped(2 * kt + 1, 3));
+      }
+    } else {
+      pack_k16_fragments<T>(s_frag, p_frag);
+    }
   }
 
   // dV_w += P^T dO (issued) and dS^T = P^T (dP^T - D): ds_frag. No register that an in-flight wgmma reads as its A
   // operand (p_frag for dV, ds_frag for dK) is read before that wgmma's wait (the PTX ISA leaves such reads undefined):
   // dS comes from the fp32 P while dV runs, or, where that P would not fit beside dP^T (Cfg::kDsBeforeDv), from the
   // rounded P before dV is issued.
-  __device__ __forceinline__ void dv_and_ds(float (&acc_s)[kBlockM / 2], float (&acc_dp)[kBlockM / 2],
-                                            float (&acc_dv)[kHeadDim / 2], const WsStats& stats,
-                                            uint32_t (&p_frag)[kKSteps][4], uint32_t (&ds_frag)[kKSteps][4],
-                                            int s) const {
+  // kDropout: dS from P (fp32, or rounded before dV), dV from the rounded P ∘ Z / (1 - p).
+  __device__ __forceinline__ void dv_and_ds(const AttentionParams& p, float (&acc_s)[kBlockM / 2],
+                                            float (&acc_dp)[kBlockM / 2], float (&acc_dv)[kHeadDim / 2],
+                                            const WsStats& stats, uint32_t (&p_frag)[kKSteps][4],
+                                            uint32_t (&ds_frag)[kKSteps][4], const Keep& keep, int s) const {
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);    // P^T in fp32
     auto& dp_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_dp);  // (16 keys, kBlockM queries)
     const int tig = th.tig;
@@ -135,8 +154,13 @@ struct WsMainloop : WsConsumer<Cfg> {
         for (int half = 0; half < 2; ++half) {
           float2 prob = make_float2(s_frag[j][half * 2], s_frag[j][half * 2 + 1]);
           if constexpr (decltype(from_rounded_p)::value) prob = unpack2<T>(p_frag[j / 2][(j % 2) * 2 + half]);
-          dp_frag[j][half * 2] = prob.x * (dp_frag[j][half * 2] - dsum.x);
-          dp_frag[j][half * 2 + 1] = prob.y * (dp_frag[j][half * 2 + 1] - dsum.y);
+          float2 dp = make_float2(dp_frag[j][half * 2], dp_frag[j][half * 2 + 1]);
+          if constexpr (kDropout) {  // dP ∘ Z / (1 - p): the gradient of the dropped P
+            dp.x = keep.keep(j, half, 0) ? dp.x * p.dropout_keep_scale : 0.f;
+            dp.y = keep.keep(j, half, 1) ? dp.y * p.dropout_keep_scale : 0.f;
+          }
+          dp_frag[j][half * 2] = prob.x * (dp.x - dsum.x);
+          dp_frag[j][half * 2 + 1] = prob.y * (dp.y - dsum.y);
         }
       }
     };
@@ -145,6 +169,17 @@ struct WsMainloop : WsConsumer<Cfg> {
       sm90::wait_hold<0>(acc_dp);
       to_ds(std::true_type{});
       pack_k16_fragments<T>(dp_frag, ds_frag);
+      if constexpr (kDropout) {  // P^T (rounded) -> P^T ∘ Z / (1 - p), rounded again, for dV
+#pragma unroll
+        for (int kt = 0; kt < kKSteps; ++kt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int j = 2 * kt + r / 2, half = r % 2;
+            const float2 prob = unpack2<T>(p_frag[kt][r]);
+            p_frag[kt][r] = ptx::pack2<T>(keep.keep(j, half, 0) ? prob.x * p.dropout_keep_scale : 0.f,
+                                          keep.keep(j, half, 1) ? prob.y * p.dropout_keep_scale : 0.f);
+          }
+      }
       sm90::gemm_rs<T, kHeadDim, kKSteps, QTile, /*kWait=*/false>(acc_dv, p_frag, smem.dout(s));
     } else {
       sm90::gemm_rs<T, kHeadDim, kKSteps, QTile, /*kWait=*/false>(acc_dv, p_frag, smem.dout(s));
@@ -210,22 +245,25 @@ struct WsMainloop : WsConsumer<Cfg> {
   }
 
   // One step: query block m in stage it % kStages (head_row0: the flat (batch, head, query) row of its head's first
-  // query; varlen: the (head, query) row of its sequence's first query); dK_w, dV_w accumulated (this warp's 16
-  // keys, d), dQ added, the next block's S^T issued into acc_s.
+  // query; varlen: the (head, query) row of its sequence's first query; head: its query head); dK_w, dV_w accumulated
+  // (this warp's 16 keys, d), dQ added, the next block's S^T issued into acc_s.
   __device__ __forceinline__ void step(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                        float (&acc_s)[kBlockM / 2], float (&acc_dp)[kBlockM / 2],
                                        float (&acc_dk)[kHeadDim / 2], float (&acc_dv)[kHeadDim / 2], int it, int m,
-                                       int head_row0) const {
+                                       int head_row0, int head) const {
     const int s = it % kStages, m0 = m * kBlockM;
-    // -- dP^T behind the S^T issued in the last step
+    // -- the keep bits (before dP^T's issue: its accumulators are not live yet, which kept d 64 from spilling), then
+    //    dP^T behind the S^T issued in the last step
+    [[maybe_unused]] Keep keep;
+    if constexpr (kDropout) keep = Keep(DropoutHead(p, blk.batch, head), m0, blk.n0 + key0, th.group, th.tig);
     issue_dp(acc_dp, s);
     const WsStats stats = stats_of(s, head_row0 + m0);
     sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
     // -- P^T, then dV_w += P^T dO and dS^T = P^T (dP^T - D)
     uint32_t p_frag[kKSteps][4];
-    scores_to_p(p, acc_s, stats, m0, p_frag);
+    scores_to_p(p, acc_s, stats, m0, p_frag, keep);
     uint32_t ds_frag[kKSteps][4];
-    dv_and_ds(acc_s, acc_dp, acc_dv, stats, p_frag, ds_frag, s);
+    dv_and_ds(p, acc_s, acc_dp, acc_dv, stats, p_frag, ds_frag, keep, s);
     // -- dK_w += dS^T Q, dQ = dS K
     float acc_dq[kDqCols / 2];  // (this warp's 16 queries, this warpgroup's kDqCols columns)
     dk_and_dq(acc_dk, ds_frag, acc_dq, it, s);
