@@ -101,7 +101,7 @@ struct FragmentKeep {
 };
 
 // The keep bits of a warp-specialized backward consumer's transposed fragments (bwd_ws_kernel: S^T with keys as rows),
-// kKSteps k16 steps of queries from m0: step kt's 8 bits in bits [8 (kt % 4), + 8) of words[kt / 4], bit 4 h + 2 half
+// kKSteps k16 steps of queries from m0: step kt's 8 bits in bits [8 (kt % 4), + 8) of lo (kt < 4) or hi, bit 4 h + 2 half
 // + e for S^T's element (n8 tile 2 kt + h, 2 half + e): key key_first + 8 half, query m0 + 16 kt + 8 h + 2 tig + e.
 // Such a thread holds queries {2 tig, 2 tig + 1} x {+0, +8} of a 16 x 16 block and keys {group, group + 8}: half of
 // two Philox groups (queries {2 tig + e, + 8} x keys {group & ~1, + 1, + 8, + 9}), whose other halves lane ^ 4 holds
@@ -109,8 +109,9 @@ struct FragmentKeep {
 // one call per eight weights, the forward's bits. Every lane of the warp must call it (the shuffle).
 template <int kKSteps>
 struct TransposedKeep {
-  static constexpr int kWords = (kKSteps + 3) / 4;
-  uint32_t words[kWords];
+  static_assert(kKSteps <= 8, "up to 8 k16 steps (64 bits) a thread");
+  uint32_t lo = 0, hi = 0;  // steps 0..3, 4..7 (two registers, not an array: indexed by the loop's kt it went to local
+                            // memory)
 
   TransposedKeep() = default;
   // m0, key_first: the block's first query and this thread's key within the (batch, head)'s sequence (m0 % 16 == 0,
@@ -118,8 +119,6 @@ struct TransposedKeep {
   __device__ __forceinline__ TransposedKeep(const DropoutHead& d, int m0, int key_first, int group, int tig) {
     const int parity = group & 1;
     const uint32_t kg = uint32_t(key_first >> 4) * 4 + uint32_t(group >> 1);
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) words[w] = 0;
 #pragma unroll 1
     for (int kt = 0; kt < kKSteps; ++kt) {
       const uint32_t qg = uint32_t((m0 >> 4) + kt) * 8 + uint32_t(2 * tig + parity);
@@ -135,10 +134,10 @@ struct TransposedKeep {
           bits |= ((own >> slot) & 1u) << (4 * h + 2 * half + parity);
           bits |= ((other >> slot) & 1u) << (4 * h + 2 * half + (1 - parity));
         }
-      // (kt is not unrolled: a variable shift into a register array indexed by kt / 4 would spill; merge by compare)
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) {
-        if (w == kt / 4) words[w] |= bits << (8 * (kt % 4));
+      if (kt < 4) {
+        lo |= bits << (8 * kt);
+      } else {
+        hi |= bits << (8 * (kt - 4));
       }
     }
   }
@@ -146,7 +145,7 @@ struct TransposedKeep {
   // element (n8 tile j, 2 half + e) of S^T
   __device__ __forceinline__ bool keep(int j, int half, int e) const {
     const int kt = j / 2, bit = 8 * (kt % 4) + 4 * (j % 2) + 2 * half + e;
-    return ((words[kt / 4] >> bit) & 1u) != 0;
+    return (((kt < 4 ? lo : hi) >> bit) & 1u) != 0;
   }
 };
 
