@@ -142,10 +142,12 @@ struct TransposedKeep {
     }
   }
 
-  // element (n8 tile j, 2 half + e) of S^T
-  __device__ __forceinline__ bool keep(int j, int half, int e) const {
+  // x * scale where element (n8 tile j, 2 half + e) of S^T is kept, else 0: a bit mask, not a predicate (ptxas
+  // hoisted the predicates' bit tests and spilled them)
+  __device__ __forceinline__ float dropped(int j, int half, int e, float x, float scale) const {
     const int kt = j / 2, bit = 8 * (kt % 4) + 4 * (j % 2) + 2 * half + e;
-    return (((kt < 4 ? lo : hi) >> bit) & 1u) != 0;
+    const uint32_t mask = 0u - (((kt < 4 ? lo : hi) >> bit) & 1u);
+    return __uint_as_float(__float_as_uint(x * scale) & mask);
   }
 };
 

@@ -121,7 +121,7 @@ struct WsMainloop : WsConsumer<Cfg> {
     }
     if constexpr (kDropout && !Cfg::kDsBeforeDv) {
       const float scale = p.dropout_keep_scale;
-      auto dropped = [&](int j, int idx) { return keep.keep(j, idx >> 1, idx & 1) ? s_frag[j][idx] * scale : 0.f; };
+      auto dropped = [&](int j, int idx) { return keep.dropped(j, idx >> 1, idx & 1, s_frag[j][idx], scale); };
 #pragma unroll
       for (int kt = 0; kt < kKSteps; ++kt) {
         p_frag[kt][0] = ptx::pack2<T>(dropped(2 * kt, 0), dropped(2 * kt, 1));
@@ -156,8 +156,8 @@ struct WsMainloop : WsConsumer<Cfg> {
           if constexpr (decltype(from_rounded_p)::value) prob = unpack2<T>(p_frag[j / 2][(j % 2) * 2 + half]);
           float2 dp = make_float2(dp_frag[j][half * 2], dp_frag[j][half * 2 + 1]);
           if constexpr (kDropout) {  // dP ∘ Z / (1 - p): the gradient of the dropped P
-            dp.x = keep.keep(j, half, 0) ? dp.x * p.dropout_keep_scale : 0.f;
-            dp.y = keep.keep(j, half, 1) ? dp.y * p.dropout_keep_scale : 0.f;
+            dp.x = keep.dropped(j, half, 0, dp.x, p.dropout_keep_scale);
+            dp.y = keep.dropped(j, half, 1, dp.y, p.dropout_keep_scale);
           }
           dp_frag[j][half * 2] = prob.x * (dp.x - dsum.x);
           dp_frag[j][half * 2 + 1] = prob.y * (dp.y - dsum.y);
@@ -176,8 +176,8 @@ struct WsMainloop : WsConsumer<Cfg> {
           for (int r = 0; r < 4; ++r) {
             const int j = 2 * kt + r / 2, half = r % 2;
             const float2 prob = unpack2<T>(p_frag[kt][r]);
-            p_frag[kt][r] = ptx::pack2<T>(keep.keep(j, half, 0) ? prob.x * p.dropout_keep_scale : 0.f,
-                                          keep.keep(j, half, 1) ? prob.y * p.dropout_keep_scale : 0.f);
+            p_frag[kt][r] = ptx::pack2<T>(keep.dropped(j, half, 0, prob.x, p.dropout_keep_scale),
+                                          keep.dropped(j, half, 1, prob.y, p.dropout_keep_scale));
           }
       }
       sm90::gemm_rs<T, kHeadDim, kKSteps, QTile, /*kWait=*/false>(acc_dv, p_frag, smem.dout(s));
@@ -252,11 +252,10 @@ struct WsMainloop : WsConsumer<Cfg> {
                                        float (&acc_dk)[kHeadDim / 2], float (&acc_dv)[kHeadDim / 2], int it, int m,
                                        int head_row0, int head) const {
     const int s = it % kStages, m0 = m * kBlockM;
-    // -- the keep bits (before dP^T's issue: its accumulators are not live yet, which kept d 64 from spilling), then
-    //    dP^T behind the S^T issued in the last step
+    // -- dP^T behind the S^T issued in the last step; the keep bits drawn while it runs
+    issue_dp(acc_dp, s);
     [[maybe_unused]] Keep keep;
     if constexpr (kDropout) keep = Keep(DropoutHead(p, blk.batch, head), m0, blk.n0 + key0, th.group, th.tig);
-    issue_dp(acc_dp, s);
     const WsStats stats = stats_of(s, head_row0 + m0);
     sm90::wait_hold<1>(acc_s);  // (one group per product, completing in issue order: dP^T keeps running)
     // -- P^T, then dV_w += P^T dO and dS^T = P^T (dP^T - D)
