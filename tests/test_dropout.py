@@ -469,25 +469,20 @@ def test_sm90a_dropout_kernels_match_reference_with_the_same_mask(name, shape, f
     _check_forward_and_backward("cuda", name, shape, flags, 0.15)
 
 
-WS_DROPOUT_CASES = [  # the warp-specialized kernels' dropout (development option sm90_ws_dropout): the backward's at
-    # d 64 / 128, the forward's at the headdims whose default schedule overlaps P V with the softmax (d > 96)
+WS_DROPOUT_CASES = [  # bwd_ws_kernel's dropout variant: d 64 / 128, plain path (development option sm90_ws_dropout, on)
     ("d64_tails", (2, 300, 281, 4, 4, 64), {}),
     ("d64_causal_gqa", (1, 257, 390, 6, 2, 64), dict(causal=True)),
     ("d128_window_gqa", (2, 200, 333, 4, 2, 128), dict(window_left=50, window_right=10)),
     ("d128_causal_long", (1, 700, 700, 2, 2, 128), dict(causal=True)),
-    ("d128_tails", (2, 333, 517, 3, 3, 128), {}),
-    ("d192_gqa", (1, 260, 300, 4, 2, 192), {}),
-    ("d256_causal", (1, 300, 300, 2, 2, 256), dict(causal=True)),
 ]
 
 
 @pytest.mark.parametrize("name,shape,flags", WS_DROPOUT_CASES, ids=[c[0] for c in WS_DROPOUT_CASES])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_ws_kernels_with_dropout_match_reference_with_the_same_mask(name, shape, flags, dtype):
-    """Compute capability 9.0, option sm90_ws_dropout on: the dropout forward runs the warp-specialized overlap kernel
-    where the headdim's default schedule is one (d > 96) and the backward bwd_ws_kernel (d <= 128: its transposed
-    fragments draw the forward's keep bits, a Philox group split over a lane pair); both within the rule against the
-    reference with the mirror's mask, as the pipelined forward and bwd_kernel's wgmma tiles are with the option off."""
+def test_ws_backward_with_dropout_matches_reference_with_the_same_mask(name, shape, flags, dtype):
+    """Compute capability 9.0, option sm90_ws_dropout on: the dropout backward runs bwd_ws_kernel (its transposed
+    fragments draw the forward's keep bits, a Philox group split over a lane pair), within the rule against the
+    reference with the mirror's mask, as bwd_kernel's wgmma tiles are with the option off."""
     _needs("cuda")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("compute capability 9.0 only")
@@ -496,8 +491,9 @@ def test_ws_kernels_with_dropout_match_reference_with_the_same_mask(name, shape,
     q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=dtype, device="cuda", requires_grad=True)
     p = 0.17
     state = _state(5, 2 ** 32 + 3, "cuda")
+    out, lse = torch.ops.fa2.fwd(q, k, v, dropout_p=p, rng_state=state, **flags)
     keep = _keep(state, q, k, p)
-    dout = torch.randn(b, sq, h, d, dtype=dtype, device="cuda")
+    dout = torch.randn_like(out)
     hi = [t.detach().to(hi_dtype(dtype)).requires_grad_() for t in (q, k, v)]
     lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     ref_hi = attention_ref_dropout(*hi, keep, p, **flags)
@@ -506,60 +502,43 @@ def test_ws_kernels_with_dropout_match_reference_with_the_same_mask(name, shape,
     g_lo = torch.autograd.grad(ref_lo, lo, dout)
     for ws in (True, False):
         with switch("sm90_ws_dropout", ws):
-            fwd = lambda: torch.ops.fa2.fwd(q, k, v, dropout_p=p, rng_state=state, **flags)  # noqa: E731
-            fwd_names = cuda_kernel_names(fwd)
-            out, lse = fwd()
-            bwd = lambda: torch.ops.fa2.bwd(dout, q.detach(), k.detach(), v.detach(), out, lse, None,  # noqa: E731
-                                            dropout_p=p, rng_state=state, **flags)
-            bwd_names = cuda_kernel_names(bwd)
+            bwd = lambda: torch.ops.fa2.bwd(dout, q.detach(), k.detach(), v.detach(), out, lse, None, dropout_p=p,
+                                            rng_state=state, **flags)
+            names = cuda_kernel_names(bwd)
             grads = bwd()[:3]
-        # (fwd_kernel<T, d, arch, mode, bias, warp_specialized, ...>)
-        fwd_ws = any(", 901, (fa2::fwd::ScoreMode)0, (fa2::BiasType)0, true," in n for n in fwd_names)
-        assert fwd_ws == (ws and d > 96), (ws, fwd_names)
-        assert any("bwd_ws_kernel<" in n for n in bwd_names) == (ws and d <= 128), (ws, bwd_names)
-        assert_close_rule(f"{name} out (sm90_ws_dropout {ws})", out, ref_hi, ref_lo, 2)
+        assert any("bwd_ws_kernel<" in n for n in names) == ws, (ws, names)
         for label, got, gh, gl in zip(("dq", "dk", "dv"), grads, g_hi, g_lo):
             assert_close_rule(f"{name} {label} (sm90_ws_dropout {ws})", got, gh, gl, 3)
 
 
-def test_plan_routes_dropout_to_the_ws_kernels_with_their_option():
-    """Option sm90_ws_dropout: the plain dropout backward at d 64 / 128 plans bwd_ws_kernel's dropout variant on
-    Hopper; d 256 (the headdim-split kernel), varlen, a bias and softcap keep bwd_kernel. The plain dense forward plans
-    the warp-specialized kernel of the headdim's default schedule where it overlaps P V with the softmax (d > 96),
-    without twins; d <= 96, varlen, a bias and softcap keep the pipelined kernel."""
+def test_plan_routes_dropout_to_the_ws_backward_by_default():
+    """Option sm90_ws_dropout (on by default): the plain dropout backward at d 64 / 128 plans bwd_ws_kernel's dropout
+    variant on Hopper; d 256 (the headdim-split kernel), varlen, a bias and softcap keep bwd_kernel; with the option
+    off, bwd_kernel's wgmma tiles everywhere."""
     call = dict(batch=2, nheads=8, seqlen_q=1024, seqlen_k=1024, dtype="bfloat16", dropout_p=0.1)
-    with fa2.dev.options_override(sm90_ws_dropout=True):
-        for d, causal in ((64, False), (128, False), (128, True), (192, False), (256, True)):
-            plan = fa2.dev.plan("fwd", device="h100", headdim=d, causal=causal, **call)
-            if "error" in plan:
-                continue
-            kernel = plan["kernel"]
-            assert "dropout" in kernel and ("warp-specialized" in kernel) == (d > 96), (d, causal, kernel)
-            assert "tile counter" not in kernel and "cluster" not in kernel, (d, causal, kernel)
-        for extra in (dict(varlen=True, causal=True), dict(bias="key_row"), dict(softcap=5.0)):
-            plan = fa2.dev.plan("fwd", device="h100", headdim=128, **extra, **call)
-            if "error" not in plan:
-                assert "warp-specialized" not in plan["kernel"] and "dropout" in plan["kernel"], (extra, plan)
-        for d in (64, 128):
-            plan = fa2.dev.plan("bwd", device="h100", headdim=d, **call)
-            if "error" in plan:
-                pytest.skip(plan["error"])
-            assert plan["kernel"] == f"bwd_ws_kernel<bf16, {d}, plain, dropout>", plan["kernel"]
-            causal = fa2.dev.plan("bwd", device="h100", headdim=d, causal=True, nheads_k=2, **call)["kernel"]
-            assert causal.startswith("bwd_ws_kernel<") and "dropout" in causal, causal
-        for d, extra in ((256, {}), (64, dict(varlen=True, causal=True)), (64, dict(bias="key_row")),
-                         (64, dict(softcap=5.0))):
-            plan = fa2.dev.plan("bwd", device="h100", headdim=d, **extra, **call)
-            if "error" in plan:
-                continue
-            assert plan["kernel"].startswith("bwd_kernel<") and "dropout" in plan["kernel"], (d, extra, plan["kernel"])
-    assert fa2.dev.plan("bwd", device="h100", headdim=64, **call)["kernel"].startswith("bwd_kernel<")
+    assert fa2.dev.options()["sm90_ws_dropout"]
+    for d in (64, 128):
+        plan = fa2.dev.plan("bwd", device="h100", headdim=d, **call)
+        if "error" in plan:
+            pytest.skip(plan["error"])
+        assert plan["kernel"] == f"bwd_ws_kernel<bf16, {d}, plain, dropout>", plan["kernel"]
+        causal = fa2.dev.plan("bwd", device="h100", headdim=d, causal=True, nheads_k=2, **call)["kernel"]
+        assert causal.startswith("bwd_ws_kernel<") and "dropout" in causal, causal
+    for d, extra in ((256, {}), (64, dict(varlen=True, causal=True)), (64, dict(bias="key_row")),
+                     (64, dict(softcap=5.0))):
+        plan = fa2.dev.plan("bwd", device="h100", headdim=d, **extra, **call)
+        if "error" in plan:
+            continue
+        assert plan["kernel"].startswith("bwd_kernel<") and "dropout" in plan["kernel"], (d, extra, plan["kernel"])
+    with fa2.dev.options_override(sm90_ws_dropout=False):
+        assert fa2.dev.plan("bwd", device="h100", headdim=64, **call)["kernel"].startswith("bwd_kernel<")
 
 
 @pytest.mark.parametrize("sm90_dropout", [True, False])
 def test_hopper_dropout_launches_the_sm90a_kernels(sm90_dropout):
     """Compute capability 9.0: a dropout call runs the pipelined sm_90a forward with kDropout (tag 901, not
-    warp-specialized) and bwd_kernel's wgmma tiles with kDropout; with development option sm90_dropout off, the sm80
+    warp-specialized) and, with option sm90_ws_dropout off, bwd_kernel's wgmma tiles with kDropout; with development
+    option sm90_dropout off, the sm80
     path's (tag 900). The kernels' names as the profiler gives them."""
     _needs("cuda")
     if torch.cuda.get_device_capability() != (9, 0):
@@ -572,7 +551,7 @@ def test_hopper_dropout_launches_the_sm90a_kernels(sm90_dropout):
         out = fa2.attention(q, k, v, causal=True, dropout_p=0.1)
         out.backward(torch.ones_like(out))
 
-    with switch("sm90_dropout", sm90_dropout):
+    with switch("sm90_dropout", sm90_dropout), switch("sm90_ws_dropout", False):  # (the ws backward: its own test)
         names = cuda_kernel_names(run)
     tag = ", 901, " if sm90_dropout else ", 900, "
     # (fwd_kernel<..., warp_specialized, pingpong, overlap, tile_counter, cluster, varlen, dropout>)
@@ -603,9 +582,14 @@ def test_plan_routes_dropout_to_the_sm90a_kernels_on_hopper(headdim):
         assert "sm90a" in kernel and "general" in kernel and "dropout" in kernel, (extra, kernel)
     varlen = fa2.dev.plan("fwd", device="h100", dropout_p=0.1, varlen=True, causal=True, **call)["kernel"]
     assert "sm90a" in varlen and "varlen" in varlen and "dropout" in varlen, varlen
-    # the backward: bwd_kernel's wgmma tiles on the plain path where they exist (not the warp-specialized kernel)
+    # the backward: bwd_ws_kernel at d 64 / 128 (test_plan_routes_dropout_to_the_ws_backward_by_default), else
+    # bwd_kernel's wgmma tiles on the plain path where they exist, as at every headdim with option sm90_ws_dropout off
     kernel = fa2.dev.plan("bwd", device="h100", dropout_p=0.1, **call)["kernel"]
     wgmma = headdim in WGMMA_BWD_HEADDIMS
+    ws = headdim in (64, 128)
+    assert "dropout" in kernel and kernel.startswith("bwd_ws_kernel<") == ws, kernel
+    with fa2.dev.options_override(sm90_ws_dropout=False):
+        kernel = fa2.dev.plan("bwd", device="h100", dropout_p=0.1, **call)["kernel"]
     assert "dropout" in kernel and ("sm90a, sm90a wgmma tiles, plain" in kernel) == wgmma, kernel
     assert wgmma or "sm90, sm80 tiles" in kernel, kernel
     assert "dropout" not in fa2.dev.plan("bwd", device="h100", **call)["kernel"]

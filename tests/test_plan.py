@@ -202,7 +202,7 @@ def test_options_namespace():
                         "fwd_cluster": True, "tile_order_tail": True, "sm90_backward": True, "sm90_ws_backward": True,
                         "key_bias_backward": True, "bwd_small_tiles": False, "bwd_gqa_grouping": -1,
                         "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True,
-                        "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": False,
+                        "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": True,
                         "dense_decode": True}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):

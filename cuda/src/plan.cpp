@@ -143,13 +143,10 @@ const char* check_varlen_call(const char* direction, const AttentionParams& p, b
 
 // A dropout call's score path (the kernels with dropout: plain or general, fwd_launch_template.cuh): a bias folded into
 // S takes the general path; its note.
-void note_dropout_score(FwdScore& score, int arch_tag, bool warp_specialized, PlanNotes* notes) {
+void note_dropout_score(FwdScore& score, int arch_tag, PlanNotes* notes) {
   if (score == FwdScore::kBiasFold || score == FwdScore::kKeyBiasFold) score = FwdScore::kGeneral;
   note(notes, [&] {
-    return std::string("dropout: ") +
-           (arch_tag != 901       ? "the sm80 path's kernel"
-            : warp_specialized ? "the warp-specialized sm_90a kernel"
-                               : "the pipelined sm_90a kernel") +
+    return std::string("dropout: ") + (arch_tag == 901 ? "the pipelined sm_90a kernel" : "the sm80 path's kernel") +
            " with dropout (Philox bits from rng_state), " + (score == FwdScore::kPlain ? "plain" : "general") +
            " score path";
   });
@@ -214,20 +211,15 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   const bool plain = !general && p.bias_type == BiasType::kNone;
   const bool equal_blocks = p.window_left < 0 && p.window_right < 0;  // (causal is folded into window_right)
   const bool tma = arch_tag == 901 && FA2_SM90_TMA;
-  // dropout on sm_90a: the pipelined kernels (fwd_launch_template.cuh, fwd_dropout_kernel), or, while option
-  // sm90_ws_dropout is on, the headdim's default schedule where it is an overlap one (plain path, dense)
+  // dropout on sm_90a: the pipelined kernels only (fwd_launch_template.cuh, fwd_dropout_kernel)
   const bool dropout = has_dropout(p);
-  const Sm90Schedule dropout_ws_schedule = sm90_default_schedule(headdim, !equal_blocks);
-  const bool ws_dropout = dropout && tma && plain && !is_varlen(p) && options.sm90_ws_dropout &&
-                          sm90_schedule_overlap(dropout_ws_schedule);
   // the default of causal / windowed calls: the schedule the tile-counter and key-bias kernels are built for
   const Sm90Schedule built_default = tma ? sm90_default_schedule(headdim, true) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = built_default;
   // (varlen: the defaults only, the schedules its kernels are built for: fwd_launch_template.cuh)
   const bool forced = tma && !dropout && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
   if (tma) {
-    schedule = ws_dropout     ? dropout_ws_schedule
-               : dropout      ? Sm90Schedule::kPipelined
+    schedule = dropout        ? Sm90Schedule::kPipelined
                : forced       ? options.sm90_schedule
                : is_varlen(p) ? sm90_default_schedule(headdim, !equal_blocks)
                               : sm90_schedule_for_keys(headdim, !equal_blocks, p.seqlen_k);
@@ -235,8 +227,7 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   if (tma) {
     note(notes, [&] {
       return std::string("schedule: ") + sm90_schedule_name(schedule) +
-             (ws_dropout ? " (dropout: the headdim's default, option sm90_ws_dropout)"
-              : dropout  ? " (dropout: the pipelined kernels have it)"
+             (dropout  ? " (dropout: the pipelined kernels have it)"
               : forced ? " (forced: option sm90_schedule)"
                        : std::string(" (d ") + std::to_string(headdim) + "'s default " +
                              (equal_blocks ? "without" : "with") + " a causal mask or window at " +
@@ -256,11 +247,9 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
     c.ws = true;
     c.schedule = schedule;
     // twins, for fewer instantiations only where they are used by default
-    // (the dropout kernels have none)
     c.has_tile_counter_twin = schedule == Sm90Schedule::kPingpongOverlap && fwd_persistent_headdim(headdim) &&
-                              built_default == Sm90Schedule::kPingpongOverlap && !dropout;
-    c.has_cluster_twin =
-        schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim) && !is_varlen(p) && !dropout;
+                              built_default == Sm90Schedule::kPingpongOverlap;
+    c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim) && !is_varlen(p);
   } else if (tma && key_row_bias && (schedule != Sm90Schedule::kPipelined || !forced)) {
     if (built_default != Sm90Schedule::kPipelined) {
       c.ws = true, c.schedule = sm90_key_bias_schedule(headdim);
@@ -408,7 +397,7 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   });
   note_headdim_padding(p, notes);
   FwdChoice c = choose_fwd_kernel(p, options, plan.arch_tag, inst.headdim, notes);
-  if (plan.dropout) note_dropout_score(c.score, plan.arch_tag, c.ws, notes);
+  if (plan.dropout) note_dropout_score(c.score, plan.arch_tag, notes);
   plan.score = c.score, plan.warp_specialized = c.ws, plan.schedule = c.schedule, plan.key_bias_tma = c.key_bias_tma;
   const KernelShape shape =
       fwd_kernel_shape(inst.headdim, plan.arch_tag == 901, c.ws, c.ws && sm90_schedule_pingpong(c.schedule));

@@ -45,10 +45,9 @@ struct DevOptions {
   // dropout calls run the sm_90a kernels on compute capability 9.0 (the pipelined forward; bwd_kernel's wgmma tiles on
   // the plain path, while sm90_backward is on); off: the sm80 path's dropout kernels there too
   bool sm90_dropout = true;
-  // dropout on the warp-specialized kernels (plain path, not varlen): backwards at d 64 / 128 run bwd_ws_kernel, which
-  // draws the forward's keep bits for its transposed fragments (fa2/dropout.cuh, TransposedKeep); forwards at d > 96 the
-  // headdim's default overlap schedule; off: bwd_kernel's wgmma tiles and the pipelined forward
-  bool sm90_ws_dropout = false;
+  // dropout backwards at d 64 / 128 (plain path, not varlen) run the warp-specialized bwd_ws_kernel, which draws the
+  // forward's keep bits for its transposed fragments (fa2/dropout.cuh, TransposedKeep); off: bwd_kernel's wgmma tiles
+  bool sm90_ws_dropout = true;
   // fa2.attention's decode-shaped CUDA calls (few query rows per kv head, no bias / dropout / sinks) run the KV-cache
   // op's decode kernel (split-KV, the kv head's query heads together); off: the dense forward kernels
   bool dense_decode = true;

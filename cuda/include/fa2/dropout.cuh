@@ -98,22 +98,6 @@ struct FragmentKeep {
 #pragma unroll
         for (int idx = 0; idx < 4; ++idx) acc[mt][nt][idx] = keep(mt, nt, idx) ? acc[mt][nt][idx] * scale : 0.f;
   }
-
-  // The same with the bits as masks on the values, not predicates: in the warp-specialized overlap kernels ptxas
-  // hoisted the predicates' bit tests ahead of the softmax and spilled them.
-  __device__ __forceinline__ void apply_masked(float (&acc)[kMTiles][kNTiles][4], float scale) const {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int idx = 0; idx < 4; ++idx) {
-          const int bit = 8 * (mt * (kNTiles / 2) + nt / 2) + dropout_slot(nt, idx);
-          const uint32_t word = bit < 64 ? uint32_t(lo >> (bit & ~31)) : uint32_t(hi >> ((bit - 64) & ~31));
-          const uint32_t mask = 0u - ((word >> (bit & 31)) & 1u);
-          acc[mt][nt][idx] = __uint_as_float(__float_as_uint(acc[mt][nt][idx] * scale) & mask);
-        }
-  }
 };
 
 // The keep bits of a warp-specialized backward consumer's transposed fragments (bwd_ws_kernel: S^T with keys as rows),

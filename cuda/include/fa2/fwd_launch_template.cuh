@@ -128,9 +128,9 @@ struct FwdLaunch {
 
 // The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type (and
 // with kWithTileCounter its tile-counter twin, with kWithCluster its twin in clusters of two).
-// kVarlen: the packed-sequence kernels (no cluster twin). kDropout: the dropout kernels (no twins).
+// kVarlen: the packed-sequence kernels (no cluster twin).
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule,
-          bool kWithTileCounter = false, bool kWithCluster = false, bool kVarlen = false, bool kDropout = false>
+          bool kWithTileCounter = false, bool kWithCluster = false, bool kVarlen = false>
 FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
   constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
@@ -150,9 +150,8 @@ FwdLaunch ws_launch() {
   if constexpr (kWithCluster) {
     cluster_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, false, true>;
   }
-  static_assert(!kDropout || !(kWithTileCounter || kWithCluster), "no dropout twins");
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap, false,
-                           false, kVarlen, kDropout>,
+                           false, kVarlen>,
           fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true,
           tile_counter_kernel, cluster_kernel};
 }
@@ -214,31 +213,6 @@ FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
   return launch;
 }
 
-// The warp-specialized dropout kernels (plain path, dense) a plan names: the headdim's default schedules where they
-// overlap P V with the softmax (fwd/kernel_traits.cuh, kDropout); launch.kernel nullptr for anything else.
-template <typename T, int kHeadDim, int kArch>
-FwdLaunch fwd_dropout_ws_launch(const FwdPlan& plan) {
-  using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
-  constexpr fwd::ScoreMode kPlain = fwd::ScoreMode::kPlain;
-  constexpr BiasType kNone = BiasType::kNone;
-  constexpr Sm90Schedule kWindowed = sm90_default_schedule(kHeadDim, /*windowed=*/true);
-  constexpr Sm90Schedule kEqual = sm90_default_schedule(kHeadDim, /*windowed=*/false);
-  constexpr bool kDropout = true, kNoTwin = false, kDense = false;
-  const FwdLaunch none{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
-  if (plan.score != FwdScore::kPlain || plan.varlen) return none;
-  if constexpr (sm90_schedule_overlap(kWindowed)) {
-    if (plan.schedule == kWindowed) {
-      return ws_launch<T, kHeadDim, kArch, kPlain, kNone, kWindowed, kNoTwin, kNoTwin, kDense, kDropout>();
-    }
-  }
-  if constexpr (sm90_schedule_overlap(kEqual) && kEqual != kWindowed) {
-    if (plan.schedule == kEqual) {
-      return ws_launch<T, kHeadDim, kArch, kPlain, kNone, kEqual, kNoTwin, kNoTwin, kDense, kDropout>();
-    }
-  }
-  return none;
-}
-
 // The kernel a plan names (fwd_kernel_for_bias, ws_launch): the same instantiations as the plan's choices can reach,
 // and nothing else. launch.kernel nullptr where the plan names a kernel this instance does not have.
 // kVarlenKernels: the instance has the sm80 path's varlen and dropout kernels (cmake/Kernels.cmake: the sm80-path
@@ -250,11 +224,8 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
   using fwd::ScoreMode;
   FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
   constexpr bool kTma = kArch == 901 && FA2_SM90_TMA;
-  if (plan.dropout && plan.arch_tag == 901) {  // (the pipelined sm_90a kernels: Cfg's shape; or warp-specialized)
-    if constexpr (kTma) {
-      if (plan.warp_specialized) return fwd_dropout_ws_launch<T, kHeadDim, kArch>(plan);
-      launch.kernel = fwd_dropout_kernel<T, kHeadDim, kArch>(plan);
-    }
+  if (plan.dropout && plan.arch_tag == 901) {  // (the pipelined sm_90a kernels: Cfg's shape)
+    if constexpr (kTma) launch.kernel = fwd_dropout_kernel<T, kHeadDim, kArch>(plan);
     return launch;
   }
   if (plan.dropout) {

@@ -36,8 +36,7 @@ struct FwdKernelTraits {
   // tensors from the sequence's first row (rows past its end load but are masked as keys and never stored as queries).
   static constexpr bool kVarlen = kVarlen_;
   // kDropout: P ∘ Z / (1 - p) before P V (fa2/dropout.cuh; params.h, rng_state); the cp.async and the pipelined sm_90a
-  // kernels, plain or general score path, and the overlap schedules' warp-specialized ones on the plain path (dense,
-  // without the tile-counter or cluster twins).
+  // kernels (not the warp-specialized ones), plain or general score path.
   static constexpr bool kDropout = kDropout_;
 
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
@@ -112,10 +111,8 @@ struct FwdKernelTraits {
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
   static_assert(!kVarlen || (kBias == BiasType::kNone && !kCluster),
                 "varlen: no bias, no clusters (a pair's two query blocks may lie in different sequences)");
-  static_assert(!kDropout || (!kWs && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)) ||
-                    (kOverlap && kMode == ScoreMode::kPlain && !kVarlen && !kTileCounter && !kCluster),
-                "dropout: the cp.async and pipelined kernels (plain or general score path), the overlap schedules' "
-                "plain dense kernels");
+  static_assert(!kDropout || (!kWs && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)),
+                "dropout: the cp.async and pipelined kernels, plain or general score path");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),
                 "clusters of two: the persistent plain kernels whose K/V column blocks split between the CTAs");
 };

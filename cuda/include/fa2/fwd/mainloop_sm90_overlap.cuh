@@ -1,8 +1,7 @@
 // The warp-specialized sm_90a forward's mainloop with the intra-warpgroup overlap (kOverlap; FA-3's d 128 and 256
 // schedule with ping-pong too): P V of tile n-1 stays in flight while S of tile n becomes P, and O is rescaled once it
 // completed: the same operations on O in the same order (x c(n-1), + P V(n-1), x c(n), ...). The persistent d 128
-// kernels keep Q in registers (kQInRegisters). With kDropout, P ∘ Z / (1 - p) before P is packed, the keep bits drawn
-// while the tile's Q K^T (and the previous P V) run on the tensor cores (the same bits as dropout_keep's elsewhere).
+// kernels keep Q in registers (kQInRegisters).
 #pragma once
 #include "fa2/fwd/gemm.cuh"
 #include "fa2/fwd/mainloop_steps.cuh"
@@ -64,17 +63,6 @@ struct FwdMainloopSm90Overlap {
       const int col0 = n * kBlockN + (lane & 3) * 2;  // this thread's first fragment column (global key)
       float acc_s[kMTiles][kNTiles][4];               // S (kRowsPerWarp, kBlockN) of this warp
       start_scores(acc_s, tile, rows, n, col0);
-      [[maybe_unused]] FragmentKeep<kMTiles, kNTiles> keep;
-      [[maybe_unused]] float keep_scale = 0.f;
-      // The Philox work goes where this warp would otherwise wait for its products (no register of theirs is read).
-      // The key and counter are read again per tile (L1 hits): kept over the loop, they cost spills (ptxas).
-      auto draw_keep_bits = [&] {
-        if constexpr (Traits::kDropout) {
-          const DropoutHead dropout(tile.p, tile.coord.batch, tile.coord.head);
-          keep = dropout_keep(dropout, rows, n, lane);
-          keep_scale = dropout.keep_scale;
-        }
-      };
 
       // -- tile n has landed
       const KeyTileKind bias_kind = wait_stage(tile, q_loads, it, buf, use, n);
@@ -115,11 +103,9 @@ struct FwdMainloopSm90Overlap {
         pipe.wait_v(buf_prev, use - 1);
         gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, smem.v(buf_prev));
         if (end_turn) pingpong_signal_other(warpgroup);
-        draw_keep_bits();
         sm90::wait_hold</*kPending=*/1>(acc_s);
       } else {
         if (end_turn) pingpong_signal_other(warpgroup);
-        draw_keep_bits();
         sm90::wait_hold</*kPending=*/0>(acc_s);
       }
       if constexpr (Traits::kSplitKV) pipe.release_stage(buf);  // (K only: Q K^T has completed in this warp)
@@ -150,7 +136,6 @@ struct FwdMainloopSm90Overlap {
       } else {
         o_free_rescale(false);
       }
-      if constexpr (Traits::kDropout) keep.apply_masked(acc_s, keep_scale);  // (l took P's sum)
 #pragma unroll
       for (int kt = 0; kt < kNTiles / 2; ++kt) ptx::pack_k16<T>(acc_s[0], kt, p_prev[kt]);
       buf_prev = buf;
