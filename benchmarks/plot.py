@@ -152,27 +152,31 @@ def plot_e2e(result: dict, out_dir: str, stem: str) -> list[str]:
         ways = list(dict.fromkeys(r["way"] for r in rows))
         fig, ax = plt.subplots(figsize=(2.0 + 2.2 * len(shapes), 4.0))
         width = 0.8 / len(ways)
-        colors = {"eager+inductor": "#7f7f7f", "eager+fa2": "#d62728", "sdpa+inductor": "#1f77b4"}
+        colors = {"eager+inductor": "#7f7f7f", "eager+fa2": "#d62728", "sdpa+inductor": "#1f77b4",
+                  "hf-fa2+inductor": "#2ca02c", "sdpa+inductor+fa2-sdpa": "#9467bd"}
+        others = iter(["#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"])  # (ways without a color of their own)
         top = 0
+        for way in ways:
+            colors.setdefault(way, next(others, "#2ca02c"))
         for wi, way in enumerate(ways):
             for si, shape in enumerate(shapes):
                 r = next((x for x in rows if x["way"] == way and x["shape"] == shape), None)
                 x = si - 0.4 + width * (wi + 0.5)
                 if r and r["status"] == "ok":
                     top = max(top, r["tokens_per_s"])
-                    ax.bar(x, r["tokens_per_s"], width, color=colors.get(way, "#2ca02c"), label=way if si == 0 else None)
+                    ax.bar(x, r["tokens_per_s"], width, color=colors[way], label=way if si == 0 else None)
                     label = f"{r['tokens_per_s'] / 1e3:.1f}k" if r["tokens_per_s"] >= 1e3 else f"{r['tokens_per_s']:.0f}"
                     if isinstance(r.get("mfu"), (int, float)):
                         label += f"\n{100 * r['mfu']:.0f}%"
                     ax.text(x, r["tokens_per_s"], label, ha="center", va="bottom", fontsize=7)
                 elif r:
                     ax.text(x, 0, r["status"].upper(), ha="center", va="bottom", fontsize=7, rotation=90)
-        ax.set_ylim(0, top * 1.25 if top else 1)
+        ax.set_ylim(0, top * 1.6 if top else 1)  # (room for the legend above the bars)
         ax.set_xticks(range(len(shapes)), shapes)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{result.get('model', {}).get('name', 'model')} {what}, {_hw(env)}, "
                      f"{env.get('date', '')[:10]}", fontsize=9)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", ncol=2)
         fig.tight_layout()
         path = os.path.join(out_dir, f"{stem}.png" if mode == "train" else f"{stem}_{mode}.png")
         fig.savefig(path, dpi=110)
