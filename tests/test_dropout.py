@@ -538,8 +538,7 @@ def test_plan_routes_dropout_to_the_ws_backward_by_default():
 def test_hopper_dropout_launches_the_sm90a_kernels(sm90_dropout):
     """Compute capability 9.0: a dropout call runs the pipelined sm_90a forward with kDropout (tag 901, not
     warp-specialized) and, with option sm90_ws_dropout off, bwd_kernel's wgmma tiles with kDropout; with development
-    option sm90_dropout off, the sm80
-    path's (tag 900). The kernels' names as the profiler gives them."""
+    option sm90_dropout off, the sm80 path's (tag 900). The kernels' names as the profiler gives them."""
     _needs("cuda")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("compute capability 9.0 only")

@@ -821,7 +821,10 @@ std::string bwd_kernel_name(const BwdPlan& plan, DType dtype) {
   if (plan.main == BwdMain::kWarpSpecialized) {
     const bool split = bwd_ws_shape(plan.headdim).headdim_split;
     return std::string(split ? "bwd_ws_dsplit_kernel<" : "bwd_ws_kernel<") + args +
-           (plan.key_bias ? "key-row bias>" : plan.varlen ? "plain, varlen>" : plan.dropout ? "plain, dropout>" : "plain>");
+           (plan.key_bias  ? "key-row bias>"
+            : plan.varlen  ? "plain, varlen>"
+            : plan.dropout ? "plain, dropout>"
+                           : "plain>");
   }
   static const char* const kMain[] = {"", "plain", "key-row bias", "score-mod"};
   return "bwd_kernel<" + args + arch_name(plan.arch_tag) + ", " +

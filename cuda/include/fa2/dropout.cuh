@@ -101,8 +101,9 @@ struct FragmentKeep {
 };
 
 // The keep bits of a warp-specialized backward consumer's transposed fragments (bwd_ws_kernel: S^T with keys as rows),
-// kKSteps k16 steps of queries from m0: step kt's 8 bits in bits [8 (kt % 4), + 8) of lo (kt < 4) or hi, bit 4 h + 2 half
-// + e for S^T's element (n8 tile 2 kt + h, 2 half + e): key key_first + 8 half, query m0 + 16 kt + 8 h + 2 tig + e.
+// kKSteps k16 steps of queries from m0: step kt's 8 bits in bits [8 (kt % 4), + 8) of lo (kt < 4) or hi, bit
+// 4 h + 2 half + e for S^T's element (n8 tile 2 kt + h, 2 half + e): key key_first + 8 half, query
+// m0 + 16 kt + 8 h + 2 tig + e.
 // Such a thread holds queries {2 tig, 2 tig + 1} x {+0, +8} of a 16 x 16 block and keys {group, group + 8}: half of
 // two Philox groups (queries {2 tig + e, + 8} x keys {group & ~1, + 1, + 8, + 9}), whose other halves lane ^ 4 holds
 // (group ^ 1). So each of the pair computes one group's call (e = group % 2) and they swap the bits with one shuffle:

@@ -108,6 +108,21 @@ struct WsMainloop : WsConsumer<Cfg> {
                    smem.template at<const float>(smem.shift(s)) + stats_off};
   }
 
+  // kDropout: p_frag = P^T ∘ Z / (1 - p) rounded to T, prob(j, half) giving S^T's elements (n8 tile j, 2 half + 0 / 1)
+  // (read before p_frag's entry is written: it may be that entry)
+  template <class Prob>
+  __device__ __forceinline__ void pack_dropped(uint32_t (&p_frag)[kKSteps][4], const Keep& keep, float scale,
+                                               Prob prob) const {
+#pragma unroll
+    for (int kt = 0; kt < kKSteps; ++kt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int j = 2 * kt + r / 2, half = r % 2;
+        const float2 x = prob(j, half);
+        p_frag[kt][r] = ptx::pack2<T>(keep.dropped(j, half, 0, x.x, scale), keep.dropped(j, half, 1, x.y, scale));
+      }
+  }
+
   // P^T from S^T (ws_scores_to_p), rounded to T: p_frag (kKSteps k16 register-A fragments); masked (P = 0) on
   // boundary blocks. kDropout (dS after dV): p_frag holds P^T ∘ Z / (1 - p), acc_s keeps P^T (dS needs it where
   // Z = 0); with dS before dV, dv_and_ds drops p_frag once dS has read it.
@@ -120,15 +135,8 @@ struct WsMainloop : WsConsumer<Cfg> {
       ws_scores_to_p<kKeyBias, false, kVarlen>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
     }
     if constexpr (kDropout && !Cfg::kDsBeforeDv) {
-      const float scale = p.dropout_keep_scale;
-      auto dropped = [&](int j, int idx) { return keep.dropped(j, idx >> 1, idx & 1, s_frag[j][idx], scale); };
-#pragma unroll
-      for (int kt = 0; kt < kKSteps; ++kt) {
-        p_frag[kt][0] = ptx::pack2<T>(dropped(2 * kt, 0), dropped(2 * kt, 1));
-        p_frag[kt][1] = ptx::pack2<T>(dropped(2 * kt, 2), dropped(2 * kt, 3));
-        p_frag[kt][2] = ptx::pack2<T>(dropped(2 * kt + 1, 0), dropped(2 * kt + 1, 1));
-        p_frag[kt][3] = ptx::pack2<T>(dropped(2 * kt + 1, 2), dropped(2 * kt + 1, 3));
-      }
+      pack_dropped(p_frag, keep, p.dropout_keep_scale,
+                   [&](int j, int half) { return make_float2(s_frag[j][2 * half], s_frag[j][2 * half + 1]); });
     } else {
       pack_k16_fragments<T>(s_frag, p_frag);
     }
@@ -170,15 +178,8 @@ struct WsMainloop : WsConsumer<Cfg> {
       to_ds(std::true_type{});
       pack_k16_fragments<T>(dp_frag, ds_frag);
       if constexpr (kDropout) {  // P^T (rounded) -> P^T ∘ Z / (1 - p), rounded again, for dV
-#pragma unroll
-        for (int kt = 0; kt < kKSteps; ++kt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int j = 2 * kt + r / 2, half = r % 2;
-            const float2 prob = unpack2<T>(p_frag[kt][r]);
-            p_frag[kt][r] = ptx::pack2<T>(keep.dropped(j, half, 0, prob.x, p.dropout_keep_scale),
-                                          keep.dropped(j, half, 1, prob.y, p.dropout_keep_scale));
-          }
+        pack_dropped(p_frag, keep, p.dropout_keep_scale,
+                     [&](int j, int half) { return unpack2<T>(p_frag[j / 2][(j % 2) * 2 + half]); });
       }
       sm90::gemm_rs<T, kHeadDim, kKSteps, QTile, /*kWait=*/false>(acc_dv, p_frag, smem.dout(s));
     } else {
