@@ -435,3 +435,35 @@ def test_cuda_sinks_schedules_and_determinism():
         runs = [torch.autograd.grad(fa2.attention(q, k, v, sinks=sinks, causal=True), (q, sinks), dout)
                 for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_cuda_sinks_grad_over_many_rows():
+    """d sinks' one-kernel reduction (a CTA per head, 2048 rows a pass) over several passes and a partial last one,
+    rows that see no key (causal, more queries than keys) among them, sinks in bfloat16 (returned in it), dense and
+    varlen (a sequence of length 0 among them)."""
+    _needs("cuda")
+    _check_sinks_grad_over_many_rows("cuda")
+
+
+def _check_sinks_grad_over_many_rows(device):
+    g = torch.Generator(device=device).manual_seed(11)
+    q, k, v = make_qkv(3, 1700, 96, 4, 2, 64, dtype=torch.bfloat16, device=device, generator=g, requires_grad=True)
+    for sinks_dtype in (torch.float32, torch.bfloat16):
+        sinks = make_sinks(4, device, dtype=sinks_dtype, generator=g, requires_grad=True)
+        dout = torch.randn(q.shape, dtype=q.dtype, device=device, generator=g)
+        check_backward(f"many rows {sinks_dtype}", q, k, v, sinks, {"causal": True}, dout)
+    lens = [1500, 0, 2600, 7]
+    cu = torch.tensor([0] + lens, device=device).cumsum(0).to(torch.int32)
+    total = int(cu[-1])
+    qkv = [torch.randn(total, h, 64, device=device, generator=g).to(torch.bfloat16).requires_grad_() for h in (4, 2, 2)]
+    sinks = make_sinks(4, device, generator=g, requires_grad=True)
+    out = fa2.varlen_attention(*qkv, cu, cu, max(lens), max(lens), causal=True, sinks=sinks)
+    dout = torch.randn(out.shape, device=device, generator=g).to(out.dtype)
+    got = torch.autograd.grad(out, qkv + [sinks], dout)
+    hi = [t.detach().double().requires_grad_() for t in qkv + [sinks]]
+    lo = [t.detach().clone().requires_grad_() for t in qkv] + [sinks.detach().to(torch.bfloat16).requires_grad_()]
+    want_hi = torch.autograd.grad(varlen_attention_ref(*hi[:3], cu, cu, causal=True, sinks=hi[3]), hi, dout.double())
+    want_lo = torch.autograd.grad(varlen_attention_ref(*lo[:3], cu, cu, causal=True, sinks=lo[3], upcast=False), lo,
+                                  dout)
+    for name, a, h_, l_ in zip(("dq", "dk", "dv", "dsinks"), got, want_hi, want_lo):
+        assert_close_rule(f"varlen many rows {name}", a, h_, l_, factor=3)

@@ -11,7 +11,6 @@
 
 #include "checks.h"
 #include "dropout_state.h"
-#include "sinks_grad.h"
 
 #if FA2_CUDA_BWD
 #include "cuda/params_from_tensors.h"
@@ -154,7 +153,8 @@ BwdResults bwd_cuda_impl(const Tensor& dout, const Tensor& q, const Tensor& k, c
   }
   Tensor dbias = bias_requires_grad ? reduce_dbias(dbias_full, *attn_bias) : at::empty({0}, q.options());
   // (lse includes the sinks: the kernels above need nothing more)
-  return {dq, dk, dv, dbias, sinks.has_value() ? sinks_grad_from_rows(softmax_d, lsek, *sinks, 1) : Tensor()};
+  Tensor dsinks = sinks.has_value() ? cuda_glue::sinks_grad_cuda(softmax_d, lsek, *sinks, 1, stream) : Tensor();
+  return {dq, dk, dv, dbias, dsinks};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,

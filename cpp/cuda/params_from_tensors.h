@@ -23,6 +23,7 @@
 #include "fa2/params.h"
 #include "fa2/philox.h"  // dropout_keep_threshold
 #include "fa2/plan.h"    // kernel_headdim
+#include "fa2/sinks_grad.h"
 
 namespace fa2 {
 namespace cuda_glue {
@@ -155,6 +156,31 @@ inline at::Tensor attach_sinks(AttentionParams& params, const AttentionProblem& 
   const at::Tensor sinks = prob.sinks.has_value() ? prob.sinks->to(at::kFloat).contiguous() : at::Tensor();
   params.sinks = sinks.defined() ? sinks.const_data_ptr<float>() : nullptr;
   return sinks;
+}
+
+// d sinks (fa2/sinks_grad.h) from the backward's softmax_d and lse (float32, contiguous, the same shape; heads at
+// dimension head_dim, batch before it if any): one kernel on `stream`, returned in sinks' dtype.
+inline at::Tensor sinks_grad_cuda(const at::Tensor& softmax_d, const at::Tensor& lse, const at::Tensor& sinks,
+                                  int64_t head_dim, cudaStream_t stream) {
+  TORCH_CHECK(softmax_d.is_contiguous() && lse.is_contiguous() && softmax_d.sizes() == lse.sizes() &&
+                  softmax_d.scalar_type() == at::kFloat && lse.scalar_type() == at::kFloat,
+              "fa2 sinks backward: softmax_d and lse must be float32, contiguous and of one shape");
+  TORCH_CHECK(softmax_d.dim() == head_dim + 2, "fa2 sinks backward: rows must be the last dimension after the heads");
+  const at::Tensor sinks_f = sinks.to(at::kFloat).contiguous();
+  at::Tensor dsinks = at::empty_like(sinks_f);
+  SinksGradParams sp;
+  sp.softmax_d = softmax_d.const_data_ptr<float>();
+  sp.lse = lse.const_data_ptr<float>();
+  sp.sinks = sinks_f.const_data_ptr<float>();
+  sp.dsinks = dsinks.data_ptr<float>();
+  sp.nheads = static_cast<int>(softmax_d.size(head_dim));
+  sp.batch = static_cast<int>(head_dim == 0 ? 1 : softmax_d.size(0));
+  sp.head_stride = softmax_d.stride(head_dim);
+  sp.batch_stride = head_dim == 0 ? 0 : softmax_d.stride(0);
+  sp.rows = softmax_d.size(-1);
+  const char* err = run_sinks_grad(sp, stream);
+  TORCH_CHECK(err == nullptr, "fa2 sinks backward (CUDA) failed: ", err);
+  return dsinks.to(sinks.scalar_type());
 }
 
 }  // namespace cuda_glue

@@ -18,7 +18,6 @@
 #include "dropout_state.h"
 #include "cuda/params_from_tensors.h"
 #include "fa2/launch.h"
-#include "sinks_grad.h"
 #if FA2_CUDA_BWD
 #include "fa2/bwd_launch.h"
 #endif
@@ -292,7 +291,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
     dv.copy_(dv_k[0].narrow(2, 0, headdim));
   }
   // (lse includes the sinks: the kernels above need nothing more; d sinks from their rows' D = rowsum(dout * out))
-  if (vp.problem.sinks.has_value()) dsinks = sinks_grad_from_rows(softmax_d, lsek, *vp.problem.sinks, 0);
+  if (vp.problem.sinks.has_value()) {
+    dsinks = cuda_glue::sinks_grad_cuda(softmax_d, lsek, *vp.problem.sinks, 0, stream);
+  }
   return {dq, dk, dv, dsinks};
 }
 
