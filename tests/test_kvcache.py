@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fa2
-from fa2.reference import kvcache_attention_ref, rotary_ref
+from fa2.reference import attention_ref, kvcache_attention_ref, rotary_ref
 from numerics import assert_close_rule, hi_dtype
 from samples import dtypes_for, skip_without_device
 
@@ -358,6 +358,26 @@ def test_cuda_bad_indices_never_touch_memory_outside_the_cache(paged):
     else:  # sequence 0 (row 0): 30, 31 written, 32, 33 past the capacity; sequence 1's row 7 is out of range
         assert torch.equal(k_cache[0, 30:32], k[0, :2])
         assert torch.equal(k_cache[1], before_k[2, 4:36]), "row 1 belongs to no batch element"
+
+
+def test_cuda_cache_seqlens_out_of_range_clamp_to_the_capacity():
+    """cache_seqlens + the appended rows is clamped to [0, capacity] on the device (in 64 bits: a value near INT32_MAX
+    does not wrap): a sequence pushed below 0 sees no key (out 0), one past the end sees the whole cache."""
+    _needs("cuda")
+    g = torch.Generator().manual_seed(3)
+    dtype, device = torch.bfloat16, "cuda"
+    k_cache, v_cache = (torch.randn(4, 64, 2, 64, generator=g).to(dtype).to(device) for _ in range(2))
+    q = torch.randn(4, 1, 4, 64, generator=g).to(dtype).to(device)
+    k, v = (torch.randn(4, 1, 2, 64, generator=g).to(dtype).to(device) for _ in range(2))
+    seqlens = torch.tensor([-5, 63, 100, 2**31 - 1], dtype=torch.int32, device=device)
+    out = fa2.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens)
+    assert torch.equal(k_cache[1, 63], k[1, 0]), "row 63 of sequence 1 is appended"
+    for b, keys in enumerate([0, 64, 64, 64]):
+        if keys == 0:
+            assert (out[b] == 0).all(), "a sequence with no key outputs 0"
+            continue
+        want = attention_ref(q[b:b + 1], k_cache[b:b + 1, :keys], v_cache[b:b + 1, :keys])
+        torch.testing.assert_close(out[b:b + 1].float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -32,7 +33,7 @@ bool int32_on(const at::Tensor& t, const at::Tensor& q, int64_t dims) {
 // What the kernel needs beyond the caller's checks (layouts, index tensors); nullptr when all holds.
 const char* tensors_decline(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const DecodeKeys& keys, const at::Tensor& out, const at::Tensor& lse) {
-  const auto& [seqlens_k, block_table, cache_batch_idx, key_mask] = keys;
+  const auto& [seqlens_k, block_table, cache_batch_idx, key_mask, seqlens_k_add] = keys;
   if (!q.is_cuda() || (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)) return "q not fp16/bf16 CUDA";
   if (k_cache.scalar_type() != q.scalar_type() || v_cache.scalar_type() != q.scalar_type()) return "dtypes differ";
   if (q.dim() != 4 || k_cache.dim() != 4 || v_cache.dim() != 4) return "q or a cache is not 4-D";
@@ -73,7 +74,7 @@ const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, con
                              const DecodeKeys& keys, float scale, bool causal, int window_left, int window_right,
                              float softcap, int num_splits, at::Tensor& out, at::Tensor& lse) {
   if (const char* why = tensors_decline(q, k_cache, v_cache, keys, out, lse)) return why;
-  const auto& [seqlens_k, block_table, cache_batch_idx, key_mask] = keys;
+  const auto& [seqlens_k, block_table, cache_batch_idx, key_mask, seqlens_k_add] = keys;
   if (!(softcap > 0.f) && !(scale > 0.f)) return "a scale <= 0 without softcap";
   DecodeParams p;
   p.q = q.data_ptr();
@@ -83,6 +84,8 @@ const char* decode_attention(const at::Tensor& q, const at::Tensor& k_cache, con
   outer_strides(k_cache, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   outer_strides(v_cache, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   if (seqlens_k) p.seqlens_k = seqlens_k->data_ptr<int>();
+  if (seqlens_k_add < 0 || seqlens_k_add > std::numeric_limits<int32_t>::max()) return "seqlens_k_add out of range";
+  p.seqlens_k_add = static_cast<int>(seqlens_k_add);
   if (block_table) {
     p.block_table = block_table->data_ptr<int>();
     p.block_table_batch_stride = block_table->stride(0);
@@ -155,7 +158,7 @@ std::tuple<at::Tensor, at::Tensor> decode_attention_op(const at::Tensor& q, cons
   at::Tensor out = at::empty_like(qc);
   at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   const float s = scale ? static_cast<float>(*scale) : 1.f / std::sqrt(static_cast<float>(q.size(3)));
-  const DecodeKeys keys{seqlens_k, block_table, cache_batch_idx, std::nullopt};
+  const DecodeKeys keys{seqlens_k, block_table, cache_batch_idx, std::nullopt, 0};
   const char* why = decode_attention(qc, k_cache, v_cache, keys, s, causal, static_cast<int>(window_left),
                                      static_cast<int>(window_right), static_cast<float>(softcap),
                                      static_cast<int>(num_splits), out, lse);

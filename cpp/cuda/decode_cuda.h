@@ -9,6 +9,7 @@ struct DecodeKeys {
   std::optional<at::Tensor> block_table;      // int32 (batch, max_blocks): a paged cache's pages
   std::optional<at::Tensor> cache_batch_idx;  // int32 (batch,): a contiguous cache's row of element b; none: b
   std::optional<at::Tensor> key_mask;         // bool (batch, capacity), unit key stride: keys hidden where false
+  int64_t seqlens_k_add = 0;                  // added to seqlens_k[b] in the kernel (then clamped to the capacity)
 };
 
 // Attention of q (batch, seqlen_q, nheads, d), contiguous, over the keys (DecodeKeys) of a contiguous

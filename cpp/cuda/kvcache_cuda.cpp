@@ -169,11 +169,10 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cuda(
   const c10::cuda::CUDAGuard device_guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const auto i32 = q.options().dtype(at::kInt);
-  // where the append starts (cache_seqlens; the whole capacity when not given, when nothing is appended), and the
-  // keys each sequence has after it, clamped to the capacity (the device-side guard for bad cache_seqlens)
-  const Tensor first_positions = kp.cache_seqlens ? *kp.cache_seqlens : at::full({p.batch}, kp.capacity, i32);
-  const Tensor seqlens_k = kp.seqlen_new > 0 ? first_positions.add(kp.seqlen_new).clamp_(0, kp.capacity)
-                                             : first_positions.clamp(0, kp.capacity);
+  // where the append starts (cache_seqlens; the whole capacity when not given, when nothing is appended)
+  auto whole_capacity = [&] { return at::full({p.batch}, kp.capacity, i32); };
+  const bool appends = kp.seqlen_new > 0 || kp.rotary_dim > 0;
+  const Tensor first_positions = kp.cache_seqlens ? *kp.cache_seqlens : appends ? whole_capacity() : Tensor();
   const Tensor q_attn = append_and_rotate(kp, q, k_cache, v_cache, k, v, first_positions, stream);
 
   Tensor out = at::empty({p.batch, p.seqlen_q, p.nheads, p.headdim_v}, q.options());
@@ -184,11 +183,18 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cuda(
     lse.fill_(std::numeric_limits<float>::infinity());
     return {out, lse};
   }
+  // the keys each sequence has after the append: cache_seqlens + seqlen_new clamped to the capacity (the device-side
+  // guard for bad cache_seqlens), done in the decode kernel; as a tensor only for the fallback
   const bool decoded = cuda_glue::try_decode_attention(
-      q_attn, k_cache, v_cache, cuda_glue::DecodeKeys{seqlens_k, kp.block_table, kp.cache_batch_idx, std::nullopt},
+      q_attn, k_cache, v_cache,
+      cuda_glue::DecodeKeys{kp.cache_seqlens, kp.block_table, kp.cache_batch_idx, std::nullopt, kp.seqlen_new},
       static_cast<float>(p.scale), p.causal, static_cast<int>(p.window_left), static_cast<int>(p.window_right),
       static_cast<float>(p.softcap), static_cast<int>(num_splits), out, lse);
-  if (!decoded) out = varlen_attention_over_cache(kp, q_attn, k_cache, v_cache, seqlens_k, lse);
+  if (!decoded) {
+    const Tensor seqlens_k = kp.cache_seqlens ? first_positions.add(kp.seqlen_new).clamp_(0, kp.capacity)
+                                              : whole_capacity();
+    out = varlen_attention_over_cache(kp, q_attn, k_cache, v_cache, seqlens_k, lse);
+  }
   return {out, lse};
 }
 

@@ -113,6 +113,7 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const In
   const int block_n = decode::decode_tile_config(p.headdim_rounded).block_n;
   plan.num_splits = choose_splits(p, plan.row_blocks, device, block_n, plan.smem_bytes, requested_splits);
   if (plan.num_splits > 1) {
+    plan.programmatic_combine = device.cc >= 90;
     plan.workspace_floats = int64_t(plan.num_splits) * p.batch * p.nheads * p.seqlen_q * (p.headdim + 1);
   }
   return plan;

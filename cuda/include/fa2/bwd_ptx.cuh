@@ -64,14 +64,5 @@ __device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, int v) {
   return old;
 }
 
-// Programmatic dependent launch (sm90; nothing before): the grid launched next on the stream with
-// cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of this one has issued this (or
-// exited). It orders no memory: the dependent grid waits for what it reads by its own means.
-__device__ __forceinline__ void launch_dependent_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 }  // namespace ptx
 }  // namespace fa2

@@ -201,6 +201,23 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Programmatic dependent launch (sm90; nothing before): the grid launched next on the stream with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of this one has issued this (or
+// exited). It orders no memory: the dependent grid waits for what it reads by its own means.
+__device__ __forceinline__ void launch_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// The other side: blocks until every grid this one depends on programmatically has completed and its memory is
+// visible (returns at once for a grid launched without the attribute).
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 }  // namespace ptx
 
 // ---- swizzled shared-memory tile ---------------------------------------------------------------------------

@@ -7,9 +7,8 @@
 #include "fa2/bwd/bias_value.cuh"
 #include "fa2/bwd/tile_scheduler.cuh"
 #include "fa2/bwd/ws_producer.cuh"
-#include "fa2/bwd_ptx.cuh"  // launch_dependent_grids
 #include "fa2/params.h"
-#include "fa2/ptx.cuh"
+#include "fa2/ptx.cuh"  // launch_dependent_grids
 #include "fa2/sm90/tma.cuh"
 #include "fa2/sm90/wgmma.cuh"
 #include "fa2/tile_config.h"  // kWsProducerThreads

@@ -237,7 +237,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   // the kv head's row r: query r / group of head kvh * group + r % group; this CTA's: row0 + 0 .. rows_here - 1
   const int row0 = row_block * Traits::kBlockM;
   const int rows_here = min(p.seqlen_q * group - row0, Traits::kBlockM);
-  const int seqlen_k = p.seqlens_k != nullptr ? min(max(p.seqlens_k[b], 0), p.capacity) : p.capacity;
+  // (in 64 bits: a bad cache_seqlens near INT_MAX plus the appended rows must clamp, not wrap)
+  const int seqlen_k = p.seqlens_k != nullptr
+                           ? static_cast<int>(min(max(static_cast<int64_t>(p.seqlens_k[b]) + p.seqlens_k_add,
+                                                      int64_t{0}), static_cast<int64_t>(p.capacity)))
+                           : p.capacity;
 
   // -- this split's key tiles: an equal share of the tiles any row of the CTA sees (rows' ranges move right with i)
   const RowKeys first_row = row_keys(p, row0 / group, seqlen_k);
@@ -329,6 +333,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
     fwd::gemm_pv<T, KVTile, 1, kNTiles, kDTiles>(acc_o, acc_s, s_v + v_lane);
   }
   ptx::cp_async_wait<0>();
+  // (the combine kernel, a programmatic dependent where the plan says so, may be scheduled from here: it waits for
+  // this grid's partials itself)
+  if (num_splits > 1 && tid == 0) ptx::launch_dependent_grids();
   __syncthreads();  // the ring becomes the merge's scratch
   merge_and_store<Traits>(p, smem + Traits::kQBytes, softmax, acc_o, mult, num_splits, split, b, kvh, row0,
                           rows_here, group, warp_m, warp_n, lane, tid);
@@ -341,6 +348,7 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodePa
   const int64_t total_rows = int64_t(p.batch) * p.nheads * p.seqlen_q;
   const int64_t row_id = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  ptx::wait_for_prior_grids();  // the split CTAs' partials (a no-op unless launched as their programmatic dependent)
   if (row_id >= total_rows) return;
   const float* part_lse = p.workspace + num_splits * total_rows * p.headdim;
 

@@ -24,8 +24,22 @@ const char* launch_decode(const DecodePlan& plan, const DecodeParams& params, cu
   if (plan.num_splits > 1) {
     const int64_t rows = int64_t(params.batch) * params.nheads * params.seqlen_q;
     const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
-    decode_combine_kernel<typename Traits::T><<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(params, plan.num_splits);
-    err = cudaGetLastError();
+    const auto combine = decode_combine_kernel<typename Traits::T>;
+    if (plan.programmatic_combine) {
+      cudaLaunchAttribute attribute{};
+      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attribute.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t launch{};
+      launch.gridDim = dim3(unsigned(blocks));
+      launch.blockDim = dim3(kThreads);
+      launch.stream = stream;
+      launch.attrs = &attribute;
+      launch.numAttrs = 1;
+      err = cudaLaunchKernelEx(&launch, combine, params, plan.num_splits);
+    } else {
+      combine<<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(params, plan.num_splits);
+      err = cudaGetLastError();
+    }
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   return nullptr;

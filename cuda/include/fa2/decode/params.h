@@ -18,6 +18,7 @@ struct DecodeParams {
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
   const int* seqlens_k = nullptr;        // (batch,) device: the keys batch element b attends to (clamped to capacity);
                                          // nullptr = every element attends to its whole capacity
+  int seqlens_k_add = 0;                 // added to seqlens_k[b] before the clamp (the KV cache's appended rows)
   const int* block_table = nullptr;      // paged: (batch, max_blocks) device, row stride block_table_batch_stride
   int64_t block_table_batch_stride = 0;
   int block_size = 0;                    // paged: keys per block

@@ -17,6 +17,9 @@ struct DecodePlan {
   int num_splits = 1;             // CTAs per (batch, kv head) over the KV length; > 1: partials + combine kernel
   int smem_bytes = 0;
   int64_t workspace_floats = 0;   // DecodeParams::workspace's size (0 with one split)
+  // the combine kernel launched as a programmatic dependent (sm90): it starts while the split CTAs finish their
+  // merge and waits for their memory in-kernel, instead of a full launch gap after the last of them
+  bool programmatic_combine = false;
 };
 
 // requested_splits: 0 = chosen here from the SM count and the cache's capacity, 1 = no split, n = n (clamped to the
