@@ -156,6 +156,17 @@ def test_backward_tail_split_threshold():
         assert dev.bwd_tail_split_plan(1, 1, 1, min_queries, 512, d, causal=True, device=H100)[1] == 1
 
 
+def test_d64_warp_specialized_schedules_run_the_wide_tiles():
+    """At d 64 every warp-specialized schedule runs the wide tiles (192 query rows, three consumer warpgroups and the
+    producer): with ping-pong the three take turns in a ring (fwd/pingpong.cuh)."""
+    call = dict(batch=2, nheads=16, seqlen_q=4096, headdim=64)
+    for schedule in ("ws", "pingpong", "overlap", "pingpong-overlap"):
+        with dev.options_override(sm90_schedule=schedule):
+            p = kernel("fwd", H100, **call)
+        assert f"warp-specialized {schedule}>" in p["kernel"], p
+        assert p["block"] == "512 threads" and p["grid"] == "(704, 1, 1)", p  # 22 query blocks of 192 x 32 heads
+
+
 def test_options_change_the_plan():
     call = dict(batch=2, nheads=16, seqlen_q=4096, headdim=128)
     with dev.options_override(sm90_schedule="pingpong", fwd_cluster=False):

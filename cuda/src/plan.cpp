@@ -44,8 +44,8 @@ struct KernelShape {
 };
 
 // The forward kernel's shape (fwd_kernel.cuh's FwdKernelConfig and fwd_kernel_threads): the sm80 or wgmma tiles;
-// warp-specialized: the producer warpgroup on top, its deeper ring, the wide tiles without ping-pong where they exist.
-KernelShape fwd_kernel_shape(int headdim, bool wgmma, bool warp_specialized, bool pingpong) {
+// warp-specialized: the producer warpgroup on top, its deeper ring, the wide tiles where they exist.
+KernelShape fwd_kernel_shape(int headdim, bool wgmma, bool warp_specialized) {
   return with_headdim(headdim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (!wgmma) {
@@ -57,10 +57,8 @@ KernelShape fwd_kernel_shape(int headdim, bool wgmma, bool warp_specialized, boo
       return KernelShape{C::kBlockM, C::kBlockN, C::kNThreads, C::kSmemBytes};
     }
     if constexpr (fwd_wide_warp_specialized(D)) {
-      if (!pingpong) {
-        using C = FwdTileConfig<D, true, true>;
-        return KernelShape{C::kBlockM, C::kBlockN, C::kNThreads + kWsProducerThreads, C::kSmemBytesWs};
-      }
+      using C = FwdTileConfig<D, true, true>;
+      return KernelShape{C::kBlockM, C::kBlockN, C::kNThreads + kWsProducerThreads, C::kSmemBytesWs};
     }
     using C = FwdTileConfig<D, true>;
     return KernelShape{C::kBlockM, C::kBlockN, C::kNThreads + kWsProducerThreads, C::kSmemBytesWs};
@@ -399,8 +397,7 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   FwdChoice c = choose_fwd_kernel(p, options, plan.arch_tag, inst.headdim, notes);
   if (plan.dropout) note_dropout_score(c.score, plan.arch_tag, notes);
   plan.score = c.score, plan.warp_specialized = c.ws, plan.schedule = c.schedule, plan.key_bias_tma = c.key_bias_tma;
-  const KernelShape shape =
-      fwd_kernel_shape(inst.headdim, plan.arch_tag == 901, c.ws, c.ws && sm90_schedule_pingpong(c.schedule));
+  const KernelShape shape = fwd_kernel_shape(inst.headdim, plan.arch_tag == 901, c.ws);
   plan.block_m = shape.block_m, plan.threads = shape.threads, plan.smem = shape.smem;
   plan.num_m_blocks = (p.seqlen_q + shape.block_m - 1) / shape.block_m;
   if ((plan.error = check_grid_batch_heads("forward", p.batch, p.nheads))) return plan;

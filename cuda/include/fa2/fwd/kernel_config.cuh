@@ -5,11 +5,10 @@
 namespace fa2 {
 namespace fwd {
 
-// The tile config of one forward kernel: the wide shape for a warp-specialized one without ping-pong where
-// fwd_wide_warp_specialized (tile_config.h), else the arch's shape.
+// The tile config of one forward kernel: the wide shape for a warp-specialized one where fwd_wide_warp_specialized
+// (tile_config.h; with ping-pong its three consumer warpgroups take turns in a ring), else the arch's shape.
 template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
-using FwdKernelConfig =
-    FwdTileConfig<kHeadDim, kArchTag == 901, kWarpSpecialized && !kPingpong && fwd_wide_warp_specialized(kHeadDim)>;
+using FwdKernelConfig = FwdTileConfig<kHeadDim, kArchTag == 901, kWarpSpecialized && fwd_wide_warp_specialized(kHeadDim)>;
 
 template <int kHeadDim, int kArchTag, bool kWarpSpecialized, bool kPingpong>
 constexpr int fwd_kernel_threads() {

@@ -42,6 +42,7 @@ struct FwdKernelTraits {
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
   static constexpr int kNWarps = Cfg::kNWarps, kRowsPerWarp = Cfg::kRowsPerWarp;
+  static constexpr int kConsumerWarpgroups = kNThreads / 128;  // (the ping-pong ring's length)
   static constexpr int kMTiles = Cfg::kMTiles, kNTiles = Cfg::kNTiles, kDTiles = Cfg::kDTiles;
   using QTile = SwizzledTile<kBlockM, kHeadDim, Cfg::kSmemBlockCols>;   // (kBlockM, d)
   using KVTile = SwizzledTile<kBlockN, kHeadDim, Cfg::kSmemBlockCols>;  // (kBlockN, d)
@@ -93,7 +94,8 @@ struct FwdKernelTraits {
 
   static_assert(!kTma || Cfg::kStages == 2, "the TMA pipeline double-buffers K/V");
   static_assert(!kWs || kTma, "warp specialization needs the TMA loads (sm_90a, FA2_SM90_TMA)");
-  static_assert(!kPingpong || (kWs && kNThreads == 256), "ping-pong: two consumer warpgroups, warp-specialized");
+  static_assert(!kPingpong || (kWs && (kNThreads == 256 || kNThreads == 384)),
+                "ping-pong: a ring of two or three consumer warpgroups, warp-specialized");
   static_assert(!kOverlap || kWs, "intra-warpgroup overlap: warp-specialized");
   // one stage would deadlock a warp-specialized kernel: a consumer waits for tile it before releasing tile it - 1
   static_assert(!kWs || kRing >= 2, "warp specialization needs at least two K/V stages");

@@ -20,15 +20,16 @@ struct FwdMainloopSm90Overlap {
   static constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
   static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr bool kPingpong = Traits::kPingpong, kSkip = Traits::kSkipMaskedTiles;
+  static constexpr int kWarpgroups = Traits::kConsumerWarpgroups, kLastWarpgroup = kWarpgroups - 1;
   static_assert(Traits::kWs && Traits::kOverlap && kMTiles == 1, "warp-specialized wgmma, P V behind the softmax");
 
   // P of the previous key tile, packed, in the object the consumers make per query tile (see p_prev in run)
   uint32_t carried_p[kNTiles / 2][4];
 
-  // ping-pong: warpgroup 0 takes the tile's first turn (from warpgroup 1, here); one turn per key tile (see run)
+  // ping-pong: warpgroup 0 takes the tile's first turn (from the last warpgroup, here); one turn per key tile (run)
   __device__ __forceinline__ static void prologue(const FwdTile<Traits>& tile) {
     if constexpr (kPingpong) {
-      if (tile.tid >> 7 == 1) pingpong_signal_other(1);
+      if (tile.tid >> 7 == kLastWarpgroup) pingpong_signal_next<kWarpgroups>(kLastWarpgroup);
     }
   }
 
@@ -89,23 +90,23 @@ struct FwdMainloopSm90Overlap {
       }
 
       // -- S (+)= Q K^T of this tile, then P V of the previous one behind it; wait for Q K^T only (groups complete in
-      // order). With ping-pong, both go out in this warpgroup's turn: one turn per iteration, the other warpgroup's
-      // next one opening once both are issued (warpgroup 1's last turn opens none: the after-loop P V takes no turn,
-      // and warpgroup 0 got its first turn from warpgroup 1 before the loop, so each waits as often as it is signalled).
-      if constexpr (kPingpong) pingpong_wait(warpgroup);
+      // order). With ping-pong, both go out in this warpgroup's turn: one turn per iteration, the next warpgroup's
+      // opening once both are issued (the last warpgroup's last turn opens none: the after-loop P V takes no turn, and
+      // warpgroup 0 got its first turn from the last before the loop, so each waits as often as it is signalled).
+      if constexpr (kPingpong) pingpong_wait<kWarpgroups>(warpgroup);
       if constexpr (Traits::kQInRegisters) {
         gemm_qk_wgmma_rs<T, KVTile, kNTiles, kHeadDim>(acc_s, state.q_frag, smem.k(buf));
       } else {
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, smem.q(), rows.wg_row0, smem.k(buf));
       }
-      const bool end_turn = kPingpong && (warpgroup == 0 || n > range.lo);
+      const bool end_turn = kPingpong && (warpgroup != kLastWarpgroup || n > range.lo);
       if (kSkip ? pv_pending : it > 0) {
         pipe.wait_v(buf_prev, use - 1);
         gemm_pv_wgmma_packed<T, KVTile, kNTiles, kDTiles, /*kWait=*/false>(acc_o, p_prev, smem.v(buf_prev));
-        if (end_turn) pingpong_signal_other(warpgroup);
+        if (end_turn) pingpong_signal_next<kWarpgroups>(warpgroup);
         sm90::wait_hold</*kPending=*/1>(acc_s);
       } else {
-        if (end_turn) pingpong_signal_other(warpgroup);
+        if (end_turn) pingpong_signal_next<kWarpgroups>(warpgroup);
         sm90::wait_hold</*kPending=*/0>(acc_s);
       }
       if constexpr (Traits::kSplitKV) pipe.release_stage(buf);  // (K only: Q K^T has completed in this warp)

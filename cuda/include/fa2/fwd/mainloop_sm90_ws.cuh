@@ -1,7 +1,7 @@
 // The warp-specialized sm_90a forward's mainloop without the overlap: the consumer warpgroups wait for each stage the
 // producer (fwd/producer.cuh) loaded, multiply, and release it; no CTA barrier inside the key loop. With ping-pong
-// (kPingpong) the two consumer warpgroups take turns issuing their products, one "slot" each (P V of tile n, then
-// Q K^T of tile n + 1), so that one's softmax runs while the other's products occupy the tensor cores.
+// (kPingpong) the consumer warpgroups take turns in a ring issuing their products, one "slot" each (P V of tile n,
+// then Q K^T of tile n + 1), so that the others' softmax runs while one's products occupy the tensor cores.
 #pragma once
 #include "fa2/fwd/gemm.cuh"
 #include "fa2/fwd/mainloop_steps.cuh"
@@ -20,15 +20,16 @@ struct FwdMainloopSm90Ws {
   static constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
   static constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr bool kPingpong = Traits::kPingpong;
+  static constexpr int kWarpgroups = Traits::kConsumerWarpgroups, kLastWarpgroup = kWarpgroups - 1;
   static_assert(Traits::kWs && !Traits::kOverlap, "warp-specialized, products in order");
 
   // ping-pong: warpgroup 0 takes the tile's first slot. Each warpgroup waits for its own barrier once per key tile plus
-  // once, and gets as many arrivals: this one from warpgroup 1, one per key tile from each other slot's end, and
-  // warpgroup 0's last one after the loop (warpgroup 1's last slot ends with nobody waiting). The count is per tile,
-  // so tiles do not mix.
+  // once, and gets as many arrivals from the one before it in the ring: warpgroup 0 this one from the last, then one
+  // per key tile; the others one per key tile and that warpgroup's last one after the loop (the last warpgroup's last
+  // slot ends with nobody waiting). The count is per tile, so tiles do not mix.
   __device__ __forceinline__ static void prologue(const FwdTile<Traits>& tile) {
     if constexpr (kPingpong) {
-      if (tile.tid >> 7 == 1) pingpong_signal_other(1);
+      if (tile.tid >> 7 == kLastWarpgroup) pingpong_signal_next<kWarpgroups>(kLastWarpgroup);
     }
   }
 
@@ -74,10 +75,10 @@ struct FwdMainloopSm90Ws {
       if constexpr (kPingpong) {
         // this warpgroup's slot: opened here for the first tile, else before the previous tile's P V; closed once
         // Q K^T is issued, so the other warpgroup issues its products while this one waits for S and runs the softmax
-        if (it == 0) pingpong_wait(warpgroup);
+        if (it == 0) pingpong_wait<kWarpgroups>(warpgroup);
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, tile.smem.q(), rows.wg_row0,
                                                                              tile.smem.k(buf));
-        pingpong_signal_other(warpgroup);
+        pingpong_signal_next<kWarpgroups>(warpgroup);
         sm90::wait_hold<0>(acc_s);
       } else if (Traits::kStagedBias && overwrite_s) {
         // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing)
@@ -89,13 +90,13 @@ struct FwdMainloopSm90Ws {
       mod_and_mask_scores(acc_s, tile, rows, n, col0);
       softmax_step(softmax, acc_s, acc_o, rows, /*heavy_rows_possible=*/true);
       // -- O += P V
-      if constexpr (kPingpong) pingpong_wait(warpgroup);  // this warpgroup's next slot: P V, then the next Q K^T
+      if constexpr (kPingpong) pingpong_wait<kWarpgroups>(warpgroup);  // its next slot: P V, then the next Q K^T
       gemm_pv_wgmma<T, KVTile, kNTiles, kDTiles>(acc_o, acc_s, tile.smem.v(buf));
       // both products of this warp have completed (each waits for its wgmma group): its reads of stage buf are done
       tile.pipe.release_stage(buf);
     }
     if constexpr (kPingpong) {
-      if (warpgroup == 0) pingpong_signal_other(0);  // warpgroup 0's last slot ends
+      if (warpgroup != kLastWarpgroup) pingpong_signal_next<kWarpgroups>(warpgroup);  // its last slot ends
     }
   }
 };

@@ -10,26 +10,37 @@ namespace fwd {
 // have read a stage) with its registers given back (kWsProducerRegs); the kNWarps consumer warps take what is left of
 // the CTA's pool (ws_consumer_regs, tile_config.h: 240 with two consumer warpgroups, 160 with three) and never sync
 // the whole CTA inside the key loop. Without it, thread 0 issues the next copy after a __syncthreads per tile.
-// Ping-pong (with warp specialization, kPingpong): the two consumer warpgroups take turns issuing their products, one
-// "slot" each (P V of tile n, then Q K^T of tile n + 1), so that one's softmax runs while the other's products
-// occupy the tensor cores. Named barriers 2 + w: warpgroup w waits on its own to start a slot, the other arrives on
-// it when its slot ends (1: the consumers' epilogue barrier). Named barriers count arrivals without phases, so this
-// relies on strict alternation: both warpgroups visit the same key tiles, every iteration opens and closes exactly
-// one slot each (no per-warpgroup skipping, no break/continue in the loop), or the pairing shifts and the CTA hangs.
+// Ping-pong (with warp specialization, kPingpong): the consumer warpgroups take turns issuing their products, one
+// "slot" each, in a ring (0, 1, ..., N - 1, 0, ...: two warpgroups, or the wide tiles' three), so that the others'
+// softmax runs while one's products occupy the tensor cores. Named barriers 2 + w: warpgroup w waits on its own to
+// start a slot, the one before it in the ring arrives on it when its slot ends (1: the consumers' epilogue barrier).
+// Named barriers count arrivals without phases, so this relies on strict turns: every warpgroup visits the same key
+// tiles, every iteration opens and closes exactly one slot each (no per-warpgroup skipping, no break/continue in the
+// loop), or the pairing shifts and the CTA hangs. A warpgroup cannot arrive twice on the next one's barrier before
+// that one waited: its own next turn needs the whole ring to have passed.
 constexpr int kPingpongBarrier = 2;
-// Warpgroup wg (0 or 1) of the two consumer warpgroups waits for its own ping-pong barrier / arrives on the other's.
+
+// Warpgroup wg of the kWarpgroups consumer warpgroups waits for its turn / gives the turn to the next in the ring.
+template <int kWarpgroups>
 __device__ __forceinline__ void pingpong_wait(int wg) {
+  static_assert(kWarpgroups == 2 || kWarpgroups == 3, "a ring of two or three consumer warpgroups");
   if (wg == 0) {
     ptx::named_barrier_sync<kPingpongBarrier, 256>();
-  } else {
+  } else if (kWarpgroups == 2 || wg == 1) {
     ptx::named_barrier_sync<kPingpongBarrier + 1, 256>();
+  } else {
+    ptx::named_barrier_sync<kPingpongBarrier + 2, 256>();
   }
 }
-__device__ __forceinline__ void pingpong_signal_other(int wg) {
-  if (wg == 0) {
+template <int kWarpgroups>
+__device__ __forceinline__ void pingpong_signal_next(int wg) {
+  const int next = wg + 1 == kWarpgroups ? 0 : wg + 1;
+  if (next == 0) {
+    ptx::named_barrier_arrive<kPingpongBarrier, 256>();
+  } else if (kWarpgroups == 2 || next == 1) {
     ptx::named_barrier_arrive<kPingpongBarrier + 1, 256>();
   } else {
-    ptx::named_barrier_arrive<kPingpongBarrier, 256>();
+    ptx::named_barrier_arrive<kPingpongBarrier + 2, 256>();
   }
 }
 
