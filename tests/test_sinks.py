@@ -170,6 +170,25 @@ def test_extreme_sinks_and_rows_without_keys():
     assert (out0 == 0).all() and torch.isinf(lse0).all()
 
 
+def test_cuda_extreme_sinks():
+    """The CUDA epilogue's sink fold (add_sink, on the SFU) at the extremes: a sink far above every score takes the
+    whole row (out 0, lse = the sink, no overflow), one far below leaves out and lse as without sinks; rows that see
+    no key (causal, more queries than keys) stay out 0 / lse +inf; d sinks finite."""
+    _needs("cuda")
+    q, k, v = make_qkv(2, 300, 200, 2, 2, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    sinks = torch.tensor([500.0, -500.0], device="cuda", requires_grad=True)
+    out, lse = fa2.attention_with_lse(q, k, v, sinks=sinks, causal=True)
+    base, base_lse = fa2.attention_with_lse(q, k, v, causal=True)
+    seen = torch.isfinite(base_lse[:, 0])  # (batch, queries): the first 100 queries see no key
+    assert not seen[:, :100].any() and seen[:, 100:].all()
+    assert torch.isinf(lse.transpose(1, 2)[~seen]).all() and (out[~seen] == 0).all()
+    assert (out[:, :, 0][seen] == 0).all() and torch.equal(lse[:, 0][seen], torch.full_like(lse[:, 0][seen], 500.0))
+    torch.testing.assert_close(out[:, :, 1], base[:, :, 1])  # (rcp.approx(1) may be 1 ulp off 1)
+    torch.testing.assert_close(lse[:, 1], base_lse[:, 1], rtol=0, atol=1e-6)
+    (dsinks,) = torch.autograd.grad(fa2.attention(q, k, v, sinks=sinks, causal=True), sinks, torch.randn_like(out))
+    assert torch.isfinite(dsinks).all() and dsinks.abs().max() < 1e-20
+
+
 def test_sink_dtypes_and_gqa_head_mapping():
     """Sinks in any float dtype (read as float32 / the accumulation dtype); with GQA, sink h belongs to query head h
     (not its kv head): swapping two query heads' q and sinks swaps their outputs."""
