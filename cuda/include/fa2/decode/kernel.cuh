@@ -342,47 +342,84 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
 }
 
 // Merges the splits' partials of each (batch, head, query) row: lse = log sum exp(lse_s), out = sum exp(lse_s - lse)
-// out_s. A warp per row; splits that saw no key (lse_s = -inf) are skipped; a row no split saw: out 0, lse +inf.
+// out_s. A warp per row; a split that saw no key (lse_s = -inf) weighs 0 (its partial out is 0); a row no split saw:
+// out 0, lse +inf. Each lane reads the partial lse of splits lane, lane + 32, ... once and keeps their weights; the
+// out loop takes split s's weight from its lane by a shuffle, so its loads of the partials depend on nothing loaded
+// before them and go out back to back (a load of lse_s and a branch on it before each partial's load serialized two
+// L2 round trips per split).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeParams p, int num_splits) {
+  constexpr int kSplitsPerLane = (kMaxSplits + 31) / 32;
   const int64_t total_rows = int64_t(p.batch) * p.nheads * p.seqlen_q;
   const int64_t row_id = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   ptx::wait_for_prior_grids();  // the split CTAs' partials (a no-op unless launched as their programmatic dependent)
-  if (row_id >= total_rows) return;
+  if (row_id >= total_rows) return;  // (the whole warp: one row per warp)
   const float* part_lse = p.workspace + num_splits * total_rows * p.headdim;
 
+  float lse_s[kSplitsPerLane];
   float m = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) m = fmaxf(m, part_lse[s * total_rows + row_id]);
+#pragma unroll
+  for (int j = 0; j < kSplitsPerLane; ++j) {
+    const int s = lane + 32 * j;
+    lse_s[j] = s < num_splits ? part_lse[s * total_rows + row_id] : -INFINITY;
+    m = fmaxf(m, lse_s[j]);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   const bool seen = m != -INFINITY;
   float sum = 0.f;
   if (seen) {
-    for (int s = lane; s < num_splits; s += 32) sum += expf(part_lse[s * total_rows + row_id] - m);
+#pragma unroll
+    for (int j = 0; j < kSplitsPerLane; ++j) sum += expf(lse_s[j] - m);
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const float lse = seen ? m + logf(sum) : INFINITY;
+  float weight[kSplitsPerLane];  // exp(lse_s - lse): 0 for a split that saw no key, and for a row no split saw
+#pragma unroll
+  for (int j = 0; j < kSplitsPerLane; ++j) weight[j] = seen ? expf(lse_s[j] - lse) : 0.f;
 
   const int i = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (int64_t(p.seqlen_q) * p.nheads);
   T* out = static_cast<T*>(p.out) + b * p.out_batch_stride + i * p.out_row_stride + h * p.out_head_stride;
-  for (int c = lane * 4; c < p.headdim; c += 128) {
+  const int64_t split_stride = total_rows * p.headdim;
+  // (every lane runs every iteration, the shuffles' sources among them. The loads are unconditional, so that they
+  // issue back to back: a lane past the head dim and a batch's slots past the last split read a valid partial and
+  // weigh it 0. Predicated loads into zeroed registers were issued one at a time, each behind the previous one's use.)
+  for (int c0 = 0; c0 < p.headdim; c0 += 128) {
+    const int c = c0 + lane * 4;
+    const bool active = c < p.headdim;
+    const float* part = p.workspace + row_id * p.headdim + (active ? c : 0);
     float o[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; seen && s < num_splits; ++s) {
-      const float lse_s = part_lse[s * total_rows + row_id];
-      if (lse_s == -INFINITY) continue;
-      const float w = expf(lse_s - lse);
-      const float4 part = *reinterpret_cast<const float4*>(p.workspace + (s * total_rows + row_id) * p.headdim + c);
-      o[0] += w * part.x;
-      o[1] += w * part.y;
-      o[2] += w * part.z;
-      o[3] += w * part.w;
+#pragma unroll
+    for (int j = 0; j < kSplitsPerLane; ++j) {
+      const int splits_here = min(32, num_splits - 32 * j);  // (the same in every lane)
+      constexpr int kBatch = 8;  // partials loaded before any is used
+      for (int t0 = 0; t0 < splits_here; t0 += kBatch) {
+        float w[kBatch];
+        float4 v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const float w_lane = __shfl_sync(0xffffffffu, weight[j], (t0 + u) % 32);
+          w[u] = active && t0 + u < splits_here ? w_lane : 0.f;
+          const int split = 32 * j + min(t0 + u, splits_here - 1);
+          v[u] = *reinterpret_cast<const float4*>(part + split * split_stride);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          o[0] += w[u] * v[u].x;
+          o[1] += w[u] * v[u].y;
+          o[2] += w[u] * v[u].z;
+          o[3] += w[u] * v[u].w;
+        }
+      }
     }
-    uint2 packed;
-    packed.x = ptx::pack2<T>(o[0], o[1]);
-    packed.y = ptx::pack2<T>(o[2], o[3]);
-    *reinterpret_cast<uint2*>(out + c) = packed;
+    if (active) {
+      uint2 packed;
+      packed.x = ptx::pack2<T>(o[0], o[1]);
+      packed.y = ptx::pack2<T>(o[2], o[3]);
+      *reinterpret_cast<uint2*>(out + c) = packed;
+    }
   }
   if (lane == 0) p.lse[row_id] = lse;
 }
