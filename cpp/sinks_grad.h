@@ -1,4 +1,5 @@
-// The gradient of attention sinks, for the backward ops (CPU and CUDA glue alike).
+// The gradient of attention sinks, for the CPU backward ops (the CUDA glue runs one kernel instead:
+// cuda_glue::sinks_grad_cuda, fa2/sinks_grad.h).
 #pragma once
 #include <ATen/ATen.h>
 

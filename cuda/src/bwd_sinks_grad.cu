@@ -3,6 +3,8 @@
 // same order every call, so the result does not depend on timing (the deterministic mode needs no other path).
 #include "fa2/sinks_grad.h"
 
+#include "fa2/ptx.cuh"  // warp_sum
+
 namespace fa2 {
 namespace {
 
@@ -32,16 +34,13 @@ __global__ void __launch_bounds__(kThreads) sinks_grad_kernel(const SinksGradPar
       if (l[u] != INFINITY) sum = fmaf(expf(sink - l[u]), d[u], sum);
     }
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  sum = ptx::warp_sum(sum);
   __shared__ float warp_sums[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_sums[warp] = sum;
   __syncthreads();
   if (warp != 0) return;
-  sum = lane < kThreads / 32 ? warp_sums[lane] : 0.f;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  sum = ptx::warp_sum(lane < kThreads / 32 ? warp_sums[lane] : 0.f);
   if (lane == 0) p.dsinks[h] = -sum;
 }
 
@@ -49,7 +48,9 @@ __global__ void __launch_bounds__(kThreads) sinks_grad_kernel(const SinksGradPar
 
 const char* run_sinks_grad(const SinksGradParams& params, cudaStream_t stream) {
   if (params.nheads == 0) return nullptr;
-  if (static_cast<int64_t>(params.batch) * params.rows > 0x7fffffff) return "fa2 sinks backward: too many rows per head";
+  if (static_cast<int64_t>(params.batch) * params.rows > 0x7fffffff) {
+    return "fa2 sinks backward: too many rows per head";
+  }
   sinks_grad_kernel<<<params.nheads, kThreads, 0, stream>>>(params);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

@@ -157,7 +157,7 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false,
           bool kVarlen = false, bool kDropout = false>
-__global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>(),
+__global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
                                                          kMode == ScoreMode::kKeyBiasFold ||

@@ -134,7 +134,7 @@ template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kB
 FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
   constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
-  using Cfg = fwd::FwdKernelConfig<kHeadDim, kArch, /*kWarpSpecialized=*/true, kPingpong>;
+  using Cfg = fwd::FwdKernelConfig<kHeadDim, kArch, /*kWarpSpecialized=*/true>;
   static_assert(Cfg::kBlockN == FwdTileConfig<kHeadDim, true>::kBlockN, "K/V tensor maps of the instance's key tile");
   // (one CTA per SM: its setmaxnreg split takes the whole register file, ws_consumer_regs)
   static_assert(kWsProducerThreads * kWsProducerRegs + Cfg::kNThreads * ws_consumer_regs(Cfg::kNThreads) >
@@ -152,7 +152,7 @@ FwdLaunch ws_launch() {
   }
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap, false,
                            false, kVarlen>,
-          fwd::fwd_kernel_threads<kHeadDim, kArch, true, kPingpong>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true,
+          fwd::fwd_kernel_threads<kHeadDim, kArch, true>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true,
           tile_counter_kernel, cluster_kernel};
 }
 

@@ -200,6 +200,17 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+// ---- warp reductions: every lane gets the result (a butterfly, lanes 16 apart first: the same order in every lane)
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
 
 // Programmatic dependent launch (sm90; nothing before): the grid launched next on the stream with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA of this one has issued this (or

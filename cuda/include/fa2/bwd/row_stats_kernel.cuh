@@ -69,8 +69,7 @@ __global__ void __launch_bounds__(256) bwd_row_stats_kernel(const __grid_constan
 #pragma unroll
       for (int i = 0; i < 8; ++i) qk += q8[i] * ptx::to_float(e[i]);
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) qk += __shfl_xor_sync(0xffffffffu, qk, offset);
+    qk = ptx::warp_sum(qk);
     float x = p.softcap > 0.f ? p.softcap * tanhf(qk * (p.scale / p.softcap)) : qk * p.scale;
     if (bias_bh != nullptr) x += bias_value<T>(p, bias_bh, row, col);
     if (x == -INFINITY) continue;

@@ -365,16 +365,14 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodePa
     lse_s[j] = s < num_splits ? part_lse[s * total_rows + row_id] : -INFINITY;
     m = fmaxf(m, lse_s[j]);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  m = ptx::warp_max(m);
   const bool seen = m != -INFINITY;
   float sum = 0.f;
   if (seen) {
 #pragma unroll
     for (int j = 0; j < kSplitsPerLane; ++j) sum += expf(lse_s[j] - m);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  sum = ptx::warp_sum(sum);
   const float lse = seen ? m + logf(sum) : INFINITY;
   float weight[kSplitsPerLane];  // exp(lse_s - lse): 0 for a split that saw no key, and for a row no split saw
 #pragma unroll

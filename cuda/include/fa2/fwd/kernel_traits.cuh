@@ -39,7 +39,7 @@ struct FwdKernelTraits {
   // kernels (not the warp-specialized ones), plain or general score path.
   static constexpr bool kDropout = kDropout_;
 
-  using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized, kPingpong>;
+  using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
   static constexpr int kNWarps = Cfg::kNWarps, kRowsPerWarp = Cfg::kRowsPerWarp;
   static constexpr int kConsumerWarpgroups = kNThreads / 128;  // (the ping-pong ring's length)

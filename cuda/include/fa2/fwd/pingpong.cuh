@@ -1,5 +1,8 @@
-// Ping-pong between the two consumer warpgroups of a warp-specialized sm_90a forward (named barriers).
+// Ping-pong between the consumer warpgroups (two, or a ring of three) of a warp-specialized sm_90a forward (named
+// barriers).
 #pragma once
+#include <type_traits>
+
 #include "fa2/ptx.cuh"
 
 namespace fa2 {
@@ -20,28 +23,35 @@ namespace fwd {
 // that one waited: its own next turn needs the whole ring to have passed.
 constexpr int kPingpongBarrier = 2;
 
+// Named barrier 2 + w of warpgroup w's turn: synced on (kArrive false) or arrived on. (kWarpgroups == 2 folds the third
+// case away: the two-warpgroup kernels' code is as before the ring.)
+template <int kWarpgroups, bool kArrive>
+__device__ __forceinline__ void pingpong_barrier(int w) {
+  static_assert(kWarpgroups == 2 || kWarpgroups == 3, "a ring of two or three consumer warpgroups");
+  auto at = [](auto id) {
+    if constexpr (kArrive) {
+      ptx::named_barrier_arrive<decltype(id)::value, 256>();
+    } else {
+      ptx::named_barrier_sync<decltype(id)::value, 256>();
+    }
+  };
+  if (w == 0) {
+    at(std::integral_constant<int, kPingpongBarrier>{});
+  } else if (kWarpgroups == 2 || w == 1) {
+    at(std::integral_constant<int, kPingpongBarrier + 1>{});
+  } else {
+    at(std::integral_constant<int, kPingpongBarrier + 2>{});
+  }
+}
+
 // Warpgroup wg of the kWarpgroups consumer warpgroups waits for its turn / gives the turn to the next in the ring.
 template <int kWarpgroups>
 __device__ __forceinline__ void pingpong_wait(int wg) {
-  static_assert(kWarpgroups == 2 || kWarpgroups == 3, "a ring of two or three consumer warpgroups");
-  if (wg == 0) {
-    ptx::named_barrier_sync<kPingpongBarrier, 256>();
-  } else if (kWarpgroups == 2 || wg == 1) {
-    ptx::named_barrier_sync<kPingpongBarrier + 1, 256>();
-  } else {
-    ptx::named_barrier_sync<kPingpongBarrier + 2, 256>();
-  }
+  pingpong_barrier<kWarpgroups, false>(wg);
 }
 template <int kWarpgroups>
 __device__ __forceinline__ void pingpong_signal_next(int wg) {
-  const int next = wg + 1 == kWarpgroups ? 0 : wg + 1;
-  if (next == 0) {
-    ptx::named_barrier_arrive<kPingpongBarrier, 256>();
-  } else if (kWarpgroups == 2 || next == 1) {
-    ptx::named_barrier_arrive<kPingpongBarrier + 1, 256>();
-  } else {
-    ptx::named_barrier_arrive<kPingpongBarrier + 2, 256>();
-  }
+  pingpong_barrier<kWarpgroups, true>(wg + 1 == kWarpgroups ? 0 : wg + 1);
 }
 
 }  // namespace fwd
