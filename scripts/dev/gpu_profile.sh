@@ -21,12 +21,15 @@ raw_metrics+=',gpu__time_duration.sum,sm__pipe_tensor_cycles_active.avg.pct_of_p
 for case in "$@"; do
   # two warm-up calls launch the kernel twice before the profiled one (the backward cases' forward launch is not
   # counted: each case's own direction only)
-  # (fa2's backward main kernels: bwd_kernel, bwd_ws_kernel, bwd_ws_dsplit_kernel; cuDNN's: *_fprop_* / *_bprop_*)
+  # (fa2's backward main kernels: bwd_kernel, bwd_ws_kernel, bwd_ws_dsplit_kernel; cuDNN's: *_fprop_* / *_bprop_*;
+  # FA-4's (CuTe DSL) names hold its class names)
   case $case in
     fwd*) kernel=fwd_kernel ;;
     bwd*) kernel="bwd_(ws_(dsplit_)?)?kernel" ;;
     cudnn-fwd*) kernel=fprop ;;
     cudnn-bwd*) kernel=bprop ;;
+    fa4-fwd*) kernel=FlashAttentionForwardSm90 ;;
+    fa4-bwd*) kernel=FlashAttentionBackwardSm90 ;;
   esac
   timeout 120 ncu --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \

@@ -6,6 +6,9 @@ then the profiled one (gpu_profile.sh skips the warm-ups' kernels). 4 x 16 heads
   bwd-d256                                          the d 256 backward (its warp-specialized headdim-split kernel)
   cudnn-fwd-d128 / cudnn-bwd-d128 / cudnn-bwd-d256  the same calls through SDPA's cuDNN backend, for a side-by-side
                                                     profile (gpu_profile.sh picks cuDNN's fprop / bprop kernel)
+  fa4-fwd-d64 / fa4-fwd-d128 / fa4-bwd-d64 / fa4-bwd-d128
+                                                    the same calls through FlashAttention-4 (flash_attn.cute, installed
+                                                    from .fa4: docs/performance.md); gpu_profile.sh picks its sm90 kernels
 Usage: PYTHONPATH=python python3 scripts/dev/profile_cases.py CASE   (or --list)
 """
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 import fa2
 
 CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd80-d64", "bwd80-d128",
-         "bwd-d256", "cudnn-fwd-d128", "cudnn-bwd-d128", "cudnn-bwd-d256")
+         "bwd-d256", "cudnn-fwd-d128", "cudnn-bwd-d128", "cudnn-bwd-d256", "fa4-fwd-d64", "fa4-fwd-d128", "fa4-bwd-d64",
+         "fa4-bwd-d128")
 
 
 def main():
@@ -42,12 +46,17 @@ def main():
         def attention(q, k, v):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+    elif case.startswith("fa4"):  # its compilations (first call) launch nothing that the kernel pattern matches
+        from flash_attn.cute import flash_attn_func
+
+        def attention(q, k, v):
+            return flash_attn_func(q, k, v)[0]
     else:
         def attention(q, k, v):
             return fa2.attention(q, k, v)
     if "fwd" in case:
         for _ in range(3):
-            if case.startswith("cudnn"):
+            if case.startswith(("cudnn", "fa4")):
                 attention(q, k, v)
             else:
                 torch.ops.fa2.fwd(q, k, v, bias)
