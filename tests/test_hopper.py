@@ -697,9 +697,11 @@ def test_gqa_backward_groups_by_default_where_the_grouped_grid_fills_the_gpu():
         assert outcomes == [True, False, True, False]
 
 
+@pytest.mark.parametrize("programmatic_main", [False, True])
 @pytest.mark.parametrize("gqa_grouping", [-1, 1])
 @pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
-def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_each_head(d, gqa_grouping):
+def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_each_head(d, gqa_grouping,
+                                                                                       programmatic_main):
     """Behind the warp-specialized backward, at the headdims that take it (sm90_ws_backward_dq_overlap_headdims:
     bwd_tile_config.h, kOverlapDqConversion), the dQ conversion is a programmatic dependent launch: it may start while
     the main kernel's last CTAs run, and converts a head's rows once every main-kernel CTA of that head has counted
@@ -708,7 +710,9 @@ def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_ea
     no query block (a window) or every key padded (they count too), and on a grid of several waves (4 x 16 heads x 1k:
     512 CTAs at d 128), where the conversion is seen to start before the main kernel ends (torch.profiler's spans; at
     the other headdims after it), as do those of the deterministic mode's kernels (conversion after them). With
-    gqa_grouping 1 the GQA cases' CTAs each sum their group (ws_groups_gqa) and count every query head of it."""
+    gqa_grouping 1 the GQA cases' CTAs each sum their group (ws_groups_gqa) and count every query head of it. With
+    option bwd_programmatic_main the main kernel itself is the preprocess's programmatic dependent (it may start before
+    the preprocess has zeroed dq_accum and the counts, and waits for it: ws_start), the same rule."""
     require_ws_backward(d)
     overlap_dims = fa2.dev.tuning_tables()["sm90_ws_backward_dq_overlap_headdims"]
     assert overlap_dims == [128], overlap_dims  # (what was measured to pay: bwd_tile_config.h)
@@ -721,7 +725,7 @@ def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_ea
         (2, 130, 520, 4, 4, False, -1, -1, (128, 384)),  # (every key of key blocks 1-2 padded)
         (4, 1024, 1024, 16, 16, False, -1, -1, None),
     ]
-    with switch("bwd_gqa_grouping", gqa_grouping):
+    with switch("bwd_gqa_grouping", gqa_grouping), switch("bwd_programmatic_main", programmatic_main):
         for b, sq, sk, h, hk, causal, wl, wr, padded in cases:
             q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=torch.bfloat16, device="cuda", requires_grad=True,
                                generator=g)

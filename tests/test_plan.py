@@ -143,6 +143,23 @@ def test_backward_plan_table(device, call, name, extra):
             assert p[key] == value, (key, p)
 
 
+def test_backward_programmatic_main_kernel():
+    """Option bwd_programmatic_main: the warp-specialized main kernel (d 64 / 128 / 256, plain path, varlen, GQA)
+    becomes the preprocess's programmatic dependent; not behind the row statistics kernel (a key-row bias), nor for
+    the other main kernels (deterministic, softcap); off by default."""
+    base = dict(batch=2, nheads=16, seqlen_q=4096)
+    assert kernel("bwd", H100, headdim=128, **base)["programmatic_main"] == "no"
+    with dev.options_override(bwd_programmatic_main=True):
+        for extra in (dict(headdim=128), dict(headdim=64), dict(headdim=256), dict(headdim=128, varlen=True),
+                      dict(headdim=128, nheads_k=2), dict(headdim=128, causal=True)):
+            p = kernel("bwd", H100, **base, **extra)
+            assert "bwd_ws_" in p["kernel"] and p["programmatic_main"] == "yes", (extra, p)
+        for extra in (dict(bias="key_row"), dict(deterministic=True), dict(softcap=30.0)):
+            p = kernel("bwd", H100, **base, headdim=128, **extra)
+            assert p["programmatic_main"] == "no", (extra, p)
+        assert kernel("bwd", A100, **base, headdim=128)["programmatic_main"] == "no"
+
+
 def test_backward_tail_split_threshold():
     """The ws backward splits its last partial wave from kTailSplitMinQueryBlocks query blocks (auto), anywhere the
     cost model gains with bwd_tail_split=1, never with 0; no split under a causal mask."""
@@ -214,7 +231,7 @@ def test_options_namespace():
                         "key_bias_backward": True, "bwd_small_tiles": False, "bwd_gqa_grouping": -1,
                         "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True,
                         "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": True,
-                        "dense_decode": True}
+                        "dense_decode": True, "bwd_programmatic_main": False}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1

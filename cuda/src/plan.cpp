@@ -644,6 +644,8 @@ void plan_bwd_launch(BwdPlan& plan, const BwdConfigs& cfg, const AttentionParams
     const int64_t counts = !overlap_capable ? 0 : plan.varlen ? int64_t(p.nheads) : int64_t(p.batch) * p.nheads;
     const bool have_counts = buffers == PlanBuffers::kDecide ? overlap_capable : p.workspace != nullptr;
     plan.dq_overlap = overlap_capable && have_counts;
+    // (not behind the row statistics kernel, which runs between the two)
+    plan.programmatic_main = options.bwd_programmatic_main && !plan.row_stats;
     if (!plan.key_bias && !plan.varlen) {
       const BwdTailSplitPlan split = bwd_tail_split_plan(p, device, options);
       const bool fits = buffers == PlanBuffers::kDecide ||
@@ -755,6 +757,7 @@ BwdPlan plan_bwd_without_ws(const BwdPlan& ws_plan, const AttentionParams& p, co
   plan.main = plan.key_bias ? BwdMain::kKeyBias : BwdMain::kPlain;  // (ws ran only on those two paths)
   plan.tail_split = BwdTailSplitPlan{};
   plan.dq_overlap = false;
+  plan.programmatic_main = false;
   plan.tile_order_tail = 0;
   plan.threads = cfg.plain.threads;
   plan.smem = plan.key_bias ? cfg.key_bias_smem : cfg.plain.smem;
@@ -850,6 +853,7 @@ std::vector<std::pair<std::string, std::string>> describe(const BwdPlan& plan, D
           {"gqa_dkv", plan.gqa ? kGqa[int(plan.gqa_dkv)] : "n/a (no GQA)"},
           {"tail_split", std::to_string(plan.tail_split.tiles) + " tiles x " + std::to_string(plan.tail_split.pieces)},
           {"dq_overlap", plan.dq_overlap ? "yes" : "no"},
+          {"programmatic_main", plan.programmatic_main ? "yes" : "no"},
           {"tile_order_tail", std::to_string(plan.tile_order_tail)}};
 }
 

@@ -163,8 +163,22 @@ const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, 
   if (err != cudaSuccess) return cudaGetErrorString(err);
   AttentionParams kernel_params = p;
   kernel_params.tile_order_tail = plan.tile_order_tail;
-  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(kernel_params, maps);
-  err = cudaGetLastError();
+  if (plan.programmatic_main) {  // (ws_start: each thread waits for the preprocess before it needs its results)
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t launch{};
+    launch.gridDim = grid;
+    launch.blockDim = dim3(Cfg::kNThreads);
+    launch.dynamicSmemBytes = Cfg::kSmemBytes;
+    launch.stream = stream;
+    launch.attrs = &attribute;
+    launch.numAttrs = 1;
+    err = cudaLaunchKernelEx(&launch, kernel, kernel_params, maps);
+  } else {
+    kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(kernel_params, maps);
+    err = cudaGetLastError();
+  }
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 

@@ -51,6 +51,10 @@ struct DevOptions {
   // fa2.attention's decode-shaped CUDA calls (few query rows per kv head, no bias / dropout / sinks) run the KV-cache
   // op's decode kernel (split-KV, the kv head's query heads together); off: the dense forward kernels
   bool dense_decode = true;
+  // the sm_90a warp-specialized backward's main kernel is a programmatic dependent launch of the preprocess kernel
+  // (its launch and its K / V loads overlap the preprocess's last wave; it waits for D and the zeroed dq_accum
+  // before it needs them); off: launched after the preprocess completes
+  bool bwd_programmatic_main = false;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).

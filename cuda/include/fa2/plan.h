@@ -105,6 +105,7 @@ struct BwdPlan {
   GqaDkv gqa_dkv = GqaDkv::kPartials;  // what params.dk / dv must hold for a GQA call (params.h)
   BwdTailSplitPlan tail_split;
   bool dq_overlap = false;  // the dQ conversion overlaps the ws kernel's last CTAs (counts in the workspace)
+  bool programmatic_main = false;  // the ws kernel is a programmatic dependent launch of the preprocess kernel
   int tile_order_tail = 0;
   int64_t grid_x = 0;
   int grid_y = 1, grid_z = 1;

@@ -16,8 +16,11 @@ constexpr int row_group_threads() {
 
 // D = rowsum(dO * O) in fp32 over the headdim; zeroes the row's dq_accum. Rows are (batch, query, head), head
 // fastest (the (b, s, h, d) layout's order).
+// (a main kernel launched as its programmatic dependent may start once every CTA has begun: it waits for this grid's
+// completion before it reads D or adds into dq_accum)
 template <typename T, int kHeadDim, int kNThreads>
 __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_constant__ AttentionParams p) {
+  ptx::launch_dependent_grids();
   constexpr int kGroup = row_group_threads<kHeadDim>(), kRowsPerCta = kNThreads / kGroup;
   const int64_t row_id = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kGroup;
   const int chunk = threadIdx.x % kGroup;

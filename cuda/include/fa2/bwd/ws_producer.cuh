@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "fa2/ptx.cuh"  // wait_for_prior_grids
 #include "fa2/sm90/tma.cuh"
 
 namespace fa2 {
@@ -40,6 +41,8 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
   sm90::mbarrier_arrive_expect_tx(smem.kv_loaded(), 2 * kKVBytes);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.k(), &maps.k, smem.kv_loaded(), k_row0 + n0, head_k, batch);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.v(), &maps.v, smem.kv_loaded(), k_row0 + n0, head_k, batch);
+  // (D, in each stage, comes from the preprocess: a programmatic dependent launch waits for it here, K / V on their way)
+  ptx::wait_for_prior_grids();
   // -- per query block: Q, dO (kBlockM, d) and the rows' statistics into stage it % kStages, once it is free
   int it = 0;
   for (int g = 0; g < heads; ++g) {

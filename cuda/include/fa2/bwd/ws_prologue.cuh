@@ -54,14 +54,14 @@ __device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int b
 // kVarlen: the producer loads the sequence's rows of the packed tensors. (A key block past its sequence's end has no
 // query blocks: ws_schedule. Leaving the kernel before setmaxnreg instead made ptxas ignore every setmaxnreg, C7507,
 // and spill the consumers' accumulators.)
+// Launched as the preprocess's programmatic dependent (BwdPlan::programmatic_main), every thread that touches its
+// results waits for it first (ptx::wait_for_prior_grids; at once otherwise): the producer after issuing K / V (D comes
+// with each stage), the consumers before their first stage (dq_accum, zeroed there, takes their reduce-adds), and a
+// producer warp before the dQ conversion may launch (it spins on the counts the preprocess zeroes).
 template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false, class Smem>
 __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                                const Smem& smem) {
   static_assert(Cfg::kBlockN <= Cfg::kNThreads, "one key per thread");
-  // (the dQ conversion, launched behind this kernel, may take the SMs its last CTAs leave: ws_key_block_done)
-  if constexpr (Cfg::kOverlapDqConversion) {
-    if (threadIdx.x == 0) ptx::launch_dependent_grids();
-  }
   WsKeyBlock blk = ws_schedule<Cfg, kKeyBias, kVarlen>(p);
 
   if (threadIdx.x == 0) smem.init_barriers(4 * Cfg::kConsumerWarpgroups);
@@ -70,6 +70,11 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
   blk.producer = threadIdx.x < kWsProducerThreads;
   if (blk.producer) {
     sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    // (the dQ conversion, launched behind this kernel, may take the SMs its last CTAs leave: ws_key_block_done)
+    if (Cfg::kOverlapDqConversion && threadIdx.x == 32) {
+      ptx::wait_for_prior_grids();
+      ptx::launch_dependent_grids();
+    }
     if (threadIdx.x == 0 && blk.m_lo <= blk.m_hi) {
       if constexpr (kVarlen) {  // (the packed tensors as a batch of one; statistics (nheads, total_q))
         ws_produce<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHeadDim, Cfg::kBlockCols, kKeyBias>(
@@ -83,6 +88,7 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
     }
   } else {
     sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    ptx::wait_for_prior_grids();
   }
   return blk;
 }
