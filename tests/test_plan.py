@@ -231,7 +231,8 @@ def test_options_namespace():
                         "key_bias_backward": True, "bwd_small_tiles": False, "bwd_gqa_grouping": -1,
                         "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True,
                         "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": True,
-                        "dense_decode": True, "bwd_programmatic_main": False}
+                        "dense_decode": True, "bwd_programmatic_main": False,
+                        "varlen_fwd_cluster": False}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1

@@ -78,7 +78,7 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     //    q_row0 / k_row0 of the packed tensors, its own lengths); a block past the sequence's end has nothing to do.
     const int m0 = m_block * Traits::kBlockM;
     const SequenceBounds seq = scheduler.sequence(batch);
-    if (Traits::kVarlen && m0 >= seq.seqlen_q) continue;  // (as the producer: FwdTileScheduler::in_sequence)
+    if (!scheduler.runs_block(m_block, seq.seqlen_q)) continue;  // (as the producer: FwdTileScheduler::in_sequence)
     const BlockInfo tile_info = scheduler.tile_info(seq, info);
     // the batch element's offset in a tensor: its batch stride, or a varlen sequence's first row
     auto at_batch = [&](int64_t batch_stride, int64_t row_stride, int row0) {

@@ -62,10 +62,10 @@ struct FwdTmaLoads {
       for (int i = 0; i < kColBlocks / 2; ++i) {  // column blocks rank, rank + 2, ... into both CTAs
         const int blk = 2 * i + int(cta_rank);
         const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d_multicast(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, n * kBlockN, head_k,
-                                    batch, /*cta_mask=*/0b11);
-        sm90::tma_load_4d_multicast(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, n * kBlockN, head_k,
-                                    batch, /*cta_mask=*/0b11);
+        sm90::tma_load_4d_multicast(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, row0 + n * kBlockN,
+                                    head_k, batch, /*cta_mask=*/0b11);
+        sm90::tma_load_4d_multicast(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, row0 + n * kBlockN,
+                                    head_k, batch, /*cta_mask=*/0b11);
       }
     } else {
 #pragma unroll

@@ -29,7 +29,10 @@ struct FwdTileCoord {
 // kCluster: CTAs in pairs (a cluster of two: ranks 0 and 1 are blockIdx.x 2c and 2c + 1) whose tiles t, t + 1 are two
 // query blocks of one (batch, head) with the same key range, so that each K/V tile is read from L2 once for both
 // (fwd/producer.cuh). The launcher sends only calls where that holds for every pair: an even grid, an even number of
-// query blocks per head, no causal mask or window, the head-major tile order.
+// query blocks per head, no causal mask or window, the head-major tile order. Tile t even is then block 2j + 1 and
+// t + 1 block 2j of one head (m_block = num_m_blocks - 1 - rank). Varlen: a pair runs both its tiles or neither
+// (runs_block), a block past its sequence's end beside one inside it taking its half of the shared loads (its rows,
+// the next sequence's or past the tensor's end, are computed and never stored).
 template <class Traits>
 struct FwdTileScheduler {
   static_assert(!Traits::kTileCounter || Traits::kPersistent, "the tile counter serves persistent CTAs");
@@ -110,10 +113,14 @@ struct FwdTileScheduler {
   __device__ __forceinline__ SequenceBounds sequence(int batch) const {
     return sequence_bounds<Traits::kVarlen>(p, batch);
   }
-  // Whether tile c's queries start inside its sequence (dense: always). The producer and the consumers skip the
-  // others alike, before any barrier: no Q load, no stage, no announcement.
+  // Whether query block m_block of a sequence of seqlen_q queries runs: its queries start inside the sequence (dense:
+  // always); kCluster: its pair's first block's do (kCluster above). The producer and the consumers skip the others
+  // alike, before any barrier: no Q load, no stage, no announcement.
+  __device__ __forceinline__ static bool runs_block(int m_block, int seqlen_q) {
+    return !Traits::kVarlen || (Traits::kCluster ? m_block & ~1 : m_block) * Traits::kBlockM < seqlen_q;
+  }
   __device__ __forceinline__ bool in_sequence(const FwdTileCoord& c) const {
-    return !Traits::kVarlen || c.m_block * Traits::kBlockM < sequence(c.batch).seqlen_q;
+    return runs_block(c.m_block, sequence(c.batch).seqlen_q);
   }
   // Which keys a tile of sequence seq sees: dense, the call's BlockInfo; varlen, its sequence's (bottom-right aligned
   // over its own lengths).
@@ -137,7 +144,8 @@ struct FwdTileScheduler {
         const FwdTileCoord c = coord(t);
         const SequenceBounds seq = sequence(c.batch);
         const int m0 = c.m_block * Traits::kBlockM;
-        if (m0 < seq.seqlen_q && !tile_info(seq, info).key_blocks(m0, Traits::kBlockM, Traits::kBlockN).empty()) {
+        if (runs_block(c.m_block, seq.seqlen_q) &&
+            !tile_info(seq, info).key_blocks(m0, Traits::kBlockM, Traits::kBlockN).empty()) {
           break;
         }
       }
