@@ -25,6 +25,8 @@ for case in "$@"; do
   # FA-4's (CuTe DSL) names hold its class names)
   case $case in
     fwd*) kernel=fwd_kernel ;;
+    decode*) kernel=decode_kernel ;;
+    cudnn-decode*) kernel=fprop ;;
     bwd*) kernel="bwd_(ws_(dsplit_)?)?kernel" ;;
     cudnn-fwd*) kernel=fprop ;;
     cudnn-bwd*) kernel=bprop ;;

@@ -9,6 +9,10 @@ then the profiled one (gpu_profile.sh skips the warm-ups' kernels). 4 x 16 heads
   fa4-fwd-d64 / fa4-fwd-d128 / fa4-bwd-d64 / fa4-bwd-d128
                                                     the same calls through FlashAttention-4 (flash_attn.cute, installed
                                                     from .fa4: docs/performance.md); gpu_profile.sh picks its sm90 kernels
+  decode-d64 / decode-d128 / cudnn-decode-d64 / cudnn-decode-d128
+                                                    one decode step (seqlen_q 1, GQA 32 / 8, batch 1, a contiguous cache
+                                                    of 128k keys): fa2.attention_with_kvcache's decode kernel, and SDPA
+                                                    (cuDNN) on (B, H, N, D) views of the same cache
 Usage: PYTHONPATH=python python3 scripts/dev/profile_cases.py CASE   (or --list)
 """
 from __future__ import annotations
@@ -21,7 +25,27 @@ import fa2
 
 CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd80-d64", "bwd80-d128",
          "bwd-d256", "cudnn-fwd-d128", "cudnn-bwd-d128", "cudnn-bwd-d256", "fa4-fwd-d64", "fa4-fwd-d128", "fa4-bwd-d64",
-         "fa4-bwd-d128")
+         "fa4-bwd-d128", "decode-d64", "decode-d128", "cudnn-decode-d64", "cudnn-decode-d128")
+
+
+def decode_step(case, d):
+    """Three decode steps (the third profiled): q (1, 1, 32, d) against a (1, 128k, 8, d) bf16 cache."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 1, 32, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k_cache, v_cache = (torch.randn(1, 131072, 8, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                        for _ in range(2))
+    seqlens = torch.full((1,), 131072, device="cuda", dtype=torch.int32)
+    for _ in range(3):
+        if case.startswith("cudnn"):
+            import torch.nn.functional as F
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                F.scaled_dot_product_attention(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                               enable_gqa=True)
+        else:
+            fa2.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    torch.cuda.synchronize()
+    print(f"profile_cases: {case} done")
 
 
 def main():
@@ -32,6 +56,9 @@ def main():
         return
     case = sys.argv[1]
     d = 64 if case.endswith("d64") or "d64-" in case else 256 if case.endswith("d256") else 128
+    if "decode" in case:
+        decode_step(case, d)
+        return
     b, s, h = 4, 4096, 16
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
