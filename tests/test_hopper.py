@@ -3,6 +3,7 @@ on the same inputs: both within the numerics rule, and really two different kern
 switches between them). Runs on a compute capability 9.0 GPU with a build that has sm_90a instances."""
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -758,6 +759,65 @@ def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_ea
                 assert torch.isfinite(g_ws).all(), f"{name} {case}"
                 assert_close_rule(f"overlapped {name} {case}", g_ws, g_hi, g_lo, factor=3)
                 assert_close_rule(f"after {name} {case}", g_after, g_hi, g_lo, factor=3)
+
+
+@pytest.mark.parametrize("d", WS_BACKWARD_HEADDIMS)
+def test_sm90_ws_backward_programmatic_main_kernel(d):
+    """Option bwd_programmatic_main on every path of the warp-specialized backward whose kernel it launches as the
+    preprocess's dependent (that kernel may start before dq_accum, D, the counts and the tail split's sums are zeroed
+    or written, and waits for them): plain and causal, the tail split forced (bwd_tail_split 1), GQA with fp32
+    accumulators and in-kernel groups, varlen, and dropout (d 64 / 128: option sm90_ws_dropout). Gradients within the
+    rule (dropout: equal to the option off, same seed, up to the fp32 reduce-adds' order), the plan names it."""
+    require_ws_backward(d)
+    g = torch.Generator(device="cuda").manual_seed(17)
+    cases = [  # (batch, seqlen, heads, heads_k, causal, options)
+        (2, 1000, 8, 8, False, {}),
+        (2, 777, 8, 8, True, {}),
+        (8, 1024, 16, 16, False, {"bwd_tail_split": 1}),
+        (1, 2048, 16, 2, False, {"bwd_gqa_grouping": 0}),
+        (4, 512, 16, 4, True, {"bwd_gqa_grouping": 1}),
+    ]
+    with switch("bwd_programmatic_main", True):
+        plan = fa2.dev.plan("bwd", batch=2, nheads=8, seqlen_q=1000, headdim=d)
+        assert plan["programmatic_main"] == "yes" and "bwd_ws_" in plan["kernel"], plan
+        for b, s, h, hk, causal, options in cases:
+            q, k, v = make_qkv(b, s, s, h, hk, d, dtype=torch.bfloat16, device="cuda", requires_grad=True, generator=g)
+            dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            with fa2.dev.options_override(**options):
+                grads = torch.autograd.grad(fa2.attention(q, k, v, causal=causal), (q, k, v), dout)
+            leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
+            grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.float())
+            leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, causal=causal, upcast=False), leaf_lo, dout)
+            case = f"{(b, s, h, hk, d, causal, options)}"
+            for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
+                assert_close_rule(f"programmatic main {name} {case}", got, hi, lo, factor=3)
+        # varlen: the packed sequences' kernel
+        lengths = [300, 1, 0, 1024, 77]
+        cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device="cuda")
+        q, k, v = (torch.randn(sum(lengths), 8, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+                   for _ in range(3))
+        dout = torch.randn_like(q)
+        runs = []
+        for on in (True, False):
+            with switch("bwd_programmatic_main", on):
+                out = fa2.varlen_attention(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+                runs.append(torch.autograd.grad(out, (q, k, v), dout))
+        for name, a, b_ in zip(("dq", "dk", "dv"), *runs):
+            torch.testing.assert_close(a, b_, atol=2e-2, rtol=2e-2, msg=f"varlen {name}: option on / off")
+        # dropout (the ws dropout backward at d 64 / 128): the same keep mask under one seed, on and off
+        if d in (64, 128):
+            q, k, v = make_qkv(4, 1024, 1024, 8, 8, d, dtype=torch.bfloat16, device="cuda", requires_grad=True,
+                               generator=g)
+            dout = torch.randn_like(q)
+            runs = []
+            for on in (True, False):
+                with switch("bwd_programmatic_main", on):
+                    torch.manual_seed(5)
+                    out = fa2.attention(q, k, v, dropout_p=0.1)
+                    runs.append(torch.autograd.grad(out, (q, k, v), dout))
+            for name, a, b_ in zip(("dq", "dk", "dv"), *runs):
+                torch.testing.assert_close(a, b_, atol=2e-2, rtol=2e-2, msg=f"dropout {name}: option on / off")
 
 
 @pytest.mark.parametrize("hk", [2, 4])

@@ -160,6 +160,23 @@ def test_backward_programmatic_main_kernel():
         assert kernel("bwd", A100, **base, headdim=128)["programmatic_main"] == "no"
 
 
+def test_varlen_forward_clusters_option():
+    """Option varlen_fwd_cluster: the d 128 varlen forward without a mask or window takes the clusters of two where
+    max_seqlen_q gives an even number of query blocks; off by default, never with a causal mask or window, nor on an
+    odd block count."""
+    call = dict(batch=4, nheads=16, headdim=128, varlen=True)
+    assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, **call)["kernel"]
+    with dev.options_override(varlen_fwd_cluster=True):
+        assert "cluster of 2" in kernel("fwd", H100, seqlen_q=1024, **call)["kernel"]
+        assert "cluster of 2" in kernel("fwd", H100, seqlen_q=1000, **call)["kernel"]  # (8 blocks)
+        assert "cluster" not in kernel("fwd", H100, seqlen_q=300, **call)["kernel"]  # (3 blocks)
+        assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, causal=True, **call)["kernel"]
+        assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, window_left=100, **call)["kernel"]
+        assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, **dict(call, headdim=64))["kernel"]
+        with dev.options_override(fwd_cluster=False):
+            assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, **call)["kernel"]
+
+
 def test_backward_tail_split_threshold():
     """The ws backward splits its last partial wave from kTailSplitMinQueryBlocks query blocks (auto), anywhere the
     cost model gains with bwd_tail_split=1, never with 0; no split under a causal mask."""

@@ -274,9 +274,12 @@ def test_varlen_forward_clusters_of_two():
                 diff = (a.float() - b.float()).abs().max()
                 assert torch.equal(a, b), f"{s.name} {name}: clusters on / off differ by {diff}"
             _check_forward(s)
-        s = make_varlen([5, 0, 1, 30, 12], [9, 3, 4, 40, 12], 4, 2, 128, dtype=dtype, device="cuda", generator=g,
-                        seqused=[6, 0, 4, 25, 12])
+        s = make_varlen([5, 0, 1, 200, 12], [9, 3, 4, 260, 12], 4, 2, 128, dtype=dtype, device="cuda", generator=g,
+                        seqused=[6, 0, 4, 250, 12])  # (200 queries: two blocks, a cluster pair)
         with fa2.dev.options_override(varlen_fwd_cluster=True):
+            plan = fa2.dev.plan("fwd", varlen=True, batch=5, nheads=4, nheads_k=2, seqlen_q=s.max_seqlen_q, headdim=128,
+                                dtype=str(dtype).split(".")[-1])
+            assert "cluster of 2" in plan["kernel"], plan
             _check_forward(s)
 
 

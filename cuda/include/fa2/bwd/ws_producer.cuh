@@ -41,7 +41,8 @@ __device__ __forceinline__ void ws_produce(const sm90::BwdTensorMaps& maps, cons
   sm90::mbarrier_arrive_expect_tx(smem.kv_loaded(), 2 * kKVBytes);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.k(), &maps.k, smem.kv_loaded(), k_row0 + n0, head_k, batch);
   sm90::tma_load_tile<kBlockN, kHeadDim, kBlockCols>(smem.v(), &maps.v, smem.kv_loaded(), k_row0 + n0, head_k, batch);
-  // (D, in each stage, comes from the preprocess: a programmatic dependent launch waits for it here, K / V on their way)
+  // (D, in each stage, comes from the preprocess: a programmatic dependent launch waits for it here, K / V on their way;
+  // they were written before the preprocess, a plain launch, began)
   ptx::wait_for_prior_grids();
   // -- per query block: Q, dO (kBlockM, d) and the rows' statistics into stage it % kStages, once it is free
   int it = 0;

@@ -8,7 +8,7 @@
 #include "fa2/bwd/tile_scheduler.cuh"
 #include "fa2/bwd/ws_producer.cuh"
 #include "fa2/params.h"
-#include "fa2/ptx.cuh"  // launch_dependent_grids
+#include "fa2/ptx.cuh"  // launch_dependent_grids, wait_for_prior_grids
 #include "fa2/sm90/tma.cuh"
 #include "fa2/sm90/wgmma.cuh"
 #include "fa2/tile_config.h"  // kWsProducerThreads
@@ -57,7 +57,7 @@ __device__ __forceinline__ void ws_load_key_bias(const AttentionParams& p, int b
 // Launched as the preprocess's programmatic dependent (BwdPlan::programmatic_main), every thread that touches its
 // results waits for it first (ptx::wait_for_prior_grids; at once otherwise): the producer after issuing K / V (D comes
 // with each stage), the consumers before their first stage (dq_accum, zeroed there, takes their reduce-adds), and a
-// producer warp before the dQ conversion may launch (it spins on the counts the preprocess zeroes).
+// producer thread (32) before the dQ conversion may launch (it spins on the counts the preprocess zeroes).
 template <typename T, typename Cfg, bool kKeyBias, bool kVarlen = false, class Smem>
 __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const sm90::BwdTensorMaps& maps,
                                                const Smem& smem) {

@@ -24,9 +24,12 @@ struct FwdPipeline {
   // kernel, whose producer leaves the consumers after it.
   __device__ __forceinline__ void init(const AttentionParams& p) const {
     if (threadIdx.x == 0) {
-      // (kCluster: launched as the launcher must, in pairs sharing each tile's keys; otherwise the multicasts
-      // would go to a CTA that is not there, or the pairs' loads would differ)
-      if (Traits::kCluster && (sm90::cluster_num_ctas() != 2 || p.tile_order_tail != 0)) __trap();
+      // (kCluster: launched as the launcher must, in pairs sharing each tile's keys, an even number of query blocks a
+      // head; otherwise the multicasts would go to a CTA that is not there, or the pairs' loads would differ)
+      if (Traits::kCluster && (sm90::cluster_num_ctas() != 2 || p.tile_order_tail != 0 ||
+                               (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM % 2 != 0)) {
+        __trap();
+      }
       sm90::mbarrier_init(smem.bar_q(), /*arrivals=*/1);
       if constexpr (Traits::kWs) sm90::mbarrier_init(smem.bar_q_empty(), kNWarps);  // one arrival per consumer warp
 #pragma unroll

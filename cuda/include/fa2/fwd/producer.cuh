@@ -100,7 +100,7 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
   };
   for (int t = scheduler.first_tile; t < scheduler.num_tiles; t = scheduler.claim_next(t)) {
     const FwdTileCoord tile = scheduler.coord(t);
-    // (varlen: the tile's sequence; one past its end is skipped, as the consumers skip it)
+    // (varlen: the tile's sequence; one past its end is skipped as the consumers skip it: runs_block)
     const SequenceBounds seq = scheduler.sequence(tile.batch);
     if (!scheduler.in_sequence(tile)) continue;
     const KeyBlockRange range = scheduler.tile_info(seq, info).key_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);

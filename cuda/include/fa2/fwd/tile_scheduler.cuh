@@ -2,7 +2,8 @@
 // tile scheduler): one tile per CTA from a (query blocks, heads, batch) grid, one from a 1-D grid of tiles, or a
 // persistent CTA's tiles one after another (every gridDim.x-th, or the next unclaimed one from a tile counter).
 // Varlen and split-KV change what a tile is: here (varlen: a tile's rows and lengths are its sequence's, sequence();
-// the grid is sized by max_seqlen_q, and a tile past its sequence's end is skipped by every part of the kernel).
+// the grid is sized by max_seqlen_q, and a tile past its sequence's end is skipped by every part of the kernel, or with
+// clusters run beside its pair's: runs_block).
 #pragma once
 #include "fa2/block_info.cuh"
 #include "fa2/fwd/pipeline.cuh"
