@@ -12,6 +12,7 @@
 #include "fa2/bwd_launch.h"
 #include "fa2/launch.h"
 #include "fa2/plan.h"
+#include "fa2/programmatic_launch.cuh"
 #include "fa2/bwd_tile_config.h"
 #include "fa2/params.h"
 
@@ -163,22 +164,9 @@ const char* launch_bwd_ws_kernel(const BwdPlan& plan, const AttentionParams& p, 
   if (err != cudaSuccess) return cudaGetErrorString(err);
   AttentionParams kernel_params = p;
   kernel_params.tile_order_tail = plan.tile_order_tail;
-  if (plan.programmatic_main) {  // (ws_start: each thread waits for the preprocess before it needs its results)
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t launch{};
-    launch.gridDim = grid;
-    launch.blockDim = dim3(Cfg::kNThreads);
-    launch.dynamicSmemBytes = Cfg::kSmemBytes;
-    launch.stream = stream;
-    launch.attrs = &attribute;
-    launch.numAttrs = 1;
-    err = cudaLaunchKernelEx(&launch, kernel, kernel_params, maps);
-  } else {
-    kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(kernel_params, maps);
-    err = cudaGetLastError();
-  }
+  // (programmatic_main: ws_start has each thread wait for the preprocess before it needs its results)
+  err = launch_kernel(kernel, grid, dim3(Cfg::kNThreads), Cfg::kSmemBytes, stream, plan.programmatic_main,
+                      kernel_params, maps);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
@@ -247,17 +235,8 @@ struct BwdRowKernels {
         convert.key_blocks_done = key_blocks_done;
         constexpr int kKeys = BwdWsConfig<kHeadDim>::kBlockN;
         convert.key_blocks_per_head = (grid.seqlen_k + kKeys - 1) / kKeys * (plan.varlen ? grid.batch : 1);
-        cudaLaunchAttribute attribute{};
-        attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attribute.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t launch{};
-        launch.gridDim = dim3(unsigned(row_ctas(p)));
-        launch.blockDim = dim3(kRowThreads);
-        launch.stream = stream;
-        launch.attrs = &attribute;
-        launch.numAttrs = 1;
-        err = cudaLaunchKernelEx(
-            &launch, &bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads, /*kAfterHeads=*/true>, convert);
+        err = launch_kernel(&bwd::bwd_convert_dq_kernel<T, kHeadDim, kRowThreads, /*kAfterHeads=*/true>,
+                            dim3(unsigned(row_ctas(p))), dim3(kRowThreads), 0, stream, /*programmatic=*/true, convert);
         return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
       }
     }

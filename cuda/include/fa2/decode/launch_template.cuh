@@ -5,6 +5,7 @@
 
 #include "fa2/decode/kernel.cuh"
 #include "fa2/decode/plan.h"
+#include "fa2/programmatic_launch.cuh"
 
 namespace fa2 {
 namespace decode {
@@ -24,22 +25,8 @@ const char* launch_decode(const DecodePlan& plan, const DecodeParams& params, cu
   if (plan.num_splits > 1) {
     const int64_t rows = int64_t(params.batch) * params.nheads * params.seqlen_q;
     const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
-    const auto combine = decode_combine_kernel<typename Traits::T>;
-    if (plan.programmatic_combine) {
-      cudaLaunchAttribute attribute{};
-      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attribute.val.programmaticStreamSerializationAllowed = 1;
-      cudaLaunchConfig_t launch{};
-      launch.gridDim = dim3(unsigned(blocks));
-      launch.blockDim = dim3(kThreads);
-      launch.stream = stream;
-      launch.attrs = &attribute;
-      launch.numAttrs = 1;
-      err = cudaLaunchKernelEx(&launch, combine, params, plan.num_splits);
-    } else {
-      combine<<<dim3(unsigned(blocks)), kThreads, 0, stream>>>(params, plan.num_splits);
-      err = cudaGetLastError();
-    }
+    err = launch_kernel(decode_combine_kernel<typename Traits::T>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
+                        plan.programmatic_combine, params, plan.num_splits);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   return nullptr;
