@@ -3,11 +3,11 @@ time goes before changing a kernel:
   --backward   a training step (forward + backward, bf16, 16k tokens, hidden 2048) of fa2 beside FlashAttention-4
                (flash_attn.cute, where installed: docs/performance.md) at D 128 S 16k / 2k causal, D 64 S 16k / 8k
                causal: whether fa2's gap to FA-4 is in the main backward kernel or around it (docs/fa4-study.md,
-               item 1)
+               item 1); or the given cases instead, D:S[:c] each (c: causal), e.g. --backward 128:2048 128:2048:c
   --decode     one decode step (fa2.attention_with_kvcache, seqlen_q 1, GQA 32 / 8, bf16, a contiguous cache) at the
                shapes where fa2 trails cuDNN: which kernels a step launches (decode, combine, anything else) and each
                one's time
-Usage: PYTHONPATH=python python3 scripts/dev/step_kernels.py --backward | --decode
+Usage: PYTHONPATH=python python3 scripts/dev/step_kernels.py --backward [D:S[:c] ...] | --decode
 """
 from __future__ import annotations
 
@@ -34,13 +34,13 @@ def kernel_table(fn, calls, label):
         print(f"  {e.self_device_time_total / calls:9.1f} us/call  x{e.count / calls:<4.1f} {e.key[:100]}")
 
 
-def backward():
+def backward(cases):
     try:
         from flash_attn.cute import flash_attn_func
     except ImportError as e:
         flash_attn_func = None
         print(f"(FA-4 not importable: {e})")
-    for d, s, causal in ((128, 16384, False), (128, 2048, True), (64, 16384, False), (64, 8192, True)):
+    for d, s, causal in cases or ((128, 16384, False), (128, 2048, True), (64, 16384, False), (64, 8192, True)):
         b, h = 16384 // s, 2048 // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         g = torch.randn_like(q)
@@ -63,7 +63,8 @@ def decode():
 
 def main():
     if "--backward" in sys.argv:
-        backward()
+        cases = [tuple(int(x) for x in a.split(":")[:2]) + (a.endswith(":c"),) for a in sys.argv[2:]]
+        backward(cases)
     elif "--decode" in sys.argv:
         decode()
     else:
