@@ -86,8 +86,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # fa2-nosplit / fa2-split: fa2 with the warp-specialized backward's split of its last partial wave
 # (fa2.dev option bwd_tail_split) off (one CTA per (key block, head) throughout) / on wherever its cost model gains (the
 # default splits only where it was measured to pay; --causal no --pass bwd,fwdbwd at d 64 / 128).
-# fa2-bwdpdl: fa2 with the warp-specialized backward's main kernel launched as the preprocess's programmatic dependent
-# (fa2.dev option bwd_programmatic_main): its launch and K / V loads overlap the preprocess's last wave.
+# fa2-nobwdpdl: fa2 with the warp-specialized backward's main kernel launched after the preprocess completes rather
+# than as its programmatic dependent (fa2.dev option bwd_programmatic_main off; on, its launch and K / V loads overlap
+# the preprocess's last wave).
 # fa2-sinks: fa2 with attention sinks (gpt-oss), learned (requires grad: the backward's d sinks pass counts) and all
 # -inf: the kernels do the sinks' work (the forward epilogue's extra exp per row, d sinks) while the output stays
 # fa2's, so the reference check holds. `--impls fa2,fa2-sinks --interleave` gives the sinks' cost.
@@ -104,9 +105,9 @@ FA2_SWITCHES = {"fa2-sm80": {"arch_specific_kernels": False},
                 "fa2-wsppov": {"sm90_schedule": "pingpong-overlap"},
                 "fa2-nopers": {"persistent_forward_ctas": 0},
                 "fa2-nocluster": {"fwd_cluster": False},
-                "fa2-bwdpdl": {"bwd_programmatic_main": True}}
+                "fa2-nobwdpdl": {"bwd_programmatic_main": False}}
 IMPLS = ("fa2", "fa2-sinks", "fa2-nosplit", "fa2-split", "fa2-sm80", "fa2-bwd80", "fa2-bwdnows", "fa2-kbias-off",
-         "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "fa2-nocluster", "fa2-bwdpdl",
+         "fa2-pipe", "fa2-ws", "fa2-wspp", "fa2-wsov", "fa2-wsppov", "fa2-nopers", "fa2-nocluster", "fa2-nobwdpdl",
          "torch-fa2", "cudnn", "efficient", "math", "flex", "sdpa", "fa4")
 SDPA_BACKENDS = {"torch-fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH", "sdpa": None}

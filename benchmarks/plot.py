@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"fa2": "#d62728", "fa2-nosplit": "#fc9272", "fa2-split": "#cb181d", "fa2-sm80": "#f4a582", "fa2-bwd80": "#fb6a4a", "fa2-bwdnows": "#ef3b2c", "fa2-kbias": "#a50f15", "fa2-kbias-off": "#fcbba1", "fa2-bwd90": "#fb6a4a", "fa2-pipe": "#fddbc7", "fa2-ws": "#67001f", "fa2-wspp": "#b2182b", "fa2-wsov": "#d6604d", "fa2-wsppov": "#8c2d04", "fa2-bwdpdl": "#e7298a", "torch-fa2": "#1f77b4", "cudnn": "#2ca02c", "efficient": "#9467bd", "math": "#7f7f7f",
+COLORS = {"fa2": "#d62728", "fa2-nosplit": "#fc9272", "fa2-split": "#cb181d", "fa2-sm80": "#f4a582", "fa2-bwd80": "#fb6a4a", "fa2-bwdnows": "#ef3b2c", "fa2-kbias": "#a50f15", "fa2-kbias-off": "#fcbba1", "fa2-bwd90": "#fb6a4a", "fa2-pipe": "#fddbc7", "fa2-ws": "#67001f", "fa2-wspp": "#b2182b", "fa2-wsov": "#d6604d", "fa2-wsppov": "#8c2d04", "fa2-nobwdpdl": "#e7298a", "torch-fa2": "#1f77b4", "cudnn": "#2ca02c", "efficient": "#9467bd", "math": "#7f7f7f",
           "flex": "#ff7f0e", "sdpa": "#17becf", "fa4": "#000000"}
 PASS_LABEL = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 

@@ -144,37 +144,20 @@ def test_backward_plan_table(device, call, name, extra):
 
 
 def test_backward_programmatic_main_kernel():
-    """Option bwd_programmatic_main: the warp-specialized main kernel (d 64 / 128 / 256, plain path, varlen, GQA)
-    becomes the preprocess's programmatic dependent; not behind the row statistics kernel (a key-row bias), nor for
-    the other main kernels (deterministic, softcap); off by default."""
+    """Option bwd_programmatic_main (on by default): the warp-specialized main kernel (d 64 / 128 / 256, plain path,
+    varlen, GQA) becomes the preprocess's programmatic dependent; not behind the row statistics kernel (a key-row
+    bias), nor for the other main kernels (deterministic, softcap); none with the option off."""
     base = dict(batch=2, nheads=16, seqlen_q=4096)
-    assert kernel("bwd", H100, headdim=128, **base)["programmatic_main"] == "no"
-    with dev.options_override(bwd_programmatic_main=True):
-        for extra in (dict(headdim=128), dict(headdim=64), dict(headdim=256), dict(headdim=128, varlen=True),
-                      dict(headdim=128, nheads_k=2), dict(headdim=128, causal=True)):
-            p = kernel("bwd", H100, **base, **extra)
-            assert "bwd_ws_" in p["kernel"] and p["programmatic_main"] == "yes", (extra, p)
-        for extra in (dict(bias="key_row"), dict(deterministic=True), dict(softcap=30.0)):
-            p = kernel("bwd", H100, **base, headdim=128, **extra)
-            assert p["programmatic_main"] == "no", (extra, p)
-        assert kernel("bwd", A100, **base, headdim=128)["programmatic_main"] == "no"
-
-
-def test_varlen_forward_clusters_option():
-    """Option varlen_fwd_cluster: the d 128 varlen forward without a mask or window takes the clusters of two where
-    max_seqlen_q gives an even number of query blocks; off by default, never with a causal mask or window, nor on an
-    odd block count."""
-    call = dict(batch=4, nheads=16, headdim=128, varlen=True)
-    assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, **call)["kernel"]
-    with dev.options_override(varlen_fwd_cluster=True):
-        assert "cluster of 2" in kernel("fwd", H100, seqlen_q=1024, **call)["kernel"]
-        assert "cluster of 2" in kernel("fwd", H100, seqlen_q=1000, **call)["kernel"]  # (8 blocks)
-        assert "cluster" not in kernel("fwd", H100, seqlen_q=300, **call)["kernel"]  # (3 blocks)
-        assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, causal=True, **call)["kernel"]
-        assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, window_left=100, **call)["kernel"]
-        assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, **dict(call, headdim=64))["kernel"]
-        with dev.options_override(fwd_cluster=False):
-            assert "cluster" not in kernel("fwd", H100, seqlen_q=1024, **call)["kernel"]
+    for extra in (dict(headdim=128), dict(headdim=64), dict(headdim=256), dict(headdim=128, varlen=True),
+                  dict(headdim=128, nheads_k=2), dict(headdim=128, causal=True)):
+        p = kernel("bwd", H100, **base, **extra)
+        assert "bwd_ws_" in p["kernel"] and p["programmatic_main"] == "yes", (extra, p)
+    for extra in (dict(bias="key_row"), dict(deterministic=True), dict(softcap=30.0)):
+        p = kernel("bwd", H100, **base, headdim=128, **extra)
+        assert p["programmatic_main"] == "no", (extra, p)
+    assert kernel("bwd", A100, **base, headdim=128)["programmatic_main"] == "no"
+    with dev.options_override(bwd_programmatic_main=False):
+        assert kernel("bwd", H100, headdim=128, **base)["programmatic_main"] == "no"
 
 
 def test_backward_tail_split_threshold():
@@ -248,8 +231,7 @@ def test_options_namespace():
                         "key_bias_backward": True, "bwd_small_tiles": False, "bwd_gqa_grouping": -1,
                         "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True,
                         "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": True,
-                        "dense_decode": True, "bwd_programmatic_main": False,
-                        "varlen_fwd_cluster": False}
+                        "dense_decode": True, "bwd_programmatic_main": True}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1
@@ -314,3 +296,23 @@ def test_forward_plan_says_when_the_decode_kernel_takes_the_call():
         assert kernel("fwd", H100, **decode, **other)["decode_kernel"] is False, other
     with dev.options_override(dense_decode=False):
         assert kernel("fwd", H100, **decode)["decode_kernel"] is False
+
+
+def test_decode_splits():
+    """The decode kernel's split of the KV length (decode/splits.h) where the caller leaves it to the library: at most
+    two CTAs an SM to fill (a third and fourth added no bandwidth), whole key tiles a split, none where batch x kv
+    heads already fill the GPU; the counts the H100 sweeps found fastest (batch 1, GQA 32 / 8: d 64 at 512 / 8k /
+    128k keys 8 / 32 / 33 splits; d 128 batch 16 at 512 keys 2); a requested count clamped to the key tiles."""
+    def splits(**call):
+        return dev.plan("decode", H100, **call)["num_splits"]
+
+    gqa = dict(nheads=32, nheads_k=8)
+    assert splits(batch=1, seqlen_k=512, headdim=64, **gqa) == 8
+    assert splits(batch=1, seqlen_k=8192, headdim=64, **gqa) == 32
+    assert splits(batch=1, seqlen_k=131072, headdim=64, **gqa) == 33
+    assert splits(batch=16, seqlen_k=512, headdim=128, **gqa) == 2
+    assert splits(batch=256, seqlen_k=8192, headdim=64, **gqa) == 1
+    assert splits(batch=1, seqlen_k=100, headdim=64, num_splits=16, **gqa) == 2  # (two tiles of 64 keys)
+    p = dev.plan("decode", H100, batch=1, seqlen_k=8192, headdim=64, **gqa)
+    assert p["ctas_per_split"] * p["num_splits"] <= 2 * 132 and p["row_blocks"] == 1, p
+    assert "decline" in dev.plan("decode", H100, batch=1, seqlen_q=9, nheads=32, nheads_k=1, seqlen_k=64)

@@ -246,43 +246,6 @@ def test_varlen_hopper_routes(route):
             _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
 
 
-def test_varlen_forward_clusters_of_two():
-    """Option varlen_fwd_cluster: the d 128 varlen forward without a mask runs in clusters of two (a pair's two query
-    blocks of one sequence share each K/V load; a block past its sequence's end beside one inside it runs and stores
-    nothing). out and lse bitwise those of the same kernel without clusters (the K/V tiles and the order of the products
-    are the same), and within the rule: sequences of odd and even query-block counts (such pairs at 1, 129, 300, 1000),
-    empty ones, GQA, fp16 and bf16, seqused_k, more keys than queries."""
-    _needs("cuda")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a kernels")
-    g = torch.Generator(device="cuda").manual_seed(5)
-    shapes = [([1, 129, 300, 0, 1000, 256], [1, 129, 300, 5, 1000, 256], 4, 4),
-              ([1024] * 3, [1024] * 3, 8, 2),
-              ([513, 2, 700], [2000, 2, 700], 4, 1)]
-    for dtype in (torch.bfloat16, torch.float16):
-        for lq, lk, h, hk in shapes:
-            s = make_varlen(lq, lk, h, hk, 128, dtype=dtype, device="cuda", generator=g)
-            with fa2.dev.options_override(varlen_fwd_cluster=True):
-                plan = fa2.dev.plan("fwd", varlen=True, batch=len(lq), nheads=h, nheads_k=hk, seqlen_q=s.max_seqlen_q,
-                                    headdim=128, dtype=str(dtype).split(".")[-1])
-                on = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
-            with fa2.dev.options_override(varlen_fwd_cluster=False):
-                off = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
-            blocks = -(-s.max_seqlen_q // 128)
-            assert ("cluster of 2" in plan["kernel"]) == (blocks % 2 == 0), (s.name, plan)
-            for name, a, b in zip(("out", "lse"), on, off):
-                diff = (a.float() - b.float()).abs().max()
-                assert torch.equal(a, b), f"{s.name} {name}: clusters on / off differ by {diff}"
-            _check_forward(s)
-        s = make_varlen([5, 0, 1, 200, 12], [9, 3, 4, 260, 12], 4, 2, 128, dtype=dtype, device="cuda", generator=g,
-                        seqused=[6, 0, 4, 250, 12])  # (200 queries: two blocks, a cluster pair)
-        with fa2.dev.options_override(varlen_fwd_cluster=True):
-            plan = fa2.dev.plan("fwd", varlen=True, batch=5, nheads=4, nheads_k=2, seqlen_q=s.max_seqlen_q, headdim=128,
-                                dtype=str(dtype).split(".")[-1])
-            assert "cluster of 2" in plan["kernel"], plan
-            _check_forward(s)
-
-
 def _hopper_ws_backward_samples():
     """test_varlen_warp_specialized_backward's samples: tile edges (lengths 0, 1, 127, 128, 129, 255, 256, 3000; the
     query and key blocks of 64 / 128 rows end inside the next sequence), GQA, many short sequences beside a long one,

@@ -4,6 +4,7 @@
 
 #include "dispatch.h"
 #include "fa2/decode/launch.h"
+#include "fa2/decode/splits.h"
 #include "fa2/decode/tile_config.h"
 #include "fa2/launch.h"  // current_device
 #include "fa2_kernel_instances.h"
@@ -32,31 +33,6 @@ const char* layout_decline(const DecodeParams& p) {
   return nullptr;
 }
 
-// The splits of the KV length where batch x kv heads x row blocks CTAs leave the GPU's CTA slots (SMs x the CTAs one
-// SM holds by shared memory) short: the count with the least modelled time, waves x (key tiles per split +
-// kFixedTiles), in key tiles of the cache's capacity (kFixedTiles: a split's own cost, its pipeline fill, merge and
-// partial rows), a larger count taken only for a 5% gain.
-int choose_splits(const DecodeParams& p, int row_blocks, const DeviceDesc& device, int block_n, int smem_bytes,
-                  int requested) {
-  constexpr double kFixedTiles = 2.0;
-  const int capacity_tiles = std::max(1, (p.capacity + block_n - 1) / block_n);
-  const int cap = std::min(decode::kMaxSplits, capacity_tiles);
-  if (requested > 0) return std::min(requested, cap);
-  const int64_t ctas = int64_t(p.batch) * p.nheads_k * row_blocks;
-  const int per_sm = device.smem_optin > 0 ? std::clamp(device.smem_optin / smem_bytes, 1, 4) : 1;
-  const int64_t slots = int64_t(device.sm_count > 0 ? device.sm_count : 108) * per_sm;
-  if (ctas >= slots) return 1;
-  int best = 1;
-  double best_cost = capacity_tiles + kFixedTiles;
-  for (int s = 2; s <= cap; ++s) {
-    const double cost = double((ctas * s + slots - 1) / slots) * (double(capacity_tiles) / s + kFixedTiles);
-    if (cost < 0.95 * best_cost) {
-      best = s;
-      best_cost = cost;
-    }
-  }
-  return best;
-}
 }  // namespace
 
 DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const InstanceDesc* instances,
@@ -111,7 +87,8 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const In
     return plan;
   }
   const int block_n = decode::decode_tile_config(p.headdim_rounded).block_n;
-  plan.num_splits = choose_splits(p, plan.row_blocks, device, block_n, plan.smem_bytes, requested_splits);
+  plan.num_splits = decode::choose_splits(int64_t(p.batch) * p.nheads_k * plan.row_blocks, p.capacity, block_n,
+                                          plan.smem_bytes, device.sm_count, device.smem_optin, requested_splits);
   if (plan.num_splits > 1) {
     plan.programmatic_combine = device.cc >= 90;
     plan.workspace_floats = int64_t(plan.num_splits) * p.batch * p.nheads * p.seqlen_q * (p.headdim + 1);

@@ -247,7 +247,7 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
     // twins, for fewer instantiations only where they are used by default
     c.has_tile_counter_twin = schedule == Sm90Schedule::kPingpongOverlap && fwd_persistent_headdim(headdim) &&
                               built_default == Sm90Schedule::kPingpongOverlap;
-    c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim);
+    c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim) && !is_varlen(p);
   } else if (tma && key_row_bias && (schedule != Sm90Schedule::kPipelined || !forced)) {
     if (built_default != Sm90Schedule::kPipelined) {
       c.ws = true, c.schedule = sm90_key_bias_schedule(headdim);
@@ -320,7 +320,7 @@ const char* plan_fwd_ws_grid(FwdPlan& plan, const FwdChoice& c, const AttentionP
   plan.grid_x = ctas, plan.grid_y = 1, plan.grid_z = 1;
   plan.persistent_grid = ctas < tiles;
   plan.cluster = c.has_cluster_twin && equal_blocks && !counter && plan.num_m_blocks % 2 == 0 && ctas >= 2 &&
-                 options.fwd_cluster && (!is_varlen(p) || options.varlen_fwd_cluster);
+                 options.fwd_cluster;
   note(notes, [&] {
     return std::string("grid: ") + std::to_string(ctas) + " CTAs over " + std::to_string(tiles) + " tiles (" +
            (!persistent_headdim ? "one tile per CTA at this headdim"
@@ -337,7 +337,6 @@ const char* plan_fwd_ws_grid(FwdPlan& plan, const FwdChoice& c, const AttentionP
              (plan.cluster ? "yes, where the device runs such pairs (a persistent grid is cut to the co-resident pairs "
                              "at launch)"
                            : !options.fwd_cluster ? "no (option fwd_cluster off)"
-                           : is_varlen(p) && !options.varlen_fwd_cluster ? "no (varlen: option varlen_fwd_cluster off)"
                                                   : "no (needs no mask or window, an even number of query blocks, no "
                                                     "tile counter)");
     });

@@ -70,14 +70,17 @@ def _device(device):
 
 
 def plan(direction: str = "fwd", device=None, **call) -> dict:
-    """The plan of a described call: direction "fwd" or "bwd"; call: batch, seqlen_q, seqlen_k, nheads, nheads_k,
-    headdim (q's and k's), headdim_v (v's; default headdim: the plan's "padding" says what the glue zero-pads), dtype
+    """The plan of a described call: direction "fwd" or "bwd" (or "decode": below); call: batch, seqlen_q, seqlen_k,
+    nheads, nheads_k, headdim (q's and k's), headdim_v (v's; default headdim: the plan's "padding" says what the glue zero-pads), dtype
     ("bfloat16" / "float16"), causal, window_left, window_right, softcap, scale, bias ("none", "key_row": a padding
     mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic, dropout_p, varlen
     (packed sequences: batch of them, seqlen_q / seqlen_k their max_seqlen), sinks (True: sinks given).
     device: None (the current GPU), "h100", "h200", "a100", "l40" or a dict. A forward plan's "decode_kernel": True
     where fa2.attention hands the call to the KV-cache op's decode kernel (option dense_decode; the plan's kernel is
-    then the fallback for a layout that kernel declines)."""
+    then the fallback for a layout that kernel declines).
+    "decode": the KV-cache op's decode kernel for batch, seqlen_q, seqlen_k (the cache's capacity), nheads, nheads_k,
+    headdim and num_splits (0: the library's choice): its row blocks, warps over rows, shared memory, CTAs a split and
+    "num_splits", the splits of the KV length it runs."""
     return dict(_C.plan(direction, call, _device(device)))
 
 

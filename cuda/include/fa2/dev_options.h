@@ -54,10 +54,7 @@ struct DevOptions {
   // the sm_90a warp-specialized backward's main kernel is a programmatic dependent launch of the preprocess kernel
   // (its launch and its K / V loads overlap the preprocess's last wave; it waits for D and the zeroed dq_accum
   // before it needs them); off: launched after the preprocess completes
-  bool bwd_programmatic_main = false;
-  // varlen forwards take the d 128 clusters of two (option fwd_cluster) as dense calls do (a pair's two query blocks
-  // are of one sequence; a block past its end beside one inside it runs too, storing nothing)
-  bool varlen_fwd_cluster = false;
+  bool bwd_programmatic_main = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).

@@ -75,8 +75,7 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     int m_block, head, batch;
     scheduler.at(t, m_block, head, batch);
     // -- the tile: its queries, outputs and the key blocks they see. Varlen: within its sequence (rows from seq's
-    //    q_row0 / k_row0 of the packed tensors, its own lengths); a block past the sequence's end is skipped, or
-    //    (clusters) runs beside its pair's and stores nothing (FwdTileScheduler::runs_block).
+    //    q_row0 / k_row0 of the packed tensors, its own lengths); a block past the sequence's end has nothing to do.
     const int m0 = m_block * Traits::kBlockM;
     const SequenceBounds seq = scheduler.sequence(batch);
     if (!scheduler.runs_block(m_block, seq.seqlen_q)) continue;  // (as the producer: FwdTileScheduler::in_sequence)
@@ -151,8 +150,8 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 // (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 // maps: the TMA descriptors of q, k, v and a staged key-row bias (sm_90a instances with FA2_SM90_TMA; unused
 // otherwise).
-// kVarlen: packed sequences (params.h), no bias: the sm80 path's kernels and the sm_90a ones with TMA loads (maps over
-// the packed tensors: fwd_launch_template.cuh).
+// kVarlen: packed sequences (params.h), no bias, no clusters: the sm80 path's kernels and the sm_90a ones with TMA
+// loads (maps over the packed tensors: fwd_launch_template.cuh).
 // kDropout: dropout on P (params.h, rng_state): the sm80 path's kernels and the pipelined sm_90a ones (plain or general
 // score path).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,

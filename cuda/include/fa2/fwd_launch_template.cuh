@@ -128,7 +128,7 @@ struct FwdLaunch {
 
 // The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type (and
 // with kWithTileCounter its tile-counter twin, with kWithCluster its twin in clusters of two).
-// kVarlen: the packed-sequence kernels.
+// kVarlen: the packed-sequence kernels (no cluster twin).
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule,
           bool kWithTileCounter = false, bool kWithCluster = false, bool kVarlen = false>
 FwdLaunch ws_launch() {
@@ -146,9 +146,9 @@ FwdLaunch ws_launch() {
         &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, true, false, kVarlen>;
   }
   FwdKernel cluster_kernel = nullptr;
+  static_assert(!(kWithCluster && kVarlen), "no varlen clusters");
   if constexpr (kWithCluster) {
-    cluster_kernel =
-        &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, false, true, kVarlen>;
+    cluster_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, false, true>;
   }
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap, false,
                            false, kVarlen>,
@@ -176,8 +176,8 @@ void use_key_bias_ws_launch(BiasType bias_type, FwdLaunch& launch) {
 }
 
 // The sm_90a varlen kernels (TMA loads over the packed tensors, kVarlen) a plan names: each headdim's default
-// warp-specialized schedules on the plain path (with and without a causal mask or window; the tile-counter and cluster
-// twins where the dense kernels have them), else the pipelined kernel, plain or general (softcap). No bias, no forced
+// warp-specialized schedules on the plain path (with and without a causal mask or window; the tile-counter twin where
+// the dense kernels have it), else the pipelined kernel, plain or general (softcap). No bias, no clusters, no forced
 // schedule (plan.cpp: varlen takes the defaults). launch.kernel nullptr for anything else.
 template <typename T, int kHeadDim, int kArch>
 FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
@@ -198,8 +198,7 @@ FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
     }
     if constexpr (kEqual != Sm90Schedule::kPipelined && kEqual != kWindowed) {
       if (plan.schedule == kEqual) {
-        constexpr bool kClusterTwin = kEqual == Sm90Schedule::kOverlap && fwd_cluster_headdim(kHeadDim);
-        return ws_launch<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, kEqual, false, kClusterTwin, true>();
+        return ws_launch<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, kEqual, false, false, true>();
       }
     }
     return launch;

@@ -111,7 +111,8 @@ struct FwdKernelTraits {
   static_assert(kColBlocks * kBlockCols * kBlockM * 2 == Cfg::kSmemQBytes, "Q boxes cover the tile exactly");
   static_assert(!kTileCounter || kPersistent, "the tile counter serves persistent CTAs");
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
-  static_assert(!kVarlen || kBias == BiasType::kNone, "varlen: no bias");
+  static_assert(!kVarlen || (kBias == BiasType::kNone && !kCluster),
+                "varlen: no bias, no clusters (a pair's two query blocks may lie in different sequences)");
   static_assert(!kDropout || (!kWs && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)),
                 "dropout: the cp.async and pipelined kernels, plain or general score path");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),

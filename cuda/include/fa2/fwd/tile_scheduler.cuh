@@ -2,8 +2,8 @@
 // tile scheduler): one tile per CTA from a (query blocks, heads, batch) grid, one from a 1-D grid of tiles, or a
 // persistent CTA's tiles one after another (every gridDim.x-th, or the next unclaimed one from a tile counter).
 // Varlen and split-KV change what a tile is: here (varlen: a tile's rows and lengths are its sequence's, sequence();
-// the grid is sized by max_seqlen_q, and a tile past its sequence's end is skipped by every part of the kernel, or with
-// clusters run beside its pair's: runs_block).
+// the grid is sized by max_seqlen_q, and a tile past its sequence's end is skipped by every part of the kernel:
+// runs_block).
 #pragma once
 #include "fa2/block_info.cuh"
 #include "fa2/fwd/pipeline.cuh"
@@ -30,10 +30,8 @@ struct FwdTileCoord {
 // kCluster: CTAs in pairs (a cluster of two: ranks 0 and 1 are blockIdx.x 2c and 2c + 1) whose tiles t, t + 1 are two
 // query blocks of one (batch, head) with the same key range, so that each K/V tile is read from L2 once for both
 // (fwd/producer.cuh). The launcher sends only calls where that holds for every pair: an even grid, an even number of
-// query blocks per head, no causal mask or window, the head-major tile order. Tile t even is then block 2j + 1 and
-// t + 1 block 2j of one head (m_block = num_m_blocks - 1 - rank). Varlen: a pair runs both its tiles or neither
-// (runs_block), a block past its sequence's end beside one inside it taking its half of the shared loads (its rows,
-// the next sequence's or past the tensor's end, are computed and never stored).
+// query blocks per head, no causal mask or window, the head-major tile order. (Dense only: a varlen pair's two
+// query blocks could lie in different sequences.)
 template <class Traits>
 struct FwdTileScheduler {
   static_assert(!Traits::kTileCounter || Traits::kPersistent, "the tile counter serves persistent CTAs");
@@ -115,10 +113,10 @@ struct FwdTileScheduler {
     return sequence_bounds<Traits::kVarlen>(p, batch);
   }
   // Whether query block m_block of a sequence of seqlen_q queries runs: its queries start inside the sequence (dense:
-  // always); kCluster: its pair's first block's do (kCluster above). The producer and the consumers skip the others
-  // alike, before any barrier: no Q load, no stage, no announcement.
+  // always). The producer and the consumers skip the others alike, before any barrier: no Q load, no stage, no
+  // announcement.
   __device__ __forceinline__ static bool runs_block(int m_block, int seqlen_q) {
-    return !Traits::kVarlen || (Traits::kCluster ? m_block & ~1 : m_block) * Traits::kBlockM < seqlen_q;
+    return !Traits::kVarlen || m_block * Traits::kBlockM < seqlen_q;
   }
   __device__ __forceinline__ bool in_sequence(const FwdTileCoord& c) const {
     return runs_block(c.m_block, sequence(c.batch).seqlen_q);
