@@ -1,6 +1,8 @@
 """The fa2 calls scripts/dev/gpu_profile.sh puts under Nsight Compute: one named case per run, two warm-up calls and
 then the profiled one (gpu_profile.sh skips the warm-ups' kernels). 4 x 16 heads x 4096 tokens, bf16, non-causal.
   fwd-d64 / fwd-d64-pad / fwd-d128 / fwd-d128-pad   forward, without / with a (B, 1, 1, S) padding bias (bf16)
+  fwd-d64-c1k / fwd-d64-c1k-sinks                   the forward at 16 x 32 heads x 1024 tokens, causal, without / with
+                                                    sinks (fp32): the sinks' cost where it is largest (tuning.md "Sinks")
   bwd-d64 / bwd-d128                                the backward (default instances: sm_90a wgmma on an H100/H200)
   bwd80-d64 / bwd80-d128                            the backward with its sm_90a instances off (fa2.dev option sm90_backward)
   bwd-d256                                          the d 256 backward (its warp-specialized headdim-split kernel)
@@ -23,7 +25,7 @@ import torch
 
 import fa2
 
-CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd80-d64", "bwd80-d128",
+CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d64-c1k", "fwd-d64-c1k-sinks", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd80-d64", "bwd80-d128",
          "bwd-d256", "cudnn-fwd-d128", "cudnn-bwd-d128", "cudnn-bwd-d256", "fa4-fwd-d64", "fa4-fwd-d128", "fa4-bwd-d64",
          "fa4-bwd-d128", "decode-d64", "decode-d128", "cudnn-decode-d64", "cudnn-decode-d128")
 
@@ -59,8 +61,10 @@ def main():
     if "decode" in case:
         decode_step(case, d)
         return
-    b, s, h = 4, 4096, 16
+    b, s, h = (16, 1024, 32) if "-c1k" in case else (4, 4096, 16)
+    causal = "-c1k" in case
     g = torch.Generator(device="cuda").manual_seed(0)
+    sinks = torch.randn(h, device="cuda", generator=g) if case.endswith("-sinks") else None
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     bias = None
     if case.endswith("-pad"):
@@ -86,7 +90,7 @@ def main():
             if case.startswith(("cudnn", "fa4")):
                 attention(q, k, v)
             else:
-                torch.ops.fa2.fwd(q, k, v, bias)
+                torch.ops.fa2.fwd(q, k, v, bias, causal=causal, sinks=sinks)
     else:
         fa2.dev.set_options(sm90_backward=not case.startswith("bwd80"))
         for t in (q, k, v):
