@@ -3,6 +3,8 @@ then the profiled one (gpu_profile.sh skips the warm-ups' kernels). 4 x 16 heads
   fwd-d64 / fwd-d64-pad / fwd-d128 / fwd-d128-pad   forward, without / with a (B, 1, 1, S) padding bias (bf16)
   fwd-d64-c1k / fwd-d64-c1k-sinks                   the forward at 16 x 32 heads x 1024 tokens, causal, without / with
                                                     sinks (fp32): the sinks' cost where it is largest (tuning.md "Sinks")
+  fwd-d128-varlen                                   fwd-d128's tokens as 4 packed sequences of 4096 (varlen_fwd): the
+                                                    varlen kernel beside the dense one (equal lengths)
   bwd-d64 / bwd-d128                                the backward (default instances: sm_90a wgmma on an H100/H200)
   bwd80-d64 / bwd80-d128                            the backward with its sm_90a instances off (fa2.dev option sm90_backward)
   bwd-d256                                          the d 256 backward (its warp-specialized headdim-split kernel)
@@ -25,7 +27,7 @@ import torch
 
 import fa2
 
-CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d64-c1k", "fwd-d64-c1k-sinks", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd80-d64", "bwd80-d128",
+CASES = ("fwd-d64", "fwd-d64-pad", "fwd-d64-c1k", "fwd-d64-c1k-sinks", "fwd-d128-varlen", "fwd-d128", "fwd-d128-pad", "bwd-d64", "bwd-d128", "bwd80-d64", "bwd80-d128",
          "bwd-d256", "cudnn-fwd-d128", "cudnn-bwd-d128", "cudnn-bwd-d256", "fa4-fwd-d64", "fa4-fwd-d128", "fa4-bwd-d64",
          "fa4-bwd-d128", "decode-d64", "decode-d128", "cudnn-decode-d64", "cudnn-decode-d128")
 
@@ -89,6 +91,9 @@ def main():
         for _ in range(3):
             if case.startswith(("cudnn", "fa4")):
                 attention(q, k, v)
+            elif case.endswith("-varlen"):
+                cu = torch.arange(0, (b + 1) * s, s, device="cuda", dtype=torch.int32)
+                torch.ops.fa2.varlen_fwd(*(t.reshape(b * s, h, d) for t in (q, k, v)), cu, cu, s, s)
             else:
                 torch.ops.fa2.fwd(q, k, v, bias, causal=causal, sinks=sinks)
     else:
