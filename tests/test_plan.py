@@ -231,7 +231,8 @@ def test_options_namespace():
                         "key_bias_backward": True, "bwd_small_tiles": False, "bwd_gqa_grouping": -1,
                         "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True,
                         "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": True,
-                        "dense_decode": True, "bwd_programmatic_main": True}
+                        "dense_decode": True, "bwd_programmatic_main": True,
+                        "varlen_stage_masks": False}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1
@@ -316,3 +317,19 @@ def test_decode_splits():
     p = dev.plan("decode", H100, batch=1, seqlen_k=8192, headdim=64, **gqa)
     assert p["ctas_per_split"] * p["num_splits"] <= 2 * 132 and p["row_blocks"] == 1, p
     assert "decline" in dev.plan("decode", H100, batch=1, seqlen_q=9, nheads=32, nheads_k=1, seqlen_k=64)
+
+
+def test_varlen_forward_stage_masks_option():
+    """Option varlen_stage_masks (off by default): the plan marks the warp-specialized varlen forward's stage masks
+    (params.varlen_stage_masks); never for a dense call, a kernel that is not warp-specialized, or the sm80
+    path."""
+    call = dict(batch=4, nheads=16, seqlen_q=2048, headdim=128)
+    assert kernel("fwd", H100, varlen=True, **call)["stage_masks"] == "no"
+    with dev.options_override(varlen_stage_masks=True):
+        for extra in (dict(), dict(causal=True), dict(window_left=100, window_right=0), dict(headdim=256)):
+            p = kernel("fwd", H100, varlen=True, **dict(call, **extra))
+            assert p["stage_masks"] == ("yes" if "warp-specialized" in p["kernel"] else "no"), (extra, p)
+        assert kernel("fwd", H100, varlen=True, **call)["stage_masks"] == "yes"
+        assert kernel("fwd", H100, **call)["stage_masks"] == "no"
+        assert kernel("fwd", A100, varlen=True, **call)["stage_masks"] == "no"
+        assert kernel("fwd", H100, varlen=True, softcap=20.0, **call)["stage_masks"] == "no"

@@ -246,6 +246,36 @@ def test_varlen_hopper_routes(route):
             _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
 
 
+def test_varlen_forward_stage_masks():
+    """Option varlen_stage_masks: the warp-specialized varlen forward's producer marks the K/V stages whose key block
+    needs the mask and the consumers load the sequence's bounds only for those. out and lse bitwise those of the same
+    kernels without the marks (the mask decision moves, not the arithmetic), and within the rule: the CUDA samples and
+    the Hopper shapes plain, causal and windowed (left and right edges), d 64 / 128 / 256, bf16 and fp16."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a warp-specialized kernels")
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for dtype in (torch.bfloat16, torch.float16):
+        samples = varlen_samples("cuda", dtype, full=True, seed=4)
+        for shape in SHAPES_HOPPER:
+            for flags in ({}, {"causal": True}, {"window_left": 100, "window_right": 0},
+                          {"window_left": 37, "window_right": 300}):
+                samples.append(make_varlen(*shape, dtype=dtype, device="cuda", flags=flags, generator=g))
+        with fa2.dev.options_override(varlen_stage_masks=True):
+            plan = fa2.dev.plan("fwd", varlen=True, batch=2, nheads=4, seqlen_q=4096, headdim=128,
+                                dtype=str(dtype).split(".")[-1])
+            assert plan["stage_masks"] == "yes" and "warp-specialized" in plan["kernel"], plan
+        for s in samples:
+            with fa2.dev.options_override(varlen_stage_masks=True):
+                on = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
+                _check_forward(s)
+            with fa2.dev.options_override(varlen_stage_masks=False):
+                off = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
+            for name, a, b in zip(("out", "lse"), on, off):
+                diff = (a.float() - b.float()).abs().max()
+                assert torch.equal(a, b), f"{s} {name}: stage masks on / off differ by {diff}"
+
+
 def _hopper_ws_backward_samples():
     """test_varlen_warp_specialized_backward's samples: tile edges (lengths 0, 1, 127, 128, 129, 255, 256, 3000; the
     query and key blocks of 64 / 128 rows end inside the next sequence), GQA, many short sequences beside a long one,

@@ -406,6 +406,7 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
     if ((plan.error = plan_fwd_ws_grid(plan, c, p, device, options, buffers, notes))) return plan;
   }
   if (plan.smem > 48 * 1024 && (plan.error = check_smem("forward", inst.headdim, plan.smem, device))) return plan;
+  plan.stage_masks = plan.varlen && plan.warp_specialized && options.varlen_stage_masks;
   // (the sm80-path kernels keep blockIdx's order)
   plan.tile_order_tail =
       plan.arch_tag == 901 ? launch_tile_order_tail(p, device, options, plan.num_m_blocks, p.nheads) : 0;
@@ -839,6 +840,7 @@ std::vector<std::pair<std::string, std::string>> describe(const FwdPlan& plan, D
           {"block", std::to_string(plan.threads) + " threads"},
           {"smem", std::to_string(plan.smem) + " bytes"},
           {"workspace", std::to_string(plan.workspace_ints) + " int32 (zeroed)"},
+          {"stage_masks", plan.stage_masks ? "yes" : "no"},
           {"tile_order_tail", std::to_string(plan.tile_order_tail)}};
 }
 

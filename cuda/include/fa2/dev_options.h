@@ -55,6 +55,10 @@ struct DevOptions {
   // (its launch and its K / V loads overlap the preprocess's last wave; it waits for D and the zeroed dq_accum
   // before it needs them); off: launched after the preprocess completes
   bool bwd_programmatic_main = true;
+  // the sm_90a warp-specialized varlen forward's producer marks the K/V stages whose key block needs the mask, and
+  // the consumers reload the sequence's bounds only for those (params.h, varlen_stage_masks); off: the consumers
+  // reload them for every key block
+  bool varlen_stage_masks = false;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).

@@ -366,6 +366,7 @@ const char* run_fwd_instance(const FwdPlan& plan, const AttentionParams& p, cuda
   kernel_params.inv_scale = 1.f / p.scale;
   kernel_params.heavy_score = -kHeavyRowLog2 / p.scale_log2;
   kernel_params.tile_order_tail = plan.tile_order_tail;
+  kernel_params.varlen_stage_masks = plan.stage_masks;
   if (use_cluster) {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = cluster_of_two_config(grid, launch.threads, launch.smem, stream, &cluster);

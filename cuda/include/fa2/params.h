@@ -93,6 +93,10 @@ struct AttentionParams {
   // queries are in DqFragmentOrder (bwd/dq_fragment_order.h: the headdim-split ws backward's, bwd_ws_dsplit_kernel.cuh), the
   // rest row-major.
   bool dq_accum_fragment_order = false;
+  // Set by the forward launcher from the plan (FwdPlan::stage_masks): the warp-specialized varlen kernel's producer
+  // marks each K/V stage whose key block needs the mask (FwdBarriers::masked_stages), and the consumers load the
+  // sequence's bounds only for those, instead of for every key block
+  bool varlen_stage_masks = false;
   // Set by the backward launcher (bwd_launch_template.cuh) where its dQ conversion overlaps the warp-specialized main
   // kernel's last CTAs (programmatic dependent launch): per (batch, head), how many of the main kernel's CTAs have
   // finished (params.workspace, zeroed by bwd_preprocess_kernel); the conversion of a head's rows waits until that

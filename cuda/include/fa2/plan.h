@@ -66,6 +66,8 @@ struct FwdPlan {
   // sm80 path's kernel with kVarlen (arch_tag 800 .. 900) from an sm80-path instance (Hopper: the sm_90 one; in a
   // build without those, an sm_90a one carries it), on a (query blocks of max_seqlen_q, nheads, sequences) grid
   bool varlen = false;
+  // the warp-specialized varlen kernel's stage masks (params.h, varlen_stage_masks; option varlen_stage_masks)
+  bool stage_masks = false;
   // dropout (params.h, has_dropout): the kernel with kDropout, plain or general score path: on compute capability 9.0
   // the pipelined sm_90a one (arch_tag 901; not warp_specialized) while option sm90_dropout is on, else the sm80
   // path's from an sm80-path instance as varlen's

@@ -67,6 +67,7 @@ struct FwdMainloopSm90Overlap {
 
       // -- tile n has landed
       const KeyTileKind bias_kind = wait_stage(tile, q_loads, it, buf, use, n);
+      const bool stage_masked = stage_may_need_mask(tile, buf);  // (before the stage's release: kSplitKV's K below)
       if constexpr (Traits::kStagedBias) {
         if (kSkip && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
           // the previous tile's P V goes out now: its stage must not stay held while the ring moves on (the producer
@@ -110,7 +111,7 @@ struct FwdMainloopSm90Overlap {
         sm90::wait_hold</*kPending=*/0>(acc_s);
       }
       if constexpr (Traits::kSplitKV) pipe.release_stage(buf);  // (K only: Q K^T has completed in this warp)
-      mod_and_mask_scores(acc_s, tile, rows, n, col0);
+      mod_and_mask_scores(acc_s, tile, rows, n, col0, stage_masked);
 
       // -- online softmax on S; then the previous P V is done: O can be rescaled, the previous stage released, P_prev
       // rewritten. Every path waits, the first iteration's too (nothing is pending there): with the wait only where the

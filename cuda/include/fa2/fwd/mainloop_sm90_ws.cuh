@@ -53,6 +53,7 @@ struct FwdMainloopSm90Ws {
 
       // -- tile n has landed (the producer refills a stage once its empty barrier completes)
       const KeyTileKind bias_kind = wait_stage(tile, q_loads, it, buf, use, n);
+      const bool stage_masked = stage_may_need_mask(tile, buf);
       if constexpr (Traits::kStagedBias) {
         if (Traits::kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
           tile.pipe.release_stage(buf);
@@ -87,7 +88,7 @@ struct FwdMainloopSm90Ws {
       } else {
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, tile.smem.q(), rows.wg_row0, tile.smem.k(buf));
       }
-      mod_and_mask_scores(acc_s, tile, rows, n, col0);
+      mod_and_mask_scores(acc_s, tile, rows, n, col0, stage_masked);
       softmax_step(softmax, acc_s, acc_o, rows, /*heavy_rows_possible=*/true);
       // -- O += P V
       if constexpr (kPingpong) pingpong_wait<kWarpgroups>(warpgroup);  // its next slot: P V, then the next Q K^T

@@ -56,19 +56,36 @@ __device__ __forceinline__ KeyTileKind wait_stage(const FwdTile<Traits>& tile, c
   return bias_kind;
 }
 
+// Whether stage buf's key block may need the mask: with params.varlen_stage_masks (the warp-specialized varlen
+// kernel), the producer's mark (FwdBarriers::masked_stages), read after the stage's wait and before its release;
+// otherwise true (the mask's own test decides).
+template <class Traits>
+__device__ __forceinline__ bool stage_may_need_mask(const FwdTile<Traits>& tile, int buf) {
+  if constexpr (Traits::kVarlen && Traits::kWs) {
+    if (tile.p.varlen_stage_masks) {
+      return (*reinterpret_cast<volatile const int*>(tile.smem.ptr(tile.smem.masked_stages())) >> buf) & 1;
+    }
+  }
+  return true;
+}
+
 // -- S (kGeneral: scale, softcap, + bias), then -inf where a key is out of sight: only the tiles that cross a boundary
-// (sequence tail, causal diagonal, window edge)
+// (sequence tail, causal diagonal, window edge). may_need_mask: false skips the test (stage_may_need_mask).
 template <class Traits, int kMTiles, int kNTiles>
 __device__ __forceinline__ void mod_and_mask_scores(float (&acc_s)[kMTiles][kNTiles][4], const FwdTile<Traits>& tile,
-                                                    const FwdThreadRows<Traits>& rows, int n, int col0) {
+                                                    const FwdThreadRows<Traits>& rows, int n, int col0,
+                                                    bool may_need_mask = true) {
   if constexpr (Traits::kMode == ScoreMode::kGeneral) {
     score_mod<typename Traits::T, Traits::kBias>(acc_s, tile.p, tile.bias_bh, rows.row0, col0);
   }
   if constexpr (Traits::kVarlen && Traits::kWs) {
     // the sequence's lengths loaded here (L1 hits): held in registers over the warp-specialized key loop, they cost
-    // the consumers spills in it
-    const BlockInfo info = sequence_block_info<true>(tile.p, tile.coord.batch);
-    if (info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) info.apply_mask(acc_s, rows.row0, col0);
+    // the consumers spills in it; loaded for every key block they drew ~6% of the d 128 kernel's stall samples (ncu),
+    // hence the producer's stage marks where params.varlen_stage_masks is set
+    if (may_need_mask) {
+      const BlockInfo info = sequence_block_info<true>(tile.p, tile.coord.batch);
+      if (info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) info.apply_mask(acc_s, rows.row0, col0);
+    }
   } else {
     if (tile.info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) {
       tile.info.apply_mask(acc_s, rows.row0, col0);

@@ -93,6 +93,7 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
   constexpr int kRing = Traits::kRing, kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const FwdSmem<Traits>& smem = load.smem;
   int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
+  int masked_stages = 0;     // kVarlen with params.varlen_stage_masks: this thread's copy of FwdBarriers::masked_stages
   auto announce = [&](int t) {
     if (q_loads > 0) sm90::mbarrier_wait(smem.bar_q_empty(), (q_loads - 1) & 1);
     if constexpr (Traits::kTileCounter) *reinterpret_cast<volatile int*>(smem.ptr(smem.tile_slot())) = t;
@@ -103,7 +104,8 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
     // (varlen: the tile's sequence; one past its end is skipped as the consumers skip it: runs_block)
     const SequenceBounds seq = scheduler.sequence(tile.batch);
     if (!scheduler.in_sequence(tile)) continue;
-    const KeyBlockRange range = scheduler.tile_info(seq, info).key_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);
+    const BlockInfo tile_info = scheduler.tile_info(seq, info);
+    const KeyBlockRange range = tile_info.key_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);
     if (range.empty()) {  // (the consumers write its zeros)
       if constexpr (Traits::kTileCounter) {
         announce(t);
@@ -122,6 +124,16 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
     for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
       // the stage's previous tile (use - kRing) must have been read by every consumer warp
       if (use >= kRing) sm90::mbarrier_wait(smem.bar_empty(use % kRing), ((use / kRing) - 1) & 1);
+      if constexpr (Traits::kVarlen && Traits::kWs) {
+        // whether this key block needs the mask, marked before the stage's barrier is armed (its arrival releases the
+        // write); the consumers then load the sequence's bounds only for marked stages (stage_may_need_mask)
+        if (p.varlen_stage_masks) {
+          const int bit = 1 << (use % kRing);
+          const bool needs = tile_info.needs_mask(n, kBlockN, tile.m_block * kBlockM, kBlockM);
+          masked_stages = needs ? masked_stages | bit : masked_stages & ~bit;
+          *reinterpret_cast<volatile int*>(smem.ptr(smem.masked_stages())) = masked_stages;
+        }
+      }
       if constexpr (Traits::kSplitKV) {
         load.k_or_v(&load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, batch, row0);
         if (n != range.hi - 1) load_v_of(n + 1, use - 1);

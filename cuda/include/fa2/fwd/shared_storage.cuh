@@ -21,7 +21,10 @@ struct FwdBarriers {
   // the persistent kernel's next tile, written by the producer before it completes q_full's phase for that tile
   // (num_tiles: no more tiles); with a tile counter only
   int next_tile;
-  int unused;
+  // kVarlen with params.varlen_stage_masks: bit s set while stage s holds a key block that needs the mask, written by
+  // the producer before it arms the stage's barrier (the arrival's release orders it), read by the consumers after
+  // their wait and before they release the stage (fwd/producer.cuh, fwd/mainloop_steps.cuh: stage_needs_mask)
+  int masked_stages;
   uint64_t v_full[kSplitKV ? kRing : 1];   // kSplitKV: a stage's V landed
   uint64_t v_empty[kSplitKV ? kRing : 1];  // kSplitKV: a stage's V released
 };
@@ -103,6 +106,9 @@ struct FwdSmem {
   }
   __device__ __forceinline__ uint32_t bar_q_empty() const { return bar_q() + int(offsetof(Barriers, q_empty)); }
   __device__ __forceinline__ uint32_t tile_slot() const { return bar_q() + int(offsetof(Barriers, next_tile)); }
+  __device__ __forceinline__ uint32_t masked_stages() const {
+    return bar_q() + int(offsetof(Barriers, masked_stages));
+  }
   __device__ __forceinline__ uint32_t bar_v(int stage) const {
     return bar_q() + int(offsetof(Barriers, v_full)) + 8 * stage;
   }
