@@ -250,7 +250,10 @@ def test_varlen_forward_stage_masks():
     """Option varlen_stage_masks: the warp-specialized varlen forward's producer marks the K/V stages whose key block
     needs the mask and the consumers load the sequence's bounds only for those. out and lse bitwise those of the same
     kernels without the marks (the mask decision moves, not the arithmetic), and within the rule: the CUDA samples and
-    the Hopper shapes plain, causal and windowed (left and right edges), d 64 / 128 / 256, bf16 and fp16."""
+    the Hopper shapes plain, causal and windowed (left and right edges), bf16 and fp16; and, repeated, many sequences
+    with seqused_k below the keys held at d 128 (overlap; causal: the tile-counter kernel) and d 256 (windowed), more
+    tiles than SMs, so that persistent CTAs reuse each stage across masked and unmasked blocks of different sequences
+    (a race between the producer's marks and the consumers' reads would show as an occasional difference)."""
     _needs("cuda")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm_90a warp-specialized kernels")
@@ -274,6 +277,18 @@ def test_varlen_forward_stage_masks():
             for name, a, b in zip(("out", "lse"), on, off):
                 diff = (a.float() - b.float()).abs().max()
                 assert torch.equal(a, b), f"{s} {name}: stage masks on / off differ by {diff}"
+        lengths = [(37 * i) % 700 + 1 for i in range(160)]
+        used = [max(0, n + 50 - (i % 60)) for i, n in enumerate(lengths)]
+        for d, flags in ((128, {}), (128, {"causal": True}), (256, {"window_left": 200, "window_right": 30})):
+            s = make_varlen(lengths, [n + 50 for n in lengths], 4, 2, d, dtype=dtype, device="cuda", flags=flags,
+                            generator=g, seqused=used)
+            with fa2.dev.options_override(varlen_stage_masks=False):
+                off = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
+            with fa2.dev.options_override(varlen_stage_masks=True):
+                _check_forward(s)
+                for _ in range(10):
+                    on = torch.ops.fa2.varlen_fwd(*s.args(), **s.kwargs)
+                    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1]), f"d {d} {flags} {dtype}"
 
 
 def _hopper_ws_backward_samples():

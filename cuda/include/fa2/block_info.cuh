@@ -34,6 +34,36 @@ struct KeyBlockRange {
   __device__ __forceinline__ bool empty() const { return hi <= lo; }
 };
 
+// The key blocks for which BlockInfo::needs_mask holds, as two thresholds (both of its right terms grow with the block
+// index, its left term falls): needs_mask(n) == (n >= right_from || n < left_below). Two integers where the lengths
+// and windows would take four: what the warp-specialized varlen producer holds through a tile's key blocks.
+#if defined(__CUDACC__)
+#define FA2_BLOCK_INFO_FN __host__ __device__ constexpr
+#else
+#define FA2_BLOCK_INFO_FN constexpr
+#endif
+struct MaskedKeyBlocks {
+  int right_from, left_below;
+  FA2_BLOCK_INFO_FN bool contains(int n) const { return n >= right_from || n < left_below; }
+};
+FA2_BLOCK_INFO_FN int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // (b > 0)
+FA2_BLOCK_INFO_FN MaskedKeyBlocks masked_key_blocks(int seqlen_q, int seqlen_k, int window_left, int window_right,
+                                                    int m0, int block_m, int block_n) {
+  const int shift = seqlen_k - seqlen_q;
+  // n block_n + block_n > seqlen_k  <=>  n >= floor(seqlen_k / block_n)  (seqlen_k >= 0)
+  int right_from = seqlen_k / block_n;
+  if (window_right >= 0) {  // n block_n + block_n - 1 > m0 + shift + window_right
+    const int edge = floor_div(m0 + shift + window_right + 1, block_n);
+    right_from = edge < right_from ? edge : right_from;
+  }
+  int left_below = -1;  // (no block: n >= 0)
+  if (window_left >= 0) {  // n block_n < last_row + shift - window_left  <=>  n < ceil(that / block_n)
+    const int last_row = (m0 + block_m < seqlen_q ? m0 + block_m : seqlen_q) - 1;
+    left_below = -floor_div(-(last_row + shift - window_left), block_n);
+  }
+  return {right_from, left_below};
+}
+
 struct BlockInfo {
   int seqlen_q, seqlen_k, window_left, window_right;
 
@@ -66,6 +96,10 @@ struct BlockInfo {
            (window_left >= 0 && n0 < last_row + shift - window_left);
   }
 
+  __device__ __forceinline__ MaskedKeyBlocks masked_blocks(int m0, int block_m, int block_n) const {
+    return masked_key_blocks(seqlen_q, seqlen_k, window_left, window_right, m0, block_m, block_n);
+  }
+
   // Visible keys [lo, hi] (inclusive) of query row `row`.
   __device__ __forceinline__ void key_range(int row, int& lo, int& hi) const {
     const int shift = seqlen_k - seqlen_q;
@@ -95,6 +129,34 @@ struct BlockInfo {
     }
   }
 };
+
+// (compile-time check of masked_key_blocks against needs_mask's terms, over small lengths, windows, rows and blocks)
+constexpr bool masked_key_blocks_match() {
+  for (int block_n : {16, 64}) {
+    for (int seqlen_q = 1; seqlen_q <= 71; seqlen_q += 7) {
+      for (int seqlen_k = 0; seqlen_k <= 150; seqlen_k += 11) {
+        for (int window_left = -1; window_left <= 45; window_left += 23) {
+          for (int window_right = -1; window_right <= 40; window_right += 9) {
+            for (int m0 = 0; m0 < seqlen_q; m0 += 16) {
+              const MaskedKeyBlocks blocks =
+                  masked_key_blocks(seqlen_q, seqlen_k, window_left, window_right, m0, 16, block_n);
+              const int last_row = (m0 + 16 < seqlen_q ? m0 + 16 : seqlen_q) - 1, shift = seqlen_k - seqlen_q;
+              for (int n = 0; n * block_n < seqlen_k + block_n; ++n) {
+                const int n0 = n * block_n;
+                const bool masked = n0 + block_n > seqlen_k ||
+                                    (window_right >= 0 && n0 + block_n - 1 > m0 + shift + window_right) ||
+                                    (window_left >= 0 && n0 < last_row + shift - window_left);
+                if (masked != blocks.contains(n)) return false;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+static_assert(masked_key_blocks_match(), "masked_key_blocks: the key blocks needs_mask masks");
 
 // Sequence `batch`'s BlockInfo (varlen: its lengths, bottom-right aligned over them; dense: the call's).
 template <bool kVarlen>

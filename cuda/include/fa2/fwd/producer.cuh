@@ -93,7 +93,6 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
   constexpr int kRing = Traits::kRing, kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const FwdSmem<Traits>& smem = load.smem;
   int use = 0, q_loads = 0;  // stage uses and Q loads so far (the barriers' phases)
-  int masked_stages = 0;     // kVarlen with params.varlen_stage_masks: this thread's copy of FwdBarriers::masked_stages
   auto announce = [&](int t) {
     if (q_loads > 0) sm90::mbarrier_wait(smem.bar_q_empty(), (q_loads - 1) & 1);
     if constexpr (Traits::kTileCounter) *reinterpret_cast<volatile int*>(smem.ptr(smem.tile_slot())) = t;
@@ -106,6 +105,8 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
     if (!scheduler.in_sequence(tile)) continue;
     const BlockInfo tile_info = scheduler.tile_info(seq, info);
     const KeyBlockRange range = tile_info.key_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);
+    // (kVarlen with params.varlen_stage_masks: the blocks to mark, two integers through the loop)
+    const MaskedKeyBlocks masked_blocks = tile_info.masked_blocks(tile.m_block * kBlockM, kBlockM, kBlockN);
     if (range.empty()) {  // (the consumers write its zeros)
       if constexpr (Traits::kTileCounter) {
         announce(t);
@@ -128,10 +129,10 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
         // whether this key block needs the mask, marked before the stage's barrier is armed (its arrival releases the
         // write); the consumers then load the sequence's bounds only for marked stages (stage_may_need_mask)
         if (p.varlen_stage_masks) {
+          // (read, modified and written by this thread alone: the consumers only read it)
+          volatile int* const word = reinterpret_cast<volatile int*>(smem.ptr(smem.masked_stages()));
           const int bit = 1 << (use % kRing);
-          const bool needs = tile_info.needs_mask(n, kBlockN, tile.m_block * kBlockM, kBlockM);
-          masked_stages = needs ? masked_stages | bit : masked_stages & ~bit;
-          *reinterpret_cast<volatile int*>(smem.ptr(smem.masked_stages())) = masked_stages;
+          *word = masked_blocks.contains(n) ? *word | bit : *word & ~bit;
         }
       }
       if constexpr (Traits::kSplitKV) {

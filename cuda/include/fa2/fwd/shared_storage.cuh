@@ -23,7 +23,7 @@ struct FwdBarriers {
   int next_tile;
   // kVarlen with params.varlen_stage_masks: bit s set while stage s holds a key block that needs the mask, written by
   // the producer before it arms the stage's barrier (the arrival's release orders it), read by the consumers after
-  // their wait and before they release the stage (fwd/producer.cuh, fwd/mainloop_steps.cuh: stage_needs_mask)
+  // their wait and before they release the stage (fwd/producer.cuh, fwd/mainloop_steps.cuh: stage_may_need_mask)
   int masked_stages;
   uint64_t v_full[kSplitKV ? kRing : 1];   // kSplitKV: a stage's V landed
   uint64_t v_empty[kSplitKV ? kRing : 1];  // kSplitKV: a stage's V released
