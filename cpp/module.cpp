@@ -12,7 +12,7 @@
 #include "cpu/blas.h"  // bf16_gemm_supported, bf16_gemm_switch
 #include "fa2/bwd_tile_config.h"  // bwd_ws_headdim (plain constexpr C++)
 #include "fa2/decode/dense_route.h"
-#include "fa2/decode/splits.h"  // choose_splits, the decode tile config (plain C++)
+#include "fa2/decode/shape.h"  // decode_shape, choose_splits (plain C++)
 #include "fa2/dev_options.h"
 #include "fa2/philox.h"  // dropout_keep_threshold
 #include "fa2/plan.h"
@@ -176,7 +176,7 @@ py::dict plan_dict(const Plan& plan, fa2::DType dtype, const fa2::PlanNotes& not
 }
 
 // A described decode call's shape in the decode kernel (fa2.attention_with_kvcache; direction "decode"): its query
-// rows per CTA, shared memory and the splits of the KV length (decode/splits.h), from batch, seqlen_q, seqlen_k (the
+// rows per CTA, shared memory and the splits of the KV length (decode/shape.h), from batch, seqlen_q, seqlen_k (the
 // cache's capacity), nheads, nheads_k, headdim and num_splits (0: the library's choice). The instance and layout
 // checks of the real plan (decode_dispatch.cpp) need tensors; this is the arithmetic that sizes the launch.
 py::dict decode_plan_of(const py::dict& c, const fa2::DeviceDesc& dev) {
@@ -192,19 +192,16 @@ py::dict decode_plan_of(const py::dict& c, const fa2::DeviceDesc& dev) {
   const int headdim = fa2::plan_rounded_headdim(instances.data(), int(instances.size()), get("headdim", 64));
   if (headdim < 0) throw py::value_error("fa2: no instantiated headdim serves this one");
   py::dict d;
-  const int64_t rows = int64_t(seqlen_q) * (nheads / nheads_k);
-  if (rows > int64_t(fa2::decode::kMaxRowsPerCta) * fa2::decode::kMaxRowBlocks) {
-    d["decline"] = "more than 256 query rows per kv head (seqlen_q x nheads / nheads_k)";
+  const fa2::decode::DecodeShape shape = fa2::decode::decode_shape(int64_t(seqlen_q) * (nheads / nheads_k), headdim);
+  if (shape.decline != nullptr) {
+    d["decline"] = shape.decline;
     return d;
   }
-  const int row_blocks = int((rows + fa2::decode::kMaxRowsPerCta - 1) / fa2::decode::kMaxRowsPerCta);
-  const int warps_m = fa2::decode::warps_m_for_rows(int(std::min<int64_t>(rows, fa2::decode::kMaxRowsPerCta)));
-  const int smem_bytes = fa2::decode::decode_smem_bytes(headdim, warps_m);
-  const int64_t ctas = int64_t(batch) * nheads_k * row_blocks;
-  d["headdim"] = headdim, d["row_blocks"] = row_blocks, d["warps_m"] = warps_m, d["smem_bytes"] = smem_bytes;
-  d["ctas_per_split"] = ctas;
+  const int64_t ctas = int64_t(batch) * nheads_k * shape.row_blocks;
+  d["headdim"] = headdim, d["row_blocks"] = shape.row_blocks, d["warps_m"] = shape.warps_m;
+  d["smem_bytes"] = shape.smem_bytes, d["ctas_per_split"] = ctas;
   d["num_splits"] = fa2::decode::choose_splits(ctas, capacity, fa2::decode::decode_tile_config(headdim).block_n,
-                                               smem_bytes, dev.sm_count, dev.smem_optin, requested);
+                                               shape.smem_bytes, dev.sm_count, dev.smem_optin, requested);
   d["device"] = py::dict(py::arg("cc") = dev.cc, py::arg("sm_count") = dev.sm_count,
                          py::arg("smem_optin") = dev.smem_optin);
   return d;

@@ -300,7 +300,7 @@ def test_forward_plan_says_when_the_decode_kernel_takes_the_call():
 
 
 def test_decode_splits():
-    """The decode kernel's split of the KV length (decode/splits.h) where the caller leaves it to the library: at most
+    """The decode kernel's split of the KV length (decode/shape.h) where the caller leaves it to the library: at most
     two CTAs an SM to fill (a third and fourth added no bandwidth), whole key tiles a split, none where batch x kv
     heads already fill the GPU; the counts the H100 sweeps found fastest (batch 1, GQA 32 / 8: d 64 at 512 / 8k /
     128k keys 8 / 32 / 33 splits; d 128 batch 16 at 512 keys 2); a requested count clamped to the key tiles."""

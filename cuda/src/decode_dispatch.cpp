@@ -1,10 +1,9 @@
 // The decode kernel's plan and entry point; the instance table comes from the generated fa2_kernel_instances.h.
-#include <algorithm>
 #include <cstdint>
 
 #include "dispatch.h"
 #include "fa2/decode/launch.h"
-#include "fa2/decode/splits.h"
+#include "fa2/decode/shape.h"
 #include "fa2/decode/tile_config.h"
 #include "fa2/launch.h"  // current_device
 #include "fa2_kernel_instances.h"
@@ -46,9 +45,10 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const In
     plan.decline = "batch or nheads_k above 65535";
     return plan;
   }
-  const int64_t rows = int64_t(p.seqlen_q) * (p.nheads / p.nheads_k);
-  if (rows > int64_t(decode::kMaxRowsPerCta) * decode::kMaxRowBlocks) {
-    plan.decline = "more than 256 query rows per kv head (seqlen_q x nheads / nheads_k)";
+  const decode::DecodeShape shape =
+      decode::decode_shape(int64_t(p.seqlen_q) * (p.nheads / p.nheads_k), p.headdim_rounded);
+  if (shape.decline != nullptr) {
+    plan.decline = shape.decline;
     return plan;
   }
   if (const char* why = layout_decline(p)) {
@@ -79,9 +79,7 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceDesc& device, const In
     plan.decline = "no decode instance for this dtype, headdim and GPU in this build";
     return plan;
   }
-  plan.row_blocks = int((rows + decode::kMaxRowsPerCta - 1) / decode::kMaxRowsPerCta);
-  plan.warps_m = decode::warps_m_for_rows(int(std::min<int64_t>(rows, decode::kMaxRowsPerCta)));
-  plan.smem_bytes = decode::decode_smem_bytes(p.headdim_rounded, plan.warps_m);
+  plan.row_blocks = shape.row_blocks, plan.warps_m = shape.warps_m, plan.smem_bytes = shape.smem_bytes;
   if (device.smem_optin > 0 && plan.smem_bytes > device.smem_optin) {
     plan.decline = "the decode tiles need more shared memory than this GPU has";
     return plan;

@@ -1,5 +1,6 @@
-// How many splits of the KV length a decode call runs where the caller leaves it to the library (num_splits 0).
-// Plain host C++ from shapes alone, so that fa2.dev.plan("decode") shows the choice on a machine without a GPU.
+// A decode call's launch shape from its sizes alone: query rows per CTA, shared memory, and how many splits of the KV
+// length it runs where the caller leaves that to the library (num_splits 0). Plain host C++, for the plan
+// (decode_dispatch.cpp) and fa2.dev.plan("decode"), which shows it on a machine without a GPU.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -8,6 +9,25 @@
 
 namespace fa2 {
 namespace decode {
+
+// The CTAs of one split over a kv head's query rows (seqlen_q x nheads / nheads_k): row blocks of up to
+// kMaxRowsPerCta, warps over a block's rows and the shared memory that takes. decline: more rows than kMaxRowBlocks
+// blocks hold (the dense kernels' larger query tiles serve those better).
+struct DecodeShape {
+  const char* decline = nullptr;
+  int row_blocks = 1, warps_m = 1, smem_bytes = 0;
+};
+inline DecodeShape decode_shape(int64_t rows_per_kv_head, int headdim_rounded) {
+  DecodeShape shape;
+  if (rows_per_kv_head > int64_t(kMaxRowsPerCta) * kMaxRowBlocks) {
+    shape.decline = "more than 256 query rows per kv head (seqlen_q x nheads / nheads_k)";
+    return shape;
+  }
+  shape.row_blocks = int((rows_per_kv_head + kMaxRowsPerCta - 1) / kMaxRowsPerCta);
+  shape.warps_m = warps_m_for_rows(int(std::min<int64_t>(rows_per_kv_head, kMaxRowsPerCta)));
+  shape.smem_bytes = decode_smem_bytes(headdim_rounded, shape.warps_m);
+  return shape;
+}
 
 // The splits where `ctas` CTAs a split (batch x kv heads x row blocks) leave the GPU's CTA slots (SMs x the CTAs one
 // SM holds by shared memory, at most kSplitCtasPerSm) short: the count with the least modelled time, waves x (key
