@@ -82,7 +82,8 @@ std::vector<fa2::InstanceDesc> plan_instances(bool forward) {
 // A described call (plan's arguments) as the glue would fill the params: contiguous (batch, seqlen, heads, headdim)
 // tensors, aligned, zero-padded to one headdim (fa2::kernel_headdim) where headdim_v (v's) differs from headdim (q's
 // and k's); a bias "key_row" (a padding mask: (batch, 1, 1, seqlen_k) broadcast) or "full" (batch, nheads,
-// seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool"); dropout_p > 0: dropout on; sinks: sinks given.
+// seqlen_q, seqlen_k) of bias_dtype ("same", "float32", "bool"); dropout_p > 0: dropout on; sinks: sinks given; varlen:
+// packed sequences (total_q / total_k rows, default batch x max_seqlen).
 fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::InstanceDesc>& instances) {
   auto get = [&](const char* k, auto fallback) {
     return c.contains(k) && !c[k].is_none() ? c[k].cast<decltype(fallback)>() : fallback;
@@ -146,7 +147,7 @@ fa2::AttentionParams described_params(const py::dict& c, const std::vector<fa2::
   if (get("varlen", false)) {  // packed sequences: batch sequences of seqlen_q / seqlen_k (their max_seqlen)
     static const int some_cu_seqlens[2] = {0, 0};  // (addresses only: a plan never reads them)
     p.cu_seqlens_q = p.cu_seqlens_k = some_cu_seqlens;
-    p.total_q = p.batch * p.seqlen_q, p.total_k = p.batch * p.seqlen_k;
+    p.total_q = get("total_q", p.batch * p.seqlen_q), p.total_k = get("total_k", p.batch * p.seqlen_k);
   }
   return p;
 }

@@ -65,6 +65,14 @@ FWD_TABLE = [
     (H100, dict(seqlen_q=4096, headdim=128, causal=True, varlen=True),
      "128, sm90a, plain, bias none, warp-specialized pingpong-overlap, tile counter, varlen>", "(132, 1, 1)", 1),
     (H100, dict(seqlen_q=4096, headdim=64, varlen=True), "64, sm90a, plain, bias none, varlen>", "(32, 16, 2)", 0),
+    # d 64 varlen from kWideOverlapMinKeys keys a sequence on average (total_k / batch; twice that with a causal mask):
+    # the wide overlap kernel as the dense call takes it
+    (H100, dict(seqlen_q=8192, headdim=64, varlen=True),
+     "64, sm90a, plain, bias none, warp-specialized overlap, varlen>", "(1376, 1, 1)", 0),
+    (H100, dict(seqlen_q=8192, headdim=64, causal=True, varlen=True), "64, sm90a, plain, bias none, varlen>",
+     "(64, 16, 2)", 0),
+    (H100, dict(seqlen_q=16384, headdim=64, causal=True, varlen=True),
+     "64, sm90a, plain, bias none, warp-specialized overlap, varlen>", "(2752, 1, 1)", 0),
     (H100, dict(seqlen_q=1024, headdim=128, softcap=30.0, varlen=True), "128, sm90a, general, bias none, varlen>",
      "(8, 16, 2)", 0),
     (H100, dict(seqlen_q=4096, headdim=256, causal=True, varlen=True),

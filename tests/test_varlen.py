@@ -291,6 +291,37 @@ def test_varlen_forward_stage_masks():
                     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1]), f"d {d} {flags} {dtype}"
 
 
+def test_varlen_forward_wide_kernel_long_sequences():
+    """d 64 with long sequences on average (total_k / batch from kWideOverlapMinKeys keys; twice that with a causal
+    mask): the plan takes the wide (192-row) warp-specialized overlap kernel, as the dense call does at that length,
+    and it is within the rule over sequences of 1 and 191 / 193 rows (a 192-row tile ending inside the next sequence)
+    beside long ones, GQA, plain, causal, windowed and with seqused_k; below the average length the pipelined kernel."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a warp-specialized kernels")
+    g = torch.Generator(device="cuda").manual_seed(17)
+    long_mix = [16001, 191, 1, 8383]  # 24576 keys over 4 sequences: 6144 on average
+    cases = [
+        ([16001, 191, 8384], long_mix[:1] + [193, 8382], {}, None),  # 8192 keys a sequence on average
+        ([16001, 191, 8384], [16001, 191, 8384], {"window_left": 3000, "window_right": 0}, None),
+        ([32000, 768], [32000, 768], {"causal": True}, None),  # 16384 on average: causal takes it from twice as many
+        ([9000, 1, 7383], [9000, 1, 7383], {}, [8000, 1, 7383]),
+    ]
+    for lengths_q, lengths_k, flags, used in cases:
+        windowed = bool(flags)
+        s = make_varlen(lengths_q, lengths_k, 4, 2, 64, dtype=torch.bfloat16, device="cuda", flags=flags,
+                        generator=g, seqused=used)
+        plan = fa2.dev.plan("fwd", varlen=True, batch=len(lengths_k), nheads=4, nheads_k=2, headdim=64,
+                            seqlen_q=s.max_seqlen_q, seqlen_k=s.max_seqlen_k, total_q=sum(lengths_q),
+                            total_k=sum(lengths_k), **flags)
+        wide = sum(lengths_k) // len(lengths_k) >= (16384 if windowed else 8192)
+        assert ("warp-specialized overlap" in plan["kernel"]) == wide, (lengths_k, flags, plan)
+        _check_forward(s)
+    plan = fa2.dev.plan("fwd", varlen=True, batch=len(long_mix), nheads=4, headdim=64, seqlen_q=max(long_mix),
+                        seqlen_k=max(long_mix), total_q=sum(long_mix), total_k=sum(long_mix))
+    assert "warp-specialized" not in plan["kernel"], plan
+
+
 def _hopper_ws_backward_samples():
     """test_varlen_warp_specialized_backward's samples: tile edges (lengths 0, 1, 127, 128, 129, 255, 256, 3000; the
     query and key blocks of 64 / 128 rows end inside the next sequence), GQA, many short sequences beside a long one,

@@ -202,6 +202,13 @@ struct FwdChoice {
   bool has_tile_counter_twin = false, has_cluster_twin = false, key_bias_tma = false;
 };
 
+// The key-loop length a forward's schedule is chosen by (sm90_schedule_for_keys): seqlen_k; varlen, the keys per
+// sequence on average (total_k / batch, known without a sync; max_seqlen_k would take the long-loop schedule for a
+// batch of mostly short sequences).
+int schedule_key_length(const AttentionParams& p) {
+  return is_varlen(p) ? (p.batch > 0 ? p.total_k / p.batch : 0) : p.seqlen_k;
+}
+
 FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options, int arch_tag, int headdim,
                             PlanNotes* notes) {
   FwdChoice c;
@@ -214,13 +221,13 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   // the default of causal / windowed calls: the schedule the tile-counter and key-bias kernels are built for
   const Sm90Schedule built_default = tma ? sm90_default_schedule(headdim, true) : Sm90Schedule::kPipelined;
   Sm90Schedule schedule = built_default;
-  // (varlen: the defaults only, the schedules its kernels are built for: fwd_launch_template.cuh)
+  // (varlen: no forced schedule, the ones its kernels are built for: fwd_launch_template.cuh)
   const bool forced = tma && !dropout && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
+  const int schedule_keys = schedule_key_length(p);
   if (tma) {
-    schedule = dropout        ? Sm90Schedule::kPipelined
-               : forced       ? options.sm90_schedule
-               : is_varlen(p) ? sm90_default_schedule(headdim, !equal_blocks)
-                              : sm90_schedule_for_keys(headdim, !equal_blocks, p.seqlen_k);
+    schedule = dropout  ? Sm90Schedule::kPipelined
+               : forced ? options.sm90_schedule
+                        : sm90_schedule_for_keys(headdim, !equal_blocks, schedule_keys);
   }
   if (tma) {
     note(notes, [&] {
@@ -229,7 +236,7 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
               : forced ? " (forced: option sm90_schedule)"
                        : std::string(" (d ") + std::to_string(headdim) + "'s default " +
                              (equal_blocks ? "without" : "with") + " a causal mask or window at " +
-                             std::to_string(p.seqlen_k) + " keys)");
+                             std::to_string(schedule_keys) + (is_varlen(p) ? " keys a sequence on average)" : " keys)"));
     });
   }
   // a bias with one value per key (padding masks): its own variant; on sm_90a its key tiles come by the TMA, which

@@ -74,7 +74,8 @@ def plan(direction: str = "fwd", device=None, **call) -> dict:
     nheads, nheads_k, headdim (q's and k's), headdim_v (v's; default headdim: the plan's "padding" says what the glue zero-pads), dtype
     ("bfloat16" / "float16"), causal, window_left, window_right, softcap, scale, bias ("none", "key_row": a padding
     mask, "full"), bias_dtype ("same", "float32", "bool"), bias_requires_grad, deterministic, dropout_p, varlen
-    (packed sequences: batch of them, seqlen_q / seqlen_k their max_seqlen), sinks (True: sinks given).
+    (packed sequences: batch of them, seqlen_q / seqlen_k their max_seqlen, total_q / total_k the packed rows, default
+    batch x max_seqlen), sinks (True: sinks given).
     device: None (the current GPU), "h100", "h200", "a100", "l40" or a dict. A forward plan's "decode_kernel": True
     where fa2.attention hands the call to the KV-cache op's decode kernel (option dense_decode; the plan's kernel is
     then the fallback for a layout that kernel declines).

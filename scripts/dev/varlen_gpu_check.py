@@ -11,7 +11,7 @@ failure.
 sm90a-wgmma: the sm_90a backward without the warp-specialized kernel; default: the default options, sm90a there); the
 kernels each route plans are printed first.
 --bench (--bench-bwd: the backward alone): times varlen against fa2's dense kernel on the same tokens (equal lengths:
-batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 1k..8k, causal and not), each pair's calls interleaved call by
+batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 512..16k, causal and not), each pair's calls interleaved call by
 call (benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen (and the
 backward's sm90a-wgmma route). --bench-mixed:
 mixed lengths (16k tokens, 64..8k), varlen's useful TFLOP/s against the padded dense call with a key padding mask,
@@ -195,7 +195,7 @@ def bench(route, backward):
     print(f"{'D':>4} {'S':>5} {'causal':>6} {'dense ms':>9} " + " ".join(f"{'varlen ' + r:>13} {'ratio':>6}"
                                                                         for r in routes))
     for d in (64, 128, 256):
-        for s_len in (1024, 2048, 4096, 8192):
+        for s_len in (512, 1024, 2048, 4096, 8192, 16384):  # (16k: one sequence, which runs the dense kernels)
             for causal in (False, True):
                 b, h = tokens // s_len, hidden // d
                 q, k, v, dout = (torch.randn(b, s_len, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))

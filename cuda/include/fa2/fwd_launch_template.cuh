@@ -177,8 +177,9 @@ void use_key_bias_ws_launch(BiasType bias_type, FwdLaunch& launch) {
 
 // The sm_90a varlen kernels (TMA loads over the packed tensors, kVarlen) a plan names: each headdim's default
 // warp-specialized schedules on the plain path (with and without a causal mask or window; the tile-counter twin where
-// the dense kernels have it), else the pipelined kernel, plain or general (softcap). No bias, no clusters, no forced
-// schedule (plan.cpp: varlen takes the defaults). launch.kernel nullptr for anything else.
+// the dense kernels have it; d 64's wide overlap kernel for long sequences), else the pipelined kernel, plain or
+// general (softcap). No bias, no clusters, no forced schedule (plan.cpp: sm90_schedule_for_keys of the mean sequence
+// length). launch.kernel nullptr for anything else.
 template <typename T, int kHeadDim, int kArch>
 FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
@@ -199,6 +200,11 @@ FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
     if constexpr (kEqual != Sm90Schedule::kPipelined && kEqual != kWindowed) {
       if (plan.schedule == kEqual) {
         return ws_launch<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, kEqual, false, false, true>();
+      }
+    }
+    if constexpr (kEqual == Sm90Schedule::kPipelined && fwd_wide_warp_specialized(kHeadDim)) {
+      if (plan.schedule == Sm90Schedule::kOverlap) {  // (long sequences: sm90_schedule_for_keys)
+        return ws_launch<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, Sm90Schedule::kOverlap, false, false, true>();
       }
     }
     return launch;
