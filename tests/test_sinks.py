@@ -459,6 +459,21 @@ def test_cuda_sinks_schedules_and_determinism():
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
+def test_cuda_sinks_head_of_each_tile():
+    """The forward's epilogue finds each tile's sink by its head (sm_90a: from the warp's shared slot written at the
+    tile's start): persistent CTAs running tiles of many heads in turn (d 128, with and without the tile counter), the
+    causal tail order (d 64 at 1k: the last heads' blocks longest first), the wide d 64 kernel (8k keys), GQA; every
+    head's sink different, so that a tile taking another head's sink is far outside the rule."""
+    _needs("cuda")
+    g = torch.Generator(device="cuda").manual_seed(23)
+    cases = [((4, 1024, 1024, 16, 4, 128), {}), ((4, 1024, 1024, 16, 4, 128), {"causal": True}),
+             ((8, 1024, 1024, 16, 16, 64), {"causal": True}), ((1, 8192, 8192, 4, 2, 64), {})]
+    for (b, sq, sk, h, hk, d), flags in cases:
+        q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype=torch.bfloat16, device="cuda", generator=g)
+        sinks = torch.linspace(-4.0, 6.0, h, device="cuda")[torch.randperm(h, generator=g, device="cuda")]
+        check_forward(f"head of each tile {(b, sq, sk, h, hk, d)} {flags}", q, k, v, sinks, flags)
+
+
 def test_cuda_sinks_grad_over_many_rows():
     """d sinks' one-kernel reduction (a CTA per head, 2048 rows a pass) over several passes and a partial last one,
     rows that see no key (causal, more queries than keys) among them, sinks in bfloat16 (returned in it), dense and

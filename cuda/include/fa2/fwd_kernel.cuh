@@ -118,7 +118,10 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     // -- prologue: Q and the first (highest) key tile in flight; the head's sink into L1 for the epilogue (a prefetch:
     //    its load after the key loop then hits, and no register is kept through the loop)
     Mainloop::prologue(tile);
-    if (p.sinks != nullptr && lane == 0) ptx::prefetch_l1(p.sinks + head);
+    if (p.sinks != nullptr && lane == 0) {
+      ptx::prefetch_l1(p.sinks + head);
+      if constexpr (Traits::Cfg::kWgmma) *reinterpret_cast<int*>(shared.ptr(shared.tile_head(warp))) = head;
+    }
     float acc_o[kMTiles][kDTiles][4];  // (rows of this warp, d) unnormalized O
     ptx::zero(acc_o);
     OnlineSoftmax<kMTiles> softmax;

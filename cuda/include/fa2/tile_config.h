@@ -73,8 +73,10 @@ constexpr bool fwd_wide_warp_specialized(int headdim) { return headdim <= 64; }
 
 // sm_90a with TMA loads: the mbarriers after the tiles: Q, a full and an empty one per K/V stage, Q's empty one, the
 // persistent forward's next-tile slot (fwd/shared_storage.cuh, FwdBarriers::next_tile), and, for a two-stage ring with K and V on
-// barriers of their own (kSplitKV), V's full and empty ones per stage: 8 x (3 + 4 x 2) = 88 bytes.
-constexpr int kFwdSmemBarrierBytes = 88;
+// barriers of their own (kSplitKV), V's full and empty ones per stage: 8 x (3 + 4 x 2) = 88 bytes; then a head slot
+// per consumer warp (FwdBarriers::tile_head, at most the wide tile's 12 warps): 88 + 48.
+constexpr int kFwdMaxConsumerWarps = 12;
+constexpr int kFwdSmemBarrierBytes = 88 + 4 * kFwdMaxConsumerWarps;
 // A stage's key tile of a key-row bias (<= 4-byte elements), rounded up to 128 bytes: each is a TMA destination,
 // which the hardware wants 128-byte aligned (80-key tiles: 320 -> 384). See FwdTileConfig::kSmemBiasTileBytes.
 constexpr int fwd_bias_tile_bytes(int block_n) { return (block_n * 4 + 127) / 128 * 128; }

@@ -60,13 +60,19 @@ struct FwdEpilogue {
                                                const FwdTileScheduler<Traits>& scheduler, const BlockInfo& info,
                                                int t) {
     const int q_row0 = rows.q_row0;
-    // the sink's load issued before finalize's shuffles, which hide its latency (the tile's head is found again
-    // here, not kept live through the key loop: that code is the same with and without sinks)
+    // the sink's load issued before finalize's shuffles, which hide its latency. The tile's head is not kept live
+    // through the key loop (that code is the same with and without sinks): sm_90a, lane 0 reads it back from the
+    // warp's slot (fwd_kernel.cuh wrote it there) and broadcasts the sink; the sm80 path's blockIdx gives it cheaply.
     float sink = 0.f;
     if (p.sinks != nullptr) {
-      int m_block, head, batch;
-      scheduler.at(t, m_block, head, batch);
-      sink = p.sinks[head];
+      if constexpr (Traits::Cfg::kWgmma) {
+        if (lane == 0) sink = p.sinks[*reinterpret_cast<const int*>(smem.ptr(smem.tile_head(tid >> 5)))];
+        sink = __shfl_sync(0xffffffffu, sink, 0);
+      } else {
+        int m_block, head, batch;
+        scheduler.at(t, m_block, head, batch);
+        sink = p.sinks[head];
+      }
     }
     float inv_sum[2 * kMTiles], row_lse[2 * kMTiles];
     softmax.finalize(rows.mult, inv_sum, row_lse);

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fa2/ptx.cuh"
+#include "fa2/tile_config.h"  // kFwdMaxConsumerWarps
 
 namespace fa2 {
 namespace fwd {
@@ -27,6 +28,9 @@ struct FwdBarriers {
   int masked_stages;
   uint64_t v_full[kSplitKV ? kRing : 1];   // kSplitKV: a stage's V landed
   uint64_t v_empty[kSplitKV ? kRing : 1];  // kSplitKV: a stage's V released
+  // with sinks: each consumer warp's current tile's head, written and read by the warp's lane 0 (the epilogue's sink
+  // load then needs no second TileOrder::at, whose divisions cost the short causal tiles ~3% of their instructions)
+  int tile_head[kFwdMaxConsumerWarps];
 };
 
 template <int kKVBytes>
@@ -109,6 +113,9 @@ struct FwdSmem {
   __device__ __forceinline__ uint32_t masked_stages() const {
     return bar_q() + int(offsetof(Barriers, masked_stages));
   }
+  __device__ __forceinline__ uint32_t tile_head(int warp) const {
+    return bar_q() + int(offsetof(Barriers, tile_head)) + 4 * warp;
+  }
   __device__ __forceinline__ uint32_t bar_v(int stage) const {
     return bar_q() + int(offsetof(Barriers, v_full)) + 8 * stage;
   }
@@ -125,6 +132,7 @@ struct FwdSmem {
   static constexpr int kBarriersOffset = Traits::kSmemTotal - Cfg::kSmemBarrierBytes;
   static_assert(fwd_barriers_at<Storage, Cfg::kWgmma>(kBarriersOffset), "the mbarriers end the allocation");
   static_assert(!Cfg::kWgmma || sizeof(Barriers) <= Cfg::kSmemBarrierBytes, "kFwdSmemBarrierBytes holds them");
+  static_assert(Cfg::kNWarps <= kFwdMaxConsumerWarps, "a head slot per consumer warp");
 };
 
 }  // namespace fwd
