@@ -301,17 +301,17 @@ def test_varlen_forward_wide_kernel_long_sequences():
         pytest.skip("the sm_90a warp-specialized kernels")
     g = torch.Generator(device="cuda").manual_seed(17)
     long_mix = [16001, 191, 1, 8383]  # 24576 keys over 4 sequences: 6144 on average
-    cases = [
-        ([16001, 191, 8384], long_mix[:1] + [193, 8382], {}, None),  # 8192 keys a sequence on average
-        ([16001, 191, 8384], [16001, 191, 8384], {"window_left": 3000, "window_right": 0}, None),
-        ([32000, 768], [32000, 768], {"causal": True}, None),  # 16384 on average: causal takes it from twice as many
-        ([9000, 1, 7383], [9000, 1, 7383], {}, [8000, 1, 7383]),
+    cases = [  # (lengths_q, lengths_k, heads, kv heads, flags, seqused_k)
+        ([16001, 191, 8384], long_mix[:1] + [193, 8382], 4, 2, {}, None),  # 8192 keys a sequence on average
+        ([16001, 191, 8384], [16001, 191, 8384], 4, 2, {"window_left": 3000, "window_right": 0}, None),
+        ([24000, 8768], [24000, 8768], 2, 1, {"causal": True}, None),  # 16384: causal takes it from twice as many
+        ([9000, 1, 15575], [9000, 1, 15575], 4, 2, {}, [8000, 1, 15575]),
     ]
-    for lengths_q, lengths_k, flags, used in cases:
+    for lengths_q, lengths_k, h, hk, flags, used in cases:
         windowed = bool(flags)
-        s = make_varlen(lengths_q, lengths_k, 4, 2, 64, dtype=torch.bfloat16, device="cuda", flags=flags,
+        s = make_varlen(lengths_q, lengths_k, h, hk, 64, dtype=torch.bfloat16, device="cuda", flags=flags,
                         generator=g, seqused=used)
-        plan = fa2.dev.plan("fwd", varlen=True, batch=len(lengths_k), nheads=4, nheads_k=2, headdim=64,
+        plan = fa2.dev.plan("fwd", varlen=True, batch=len(lengths_k), nheads=h, nheads_k=hk, headdim=64,
                             seqlen_q=s.max_seqlen_q, seqlen_k=s.max_seqlen_k, total_q=sum(lengths_q),
                             total_k=sum(lengths_k), **flags)
         wide = sum(lengths_k) // len(lengths_k) >= (16384 if windowed else 8192)
