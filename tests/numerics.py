@@ -42,3 +42,15 @@ def assert_close_rule(name, got, ref_hi, ref_naive, factor):
 
 def hi_dtype(dtype):
     return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def reference_grads(reference, inputs, dout):
+    """The reference's gradients in `inputs` for the rule: (hi, naive), hi from leaves in hi_dtype (dout upcast), naive
+    from leaves in the inputs' own dtype. reference(leaves, upcast) returns the output (fa2.reference.attention_ref
+    with upcast=upcast and whatever else the call takes)."""
+    hi = hi_dtype(inputs[0].dtype)
+    leaf_hi = [t.detach().to(hi).requires_grad_() for t in inputs]
+    grads_hi = torch.autograd.grad(reference(leaf_hi, True), leaf_hi, dout.to(hi))
+    leaf_lo = [t.detach().clone().requires_grad_() for t in inputs]
+    grads_lo = torch.autograd.grad(reference(leaf_lo, False), leaf_lo, dout)
+    return grads_hi, grads_lo

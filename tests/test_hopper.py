@@ -12,7 +12,7 @@ import torch
 import fa2
 from fa2.reference import attention_ref
 from kernels import cuda_kernel_grids, cuda_kernel_names, cuda_kernel_spans, is_ws_key_row_kernel, switch
-from numerics import assert_close_rule
+from numerics import assert_close_rule, reference_grads
 from samples import make_qkv, sample_inputs
 
 
@@ -422,10 +422,8 @@ def test_sm90_backward_is_wgmma_by_default_and_follows_the_rule(d):
             assert any("bwd_kernel<" in n and ", true>, 901, false, false, false, false>(" in n for n in names), names
         assert not any("bwd_kernel<" in n and ", true>, 901, false, false, false, false>(" in n for n in names_off), names_off
         assert any("bwd_kernel<" in n for n in names_off), names_off
-        leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.float())
-        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, causal=causal, upcast=False), leaf_lo, dout)
+        grads_hi, grads_lo = reference_grads(
+            lambda leaves, up: attention_ref(*leaves, causal=causal, upcast=up), (q, k, v), dout)
         for name, g, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
             assert_close_rule(f"{name} d {d} causal {causal}", g, g_hi, g_lo, factor=3)
 
@@ -483,10 +481,8 @@ def test_sm90_ws_backward_follows_the_rule_as_the_wgmma_kernel_does(d, dtype):
             names_off = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
             grads_off = torch.autograd.grad(out, (q, k, v), dout)
         assert not any("bwd_ws_" in n for n in names_off), names_off
-        leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, **kw), leaf_hi, dout.float())
-        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, **kw, upcast=False), leaf_lo, dout)
+        grads_hi, grads_lo = reference_grads(
+            lambda leaves, up: attention_ref(*leaves, **kw, upcast=up), (q, k, v), dout)
         case = f"{(b, sq, sk, h, hk, hd, causal, wl, wr)}"
         for name, g_ws, g_off, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_off, grads_hi, grads_lo):
             assert torch.isfinite(g_ws).all(), f"{name} {case}"
@@ -550,10 +546,7 @@ def test_sm90_ws_backward_splits_its_last_wave(d, dtype):
         # the split tiles' keys: tile t = key block + key_blocks (head + h batch), the last `tiles` of them
         t = torch.arange(grid_tiles, device="cuda").view(b, h, key_blocks)
         split_keys = (t >= grid_tiles - tiles).repeat_interleave(block_n, dim=2)[..., :sk].transpose(1, 2)  # (b, sk, h)
-        leaf_hi = [x.detach().float().requires_grad_() for x in (q, k, v)]
-        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi), leaf_hi, dout.float())
-        leaf_lo = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, upcast=False), leaf_lo, dout)
+        grads_hi, grads_lo = reference_grads(lambda leaves, up: attention_ref(*leaves, upcast=up), (q, k, v), dout)
         for name, got, off, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_off, grads_hi, grads_lo):
             assert_close_rule(f"split {name} {case}", got, g_hi, g_lo, factor=3)
             assert_close_rule(f"unsplit {name} {case}", off, g_hi, g_lo, factor=3)
@@ -645,11 +638,10 @@ def test_sm90_ws_backward_sums_gqa_groups_in_its_ctas(d, dtype):
             assert peak_1 + 0.9 * partials <= peak_0, (case, peak_1, peak_0, partials)
         else:
             assert grid_1[1] == h, (case, grid_1)
-        leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        ref_bias = None if bias is None else bias.float()
-        grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, ref_bias, **kw), leaf_hi, dout.float())
-        leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, bias, **kw, upcast=False), leaf_lo, dout)
+
+        def reference(leaves, up):  # (the fp32 reference with the bias upcast)
+            return attention_ref(*leaves, bias.float() if up and bias is not None else bias, **kw, upcast=up)
+        grads_hi, grads_lo = reference_grads(reference, (q, k, v), dout)
         for name, g_1, g_a, g_0, g_hi, g_lo in zip(("dq", "dk", "dv"), grads_1, grads_a, grads_0, grads_hi, grads_lo):
             assert torch.isfinite(g_1).all() and torch.isfinite(g_a).all(), f"{name} {case}"
             assert_close_rule(f"grouped {name} {case}", g_1, g_hi, g_lo, factor=3)
@@ -751,10 +743,8 @@ def test_sm90_ws_backward_dq_conversion_overlapping_the_main_kernel_waits_for_ea
                 assert convert[0][1] < main[0][2], f"{case}: the conversion started after the main kernel's end {spans}"
             with fa2.deterministic():
                 grads_after = torch.autograd.grad(out, (q, k, v), dout)
-            leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
-            grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, **kw), leaf_hi, dout.float())
-            leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, **kw, upcast=False), leaf_lo, dout)
+            grads_hi, grads_lo = reference_grads(
+                lambda leaves, up: attention_ref(*leaves, **kw, upcast=up), (q, k, v), dout)
             for name, g_ws, g_after, g_hi, g_lo in zip(("dq", "dk", "dv"), grads, grads_after, grads_hi, grads_lo):
                 assert torch.isfinite(g_ws).all(), f"{name} {case}"
                 assert_close_rule(f"overlapped {name} {case}", g_ws, g_hi, g_lo, factor=3)
@@ -785,10 +775,8 @@ def test_sm90_ws_backward_programmatic_main_kernel(d):
             dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
             with fa2.dev.options_override(**options):
                 grads = torch.autograd.grad(fa2.attention(q, k, v, causal=causal), (q, k, v), dout)
-            leaf_hi = [t.detach().float().requires_grad_() for t in (q, k, v)]
-            grads_hi = torch.autograd.grad(attention_ref(*leaf_hi, causal=causal), leaf_hi, dout.float())
-            leaf_lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            grads_lo = torch.autograd.grad(attention_ref(*leaf_lo, causal=causal, upcast=False), leaf_lo, dout)
+            grads_hi, grads_lo = reference_grads(
+                lambda leaves, up: attention_ref(*leaves, causal=causal, upcast=up), (q, k, v), dout)
             case = f"{(b, s, h, hk, d, causal, options)}"
             for name, got, hi, lo in zip(("dq", "dk", "dv"), grads, grads_hi, grads_lo):
                 assert_close_rule(f"programmatic main {name} {case}", got, hi, lo, factor=3)
