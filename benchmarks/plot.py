@@ -277,7 +277,7 @@ def plot_varlen(result: dict, out_dir: str, stem: str) -> list[str]:
     backward panels, one bar group per head dim and causal); mixed lengths, useful TFLOP/s of varlen and the padded
     dense call."""
     rows = result["equal_lengths"]
-    panels = list(dict.fromkeys(r["direction"] for r in rows)) + ["mixed"]
+    panels = list(dict.fromkeys(r["direction"] for r in rows)) + (["mixed"] if result.get("mixed") else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         if panel == "mixed":

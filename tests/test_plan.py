@@ -240,7 +240,7 @@ def test_options_namespace():
                         "bwd_gqa_accumulate": True, "bwd_tail_split": -1, "cpu_bf16_gemm": True,
                         "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": True,
                         "dense_decode": True, "bwd_programmatic_main": True,
-                        "varlen_stage_masks": False}
+                        "varlen_stage_masks": True}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1
@@ -328,11 +328,13 @@ def test_decode_splits():
 
 
 def test_varlen_forward_stage_masks_option():
-    """Option varlen_stage_masks (off by default): the plan marks the warp-specialized varlen forward's stage masks
+    """Option varlen_stage_masks (on by default): the plan marks the warp-specialized varlen forward's stage masks
     (params.varlen_stage_masks); never for a dense call, a kernel that is not warp-specialized, or the sm80
     path."""
     call = dict(batch=4, nheads=16, seqlen_q=2048, headdim=128)
-    assert kernel("fwd", H100, varlen=True, **call)["stage_masks"] == "no"
+    assert kernel("fwd", H100, varlen=True, **call)["stage_masks"] == "yes"
+    with dev.options_override(varlen_stage_masks=False):
+        assert kernel("fwd", H100, varlen=True, **call)["stage_masks"] == "no"
     with dev.options_override(varlen_stage_masks=True):
         for extra in (dict(), dict(causal=True), dict(window_left=100, window_right=0), dict(headdim=256)):
             p = kernel("fwd", H100, varlen=True, **dict(call, **extra))

@@ -58,7 +58,7 @@ struct DevOptions {
   // the sm_90a warp-specialized varlen forward's producer marks the K/V stages whose key block needs the mask, and
   // the consumers reload the sequence's bounds only for those (params.h, varlen_stage_masks); off: the consumers
   // reload them for every key block
-  bool varlen_stage_masks = false;
+  bool varlen_stage_masks = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).
