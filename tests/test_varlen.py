@@ -411,6 +411,36 @@ def test_varlen_warp_specialized_backward(share):
         _check_backward(s, dout, grads)
 
 
+def test_varlen_d256_backward_dq_in_whole_blocks():
+    """d 256's headdim-split ws backward adds dQ in its fragment order at each sequence's own 64-row blocks of dq_accum
+    (params.h, varlen_dq_head_rows: taken where the sequences average 64 queries or more) and the conversion finds
+    each row's sequence: sequences starting off a block boundary, lengths 0 / 1 / 63 / 64 / 65 / long, every other
+    one loud (values and output gradient 30 times), GQA, plain / causal / windowed, within the rule; the same
+    sequences with zero-length ones added (average below 64: dq_accum row-major) give the same gradients within
+    the rule too."""
+    _needs("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialized backward runs on compute capability 9.0")
+    g = torch.Generator(device="cuda").manual_seed(21)
+    lengths = [65, 1, 63, 300, 0, 64, 129, 37, 700, 190, 2, 250]
+    flag_sets = ({}, {"causal": True}, {"window_left": 90, "window_right": 20})
+    for extra_empty, flags in itertools.product((0, 40), flag_sets):
+        lq = lengths + [0] * extra_empty
+        lk = [n + (7 if i % 3 == 0 else 0) for i, n in enumerate(lq)]
+        s = make_varlen(lq, lk, 4, 2, 256, dtype=torch.bfloat16, device="cuda", flags=flags, generator=g,
+                        name=f"d256 blocks {flags} +{extra_empty} empty")
+        assert (sum(lq) >= 64 * len(lq)) == (extra_empty == 0)  # (which layout the glue takes)
+        dout = torch.randn(s.q.shape, dtype=s.q.dtype, device="cuda")
+        cq, ck = s.cu_seqlens_q.tolist(), s.cu_seqlens_k.tolist()
+        with torch.no_grad():
+            for b in range(0, len(lq), 2):
+                s.v[ck[b]:ck[b + 1]] *= 30
+                dout[cq[b]:cq[b + 1]] *= 30
+        s.q.requires_grad_(), s.k.requires_grad_(), s.v.requires_grad_()
+        out = fa2.varlen_attention(*s.args(), **s.kwargs)
+        _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_varlen_equals_padded_attention_per_sequence(device):
     """Each sequence of a packed batch gives what fa2's padded op gives on that sequence alone (bitwise on the CPU,

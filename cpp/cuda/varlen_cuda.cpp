@@ -254,7 +254,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
                 : padded ? kv_grad({1, total_k, nheads_k, headdim_padded}, v.options())
                          : dv.unsqueeze(0);
   Tensor softmax_d = at::empty({nheads, total_q}, f32);
-  Tensor dq_accum = at::empty({nheads, total_q, headdim_rounded}, f32);  // zeroed by the kernels
+  // (zeroed by the kernels; in whole blocks a sequence where the headdim-split ws backward adds dQ in its fragment
+  // order, bwd_launch.h)
+  const int64_t dq_block_rows = varlen_dq_block_rows(total_q, params.batch, int(headdim_rounded));
+  Tensor dq_accum = at::empty({nheads, dq_block_rows != 0 ? dq_block_rows : total_q, headdim_rounded}, f32);
+  params.varlen_dq_head_rows = dq_block_rows;
+  params.varlen_sequences = params.batch;
   point_at(outk, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
   point_at(doutk, params.dout, params.dout_batch_stride, params.dout_row_stride, params.dout_head_stride);
   point_at(dq_k, params.dq, params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride);

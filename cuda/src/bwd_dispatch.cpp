@@ -1,5 +1,6 @@
 // run_bwd: the backward's entry point; the instance table comes from the generated fa2_kernel_instances.h.
 #include "dispatch.h"
+#include "fa2/bwd/dq_fragment_order.h"
 #include "fa2/bwd_launch.h"
 #include "fa2_kernel_instances.h"
 
@@ -11,6 +12,12 @@ constexpr int kNumBwdInstances = sizeof(kBwdInstances) / sizeof(kBwdInstances[0]
 }  // namespace
 
 int bwd_headdim_rounded(int headdim) { return plan_rounded_headdim(kBwdInstances, kNumBwdInstances, headdim); }
+
+int64_t varlen_dq_block_rows(int64_t total_q, int64_t sequences, int headdim_rounded) {
+  using Order = bwd::DqFragmentOrder;
+  const bool blocks = headdim_rounded == Order::kCols && sequences > 0 && total_q >= Order::kRows * sequences;
+  return blocks ? Order::varlen_rows(total_q, sequences) : 0;
+}
 
 const InstanceDesc* bwd_instances(int* count) {
   *count = kNumBwdInstances;

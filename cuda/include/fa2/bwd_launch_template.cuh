@@ -225,10 +225,11 @@ struct BwdRowKernels {
                                 int* key_blocks_done, cudaStream_t stream) {
     AttentionParams convert = p;
     const bool ws = plan.main == BwdMain::kWarpSpecialized;
-    // (a varlen call's blocks start at each sequence's first row: the headdim-split kernel adds them row-major)
+    // (a varlen call's blocks start at each sequence's first row: fragment order only with varlen_dq_head_rows)
     if constexpr (bwd_ws_headdim(kHeadDim)) {
       convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim> && !plan.varlen;
     }
+    if (p.varlen_dq_head_rows != 0) convert.cu_seqlens_q = grid.cu_seqlens_q;  // (the rows' sequences)
     cudaError_t err = cudaSuccess;
     if constexpr (kOverlapCapable) {
       if (ws && plan.dq_overlap) {
@@ -271,6 +272,8 @@ const char* run_bwd_with_config(const BwdPlan& planned, const AttentionParams& c
     if (gqa_buffers && needs_partials != nullptr) *needs_partials = true;  // (nothing launched)
     return gqa_buffers && needs_partials != nullptr ? nullptr : plan.error;
   }
+  // (a varlen call's dq_accum in whole blocks is for the headdim-split ws kernel only: params.h, varlen_dq_head_rows)
+  if (!(plan.main == BwdMain::kWarpSpecialized && kBwdWsSplit<kHeadDim> && !plan.dq_overlap)) p.varlen_dq_head_rows = 0;
   // (the row-wise kernels read a varlen call's rows as a dense batch of one: params.h, varlen_rows_view)
   const AttentionParams rows = plan.varlen ? varlen_rows_view(p) : p;
   if (Rows::row_ctas(rows) > 0x7fffffff) return "fa2: batch * seqlen_q * nheads is too large for the CUDA backward";

@@ -25,7 +25,8 @@
 // (warpgroup 1's late dQ then that of the previous step: the previous head's last block where the head changed).
 // The softmax scale multiplies dK here and dQ in bwd_convert_dq_kernel (dS is w.r.t. s = scale q.k).
 // kVarlen (packed sequences): as bwd_ws_kernel.cuh's (the sequence's rows of the packed tensors; the rows of a box
-// past its end masked as queries and as keys, not stored as keys), dQ added row-major (WsDsplitDq).
+// past its end masked as queries and as keys, not stored as keys), dQ added in the fragment order at the sequence's
+// own blocks of dq_accum where the glue laid it out so, else row-major (WsDsplitDq).
 //
 // Parts: the schedule, the producer and the consumer prologue (ws_prologue.cuh, shared with bwd_ws_kernel.cuh),
 // WsDsplitSharedStorage (shared_storage.cuh), the scores (ws_scores.cuh), the dK / dV stores (ws_dkv_store.cuh).
@@ -34,6 +35,7 @@
 #include <cstdint>
 
 #include "fa2/block_info.cuh"
+#include "fa2/bwd/dq_fragment_order.h"  // DqFragmentOrder::varlen_block_row0
 #include "fa2/bwd/ws_dsplit_dq.cuh"
 #include "fa2/bwd/fragments.cuh"  // pack_k16_fragments, ld_shared_pair, unpack2
 #include "fa2/bwd/shared_storage.cuh"
@@ -101,7 +103,8 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
 
   // dQ of a warpgroup's columns, two passes per query block (WsDsplitDq)
   constexpr int kDqPassCols = kDCols / 2;  // (columns of a pass)
-  const WsDsplitDq<T, Cfg, kVarlen> dq{shared, sK, wg, ctid, warp_in_wg, group, tig, col0, blk.seq};
+  const int64_t dq_block_row0 = kVarlen ? DqFragmentOrder::varlen_block_row0(blk.seq.q_row0, batch) : 0;
+  const WsDsplitDq<T, Cfg, kVarlen> dq{shared, sK, wg, ctid, warp_in_wg, group, tig, col0, blk.seq, dq_block_row0};
 
   if (steps > 0) sm90::mbarrier_wait_untimed(shared.kv_loaded(), /*phase=*/0);
   // this step's query block and (batch, head), and the previous step's (warpgroup 1 adds its dQ a step late)

@@ -153,6 +153,13 @@ struct AttentionParams {
   // used as given (not scaled, not softcapped); lse includes it. nullptr: none. Read once per row by the forward's
   // epilogue; the backward needs nothing (its P comes from lse).
   const float* sinks = nullptr;
+  // ---- a varlen call's dQ accumulators in whole query blocks ----------------------------------------------------
+  // Set by the varlen glue (non-zero) where dq_accum is (nheads, varlen_dq_head_rows, headdim_rounded) with each
+  // sequence's query blocks from a block boundary (bwd/dq_fragment_order.h, DqFragmentOrder::varlen_block_row0), for
+  // the headdim-split ws backward to add every block in its fragment order; the launcher clears it where another main
+  // kernel runs (those add rows at (head, packed row), which the buffer also holds). varlen_sequences: the batch.
+  int64_t varlen_dq_head_rows = 0;
+  int varlen_sequences = 0;
 };
 
 inline bool has_dropout(const AttentionParams& p) { return p.rng_state != nullptr; }

@@ -14,7 +14,9 @@ namespace bwd {
 // warp-specialized main kernel's last CTAs, p.key_blocks_done: bwd_launch_template.cuh): rows in (batch, head, query)
 // order instead, the order in which the main kernel's CTAs finish their heads, and a CTA first waits until every
 // main-kernel CTA of its rows' heads has counted itself finished; dq_accum is then read through the L2
-// (ld.global.cg). (p.dq_accum_fragment_order: whole blocks of DqFragmentOrder::kRows queries read in that order)
+// (ld.global.cg). (p.dq_accum_fragment_order: whole blocks of DqFragmentOrder::kRows queries read in that order;
+// p.varlen_dq_head_rows: a varlen call's blocks, each sequence's from a block boundary, all in that order, the row's
+// sequence found in p.cu_seqlens_q; a row in none converts as zeros)
 template <typename T, int kHeadDim, int kNThreads, bool kAfterHeads = false>
 __global__ void __launch_bounds__(kNThreads) bwd_convert_dq_kernel(const __grid_constant__ AttentionParams p) {
   constexpr int kGroup = row_group_threads<kHeadDim>(), kRowsPerCta = kNThreads / kGroup;
@@ -56,16 +58,39 @@ __global__ void __launch_bounds__(kNThreads) bwd_convert_dq_kernel(const __grid_
   bool row_major = true;
   if constexpr (kHeadDim == DqFragmentOrder::kCols) {
     using Order = DqFragmentOrder;
-    const int64_t block_row0 = row / Order::kRows * Order::kRows;
-    if (p.dq_accum_fragment_order && block_row0 + Order::kRows <= p.seqlen_q) {
-      const float* block = row_acc - (row - block_row0) * kHeadDim - chunk * 8;
-      const int r = int(row - block_row0), c = chunk * 8;
-      // (columns c, c + 1 are adjacent in the order, as are c + 2 tig, c + 2 tig + 1)
+    // row r of the block at `block`, columns chunk * 8 ..
+    auto load_fragment_order = [&](const float* block, int r) {
+      const int c = chunk * 8;  // (columns c, c + 1 are adjacent in the order, as are c + 2 tig, c + 2 tig + 1)
       const float2 v0 = load2(block + Order::offset(r, c)), v1 = load2(block + Order::offset(r, c + 2));
       const float2 v2 = load2(block + Order::offset(r, c + 4)), v3 = load2(block + Order::offset(r, c + 6));
       a = make_float4(v0.x, v0.y, v1.x, v1.y);
       b = make_float4(v2.x, v2.y, v3.x, v3.y);
       row_major = false;
+    };
+    const int64_t block_row0 = row / Order::kRows * Order::kRows;
+    if (!kAfterHeads && p.varlen_dq_head_rows != 0) {
+      const int* const cu = p.cu_seqlens_q;
+      const int sequences = p.varlen_sequences, packed_row = int(row);
+      if (packed_row < __ldg(cu) || packed_row >= __ldg(cu + sequences)) {
+        a = b = make_float4(0.f, 0.f, 0.f, 0.f);
+        row_major = false;
+      } else {
+        int lo = 0, hi = sequences;  // (cu[lo] <= packed_row < cu[hi]; the last of equal entries: a non-empty one)
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (__ldg(cu + mid) <= packed_row) {
+            lo = mid;
+          } else {
+            hi = mid;
+          }
+        }
+        const int q_row0 = __ldg(cu + lo), in_sequence = packed_row - q_row0;
+        const int64_t block = head * p.varlen_dq_head_rows + Order::varlen_block_row0(q_row0, lo) +
+                              in_sequence / Order::kRows * Order::kRows;
+        load_fragment_order(p.dq_accum + block * kHeadDim, in_sequence % Order::kRows);
+      }
+    } else if (p.dq_accum_fragment_order && block_row0 + Order::kRows <= p.seqlen_q) {
+      load_fragment_order(row_acc - (row - block_row0) * kHeadDim - chunk * 8, int(row - block_row0));
     }
   }
   if (row_major) {

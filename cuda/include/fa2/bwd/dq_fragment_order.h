@@ -1,6 +1,13 @@
 // The d 256 ws backward's order of dq_accum within whole query blocks (written by bwd_ws_dsplit_kernel.cuh,
 // read back by bwd_convert_dq_kernel).
 #pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FA2_DQ_ORDER_FN __host__ __device__ static constexpr
+#else
+#define FA2_DQ_ORDER_FN static constexpr  // (the host library's plain C++: bwd_dispatch.cpp)
+#endif
 
 namespace fa2 {
 namespace bwd {
@@ -13,13 +20,24 @@ namespace bwd {
 struct DqFragmentOrder {
   static constexpr int kRows = 64, kCols = 256;
   // where thread `thread` (of 128) of warpgroup w puts its four floats of pass `pass`, n8 tile nt
-  __host__ __device__ static constexpr int fragment_offset(int w, int pass, int nt, int thread) {
+  FA2_DQ_ORDER_FN int fragment_offset(int w, int pass, int nt, int thread) {
     return ((w * 2 + pass) * 8 + nt) * 512 + thread * 4;
   }
-  __host__ __device__ static constexpr int offset(int row, int col) {
+  FA2_DQ_ORDER_FN int offset(int row, int col) {
     const int w = col / 128, pass = (col / 64) % 2, nt = (col / 8) % 8, tig = (col / 2) % 4, e = col % 2;
     const int warp = row / 16, group = row % 8, half = (row / 8) % 2;
     return fragment_offset(w, pass, nt, warp * 32 + group * 4 + tig) + 2 * half + e;
+  }
+  // A varlen call's dq_accum in whole blocks (params.h, varlen_dq_head_rows): sequence `sequence`, whose first query
+  // is packed row q_row0, has its query block j at rows block_row0 + kRows j of its head. Sequence b + 1 starts at or
+  // after the end of b's last block (floor((q0 + len) / kRows) + 1 >= floor(q0 / kRows) + ceil(len / kRows)).
+  FA2_DQ_ORDER_FN int64_t varlen_block_row0(int q_row0, int sequence) {
+    return (int64_t(q_row0 / kRows) + sequence) * kRows;
+  }
+  // The rows per head that every sequence's blocks fit in (the last one ends by kRows (ceil(total_q / kRows) +
+  // sequences - 1)).
+  FA2_DQ_ORDER_FN int64_t varlen_rows(int64_t total_q, int64_t sequences) {
+    return ((total_q + kRows - 1) / kRows + sequences) * kRows;
   }
 };
 // (compile-time check: every (row, column) of a block at its own place in the block)

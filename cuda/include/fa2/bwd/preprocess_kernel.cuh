@@ -14,7 +14,8 @@ constexpr int row_group_threads() {
   return chunks <= 4 ? 4 : chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
 }
 
-// D = rowsum(dO * O) in fp32 over the headdim; zeroes the row's dq_accum. Rows are (batch, query, head), head
+// D = rowsum(dO * O) in fp32 over the headdim; zeroes the row's dq_accum (a varlen call's in whole blocks,
+// p.varlen_dq_head_rows: the whole buffer, padding too, over the grid's threads). Rows are (batch, query, head), head
 // fastest (the (b, s, h, d) layout's order).
 // (a main kernel launched as its programmatic dependent may start once every CTA has begun: it waits for this grid's
 // completion before it reads D or adds into dq_accum)
@@ -31,6 +32,13 @@ __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_
     const int64_t quads = p.bwd_tail_zero_ints / 4, stride = int64_t(gridDim.x) * kNThreads;
     for (int64_t i = int64_t(blockIdx.x) * kNThreads + threadIdx.x; i < quads; i += stride) {
       reinterpret_cast<int4*>(p.bwd_tail_counts)[i] = make_int4(0, 0, 0, 0);
+    }
+  }
+  if (p.varlen_dq_head_rows != 0) {
+    const int64_t quads = int64_t(p.nheads) * p.varlen_dq_head_rows * (kHeadDim / 4);
+    const int64_t stride = int64_t(gridDim.x) * kNThreads;
+    for (int64_t i = int64_t(blockIdx.x) * kNThreads + threadIdx.x; i < quads; i += stride) {
+      reinterpret_cast<float4*>(p.dq_accum)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   float sum = 0.f;
@@ -61,7 +69,7 @@ __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_
       p.key_blocks_done[row_id] = 0;
     }
     if (chunk == 0) p.softmax_d[bh_row] = sum;
-    if (chunk < kHeadDim / 8) {
+    if (chunk < kHeadDim / 8 && p.varlen_dq_head_rows == 0) {
       float4* acc = reinterpret_cast<float4*>(p.dq_accum + bh_row * kHeadDim + chunk * 8);
       acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
       acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);

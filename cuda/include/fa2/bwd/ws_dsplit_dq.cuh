@@ -1,7 +1,8 @@
 // bwd_ws_dsplit_kernel's dQ: dQ[:, col0:col0 + kDCols] = dS K[:, col0:] of a warpgroup in two passes of kDCols / 2
 // columns (all kDCols beside dK, dV and the A fragment made ptxas serialize the wgmmas), each pass's fragments added
 // into dq_accum from the registers: in dq_accum's fragment order (DqFragmentOrder) where the query block is whole
-// (the launcher tells the conversion), else row-major (ws_red_dq). Fragment element (nt, 2 half + e): query 16 warp +
+// (the launcher tells the conversion) or a varlen call's blocks are (params.h, varlen_dq_head_rows), else row-major
+// (ws_red_dq). Fragment element (nt, 2 half + e): query 16 warp +
 // group + 8 half, column 8 nt + 2 tig + e of the pass.
 #pragma once
 #include <cstdint>
@@ -18,9 +19,10 @@
 namespace fa2 {
 namespace bwd {
 
-// kVarlen: every block added row-major (the conversion reads a varlen call's dq_accum row-major: its blocks start at
-// each sequence's first row, not at multiples of DqFragmentOrder::kRows), at bh_of = the head's (nheads, total_q)
-// rows from the sequence's first query, only the sequence's queries.
+// kVarlen: bh_of is the head. With p.varlen_dq_head_rows every block (a sequence's last, partial one too: its rows
+// past the sequence are padding no one reads) goes in the fragment order at the sequence's own block rows
+// (dq_block_row0, DqFragmentOrder::varlen_block_row0); without, row-major at the head's (nheads, total_q) rows from the
+// sequence's first query, only the sequence's queries.
 template <typename T, typename Cfg, bool kVarlen = false>
 struct WsDsplitDq {
   static constexpr int kHeadDim = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
@@ -35,28 +37,36 @@ struct WsDsplitDq {
   const uint32_t& sK;
   const int &wg, &ctid, &warp_in_wg, &group, &tig, &col0;
   const SequenceBounds& seq;  // (varlen only)
+  const int64_t dq_block_row0;  // (varlen with p.varlen_dq_head_rows only)
 
   // This thread's fragments of pass `pass` of the query block at m0_of of (batch, head) bh_of into dq_accum.
   __device__ __forceinline__ void red(const AttentionParams& p, const Acc& acc, int64_t bh_of, int m0_of,
                                       int pass) const {
     if constexpr (kVarlen) {
+      if (p.varlen_dq_head_rows != 0) {
+        add_block(p.dq_accum + (bh_of * p.varlen_dq_head_rows + dq_block_row0 + m0_of) * int64_t(kHeadDim), acc, pass);
+        return;
+      }
       const int q0 = m0_of + warp_in_wg * 16 + group;
       ws_red_dq_rows<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc),
                                bh_of * p.total_q + seq.q_row0, q0, seq.seqlen_q, col0 + pass * kDqPassCols + 2 * tig);
       return;
     }
     if (m0_of + kBlockM <= p.seqlen_q) {
-      // (n8 tile 0's place, then each tile's distance from it: one base register for the eight)
-      float* const base = p.dq_accum + (bh_of * p.seqlen_q + m0_of) * int64_t(kHeadDim) +
-                          DqFragmentOrder::fragment_offset(wg, pass, 0, ctid & 127);
-#pragma unroll
-      for (int nt = 0; nt < kDqPassTiles; ++nt) {
-        ptx::red_add_f32x4(base + DqFragmentOrder::fragment_offset(0, 0, nt, 0),
-                           make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
-      }
+      add_block(p.dq_accum + (bh_of * p.seqlen_q + m0_of) * int64_t(kHeadDim), acc, pass);
     } else {
       ws_red_dq<kHeadDim>(p, reinterpret_cast<const float(&)[kDqPassTiles][4]>(acc), bh_of,
                           m0_of + warp_in_wg * 16 + group, col0 + pass * kDqPassCols + 2 * tig);
+    }
+  }
+  // This thread's fragments of pass `pass` into the block of kBlockM queries at `block`, in the fragment order.
+  __device__ __forceinline__ void add_block(float* block, const Acc& acc, int pass) const {
+    // (n8 tile 0's place, then each tile's distance from it: one base register for the eight)
+    float* const base = block + DqFragmentOrder::fragment_offset(wg, pass, 0, ctid & 127);
+#pragma unroll
+    for (int nt = 0; nt < kDqPassTiles; ++nt) {
+      ptx::red_add_f32x4(base + DqFragmentOrder::fragment_offset(0, 0, nt, 0),
+                         make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
     }
   }
   // The product of pass `pass` (issued): dS^T (keys, queries) of buffer `ds_buffer` as the MN-major A (queries = M).
