@@ -10,7 +10,7 @@ failure.
 --route sm90a | sm80 | sm90a-wgmma: the varlen kernels on compute capability 9.0 (development option sm90_varlen;
 sm90a-wgmma: the sm_90a backward without the warp-specialized kernel; default: the default options, sm90a there); the
 kernels each route plans are printed first.
---bench (--bench-bwd: the backward alone): times varlen against fa2's dense kernel on the same tokens (equal lengths:
+--bench (--bench-bwd: the backward alone; --dims 64,128,256 the head dims): times varlen against fa2's dense kernel on the same tokens (equal lengths:
 batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 512..16k, causal and not), each pair's calls interleaved call by
 call (benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen (and the
 backward's sm90a-wgmma route). --bench-mixed:
@@ -176,7 +176,7 @@ def print_planned_kernels(route):
                 print(f"plan {direction} d{d} causal={causal}: {p.get('kernel', p.get('error'))}")
 
 
-def bench(route, backward):
+def bench(route, backward, dims=(64, 128, 256)):
     """varlen (equal lengths) against the dense kernel on the same tokens, the forward (or the backward alone),
     interleaved call by call; ratio = dense ms / varlen ms."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -190,11 +190,11 @@ def bench(route, backward):
     for r in routes:
         with route_options(r):
             plan = fa2.dev.plan("bwd" if backward else "fwd", varlen=True, batch=8, nheads=16, seqlen_q=2048,
-                                headdim=128)
-        print(f"route {r}: {plan.get('kernel', plan.get('error'))} (d 128)")
+                                headdim=dims[-1])
+        print(f"route {r}: {plan.get('kernel', plan.get('error'))} (d {dims[-1]})")
     print(f"{'D':>4} {'S':>5} {'causal':>6} {'dense ms':>9} " + " ".join(f"{'varlen ' + r:>13} {'ratio':>6}"
                                                                         for r in routes))
-    for d in (64, 128, 256):
+    for d in dims:
         for s_len in (512, 1024, 2048, 4096, 8192, 16384):  # (16k: one sequence, which runs the dense kernels)
             for causal in (False, True):
                 b, h = tokens // s_len, hidden // d
@@ -278,7 +278,8 @@ def main():
     dev = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
     route = sys.argv[sys.argv.index("--route") + 1] if "--route" in sys.argv else None
     if "--bench" in sys.argv or "--bench-bwd" in sys.argv:
-        bench(route, backward="--bench-bwd" in sys.argv)
+        dims = sys.argv[sys.argv.index("--dims") + 1] if "--dims" in sys.argv else "64,128,256"
+        bench(route, backward="--bench-bwd" in sys.argv, dims=tuple(int(d) for d in dims.split(",")))
         return
     if "--bench-mixed" in sys.argv:
         bench_mixed(route)
