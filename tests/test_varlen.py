@@ -412,8 +412,9 @@ def test_varlen_warp_specialized_backward(share):
 
 
 def test_varlen_d256_backward_dq_in_whole_blocks():
-    """d 256's headdim-split ws backward adds dQ in its fragment order at each sequence's own 64-row blocks of dq_accum
-    (params.h, varlen_dq_head_rows: taken where the sequences average 64 queries or more) and the conversion finds
+    """Option varlen_dq_blocks: d 256's headdim-split ws backward adds dQ in its fragment order at each sequence's own
+    64-row blocks of dq_accum (params.h, varlen_dq_head_rows: taken where the sequences average 64 queries or more,
+    row-major otherwise and with the option off) and the conversion finds
     each row's sequence: sequences starting off a block boundary, lengths 0 / 1 / 63 / 64 / 65 / long, every other
     one loud (values and output gradient 30 times), GQA, plain / causal / windowed, within the rule; the same
     sequences with zero-length ones added (average below 64: dq_accum row-major) give the same gradients within
@@ -437,8 +438,10 @@ def test_varlen_d256_backward_dq_in_whole_blocks():
                 s.v[ck[b]:ck[b + 1]] *= 30
                 dout[cq[b]:cq[b + 1]] *= 30
         s.q.requires_grad_(), s.k.requires_grad_(), s.v.requires_grad_()
-        out = fa2.varlen_attention(*s.args(), **s.kwargs)
-        _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
+        for blocks in (True, False):
+            with fa2.dev.options_override(varlen_dq_blocks=blocks):
+                out = fa2.varlen_attention(*s.args(), **s.kwargs)
+                _check_backward(s, dout, torch.autograd.grad(out, (s.q, s.k, s.v), dout))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

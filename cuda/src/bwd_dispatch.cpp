@@ -15,7 +15,9 @@ int bwd_headdim_rounded(int headdim) { return plan_rounded_headdim(kBwdInstances
 
 int64_t varlen_dq_block_rows(int64_t total_q, int64_t sequences, int headdim_rounded) {
   using Order = bwd::DqFragmentOrder;
-  const bool blocks = headdim_rounded == Order::kCols && sequences > 0 && total_q >= Order::kRows * sequences;
+  const char* error = nullptr;
+  const bool blocks = process_dev_options(&error).varlen_dq_blocks && error == nullptr &&
+                      headdim_rounded == Order::kCols && sequences > 0 && total_q >= Order::kRows * sequences;
   return blocks ? Order::varlen_rows(total_q, sequences) : 0;
 }
 

@@ -8,8 +8,9 @@ heads, a whole tile past the packed tensor's end). Rule (docs/design.md, tests/n
 (out, lse) / 3x (dq, dk, dv) the naive low-precision math's error. One line per case, a summary; exit status 1 on any
 failure.
 --route sm90a | sm80 | sm90a-wgmma: the varlen kernels on compute capability 9.0 (development option sm90_varlen;
-sm90a-wgmma: the sm_90a backward without the warp-specialized kernel; default: the default options, sm90a there); the
-kernels each route plans are printed first.
+sm90a-wgmma: the sm_90a backward without the warp-specialized kernel; sm90a-dqblocks: with option varlen_dq_blocks;
+default: the default options, sm90a there); the kernels each route plans are printed first. The benches take a
+comma-separated list (--route sm90a,sm90a-dqblocks: both timed, interleaved).
 --bench (--bench-bwd: the backward alone; --dims 64,128,256 the head dims): times varlen against fa2's dense kernel on the same tokens (equal lengths:
 batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 512..16k, causal and not), each pair's calls interleaved call by
 call (benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen (and the
@@ -157,7 +158,8 @@ def cases(quick):
 
 # (sm90a-wgmma: the sm_90a varlen backward without the warp-specialized kernel, bwd_kernel.cuh's wgmma tiles)
 ROUTES = {"sm90a": {"sm90_varlen": True}, "sm80": {"sm90_varlen": False},
-          "sm90a-wgmma": {"sm90_varlen": True, "sm90_ws_backward": False}}
+          "sm90a-wgmma": {"sm90_varlen": True, "sm90_ws_backward": False},
+          "sm90a-dqblocks": {"sm90_varlen": True, "varlen_dq_blocks": True}}
 
 
 def route_options(route):
@@ -184,7 +186,7 @@ def bench(route, backward, dims=(64, 128, 256)):
 
     # (the backward's "both" also times the sm_90a route without the warp-specialized backward)
     both = ["sm90a", "sm90a-wgmma", "sm80"] if backward else ["sm90a", "sm80"]
-    routes = both if route == "both" else [route or "sm90a"]
+    routes = both if route == "both" else (route or "sm90a").split(",")
     tokens, hidden = 16384, 2048
     print(("backward" if backward else "forward") + f", bf16, {tokens} tokens, hidden {hidden}")
     for r in routes:

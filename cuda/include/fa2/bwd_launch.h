@@ -23,7 +23,8 @@ BwdPlan plan_bwd_call(const AttentionParams& params, PlanBuffers buffers = PlanB
 
 // A varlen backward's dq_accum rows per head (params.h, varlen_dq_head_rows) where it holds each sequence's query
 // blocks from a block boundary, for the headdim-split ws kernel (d 256) to add them in its fragment order; 0 where it
-// is (nheads, total_q) rows. Blocks are padded where the sequences average a block or more (at most doubling it).
+// is (nheads, total_q) rows. Blocks are padded where the sequences average a block or more (at most doubling it), while
+// option varlen_dq_blocks is on.
 int64_t varlen_dq_block_rows(int64_t total_q, int64_t sequences, int headdim_rounded);
 
 // The workspace a backward call needs on the current device (the kernel harness sizes it so; it then runs its

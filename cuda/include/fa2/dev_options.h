@@ -59,6 +59,9 @@ struct DevOptions {
   // the consumers reload the sequence's bounds only for those (params.h, varlen_stage_masks); off: the consumers
   // reload them for every key block
   bool varlen_stage_masks = true;
+  // a d 256 varlen backward's dq_accum in whole blocks a sequence, which the headdim-split ws kernel adds in its
+  // fragment order (params.h, varlen_dq_head_rows; bwd_launch.h, varlen_dq_block_rows); off: row-major red.v2
+  bool varlen_dq_blocks = false;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).
