@@ -54,5 +54,30 @@ constexpr bool dq_fragment_order_is_a_permutation() {
 }
 static_assert(dq_fragment_order_is_a_permutation(), "DqFragmentOrder::offset is a permutation of a block");
 
+// (compile-time check of the varlen blocks: for every run of `sequences` lengths drawn from a cycle of awkward ones,
+// each sequence's blocks start after the previous one's end and the last ends within varlen_rows)
+constexpr bool varlen_blocks_are_disjoint_and_fit(int sequences, int start) {
+  constexpr int kLengths[] = {0, 1, 63, 64, 65, 127, 128, 129, 300, 2, 700, 191};
+  constexpr int kCount = sizeof(kLengths) / sizeof(kLengths[0]);
+  int64_t q_row0 = 0, previous_end = 0;
+  for (int b = 0; b < sequences; ++b) {
+    const int length = kLengths[(start + b) % kCount];
+    const int64_t first = DqFragmentOrder::varlen_block_row0(int(q_row0), b);
+    if (first % DqFragmentOrder::kRows != 0 || first < previous_end) return false;
+    previous_end = first + (length + DqFragmentOrder::kRows - 1) / DqFragmentOrder::kRows * DqFragmentOrder::kRows;
+    q_row0 += length;
+  }
+  return previous_end <= DqFragmentOrder::varlen_rows(q_row0, sequences);
+}
+constexpr bool varlen_blocks_check() {
+  for (int sequences = 1; sequences <= 30; ++sequences) {
+    for (int start = 0; start < 12; ++start) {
+      if (!varlen_blocks_are_disjoint_and_fit(sequences, start)) return false;
+    }
+  }
+  return true;
+}
+static_assert(varlen_blocks_check(), "DqFragmentOrder::varlen_block_row0: disjoint blocks within varlen_rows");
+
 }  // namespace bwd
 }  // namespace fa2
