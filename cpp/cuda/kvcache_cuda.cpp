@@ -111,12 +111,14 @@ std::pair<Tensor, int64_t> packed_cache(const Tensor& cache) {
 }
 
 // The attention through the varlen kernels: sequence b is q's rows of batch element b and the first seqlens_k[b]
-// keys from row cu_seqlens_k[b] of the packed cache. Returns out (batch, seqlen_q, nheads, headdim_v) and fills lse.
+// keys from row cu_seqlens_k[b] of the packed cache. Returns out (batch, seqlen_q, nheads, headdim_v) and fills lse
+// (batch 1: returns it as a view of the kernel's, whose (nheads, seqlen_q) rows are already in its order). A chunk of
+// prefill is a few microseconds of attention: each small tensor op here is a launch that adds to it, hence the fewest.
 Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, const Tensor& k_cache,
                                    const Tensor& v_cache, const Tensor& seqlens_k, Tensor& lse) {
   const AttentionProblem& p = kp.problem;
   const auto i32 = q.options().dtype(at::kInt);
-  Tensor keys, values, starts;
+  Tensor keys, values, starts, cu_seqlens_k;
   if (kp.paged) {
     // each sequence's blocks in table order: sequence b is rows [b * capacity, (b + 1) * capacity) of the copy
     const Tensor ids = kp.block_table->clamp(0, kp.batch_cache - 1).flatten();
@@ -132,11 +134,17 @@ Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, co
       rows_apart = kp.capacity;
     }
     keys = packed_keys, values = packed_values;
-    const Tensor entries = kp.cache_batch_idx ? kp.cache_batch_idx->clamp(0, kp.batch_cache - 1)
-                                              : at::arange(0, p.batch, i32);
-    starts = entries * static_cast<int32_t>(rows_apart);
+    // (entry b at row b * rows_apart, one arange; its last entry, past the sequences, is not read: seqused_k gives
+    // every length, block_info.cuh's sequence_bounds)
+    if (!kp.cache_batch_idx && p.batch * rows_apart <= std::numeric_limits<int32_t>::max()) {
+      cu_seqlens_k = at::arange(0, p.batch * rows_apart + 1, rows_apart, i32);
+    } else {
+      const Tensor entries = kp.cache_batch_idx ? kp.cache_batch_idx->clamp(0, kp.batch_cache - 1)
+                                                : at::arange(0, p.batch, i32);
+      starts = entries * static_cast<int32_t>(rows_apart);
+    }
   }
-  const Tensor cu_seqlens_k = at::cat({starts.to(at::kInt), at::full({1}, keys.size(0), i32)});
+  if (!cu_seqlens_k.defined()) cu_seqlens_k = at::cat({starts.to(at::kInt), at::full({1}, keys.size(0), i32)});
   const Tensor cu_seqlens_q = at::arange(0, (p.batch + 1) * p.seqlen_q, p.seqlen_q, i32);
   const auto [out, packed_lse] = varlen_fwd_on_cuda({
       {"q", q.flatten(0, 1)}, {"k", keys}, {"v", values}, {"cu_seqlens_q", cu_seqlens_q},
@@ -145,7 +153,11 @@ Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, co
       {"causal", p.causal}, {"window_left", p.window_left}, {"window_right", p.window_right},
       {"softcap", p.softcap}});
   // lse (nheads, batch * seqlen_q) -> (batch, nheads, seqlen_q)
-  lse.copy_(packed_lse.view({p.nheads, p.batch, p.seqlen_q}).permute({1, 0, 2}));
+  if (p.batch == 1) {
+    lse = packed_lse.view({1, p.nheads, p.seqlen_q});
+  } else {
+    lse.copy_(packed_lse.view({p.nheads, p.batch, p.seqlen_q}).permute({1, 0, 2}));
+  }
   return out.view({p.batch, p.seqlen_q, p.nheads, p.headdim_v});
 }
 
@@ -191,8 +203,9 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cuda(
       static_cast<float>(p.scale), p.causal, static_cast<int>(p.window_left), static_cast<int>(p.window_right),
       static_cast<float>(p.softcap), static_cast<int>(num_splits), out, lse);
   if (!decoded) {
-    const Tensor seqlens_k = kp.cache_seqlens ? first_positions.add(kp.seqlen_new).clamp_(0, kp.capacity)
-                                              : whole_capacity();
+    const Tensor seqlens_k = !kp.cache_seqlens      ? whole_capacity()
+                             : kp.seqlen_new == 0 ? first_positions.clamp(0, kp.capacity)
+                                                  : first_positions.add(kp.seqlen_new).clamp_(0, kp.capacity);
     out = varlen_attention_over_cache(kp, q_attn, k_cache, v_cache, seqlens_k, lse);
   }
   return {out, lse};
