@@ -62,6 +62,9 @@ struct DevOptions {
   // a d 256 varlen backward's dq_accum in whole blocks a sequence, which the headdim-split ws kernel adds in its
   // fragment order (params.h, varlen_dq_head_rows; bwd_launch.h, varlen_dq_block_rows); off: row-major red.v2
   bool varlen_dq_blocks = false;
+  // the decode kernel over a paged cache reads the block-table entries of the next tile before it waits for the
+  // current one (their latency behind that wait); off: right before the copies that use them
+  bool decode_page_prefetch = false;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).
