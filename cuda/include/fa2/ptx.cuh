@@ -108,6 +108,12 @@ __device__ __forceinline__ void named_barrier_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// A volatile 32-bit load from a shared address (no generic-to-shared conversion of a pointer first).
+__device__ __forceinline__ uint32_t ld_volatile_shared_b32(uint32_t smem_addr) {
+  uint32_t v;
+  asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
+  return v;
+}
 // Waits until at most n of this thread's committed groups are still in flight (n = 0: all landed).
 template <int n>
 __device__ __forceinline__ void cp_async_wait() {

@@ -67,7 +67,6 @@ struct FwdMainloopSm90Overlap {
 
       // -- tile n has landed
       const KeyTileKind bias_kind = wait_stage(tile, q_loads, it, buf, use, n);
-      const bool stage_masked = stage_may_need_mask(tile, buf);  // (before the stage's release: kSplitKV's K below)
       if constexpr (Traits::kStagedBias) {
         if (kSkip && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
           // the previous tile's P V goes out now: its stage must not stay held while the ring moves on (the producer
@@ -100,6 +99,7 @@ struct FwdMainloopSm90Overlap {
       } else {
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, smem.q(), rows.wg_row0, smem.k(buf));
       }
+      const bool stage_masked = stage_may_need_mask(tile, buf);  // (before the stage's release: kSplitKV's K below)
       const bool end_turn = kPingpong && (warpgroup != kLastWarpgroup || n > range.lo);
       if (kSkip ? pv_pending : it > 0) {
         pipe.wait_v(buf_prev, use - 1);

@@ -53,7 +53,7 @@ struct FwdMainloopSm90Ws {
 
       // -- tile n has landed (the producer refills a stage once its empty barrier completes)
       const KeyTileKind bias_kind = wait_stage(tile, q_loads, it, buf, use, n);
-      const bool stage_masked = stage_may_need_mask(tile, buf);
+      bool stage_masked = true;  // (read behind the Q K^T issue: stage_may_need_mask)
       if constexpr (Traits::kStagedBias) {
         if (Traits::kSkipMaskedTiles && bias_kind == KeyTileKind::kMasked) {  // (the same decision in every warp)
           tile.pipe.release_stage(buf);
@@ -79,12 +79,18 @@ struct FwdMainloopSm90Ws {
         if (it == 0) pingpong_wait<kWarpgroups>(warpgroup);
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, tile.smem.q(), rows.wg_row0,
                                                                              tile.smem.k(buf));
+        stage_masked = stage_may_need_mask(tile, buf);
         pingpong_signal_next<kWarpgroups>(warpgroup);
         sm90::wait_hold<0>(acc_s);
       } else if (Traits::kStagedBias && overwrite_s) {
         // its own copy of the issue, after zeros the compiler sees (a runtime scale-d would keep the zeroing)
         ptx::zero(acc_s);
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, tile.smem.q(), rows.wg_row0, tile.smem.k(buf));
+      } else if constexpr (Traits::kVarlen) {
+        gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim, /*kWait=*/false>(acc_s, tile.smem.q(), rows.wg_row0,
+                                                                             tile.smem.k(buf));
+        stage_masked = stage_may_need_mask(tile, buf);
+        sm90::wait_hold<0>(acc_s);
       } else {
         gemm_qk_wgmma<T, QTile, KVTile, kNTiles, kHeadDim>(acc_s, tile.smem.q(), rows.wg_row0, tile.smem.k(buf));
       }

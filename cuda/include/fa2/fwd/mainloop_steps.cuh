@@ -58,13 +58,12 @@ __device__ __forceinline__ KeyTileKind wait_stage(const FwdTile<Traits>& tile, c
 
 // Whether stage buf's key block may need the mask: with params.varlen_stage_masks (the warp-specialized varlen
 // kernel), the producer's mark (FwdBarriers::masked_stages), read after the stage's wait and before its release;
-// otherwise true (the mask's own test decides).
+// otherwise true (the mask's own test decides). The mainloops read it behind the tile's Q K^T issue: read before,
+// its load's latency (and the shared window's base) stood between the wait and the issue of every key block.
 template <class Traits>
 __device__ __forceinline__ bool stage_may_need_mask(const FwdTile<Traits>& tile, int buf) {
   if constexpr (Traits::kVarlen && Traits::kWs) {
-    if (tile.p.varlen_stage_masks) {
-      return (*reinterpret_cast<volatile const int*>(tile.smem.ptr(tile.smem.masked_stages())) >> buf) & 1;
-    }
+    if (tile.p.varlen_stage_masks) return (ptx::ld_volatile_shared_b32(tile.smem.masked_stages()) >> buf) & 1;
   }
   return true;
 }
