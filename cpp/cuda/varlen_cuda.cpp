@@ -259,7 +259,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
   const int64_t dq_block_rows = varlen_dq_block_rows(total_q, params.batch, int(headdim_rounded));
   Tensor dq_accum = at::empty({nheads, dq_block_rows != 0 ? dq_block_rows : total_q, headdim_rounded}, f32);
   params.varlen_dq_head_rows = dq_block_rows;
-  params.varlen_sequences = params.batch;
   point_at(outk, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
   point_at(doutk, params.dout, params.dout_batch_stride, params.dout_row_stride, params.dout_head_stride);
   point_at(dq_k, params.dq, params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride);

@@ -11,10 +11,10 @@ failure.
 sm90a-wgmma: the sm_90a backward without the warp-specialized kernel; sm90a-dqblocks: with option varlen_dq_blocks;
 default: the default options, sm90a there); the kernels each route plans are printed first. The benches take a
 comma-separated list (--route sm90a,sm90a-dqblocks: both timed, interleaved).
---bench (--bench-bwd: the backward alone; --dims 64,128,256 the head dims): times varlen against fa2's dense kernel on the same tokens (equal lengths:
-batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 512..16k, causal and not), each pair's calls interleaved call by
-call (benchmarks/bench_attention.py's time_interleaved); with --route both also the sm80 route's varlen (and the
-backward's sm90a-wgmma route). --bench-mixed:
+--bench (--bench-bwd: the backward alone; --dims 64,128,256 the head dims): times varlen against fa2's dense kernel
+on the same tokens (equal lengths: batch x S, 16k tokens, hidden 2048; D 64 / 128 / 256, S 512..16k, causal and not),
+each pair's calls interleaved call by call (benchmarks/bench_attention.py's time_interleaved); with --route both also
+the sm80 route's varlen (and the backward's sm90a-wgmma route). --bench-mixed:
 mixed lengths (16k tokens, 64..8k), varlen's useful TFLOP/s against the padded dense call with a key padding mask,
 D 64 / 128 / 256. No checks.
 Usage: PYTHONPATH=python python3 scripts/dev/varlen_gpu_check.py [--quick] [--device cpu] [--route ROUTE]

@@ -229,7 +229,10 @@ struct BwdRowKernels {
     if constexpr (bwd_ws_headdim(kHeadDim)) {
       convert.dq_accum_fragment_order = ws && kBwdWsSplit<kHeadDim> && !plan.varlen;
     }
-    if (p.varlen_dq_head_rows != 0) convert.cu_seqlens_q = grid.cu_seqlens_q;  // (the rows' sequences)
+    if (p.varlen_dq_head_rows != 0) {  // (the rows' sequences, which the batch-of-one view leaves out)
+      convert.cu_seqlens_q = grid.cu_seqlens_q;
+      convert.varlen_sequences = grid.batch;
+    }
     cudaError_t err = cudaSuccess;
     if constexpr (kOverlapCapable) {
       if (ws && plan.dq_overlap) {

@@ -157,7 +157,8 @@ struct AttentionParams {
   // Set by the varlen glue (non-zero) where dq_accum is (nheads, varlen_dq_head_rows, headdim_rounded) with each
   // sequence's query blocks from a block boundary (bwd/dq_fragment_order.h, DqFragmentOrder::varlen_block_row0), for
   // the headdim-split ws backward to add every block in its fragment order; the launcher clears it where another main
-  // kernel runs (those add rows at (head, packed row), which the buffer also holds). varlen_sequences: the batch.
+  // kernel runs (those add rows at (head, packed row), which the buffer also holds). varlen_sequences: the batch, set
+  // by the launcher for the dQ conversion, which reads the rows as a batch of one (varlen_rows_view).
   int64_t varlen_dq_head_rows = 0;
   int varlen_sequences = 0;
 };

@@ -14,6 +14,14 @@ constexpr int row_group_threads() {
   return chunks <= 4 ? 4 : chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
 }
 
+// Zeroes `quads` 16-byte units from `base`, over the grid's threads.
+__device__ __forceinline__ void zero_over_grid(void* base, int64_t quads, int threads) {
+  const int64_t stride = int64_t(gridDim.x) * threads;
+  for (int64_t i = int64_t(blockIdx.x) * threads + threadIdx.x; i < quads; i += stride) {
+    reinterpret_cast<int4*>(base)[i] = make_int4(0, 0, 0, 0);
+  }
+}
+
 // D = rowsum(dO * O) in fp32 over the headdim; zeroes the row's dq_accum (a varlen call's in whole blocks,
 // p.varlen_dq_head_rows: the whole buffer, padding too, over the grid's threads). Rows are (batch, query, head), head
 // fastest (the (b, s, h, d) layout's order).
@@ -28,18 +36,9 @@ __global__ void __launch_bounds__(kNThreads) bwd_preprocess_kernel(const __grid_
   const int64_t num_rows = int64_t(p.batch) * p.seqlen_q * p.nheads;
   // (the warp-specialized kernel's tail split's counts and fp32 dK, dV rows, params.h: bwd_tail_zero_ints ints, a
   // multiple of 4, 16-byte aligned, over the grid's threads)
-  if (p.bwd_tail_counts != nullptr) {
-    const int64_t quads = p.bwd_tail_zero_ints / 4, stride = int64_t(gridDim.x) * kNThreads;
-    for (int64_t i = int64_t(blockIdx.x) * kNThreads + threadIdx.x; i < quads; i += stride) {
-      reinterpret_cast<int4*>(p.bwd_tail_counts)[i] = make_int4(0, 0, 0, 0);
-    }
-  }
+  if (p.bwd_tail_counts != nullptr) zero_over_grid(p.bwd_tail_counts, p.bwd_tail_zero_ints / 4, kNThreads);
   if (p.varlen_dq_head_rows != 0) {
-    const int64_t quads = int64_t(p.nheads) * p.varlen_dq_head_rows * (kHeadDim / 4);
-    const int64_t stride = int64_t(gridDim.x) * kNThreads;
-    for (int64_t i = int64_t(blockIdx.x) * kNThreads + threadIdx.x; i < quads; i += stride) {
-      reinterpret_cast<float4*>(p.dq_accum)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    zero_over_grid(p.dq_accum, int64_t(p.nheads) * p.varlen_dq_head_rows * (kHeadDim / 4), kNThreads);
   }
   float sum = 0.f;
   int64_t batch = 0, row = 0, head = 0;
