@@ -24,6 +24,8 @@ batch --prefill-batch (1):
                       chunk's keys already in the cache
   fa2-kvcache-append  the same with k= / v= the chunk's keys, written at cache_seqlens = L - seqlen_q (the values
                       already there, so the cache does not change from call to call)
+  fa2-kvcache-paged   fa2-kvcache over the same keys as a paged cache (pages of 64 keys, shuffled; 16 where L is no
+                      multiple of 64)
   FLOPs, the unmasked work only (bench_common.attention_flops): 4·B·H·D·P, P = Sq·L − Sq·(Sq − 1)/2 the (query, key)
   pairs the bottom-right causal mask keeps; TFLOP/s = FLOPs / time / 1e12. "vs_dense": TFLOP/s over fa2-dense's.
 
@@ -60,7 +62,7 @@ from bench_common import (attention_flops, copy_bandwidth, decode_inputs, enviro
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DECODE_IMPLS = ("fa2", "sdpa", "flex", "fa4")
-PREFILL_IMPLS = ("fa2-dense", "fa2-kvcache", "fa2-kvcache-append")
+PREFILL_IMPLS = ("fa2-dense", "fa2-kvcache", "fa2-kvcache-append", "fa2-kvcache-paged")
 DECODE_REF_KEYS = 16384  # batch x cache up to which decode rows are also checked against fp32 math
 PREFILL_REF_PAIRS = 1 << 21  # B·Sq·L up to which prefill rows are
 
@@ -153,17 +155,34 @@ def decode_call(impl, q, k_cache, v_cache, lens, kw, fa2_mod, device):
     return call
 
 
+def paged_cache(k_cache, v_cache, block):
+    """The same keys and values as a paged cache: pages of `block` keys in shuffled order, and its block table."""
+    batch, cache = k_cache.shape[:2]
+    pages = batch * cache // block
+    order = torch.randperm(pages, device=k_cache.device)
+    paged = []
+    for c in (k_cache, v_cache):
+        p = torch.empty((pages, block) + tuple(c.shape[2:]), dtype=c.dtype, device=c.device)
+        p[order] = c.reshape((pages, block) + tuple(c.shape[2:]))  # (sequence b's page j: page order[b * n + j])
+        paged.append(p)
+    return paged[0], paged[1], order.view(batch, cache // block).to(torch.int32)
+
+
 def prefill_calls(q, k_cache, v_cache, fa2_mod) -> dict:
-    """fa2's dense forward and its KV-cache call (the chunk's keys already cached, or appended) on one chunk."""
+    """fa2's dense forward and its KV-cache call (the chunk's keys already cached, or appended) on one chunk; the
+    same over a paged cache (pages of 64 keys, 16 where the cache is no multiple of 64; the chunk's keys cached)."""
     batch, seqlen_q, cache = q.shape[0], q.shape[1], k_cache.shape[1]
     full = torch.full((batch,), cache, dtype=torch.int32, device=q.device)
     before = full - seqlen_q
     k_new, v_new = k_cache[:, cache - seqlen_q:].clone(), v_cache[:, cache - seqlen_q:].clone()
+    k_pages, v_pages, table = paged_cache(k_cache, v_cache, 64 if cache % 64 == 0 else 16)
     return {"fa2-dense": lambda: fa2_mod.attention(q, k_cache, v_cache, causal=True),
             "fa2-kvcache": lambda: fa2_mod.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=full,
                                                                   causal=True),
             "fa2-kvcache-append": lambda: fa2_mod.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new,
-                                                                         cache_seqlens=before, causal=True)}
+                                                                         cache_seqlens=before, causal=True),
+            "fa2-kvcache-paged": lambda: fa2_mod.attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=full,
+                                                                        block_table=table, causal=True)}
 
 
 # ---- one shape: every implementation, timed and checked --------------------------------------------------------------

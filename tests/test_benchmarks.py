@@ -338,10 +338,11 @@ def test_bench_decode_runs_every_implementation_on_the_cpu(tmp_path):
             assert r["check_ok"] and r["max_diff_vs_baseline"] < 0.05 and r["kv_bytes"] == 4 * 2 * 32 * 8 * 64
         assert "scaled_dot_product" in decode[(page, "sdpa")]["backend"]
     prefill = {r["impl"]: r for r in result["prefill"]}
-    assert set(prefill) == {"fa2-dense", "fa2-kvcache", "fa2-kvcache-append"}
+    assert set(prefill) == {"fa2-dense", "fa2-kvcache", "fa2-kvcache-append", "fa2-kvcache-paged"}
     for r in prefill.values():
         assert r["status"] == "ok" and r["check_ok"] and r["flops"] == 4 * 32 * 128 * (16 * 48 - 16 * 15 // 2)
-    assert prefill["fa2-kvcache"]["vs_dense"] > 0 and prefill["fa2-kvcache"]["max_diff_vs_baseline"] == 0
+    for impl in ("fa2-kvcache", "fa2-kvcache-paged"):
+        assert prefill[impl]["vs_dense"] > 0 and prefill[impl]["max_diff_vs_baseline"] == 0, impl
     import importlib.util
     pngs = ["kvcache_t_decode.png", "kvcache_t_prefill.png"] if importlib.util.find_spec("matplotlib") else []
     assert sorted(os.listdir(tmp_path)) == ["kvcache_t.json"] + pngs  # (plot.py needs matplotlib: the bench extra)

@@ -68,6 +68,19 @@ CASES = [
     KvcacheCase("odd-headdim-speculative", seqlen_q=4, seqlen_new=4, headdim=40, causal=True, cache=50),
     KvcacheCase("empty-cache-one-key", batch=2, seqlen_q=1, seqlen_new=1, cache=16),
     KvcacheCase("bhsd-cache-rotary", seqlen_q=2, seqlen_new=2, bhsd=True, rotary="half", rotary_dim=64, causal=True),
+    # chunks of prefill with more query rows a kv head than the CUDA decode kernel takes (256): the varlen kernels,
+    # reading a paged cache's pages in place on sm_90a (pages of 16 .. 256 keys, 48 not a power of two), else gathered
+    KvcacheCase("prefill-paged16-gqa4", seqlen_q=80, seqlen_new=80, nheads=8, nheads_k=2, block=16, cache=400,
+                causal=True),
+    KvcacheCase("prefill-paged48-noncausal-d128", seqlen_q=70, seqlen_new=0, nheads=8, nheads_k=2, headdim=128,
+                block=48, cache=300),
+    KvcacheCase("prefill-paged64-window-d128", seqlen_q=90, seqlen_new=30, nheads=8, nheads_k=2, headdim=128,
+                block=64, cache=500, window=(100, 0)),
+    KvcacheCase("prefill-paged256-softcap-mha", seqlen_q=300, seqlen_new=300, nheads=2, nheads_k=2, block=256,
+                cache=700, causal=True, softcap=5.0),
+    KvcacheCase("prefill-paged32-odd-headdim", seqlen_q=70, seqlen_new=70, nheads=8, nheads_k=2, headdim=40,
+                block=32, cache=200, causal=True),
+    KvcacheCase("prefill-contiguous-gqa4", seqlen_q=80, seqlen_new=80, nheads=8, nheads_k=2, cache=300, causal=True),
 ]
 
 
@@ -323,6 +336,23 @@ def test_compiled_decode_step_has_no_graph_break():
 
 
 # ---- CUDA: the device-side guard, CUDA graphs ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["prefill-paged16-gqa4", "prefill-paged256-softcap-mha", "prefill-paged32-odd-headdim"])
+def test_cuda_paged_prefill_reads_the_pages_in_place(name):
+    """A chunk of prefill the decode kernel does not take reads a paged cache's pages in place on sm_90a (the
+    varlen kernels' TMA loads a box per page: no gathered copy, no index_select); a headdim the TMA cannot take there
+    (not a multiple of 8), and every other GPU, gathers the pages first. The results: test_kvcache_matches_reference."""
+    _needs("cuda")
+    case = next(c for c in CASES if c.name == name)
+    (q, k_cache, v_cache, k, v), kwargs = make_inputs(case, torch.bfloat16, "cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fa2.attention_with_kvcache(q, k_cache, v_cache, k, v, **kwargs)
+    gathered = any(event.name == "aten::index_select" for event in prof.events())
+    in_place = torch.cuda.get_device_capability() == (9, 0) and case.headdim % 8 == 0
+    if in_place and not fa2.dev.options()["sm90_varlen"]:
+        pytest.skip("option sm90_varlen is off: the sm80 path's varlen kernels gather")
+    assert gathered != in_place, f"{name}: expected the pages {'in place' if in_place else 'gathered'}"
+
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_cuda_bad_indices_never_touch_memory_outside_the_cache(paged):

@@ -1,7 +1,8 @@
 // CUDA fa2::kvcache_fwd: checks -> the append kernel (new keys / values written into the caches, k and q rotated on
 // the way: cuda/src/kvcache_append.cu) -> the attention: the decode kernel where it takes the problem
 // (cuda_glue::try_decode_attention), else the varlen kernels over the cache seen as packed sequences (a paged cache's
-// blocks gathered into a contiguous copy first: correct, slower, batch x capacity rows of memory). No host sync
+// pages read in place by the sm_90a kernels, cuda_glue::paged_varlen_fwd; on the sm80 path its blocks gathered into a
+// contiguous copy first: correct, slower, batch x capacity rows of memory). No host sync
 // anywhere (lengths stay on the device, max_seqlen from shapes): a decode step can be captured in a CUDA graph.
 // Index values are not checked on the host here (that would need a sync); the kernels clamp or skip what is out of
 // range, so a bad value never touches memory outside the caches (checks.h, KvcacheProblem).
@@ -21,6 +22,7 @@
 #include "checks.h"
 #include "cuda/decode_cuda.h"
 #include "cuda/params_from_tensors.h"
+#include "cuda/varlen_cuda.h"
 #include "fa2/kvcache_append.h"
 
 namespace fa2 {
@@ -83,7 +85,7 @@ Tensor append_and_rotate(const KvcacheProblem& kp, const Tensor& q, const Tensor
 
 // fa2::varlen_fwd's CUDA kernel, called with the arguments named in `given` and every other one at its schema
 // default (so arguments the schema gains later keep their defaults here).
-std::pair<Tensor, Tensor> varlen_fwd_on_cuda(const std::unordered_map<std::string, c10::IValue>& given) {
+std::tuple<Tensor, Tensor> varlen_fwd_on_cuda(const std::unordered_map<std::string, c10::IValue>& given) {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("fa2::varlen_fwd", "");
   torch::jit::Stack stack;
   for (const c10::Argument& argument : op.schema().arguments()) {
@@ -118,13 +120,20 @@ Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, co
                                    const Tensor& v_cache, const Tensor& seqlens_k, Tensor& lse) {
   const AttentionProblem& p = kp.problem;
   const auto i32 = q.options().dtype(at::kInt);
+  const Tensor cu_seqlens_q = at::arange(0, (p.batch + 1) * p.seqlen_q, p.seqlen_q, i32);
   Tensor keys, values, starts, cu_seqlens_k;
+  std::optional<std::tuple<Tensor, Tensor>> paged_result;
   if (kp.paged) {
-    // each sequence's blocks in table order: sequence b is rows [b * capacity, (b + 1) * capacity) of the copy
-    const Tensor ids = kp.block_table->clamp(0, kp.batch_cache - 1).flatten();
-    keys = k_cache.index_select(0, ids).flatten(0, 1);
-    values = v_cache.index_select(0, ids).flatten(0, 1);
-    starts = at::arange(0, p.batch * kp.capacity, kp.capacity, i32);
+    // (sequence b at rows [b * capacity, (b + 1) * capacity) of the gathered copy; not read by the paged kernels)
+    cu_seqlens_k = at::arange(0, p.batch * kp.capacity + 1, kp.capacity, i32);
+    paged_result = cuda_glue::paged_varlen_fwd(q.flatten(0, 1), k_cache, v_cache, *kp.block_table, cu_seqlens_q,
+                                               cu_seqlens_k, seqlens_k, p.seqlen_q, kp.capacity, p.scale, p.causal,
+                                               p.window_left, p.window_right, p.softcap);
+    if (!paged_result) {  // each sequence's blocks in table order
+      const Tensor ids = kp.block_table->clamp(0, kp.batch_cache - 1).flatten();
+      keys = k_cache.index_select(0, ids).flatten(0, 1);
+      values = v_cache.index_select(0, ids).flatten(0, 1);
+    }
   } else {
     auto [packed_keys, rows_apart] = packed_cache(k_cache);
     auto [packed_values, value_rows_apart] = packed_cache(v_cache);
@@ -145,8 +154,7 @@ Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, co
     }
   }
   if (!cu_seqlens_k.defined()) cu_seqlens_k = at::cat({starts.to(at::kInt), at::full({1}, keys.size(0), i32)});
-  const Tensor cu_seqlens_q = at::arange(0, (p.batch + 1) * p.seqlen_q, p.seqlen_q, i32);
-  const auto [out, packed_lse] = varlen_fwd_on_cuda({
+  const auto [out, packed_lse] = paged_result ? *paged_result : varlen_fwd_on_cuda({
       {"q", q.flatten(0, 1)}, {"k", keys}, {"v", values}, {"cu_seqlens_q", cu_seqlens_q},
       {"cu_seqlens_k", cu_seqlens_k}, {"max_seqlen_q", c10::SymInt(p.seqlen_q)},
       {"max_seqlen_k", c10::SymInt(kp.capacity)}, {"seqused_k", seqlens_k}, {"scale", p.scale},

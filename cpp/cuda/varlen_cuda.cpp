@@ -17,6 +17,7 @@
 #include "checks.h"
 #include "dropout_state.h"
 #include "cuda/params_from_tensors.h"
+#include "cuda/varlen_cuda.h"
 #include "fa2/launch.h"
 #if FA2_CUDA_BWD
 #include "fa2/bwd_launch.h"
@@ -116,6 +117,60 @@ std::tuple<Tensor, Tensor> dense_fwd(const Tensor& q, const Tensor& k, const Ten
   return {out.squeeze(0), lse.squeeze(0)};  // ((total_q, nheads, d); (nheads, total_q))
 }
 
+// Keys and values in a paged cache (params.h, has_paged_kv): its block table, int32 (batch, pages_per_sequence)
+// contiguous, and its pages' size and count; k and v are the pages flattened to rows.
+struct PagedKeys {
+  Tensor block_table;
+  int64_t page_size = 0, num_pages = 0;
+};
+
+// The varlen kernels' launch for checked inputs (out (total_q, nheads, headdim), lse (nheads, total_q)). paged: the
+// keys' pages; returns nullopt, launching nothing, where the plan cannot read them (FwdPlan::paged).
+std::optional<std::tuple<Tensor, Tensor>> launch_varlen_fwd(const VarlenProblem& vp, const Tensor& q,
+                                                            const Tensor& k, const Tensor& v,
+                                                            const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                                            const std::optional<Tensor>& seqused_k,
+                                                            const PagedKeys* paged = nullptr) {
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
+  Tensor out = at::empty({vp.total_q, nheads, headdim}, q.options());
+  Tensor lse = at::empty({nheads, vp.total_q}, q.options().dtype(at::kFloat));
+  if (nothing_attends(vp)) {
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+    return std::make_tuple(out, lse);
+  }
+  VarlenInputs inputs;
+  AttentionParams params =
+      varlen_params(vp, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, &fwd_headdim_rounded, "forward", &inputs);
+  if (paged != nullptr) {
+    params.block_table = paged->block_table.data_ptr<int>();
+    params.block_table_batch_stride = paged->block_table.stride(0);
+    params.pages_per_sequence = static_cast<int>(paged->block_table.size(1));
+    params.page_size = static_cast<int>(paged->page_size);
+    params.num_pages = static_cast<int>(paged->num_pages);
+    // (the flattened pages: page i starts page_size rows after page i - 1)
+    params.k_batch_stride = paged->page_size * params.k_row_stride;
+    params.v_batch_stride = paged->page_size * params.v_row_stride;
+  }
+  const FwdPlan plan = plan_fwd_call(params);
+  if (paged != nullptr && plan.error != nullptr) return std::nullopt;
+  TORCH_CHECK(plan.error == nullptr, "fa2 varlen forward (CUDA) failed: ", plan.error);
+  const int64_t headdim_padded = params.headdim;
+  Tensor out_k = headdim_padded == headdim ? out.unsqueeze(0)
+                                           : at::empty({1, vp.total_q, nheads, headdim_padded}, q.options());
+  point_at(out_k, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
+  params.lse = lse.data_ptr<float>();  // (nheads, total_q)
+  const Tensor sinks_f32 = cuda_glue::attach_sinks(params, vp.problem);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  // (none for the varlen kernels today; allocated as for any plan)
+  const Tensor workspace = cuda_glue::attach_workspace(params, plan.workspace_ints, true, q.options(), stream);
+  const char* err = run_fwd(plan, params, stream);
+  TORCH_CHECK(err == nullptr, "fa2 varlen forward (CUDA) failed: ", err);
+  if (headdim_padded != headdim) out.copy_(out_k[0].narrow(2, 0, headdim));
+  return std::make_tuple(out, lse);
+}
+
 std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                            int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -132,33 +187,7 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
     return dense_fwd(q, k, v, scale, causal, window_left, window_right, softcap, dropout_p, vp.problem.rng_state,
                      sinks);
   }
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
-  Tensor out = at::empty({vp.total_q, nheads, headdim}, q.options());
-  Tensor lse = at::empty({nheads, vp.total_q}, q.options().dtype(at::kFloat));
-  if (nothing_attends(vp)) {
-    out.zero_();
-    lse.fill_(std::numeric_limits<float>::infinity());
-    return {out, lse};
-  }
-  VarlenInputs inputs;
-  AttentionParams params =
-      varlen_params(vp, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, &fwd_headdim_rounded, "forward", &inputs);
-  const FwdPlan plan = plan_fwd_call(params);
-  TORCH_CHECK(plan.error == nullptr, "fa2 varlen forward (CUDA) failed: ", plan.error);
-  const int64_t headdim_padded = params.headdim;
-  Tensor out_k = headdim_padded == headdim ? out.unsqueeze(0)
-                                           : at::empty({1, vp.total_q, nheads, headdim_padded}, q.options());
-  point_at(out_k, params.out, params.out_batch_stride, params.out_row_stride, params.out_head_stride);
-  params.lse = lse.data_ptr<float>();  // (nheads, total_q)
-  const Tensor sinks_f32 = cuda_glue::attach_sinks(params, vp.problem);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  // (none for the varlen kernels today; allocated as for any plan)
-  const Tensor workspace = cuda_glue::attach_workspace(params, plan.workspace_ints, true, q.options(), stream);
-  const char* err = run_fwd(plan, params, stream);
-  TORCH_CHECK(err == nullptr, "fa2 varlen forward (CUDA) failed: ", err);
-  if (headdim_padded != headdim) out.copy_(out_k[0].narrow(2, 0, headdim));
-  return {out, lse};
+  return *launch_varlen_fwd(vp, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k);
 }
 
 #if FA2_CUDA_BWD
@@ -313,6 +342,35 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
 #endif
 
 }  // namespace
+
+namespace cuda_glue {
+
+std::optional<std::tuple<Tensor, Tensor>> paged_varlen_fwd(const Tensor& q, const Tensor& k_cache,
+                                                           const Tensor& v_cache, const Tensor& block_table,
+                                                           const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                                           const Tensor& seqused_k, int64_t max_seqlen_q,
+                                                           int64_t max_seqlen_k, double scale, bool causal,
+                                                           int64_t window_left, int64_t window_right,
+                                                           double softcap) {
+  // The pages as packed rows must be a view the TMA reads as it is: a copy of the pool (kernel_input's padding or
+  // alignment) can be far larger than the pages in use, and the caller's gather copies only those.
+  for (const Tensor* cache : {&k_cache, &v_cache}) {
+    if (cache->size(0) > 1 && cache->stride(0) != cache->size(1) * cache->stride(1)) return std::nullopt;
+  }
+  const Tensor keys = k_cache.flatten(0, 1), values = v_cache.flatten(0, 1);
+  if (q.size(2) % 8 != 0 || v_cache.size(3) != q.size(2) || !rows_16b_aligned(keys.unsqueeze(0), true) ||
+      !rows_16b_aligned(values.unsqueeze(0), true)) {
+    return std::nullopt;
+  }
+  const VarlenProblem vp =
+      check_varlen_fwd_inputs(q, keys, values, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                              scale, causal, window_left, window_right, softcap, /*dropout_p=*/0.0,
+                              /*sinks=*/std::nullopt, /*rng_state=*/std::nullopt);
+  const PagedKeys paged{block_table.contiguous(), k_cache.size(1), k_cache.size(0)};
+  return launch_varlen_fwd(vp, q, keys, values, cu_seqlens_q, cu_seqlens_k, seqused_k, &paged);
+}
+
+}  // namespace cuda_glue
 }  // namespace fa2
 
 TORCH_LIBRARY_IMPL(fa2, CUDA, m) {

@@ -202,11 +202,23 @@ struct FwdChoice {
   bool has_tile_counter_twin = false, has_cluster_twin = false, key_bias_tma = false;
 };
 
+// A paged cache's keys (params.h, has_paged_kv): the sm_90a varlen kernels' TMA loads only (FwdPlan::paged).
+const char* check_paged_call(const AttentionParams& p, const FwdPlan& plan) {
+  if (!plan.varlen || plan.arch_tag != 901 || plan.dropout) {
+    return "fa2: a paged key/value cache is read by the sm_90a varlen forward kernels only (compute capability 9.0 "
+           "with the TMA loads and option sm90_varlen, no dropout)";
+  }
+  if (p.page_size <= 0 || p.page_size % 16 != 0 || p.pages_per_sequence <= 0 || p.num_pages <= 0) {
+    return "fa2: a paged key/value cache needs pages of a multiple of 16 keys and a block table";
+  }
+  return nullptr;
+}
+
 // The key-loop length a forward's schedule is chosen by (sm90_schedule_for_keys): seqlen_k; varlen, the keys per
 // sequence on average (total_k / batch, known without a sync; max_seqlen_k would take the long-loop schedule for a
-// batch of mostly short sequences).
+// batch of mostly short sequences). A paged cache: max_seqlen_k (total_k counts every page of the pool, used or not).
 int schedule_key_length(const AttentionParams& p) {
-  return is_varlen(p) ? (p.batch > 0 ? p.total_k / p.batch : 0) : p.seqlen_k;
+  return is_varlen(p) && !has_paged_kv(p) ? (p.batch > 0 ? p.total_k / p.batch : 0) : p.seqlen_k;
 }
 
 FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options, int arch_tag, int headdim,
@@ -224,16 +236,20 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   // (varlen: no forced schedule, the ones its kernels are built for: fwd_launch_template.cuh)
   const bool forced = tma && !dropout && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
   const int schedule_keys = schedule_key_length(p);
+  // a paged cache: the windowed default's warp-specialized twin (fwd_kernel.cuh, kPagedKV), else the pipelined kernel
+  const bool paged_off_default = has_paged_kv(p) && sm90_schedule_for_keys(headdim, !equal_blocks, schedule_keys) !=
+                                                        built_default;
   if (tma) {
-    schedule = dropout  ? Sm90Schedule::kPipelined
-               : forced ? options.sm90_schedule
-                        : sm90_schedule_for_keys(headdim, !equal_blocks, schedule_keys);
+    schedule = dropout || paged_off_default ? Sm90Schedule::kPipelined
+               : forced                     ? options.sm90_schedule
+                                            : sm90_schedule_for_keys(headdim, !equal_blocks, schedule_keys);
   }
   if (tma) {
     note(notes, [&] {
       return std::string("schedule: ") + sm90_schedule_name(schedule) +
-             (dropout  ? " (dropout: the pipelined kernels have it)"
-              : forced ? " (forced: option sm90_schedule)"
+             (dropout             ? " (dropout: the pipelined kernels have it)"
+              : paged_off_default ? " (a paged cache: the pipelined kernel, or the windowed default's twin)"
+              : forced            ? " (forced: option sm90_schedule)"
                        : std::string(" (d ") + std::to_string(headdim) + "'s default " +
                              (equal_blocks ? "without" : "with") + " a causal mask or window at " +
                              std::to_string(schedule_keys) + (is_varlen(p) ? " keys a sequence on average)" : " keys)"));
@@ -253,7 +269,7 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
     c.schedule = schedule;
     // twins, for fewer instantiations only where they are used by default
     c.has_tile_counter_twin = schedule == Sm90Schedule::kPingpongOverlap && fwd_persistent_headdim(headdim) &&
-                              built_default == Sm90Schedule::kPingpongOverlap;
+                              built_default == Sm90Schedule::kPingpongOverlap && !has_paged_kv(p);
     c.has_cluster_twin = schedule == Sm90Schedule::kOverlap && fwd_cluster_headdim(headdim) && !is_varlen(p);
   } else if (tma && key_row_bias && (schedule != Sm90Schedule::kPipelined || !forced)) {
     if (built_default != Sm90Schedule::kPipelined) {
@@ -395,6 +411,7 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   const bool sm80_path = (plan.dropout && !(sm90_dropout && sm90a)) || (plan.varlen && !(sm90_varlen && sm90a));
   if (plan.varlen && (plan.error = check_varlen_call("forward", p, !sm80_path, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim, plan.bias = p.bias_type;
+  if ((plan.paged = has_paged_kv(p)) && (plan.error = check_paged_call(p, plan))) return plan;
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (inst.arch_specific ? " (arch-specific instances preferred)"

@@ -157,9 +157,10 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
 // loads (maps over the packed tensors: fwd_launch_template.cuh).
 // kDropout: dropout on P (params.h, rng_state): the sm80 path's kernels and the pipelined sm_90a ones (plain or general
 // score path).
+// kPagedKV: the warp-specialized varlen kernel's twin that reads a paged cache (FwdKernelTraits::kPagedKV).
 template <typename T, int kHeadDim, int kArchTag, ScoreMode kMode, BiasType kBias, bool kWarpSpecialized = false,
           bool kPingpong = false, bool kOverlap = false, bool kTileCounter = false, bool kCluster = false,
-          bool kVarlen = false, bool kDropout = false>
+          bool kVarlen = false, bool kDropout = false, bool kPagedKV = false>
 __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSpecialized>(),
                                   kWarpSpecialized ? 1
                                                    : FwdTileConfig<kHeadDim, kArchTag == 901>::min_blocks_per_sm(
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(fwd_kernel_threads<kHeadDim, kArchTag, kWarpSp
                                                          kMode == ScoreMode::kPlain))
     fwd_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ sm90::FwdTensorMaps maps) {
   using Traits = FwdKernelTraits<T, kHeadDim, kArchTag, kMode, kBias, kWarpSpecialized, kPingpong, kOverlap,
-                                 kTileCounter, kCluster, kVarlen, kDropout>;
+                                 kTileCounter, kCluster, kVarlen, kDropout, kPagedKV>;
   extern __shared__ __align__(1024) unsigned char smem[];  // 1024: see SwizzledTile::fragment_address
   const FwdSmem<Traits> shared(smem);
   // The swizzled fragment addressing (SwizzledTile::fragment_address) relies on this alignment.

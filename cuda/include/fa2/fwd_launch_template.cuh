@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <numeric>
 #include <type_traits>
 
 #include "fa2/fwd_kernel.cuh"
@@ -128,9 +129,9 @@ struct FwdLaunch {
 
 // The warp-specialized sm_90a kernel with schedule kSchedule (not kPipelined) for one score path and bias type (and
 // with kWithTileCounter its tile-counter twin, with kWithCluster its twin in clusters of two).
-// kVarlen: the packed-sequence kernels (no cluster twin).
+// kVarlen: the packed-sequence kernels (no cluster twin); kPagedKV: their twin over a paged cache (no tile counter).
 template <typename T, int kHeadDim, int kArch, fwd::ScoreMode kMode, BiasType kBias, Sm90Schedule kSchedule,
-          bool kWithTileCounter = false, bool kWithCluster = false, bool kVarlen = false>
+          bool kWithTileCounter = false, bool kWithCluster = false, bool kVarlen = false, bool kPagedKV = false>
 FwdLaunch ws_launch() {
   static_assert(kSchedule != Sm90Schedule::kAuto && kSchedule != Sm90Schedule::kPipelined);
   constexpr bool kPingpong = sm90_schedule_pingpong(kSchedule);
@@ -150,8 +151,9 @@ FwdLaunch ws_launch() {
   if constexpr (kWithCluster) {
     cluster_kernel = &fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, true, kPingpong, kOverlap, false, true>;
   }
+  static_assert(!(kWithTileCounter && kPagedKV), "no paged tile-counter twin");
   return {&fwd::fwd_kernel<T, kHeadDim, kArch, kMode, kBias, /*kWarpSpecialized=*/true, kPingpong, kOverlap, false,
-                           false, kVarlen>,
+                           false, kVarlen, /*kDropout=*/false, kPagedKV>,
           fwd::fwd_kernel_threads<kHeadDim, kArch, true>(), Cfg::kSmemBytesWs, Cfg::kBlockM, true,
           tile_counter_kernel, cluster_kernel};
 }
@@ -179,7 +181,8 @@ void use_key_bias_ws_launch(BiasType bias_type, FwdLaunch& launch) {
 // warp-specialized schedules on the plain path (with and without a causal mask or window; the tile-counter twin where
 // the dense kernels have it; d 64's wide overlap kernel for long sequences), else the pipelined kernel, plain or
 // general (softcap). No bias, no clusters, no forced schedule (plan.cpp: sm90_schedule_for_keys of the mean sequence
-// length). launch.kernel nullptr for anything else.
+// length). A paged cache (plan.paged): the pipelined kernels, and the windowed schedule's warp-specialized twin with
+// kPagedKV (plan.cpp, choose_fwd_kernel). launch.kernel nullptr for anything else.
 template <typename T, int kHeadDim, int kArch>
 FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
   using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
@@ -188,6 +191,14 @@ FwdLaunch fwd_varlen_tma_launch(const FwdPlan& plan) {
   FwdLaunch launch{nullptr, Cfg::kNThreads, Cfg::kSmemBytes, Cfg::kBlockM, false};
   constexpr Sm90Schedule kWindowed = sm90_default_schedule(kHeadDim, /*windowed=*/true);
   constexpr Sm90Schedule kEqual = sm90_default_schedule(kHeadDim, /*windowed=*/false);
+  if (plan.warp_specialized && plan.paged) {
+    if constexpr (kWindowed != Sm90Schedule::kPipelined) {
+      if (plan.score == FwdScore::kPlain && plan.schedule == kWindowed && !plan.tile_counter) {
+        return ws_launch<T, kHeadDim, kArch, ScoreMode::kPlain, kNone, kWindowed, false, false, true, true>();
+      }
+    }
+    return launch;
+  }
   if (plan.warp_specialized) {
     if (plan.score != FwdScore::kPlain) return launch;
     if constexpr (kWindowed != Sm90Schedule::kPipelined) {
@@ -301,6 +312,11 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
   return launch;
 }
 
+// The keys one TMA box of a paged cache takes (params.h, page_box_rows): the longest run that divides both the page
+// and the kernel's key block, so that no box crosses a page and a tile's boxes fill it (16 or more: both are multiples
+// of 16, which also keeps each box's shared-memory rows on the swizzle's period).
+constexpr int paged_box_rows(int page_size, int block_n) { return std::gcd(page_size, block_n); }
+
 // The TMA's view of q, k, v (and a key-row bias) for the sm_90a instances that load with it.
 template <typename T, int kHeadDim, int kArch>
 const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, sm90::FwdTensorMaps* maps) {
@@ -308,20 +324,23 @@ const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, 
   if constexpr (kArch == 901 && FA2_SM90_TMA) {
     using Cfg = FwdTileConfig<kHeadDim, /*kWgmma=*/true>;
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-    // varlen: the packed (total, heads, headdim) tensors as a batch of one (the kernels add each sequence's first row)
+    // varlen: the packed (total, heads, headdim) tensors as a batch of one (the kernels add each sequence's first
+    // row); a paged cache's keys and values as a batch of pages (the kernels look each box's page up)
     const int64_t batch = plan.varlen ? 1 : p.batch;
     const int64_t rows_q = plan.varlen ? p.total_q : p.seqlen_q, rows_k = plan.varlen ? p.total_k : p.seqlen_k;
+    const int64_t kv_batch = plan.paged ? p.num_pages : batch, kv_rows = plan.paged ? p.page_size : rows_k;
+    const int kv_box_rows = plan.paged ? paged_box_rows(p.page_size, Cfg::kBlockN) : Cfg::kBlockN;
     const char* e = sm90::make_bshd_tensor_map(&maps->q, p.q, bf16, batch, rows_q, p.nheads, p.headdim,
                                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, plan.block_m,
                                                Cfg::kSmemBlockCols);
     if (e == nullptr) {
-      e = sm90::make_bshd_tensor_map(&maps->k, p.k, bf16, batch, rows_k, p.nheads_k, p.headdim,
-                                     p.k_batch_stride, p.k_row_stride, p.k_head_stride, Cfg::kBlockN,
+      e = sm90::make_bshd_tensor_map(&maps->k, p.k, bf16, kv_batch, kv_rows, p.nheads_k, p.headdim,
+                                     p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows,
                                      Cfg::kSmemBlockCols);
     }
     if (e == nullptr) {
-      e = sm90::make_bshd_tensor_map(&maps->v, p.v, bf16, batch, rows_k, p.nheads_k, p.headdim,
-                                     p.v_batch_stride, p.v_row_stride, p.v_head_stride, Cfg::kBlockN,
+      e = sm90::make_bshd_tensor_map(&maps->v, p.v, bf16, kv_batch, kv_rows, p.nheads_k, p.headdim,
+                                     p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows,
                                      Cfg::kSmemBlockCols);
     }
     if (e == nullptr && plan.key_bias_tma) {
@@ -373,6 +392,9 @@ const char* run_fwd_instance(const FwdPlan& plan, const AttentionParams& p, cuda
   kernel_params.heavy_score = -kHeavyRowLog2 / p.scale_log2;
   kernel_params.tile_order_tail = plan.tile_order_tail;
   kernel_params.varlen_stage_masks = plan.stage_masks;
+  if constexpr (kArch == 901) {
+    if (plan.paged) kernel_params.page_box_rows = paged_box_rows(p.page_size, FwdTileConfig<kHeadDim, true>::kBlockN);
+  }
   if (use_cluster) {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = cluster_of_two_config(grid, launch.threads, launch.smem, stream, &cluster);

@@ -161,7 +161,18 @@ struct AttentionParams {
   // by the launcher for the dQ conversion, which reads the rows as a batch of one (varlen_rows_view).
   int64_t varlen_dq_head_rows = 0;
   int varlen_sequences = 0;
+  // ---- a paged key/value cache (the KV-cache op's chunked prefill: cpp/cuda/kvcache_cuda.cpp) ------------------
+  // Set (block_table non-null, with the varlen fields): k and v are num_pages pages of (page_size, nheads_k,
+  // headdim), k_batch_stride / v_batch_stride apart; key j of sequence b is row j % page_size of page
+  // block_table[b * block_table_batch_stride + j / page_size] (int32, device memory, pages_per_sequence slots a
+  // sequence; page_size a multiple of 16). The sm_90a forward kernels only (plan.h, FwdPlan::paged). page_box_rows:
+  // set by the forward launcher, the keys one TMA box takes (a divisor of page_size and of the kernel's key block).
+  const int* block_table = nullptr;
+  int64_t block_table_batch_stride = 0;
+  int page_size = 0, pages_per_sequence = 0, num_pages = 0, page_box_rows = 0;
 };
+
+inline bool has_paged_kv(const AttentionParams& p) { return p.block_table != nullptr; }
 
 inline bool has_dropout(const AttentionParams& p) { return p.rng_state != nullptr; }
 

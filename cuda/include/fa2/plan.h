@@ -68,6 +68,10 @@ struct FwdPlan {
   bool varlen = false;
   // the warp-specialized varlen kernel's stage masks (params.h, varlen_stage_masks; option varlen_stage_masks)
   bool stage_masks = false;
+  // keys and values in a paged cache (params.h, has_paged_kv): the sm_90a varlen kernels' TMA loads a box per page
+  // (FwdTmaLoads::key_rows); elsewhere (the sm80 path's cp.async loads, dropout) the plan declines with an error and
+  // the KV-cache op gathers the pages instead
+  bool paged = false;
   // dropout (params.h, has_dropout): the kernel with kDropout, plain or general score path: on compute capability 9.0
   // the pipelined sm_90a one (arch_tag 901; not warp_specialized) while option sm90_dropout is on, else the sm80
   // path's from an sm80-path instance as varlen's

@@ -15,7 +15,7 @@ namespace fwd {
 // (cmake/Kernels.cmake): 901 (sm_90a) multiplies with wgmma, everything else with mma.sync.
 template <typename T_, int kHeadDim_, int kArchTag, ScoreMode kMode_, BiasType kBias_, bool kWarpSpecialized,
           bool kPingpong_, bool kOverlap_, bool kTileCounter_, bool kCluster_, bool kVarlen_ = false,
-          bool kDropout_ = false>
+          bool kDropout_ = false, bool kPagedKV_ = false>
 struct FwdKernelTraits {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -38,6 +38,10 @@ struct FwdKernelTraits {
   // kDropout: P ∘ Z / (1 - p) before P V (fa2/dropout.cuh; params.h, rng_state); the cp.async and the pipelined sm_90a
   // kernels (not the warp-specialized ones), plain or general score path.
   static constexpr bool kDropout = kDropout_;
+  // Whether the K/V loads may read a paged cache (params.h, has_paged_kv; FwdTmaLoads::for_each_page_box): the
+  // pipelined sm_90a varlen kernels (a runtime branch in thread 0's loads), and the warp-specialized ones only as
+  // kPagedKV twins, whose producer (kWsProducerRegs registers) spills with the page lookups.
+  static constexpr bool kPagedKV = kVarlen_ && kTma && (!kWarpSpecialized || kPagedKV_);
 
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
@@ -113,6 +117,7 @@ struct FwdKernelTraits {
   static_assert(!kSplitKV || !kPersistent, "split K/V barriers: one tile per CTA");
   static_assert(!kVarlen || (kBias == BiasType::kNone && !kCluster),
                 "varlen: no bias, no clusters (a pair's two query blocks may lie in different sequences)");
+  static_assert(!kPagedKV_ || (kVarlen && kWs && !kTileCounter), "kPagedKV: the warp-specialized varlen twins");
   static_assert(!kDropout || (!kWs && (kMode == ScoreMode::kPlain || kMode == ScoreMode::kGeneral)),
                 "dropout: the cp.async and pipelined kernels, plain or general score path");
   static_assert(!kCluster || (kPersistent && !kTileCounter && !kStagedBias && !kSplitKV && kColBlocks % 2 == 0),

@@ -33,10 +33,10 @@ struct FwdMainloopSm90Pipelined {
     if (tile.tid == 0) {
       if constexpr (Traits::kVarlen) {  // (the sequence's rows of the packed tensors: FwdTmaLoads::q_row)
         tile.tma.q(tile.tma.q_row(tile.m0, tile.seq), tile.coord.head, /*batch=*/0);
-        tile.tma.kv(tile.range.hi - 1, /*buf=*/0, tile.head_k, /*batch=*/0, 0, 0, tile.tma.k_row0(tile.seq));
+        tile.tma.kv(tile.p, tile.range.hi - 1, /*buf=*/0, tile.head_k, tile.coord.batch, 0, 0, tile.tma.k_row0(tile.seq));
       } else {
         tile.tma.q(tile.m0, tile.coord.head, tile.coord.batch);
-        tile.tma.kv(tile.range.hi - 1, /*buf=*/0, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
+        tile.tma.kv(tile.p, tile.range.hi - 1, /*buf=*/0, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
       }
     }
   }
@@ -105,9 +105,9 @@ struct FwdMainloopSm90Pipelined {
       // overlaps this whole iteration
       if (tile.tid == 0 && n > range.lo) {
         if constexpr (Traits::kVarlen) {
-          tile.tma.kv(n - 1, buf ^ 1, tile.head_k, /*batch=*/0, 0, 0, tile.tma.k_row0(tile.seq));
+          tile.tma.kv(tile.p, n - 1, buf ^ 1, tile.head_k, tile.coord.batch, 0, 0, tile.tma.k_row0(tile.seq));
         } else {
-          tile.tma.kv(n - 1, buf ^ 1, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
+          tile.tma.kv(tile.p, n - 1, buf ^ 1, tile.head_k, tile.coord.batch, tile.bias_head, tile.bias_batch);
         }
       }
       if constexpr (Traits::kStagedBias) {

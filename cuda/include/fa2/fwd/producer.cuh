@@ -1,7 +1,7 @@
 // The forward's loads (FA-3's producer): the TMA copies of Q and of K/V stages (one thread issues every copy, one per
 // column block of a tile; the TMA writes the SwizzledTile layout itself and zero-fills rows past seqlen and columns
 // past headdim), the warp-specialized producer's loop over a CTA's tiles, and the cp.async loads of the sm80 path.
-// Paged KV changes where a K/V tile comes from: here.
+// A paged key/value cache (params.h, block_table) changes where a K/V tile's rows come from: for_each_page_box.
 #pragma once
 #include <cstdint>
 
@@ -36,28 +36,61 @@ struct FwdTmaLoads {
   __device__ __forceinline__ static int k_row0(const SequenceBounds& seq) { return Traits::kVarlen ? seq.k_row0 : 0; }
   __device__ __forceinline__ static int map_batch(int batch) { return Traits::kVarlen ? 0 : batch; }
 
+  // A paged cache (Traits::kPagedKV with params.block_table: params.h): load(r, row, page) for each box of key tile n's keys,
+  // params.page_box_rows of them from the tile's row r on, at row `row` of page `page` (the map's batch is the page,
+  // its rows a page's keys), the pages sequence `batch`'s table names. A slot past the table's row reads the TMA's
+  // zeros (page num_pages), as does a bad page number: those keys are masked, or the caller's error.
+  __device__ __forceinline__ static bool paged(const AttentionParams& params) {
+    return Traits::kPagedKV && params.block_table != nullptr;
+  }
+  template <class Load>
+  __device__ __forceinline__ static void for_each_page_box(const AttentionParams& params, int n, int batch,
+                                                           Load&& load) {
+    // (32-bit indices: the producer runs on kWsProducerRegs registers; the table's entries fit int, plan.h)
+    const int first = n * kBlockN, table_row = batch * int(params.block_table_batch_stride);
+    int slot = first / params.page_size, row = first - slot * params.page_size;  // (one division a tile)
+    for (int r = 0; r < kBlockN; r += params.page_box_rows) {
+      load(r, row, slot < params.pages_per_sequence ? __ldg(params.block_table + (table_row + slot)) : params.num_pages);
+      row += params.page_box_rows;
+      if (row == params.page_size) row = 0, ++slot;
+    }
+  }
+
   // a query block's Q (the block's first query m0; varlen: q_row's)
   __device__ __forceinline__ void q(int m0, int head, int batch) const {
     sm90::mbarrier_arrive_expect_tx(smem.bar_q(), Traits::Cfg::kSmemQBytes);
     sm90::tma_load_tile<kBlockM, kHeadDim, kBlockCols>(smem.q(), &maps.q, smem.bar_q(), m0, head, batch);
   }
-  // kSplitKV: K, or V, of key tile n into dst on its own barrier (row0: k_row0's)
-  __device__ __forceinline__ void k_or_v(const CUtensorMap* map, uint32_t dst, uint32_t bar, int n, int head_k,
-                                         int batch, int row0 = 0) const {
+  // kSplitKV: K, or V, of key tile n into dst on its own barrier (batch: the call's batch element, varlen the
+  // sequence; row0: k_row0's)
+  __device__ __forceinline__ void k_or_v(const AttentionParams& params, const CUtensorMap* map, uint32_t dst,
+                                         uint32_t bar, int n, int head_k, int batch, int row0 = 0) const {
     sm90::mbarrier_arrive_expect_tx(bar, kKVBytes);
+    if (paged(params)) {
+      for_each_page_box(params, n, batch, [&](int r, int row, int page) {
+#pragma unroll
+        for (int blk = 0; blk < kColBlocks; ++blk) {
+          const uint32_t offset = (blk * kBlockN + r) * kBlockCols * 2;
+          sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, row, head_k, page);
+        }
+      });
+      return;
+    }
 #pragma unroll
     for (int blk = 0; blk < kColBlocks; ++blk) {
       const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, row0 + n * kBlockN, head_k, batch);
+      sm90::tma_load_4d(dst + offset, map, bar, blk * kBlockCols, row0 + n * kBlockN, head_k, map_batch(batch));
     }
   }
-  // K and V (and the staged bias) of key tile n into stage buf (row0: k_row0's). kCluster: the whole tile lands here
-  // too, half of it from the peer's producer (each multicasts half the column blocks into both CTAs' stage).
-  __device__ __forceinline__ void kv(int n, int buf, int head_k, int batch, int bias_head, int bias_batch,
-                                     int row0 = 0) const {
+  // K and V (and the staged bias) of key tile n into stage buf (batch, row0: k_or_v's). kCluster (never varlen): the
+  // whole tile lands here too, half of it from the peer's producer (each multicasts half the column blocks into both
+  // CTAs' stage).
+  __device__ __forceinline__ void kv(const AttentionParams& params, int n, int buf, int head_k, int batch,
+                                     int bias_head, int bias_batch, int row0 = 0) const {
     const uint32_t bar = smem.bar_kv(buf);
     sm90::mbarrier_arrive_expect_tx(bar, 2 * kKVBytes + (Traits::kStagedBias ? Traits::kBiasTileBytes : 0));
     if constexpr (Traits::kCluster) {
+      static_assert(!Traits::kVarlen, "the varlen kernels run without clusters (plan.h)");
 #pragma unroll
       for (int i = 0; i < kColBlocks / 2; ++i) {  // column blocks rank, rank + 2, ... into both CTAs
         const int blk = 2 * i + int(cta_rank);
@@ -67,12 +100,22 @@ struct FwdTmaLoads {
         sm90::tma_load_4d_multicast(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, row0 + n * kBlockN,
                                     head_k, batch, /*cta_mask=*/0b11);
       }
+    } else if (paged(params)) {
+      for_each_page_box(params, n, batch, [&](int r, int row, int page) {
+#pragma unroll
+        for (int blk = 0; blk < kColBlocks; ++blk) {
+          const uint32_t offset = (blk * kBlockN + r) * kBlockCols * 2;
+          sm90::tma_load_4d(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, row, head_k, page);
+          sm90::tma_load_4d(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, row, head_k, page);
+        }
+      });
     } else {
 #pragma unroll
       for (int blk = 0; blk < kColBlocks; ++blk) {
         const uint32_t offset = blk * kBlockN * kBlockCols * 2;
-        sm90::tma_load_4d(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, row0 + n * kBlockN, head_k, batch);
-        sm90::tma_load_4d(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, row0 + n * kBlockN, head_k, batch);
+        const int row = row0 + n * kBlockN, b = map_batch(batch);
+        sm90::tma_load_4d(smem.k(buf) + offset, &maps.k, bar, blk * kBlockCols, row, head_k, b);
+        sm90::tma_load_4d(smem.v(buf) + offset, &maps.v, bar, blk * kBlockCols, row, head_k, b);
       }
     }
     if constexpr (Traits::kStagedBias) {
@@ -114,13 +157,13 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
       }
       continue;
     }
-    const int head_k = tile.head / p.h_h_k_ratio, batch = load.map_batch(tile.batch), row0 = load.k_row0(seq);
+    const int head_k = tile.head / p.h_h_k_ratio, row0 = load.k_row0(seq);
     const int bias_head = p.bias_head_stride == 0 ? 0 : tile.head, bias_batch = p.bias_batch_stride == 0 ? 0 : tile.batch;
     // kSplitKV: V of a tile goes out behind the next tile's K, the order the overlap schedules read them in
     // (Q K^T of tile n beside P V of tile n + 1); the last tile's V after the loop
     auto load_v_of = [&](int n, int v_use) {
       if (v_use >= kRing) sm90::mbarrier_wait(smem.bar_v_empty(v_use % kRing), ((v_use / kRing) - 1) & 1);
-      load.k_or_v(&load.maps.v, smem.v(v_use % kRing), smem.bar_v(v_use % kRing), n, head_k, batch, row0);
+      load.k_or_v(p, &load.maps.v, smem.v(v_use % kRing), smem.bar_v(v_use % kRing), n, head_k, tile.batch, row0);
     };
     for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
       // the stage's previous tile (use - kRing) must have been read by every consumer warp
@@ -136,16 +179,16 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
         }
       }
       if constexpr (Traits::kSplitKV) {
-        load.k_or_v(&load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, batch, row0);
+        load.k_or_v(p, &load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, tile.batch, row0);
         if (n != range.hi - 1) load_v_of(n + 1, use - 1);
       } else {
-        load.kv(n, use % kRing, head_k, batch, bias_head, bias_batch, row0);
+        load.kv(p, n, use % kRing, head_k, tile.batch, bias_head, bias_batch, row0);
       }
       if (n == range.hi - 1) {
         // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's first K/V,
         // which need not wait for that
         announce(t);
-        load.q(load.q_row(tile.m_block * kBlockM, seq), tile.head, batch);
+        load.q(load.q_row(tile.m_block * kBlockM, seq), tile.head, load.map_batch(tile.batch));
       }
     }
     if constexpr (Traits::kSplitKV) load_v_of(range.lo, use - 1);
