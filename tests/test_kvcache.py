@@ -69,7 +69,9 @@ CASES = [
     KvcacheCase("empty-cache-one-key", batch=2, seqlen_q=1, seqlen_new=1, cache=16),
     KvcacheCase("bhsd-cache-rotary", seqlen_q=2, seqlen_new=2, bhsd=True, rotary="half", rotary_dim=64, causal=True),
     # chunks of prefill with more query rows a kv head than the CUDA decode kernel takes (256): the varlen kernels,
-    # reading a paged cache's pages in place on sm_90a (pages of 16 .. 256 keys, 48 not a power of two), else gathered
+    # reading a paged cache's pages in place on sm_90a (pages of 16 .. 256 keys, 48 not a power of two; the pipelined
+    # kernel, the warp-specialized twin at d 128 / 256 causal, separate K and V stages at d 192 / 256, key tiles that
+    # start mid-page), else gathered (head dim 36)
     KvcacheCase("prefill-paged16-gqa4", seqlen_q=80, seqlen_new=80, nheads=8, nheads_k=2, block=16, cache=400,
                 causal=True),
     KvcacheCase("prefill-paged48-noncausal-d128", seqlen_q=70, seqlen_new=0, nheads=8, nheads_k=2, headdim=128,
@@ -78,8 +80,12 @@ CASES = [
                 block=64, cache=500, window=(100, 0)),
     KvcacheCase("prefill-paged256-softcap-mha", seqlen_q=300, seqlen_new=300, nheads=2, nheads_k=2, block=256,
                 cache=700, causal=True, softcap=5.0),
-    KvcacheCase("prefill-paged32-odd-headdim", seqlen_q=70, seqlen_new=70, nheads=8, nheads_k=2, headdim=40,
+    KvcacheCase("prefill-paged32-odd-headdim", seqlen_q=70, seqlen_new=70, nheads=8, nheads_k=2, headdim=36,
                 block=32, cache=200, causal=True),
+    KvcacheCase("prefill-paged48-causal-d256", seqlen_q=70, seqlen_new=70, nheads=8, nheads_k=2, headdim=256,
+                block=48, cache=300, causal=True),
+    KvcacheCase("prefill-paged64-noncausal-d192", seqlen_q=70, seqlen_new=20, nheads=8, nheads_k=2, headdim=192,
+                block=64, cache=260),
     KvcacheCase("prefill-contiguous-gqa4", seqlen_q=80, seqlen_new=80, nheads=8, nheads_k=2, cache=300, causal=True),
 ]
 
@@ -337,21 +343,54 @@ def test_compiled_decode_step_has_no_graph_break():
 
 # ---- CUDA: the device-side guard, CUDA graphs ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["prefill-paged16-gqa4", "prefill-paged256-softcap-mha", "prefill-paged32-odd-headdim"])
+def _reads_pages_in_place(case) -> bool:
+    """Whether the sm_90a varlen kernels take this case's paged prefill (kPagedKvDeclined otherwise: a gather)."""
+    info = fa2.build_info()
+    return (torch.cuda.get_device_capability() == (9, 0) and case.headdim % 8 == 0 and
+            f"fwd_bf16_hdim{case.headdim}_sm90a" in info["kernels"].split(",") and
+            fa2.dev.options()["sm90_varlen"] and fa2.dev.options()["arch_specific_kernels"])
+
+
+def _gathers(case, args, kwargs) -> bool:
+    """Whether the KV-cache call gathers the pages (aten::index_select in a profile of it)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fa2.attention_with_kvcache(*args, **kwargs)
+    return any(event.name == "aten::index_select" for event in prof.events())
+
+
+@pytest.mark.parametrize("name", ["prefill-paged16-gqa4", "prefill-paged256-softcap-mha", "prefill-paged32-odd-headdim",
+                                  "prefill-paged48-causal-d256"])
 def test_cuda_paged_prefill_reads_the_pages_in_place(name):
     """A chunk of prefill the decode kernel does not take reads a paged cache's pages in place on sm_90a (the
     varlen kernels' TMA loads a box per page: no gathered copy, no index_select); a headdim the TMA cannot take there
     (not a multiple of 8), and every other GPU, gathers the pages first. The results: test_kvcache_matches_reference."""
     _needs("cuda")
     case = next(c for c in CASES if c.name == name)
-    (q, k_cache, v_cache, k, v), kwargs = make_inputs(case, torch.bfloat16, "cuda")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fa2.attention_with_kvcache(q, k_cache, v_cache, k, v, **kwargs)
-    gathered = any(event.name == "aten::index_select" for event in prof.events())
-    in_place = torch.cuda.get_device_capability() == (9, 0) and case.headdim % 8 == 0
-    if in_place and not fa2.dev.options()["sm90_varlen"]:
-        pytest.skip("option sm90_varlen is off: the sm80 path's varlen kernels gather")
-    assert gathered != in_place, f"{name}: expected the pages {'in place' if in_place else 'gathered'}"
+    args, kwargs = make_inputs(case, torch.bfloat16, "cuda")
+    in_place = _reads_pages_in_place(case)
+    assert _gathers(case, args, kwargs) != in_place, f"{name}: expected the pages {'in place' if in_place else 'gathered'}"
+
+
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_cuda_paged_prefill_with_bad_pages_stays_inside(headdim):
+    """A chunk of prefill over a paged cache whose table names pages out of range (99, -1), among a sequence's keys
+    and past them: no fault and finite outputs (sm_90a reads such a page as the TMA's zeros; the pipelined kernel at
+    d 64, the warp-specialized twin at d 128, causal), the caches unchanged, the other sequence's result as with a
+    good table."""
+    _needs("cuda")
+    case = KvcacheCase("bad-pages", batch=2, seqlen_q=80, seqlen_new=0, nheads=8, nheads_k=2, headdim=headdim,
+                       block=16, cache=96, causal=True)
+    (q, k_cache, v_cache, _, _), kwargs = make_inputs(case, torch.bfloat16, "cuda")
+    assert _gathers(case, (q, k_cache, v_cache), kwargs) != _reads_pages_in_place(case)
+    good = fa2.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    table = kwargs["block_table"].clone()
+    table[0, 1], table[0, -1] = 99, -1  # (sequence 0 fills its cache: both are among its keys)
+    out = fa2.attention_with_kvcache(q, k_cache, v_cache, **dict(kwargs, block_table=table))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+    assert torch.equal(out[1], good[1]), "sequence 1's table is unchanged"
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])

@@ -125,7 +125,7 @@ struct PagedKeys {
 };
 
 // The varlen kernels' launch for checked inputs (out (total_q, nheads, headdim), lse (nheads, total_q)). paged: the
-// keys' pages; returns nullopt, launching nothing, where the plan cannot read them (FwdPlan::paged).
+// keys' pages; returns nullopt, launching and allocating nothing, where the plan declines them (paged_declined).
 std::optional<std::tuple<Tensor, Tensor>> launch_varlen_fwd(const VarlenProblem& vp, const Tensor& q,
                                                             const Tensor& k, const Tensor& v,
                                                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
@@ -133,12 +133,10 @@ std::optional<std::tuple<Tensor, Tensor>> launch_varlen_fwd(const VarlenProblem&
                                                             const PagedKeys* paged = nullptr) {
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
-  Tensor out = at::empty({vp.total_q, nheads, headdim}, q.options());
-  Tensor lse = at::empty({nheads, vp.total_q}, q.options().dtype(at::kFloat));
   if (nothing_attends(vp)) {
-    out.zero_();
-    lse.fill_(std::numeric_limits<float>::infinity());
-    return std::make_tuple(out, lse);
+    return std::make_tuple(at::zeros({vp.total_q, nheads, headdim}, q.options()),
+                           at::full({nheads, vp.total_q}, std::numeric_limits<float>::infinity(),
+                                    q.options().dtype(at::kFloat)));
   }
   VarlenInputs inputs;
   AttentionParams params =
@@ -154,8 +152,10 @@ std::optional<std::tuple<Tensor, Tensor>> launch_varlen_fwd(const VarlenProblem&
     params.v_batch_stride = paged->page_size * params.v_row_stride;
   }
   const FwdPlan plan = plan_fwd_call(params);
-  if (paged != nullptr && plan.error != nullptr) return std::nullopt;
+  if (paged != nullptr && plan.paged_declined) return std::nullopt;
   TORCH_CHECK(plan.error == nullptr, "fa2 varlen forward (CUDA) failed: ", plan.error);
+  Tensor out = at::empty({vp.total_q, nheads, headdim}, q.options());
+  Tensor lse = at::empty({nheads, vp.total_q}, q.options().dtype(at::kFloat));
   const int64_t headdim_padded = params.headdim;
   Tensor out_k = headdim_padded == headdim ? out.unsqueeze(0)
                                            : at::empty({1, vp.total_q, nheads, headdim_padded}, q.options());

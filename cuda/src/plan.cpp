@@ -204,10 +204,7 @@ struct FwdChoice {
 
 // A paged cache's keys (params.h, has_paged_kv): the sm_90a varlen kernels' TMA loads only (FwdPlan::paged).
 const char* check_paged_call(const AttentionParams& p, const FwdPlan& plan) {
-  if (!plan.varlen || plan.arch_tag != 901 || plan.dropout) {
-    return "fa2: a paged key/value cache is read by the sm_90a varlen forward kernels only (compute capability 9.0 "
-           "with the TMA loads and option sm90_varlen, no dropout)";
-  }
+  if (!plan.varlen || plan.arch_tag != 901 || plan.dropout) return kPagedKvDeclined;
   if (p.page_size <= 0 || p.page_size % 16 != 0 || p.pages_per_sequence <= 0 || p.num_pages <= 0) {
     return "fa2: a paged key/value cache needs pages of a multiple of 16 keys and a block table";
   }
@@ -411,7 +408,10 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   const bool sm80_path = (plan.dropout && !(sm90_dropout && sm90a)) || (plan.varlen && !(sm90_varlen && sm90a));
   if (plan.varlen && (plan.error = check_varlen_call("forward", p, !sm80_path, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim, plan.bias = p.bias_type;
-  if ((plan.paged = has_paged_kv(p)) && (plan.error = check_paged_call(p, plan))) return plan;
+  if ((plan.paged = has_paged_kv(p)) && (plan.error = check_paged_call(p, plan))) {
+    plan.paged_declined = plan.error == kPagedKvDeclined;
+    return plan;
+  }
   note(notes, [&] {
     return std::string("instance: sm_") + std::to_string(inst.arch) + (inst.arch_specific ? "a" : "") +
            (inst.arch_specific ? " (arch-specific instances preferred)"

@@ -69,14 +69,20 @@ struct FwdPlan {
   // the warp-specialized varlen kernel's stage masks (params.h, varlen_stage_masks; option varlen_stage_masks)
   bool stage_masks = false;
   // keys and values in a paged cache (params.h, has_paged_kv): the sm_90a varlen kernels' TMA loads a box per page
-  // (FwdTmaLoads::key_rows); elsewhere (the sm80 path's cp.async loads, dropout) the plan declines with an error and
-  // the KV-cache op gathers the pages instead
-  bool paged = false;
+  // (FwdTmaLoads::for_each_page_box); elsewhere (the sm80 path's cp.async loads, dropout) the plan declines with
+  // kPagedKvDeclined (paged_declined) and the KV-cache op gathers the pages instead
+  bool paged = false, paged_declined = false;
   // dropout (params.h, has_dropout): the kernel with kDropout, plain or general score path: on compute capability 9.0
   // the pipelined sm_90a one (arch_tag 901; not warp_specialized) while option sm90_dropout is on, else the sm80
   // path's from an sm80-path instance as varlen's
   bool dropout = false;
 };
+
+// FwdPlan::error where a paged cache's call runs on kernels that cannot read pages (with paged_declined: the caller
+// falls back on this decline alone, any other error stays an error).
+inline constexpr const char* kPagedKvDeclined =
+    "fa2: a paged key/value cache is read by the sm_90a varlen forward kernels only (compute capability 9.0 with the "
+    "TMA loads and option sm90_varlen, no dropout)";
 
 // The backward's tile configs (bwd_tile_config.h): the sm80 ones, sm_90a's wgmma ones (the score-mod path keeps the
 // sm80 ones), or the sm80 small-shared-memory ones.

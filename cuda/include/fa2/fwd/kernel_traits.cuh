@@ -39,9 +39,9 @@ struct FwdKernelTraits {
   // kernels (not the warp-specialized ones), plain or general score path.
   static constexpr bool kDropout = kDropout_;
   // Whether the K/V loads may read a paged cache (params.h, has_paged_kv; FwdTmaLoads::for_each_page_box): the
-  // pipelined sm_90a varlen kernels (a runtime branch in thread 0's loads), and the warp-specialized ones only as
-  // kPagedKV twins, whose producer (kWsProducerRegs registers) spills with the page lookups.
-  static constexpr bool kPagedKV = kVarlen_ && kTma && (!kWarpSpecialized || kPagedKV_);
+  // pipelined sm_90a varlen kernels without dropout (a runtime branch in thread 0's loads), and the warp-specialized
+  // ones only as kPagedKV twins, whose producer (kWsProducerRegs registers) spills with the page lookups.
+  static constexpr bool kPagedKV = kVarlen_ && kTma && !kDropout_ && (!kWarpSpecialized || kPagedKV_);
 
   using Cfg = FwdKernelConfig<kHeadDim, kArchTag, kWarpSpecialized>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kNThreads = Cfg::kNThreads;
