@@ -305,7 +305,8 @@ def plot_varlen(result: dict, out_dir: str, stem: str) -> list[str]:
 
 
 KVCACHE_MARKERS = "osv^D<>p"
-PREFILL_COLORS = {"fa2-dense": "#7f7f7f", "fa2-kvcache": "#d62728", "fa2-kvcache-append": "#fc9272"}
+PREFILL_COLORS = {"fa2-dense": "#7f7f7f", "fa2-kvcache": "#d62728", "fa2-kvcache-append": "#fc9272",
+                  "fa2-kvcache-paged": "#9467bd"}
 
 
 def plot_kvcache(result: dict, out_dir: str, stem: str) -> list[str]:

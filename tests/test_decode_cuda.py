@@ -92,26 +92,6 @@ def test_bad_indices_read_inside_the_cache():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_page_prefetch_gives_the_same_result(d):
-    """Option decode_page_prefetch (a paged cache's block-table entries read a tile ahead): out and lse bitwise those
-    of the kernel without it (the same copies, issued from entries read earlier), and within the rule, on pages of 16
-    (several a tile) and 256 (tiles inside one page), split-KV and one split, rows past seqlens_k, a bad table entry
-    (clamped alike), one to four row warps."""
-    for page, lens, seqlen_q, splits in ((16, [700, 3, 1500], 1, 0), (256, [2049, 0, 600], 4, 1),
-                                         (16, [90, 333], 16, 3)):
-        q, k, v, seqlens, kw = build_case(lens, seqlen_q, 8, 2, d, torch.bfloat16, page=page, capacity=2304)
-        kw["block_table"][0, 1] = 10**6  # (clamped into the cache the same way on both paths)
-        with fa2.dev.options_override(decode_page_prefetch=False):
-            want = torch.ops.fa2._decode_attention(q, k, v, seqlens, num_splits=splits, **kw)
-        with fa2.dev.options_override(decode_page_prefetch=True):
-            got = torch.ops.fa2._decode_attention(q, k, v, seqlens, num_splits=splits, **kw)
-            run_case(f"prefetch d{d} page {page}", lens, seqlen_q, 8, 2, d, torch.bfloat16, page=page, capacity=2304,
-                     num_splits=splits)
-        for name, a, b in zip(("out", "lse"), got, want):
-            assert torch.equal(a, b), (d, page, name, (a.float() - b.float()).abs().max())
-
-
 DENSE_DECODE_SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim)
     (1, 1, 4099, 32, 8, 128),   # one decode step over a long cache: split-KV
     (3, 4, 1000, 8, 2, 64),     # speculative tokens, GQA: 16 rows a kv head

@@ -348,7 +348,7 @@ def _reads_pages_in_place(case) -> bool:
     info = fa2.build_info()
     return (torch.cuda.get_device_capability() == (9, 0) and case.headdim % 8 == 0 and
             f"fwd_bf16_hdim{case.headdim}_sm90a" in info["kernels"].split(",") and
-            fa2.dev.options()["sm90_varlen"] and fa2.dev.options()["arch_specific_kernels"])
+            all(fa2.dev.options()[o] for o in ("sm90_varlen", "arch_specific_kernels", "paged_kv_in_place")))
 
 
 def _gathers(case, args, kwargs) -> bool:

@@ -372,7 +372,7 @@ def test_varlen_warp_specialized_backward(share):
                 plan = fa2.dev.plan("bwd", varlen=True, batch=3, nheads=4, nheads_k=nheads_k, seqlen_q=3000,
                                     headdim=d, **flags)
                 assert plan["kernel"] == f"{kernel}<bf16, {d}, plain, varlen>", plan
-    if share == "quick":  # (the kernels a call launches: kVarlen is the ws kernel's last template argument)
+    if share == "quick":  # (the kernels a call launches: <..., kKeyBias, kVarlen[, kDropout]> end their names)
         from kernels import cuda_kernel_names
 
         for d in (64, 128, 256):
@@ -380,7 +380,8 @@ def test_varlen_warp_specialized_backward(share):
                             flags={"causal": True}, requires_grad=True)
             out = fa2.varlen_attention(*s.args(), causal=True)
             names = cuda_kernel_names(lambda: torch.autograd.grad(out, (s.q, s.k, s.v), torch.ones_like(out)))
-            assert any("bwd_ws_" in n and "false, true>" in n for n in names), (d, names)
+            assert any(("bwd_ws_kernel<" in n and "false, true, false>" in n) or
+                       ("bwd_ws_dsplit_kernel<" in n and "false, true>" in n) for n in names), (d, names)
             if d == 128:  # (the dQ conversion overlapping the main kernel's last CTAs: kAfterHeads)
                 assert any("bwd_convert_dq_kernel" in n and "true>" in n for n in names), names
     samples = _hopper_ws_backward_samples()

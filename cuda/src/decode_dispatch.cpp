@@ -99,11 +99,7 @@ int decode_headdim_rounded(int headdim) {
 }
 
 DecodePlan plan_decode_call(const DecodeParams& params, int requested_splits) {
-  DecodePlan plan = plan_decode(params, current_device(), kDecodeInstances, kNumDecodeInstances, requested_splits);
-  const char* error = nullptr;
-  const DevOptions options = process_dev_options(&error);
-  plan.prefetch_pages = error == nullptr && options.decode_page_prefetch && params.block_table != nullptr;
-  return plan;
+  return plan_decode(params, current_device(), kDecodeInstances, kNumDecodeInstances, requested_splits);
 }
 
 const char* run_decode(const DecodePlan& plan, const DecodeParams& params, cudaStream_t stream) {

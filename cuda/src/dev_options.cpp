@@ -14,7 +14,7 @@ const char* const kDevOptionNames[] = {
     "bwd_small_tiles",       "bwd_gqa_grouping", "bwd_gqa_accumulate",      "bwd_tail_split",
     "cpu_bf16_gemm",         "sm90_varlen",      "sm90_dropout",            "sm90_ws_dropout",
     "dense_decode",          "bwd_programmatic_main", "varlen_stage_masks", "varlen_dq_blocks",
-    "decode_page_prefetch"};
+    "paged_kv_in_place"};
 const int kNumDevOptions = int(sizeof(kDevOptionNames) / sizeof(kDevOptionNames[0]));
 
 namespace {
@@ -148,7 +148,7 @@ const char* set_dev_option(DevOptions* o, const char* key, const char* value) {
   else if (k == "bwd_programmatic_main") ok = parse_bool(value, &o->bwd_programmatic_main);
   else if (k == "varlen_stage_masks") ok = parse_bool(value, &o->varlen_stage_masks);
   else if (k == "varlen_dq_blocks") ok = parse_bool(value, &o->varlen_dq_blocks);
-  else if (k == "decode_page_prefetch") ok = parse_bool(value, &o->decode_page_prefetch);
+  else if (k == "paged_kv_in_place") ok = parse_bool(value, &o->paged_kv_in_place);
   else if (k == "persistent_forward_ctas") ok = parse_int(value, -1, 1 << 30, &o->persistent_forward_ctas);
   else if (k == "bwd_gqa_grouping") ok = parse_int(value, -1, 1, &o->bwd_gqa_grouping);
   else if (k == "bwd_tail_split") ok = parse_int(value, -1, 1, &o->bwd_tail_split);
@@ -212,7 +212,7 @@ std::string dev_option_value(const DevOptions& o, const char* key) {
   if (k == "bwd_programmatic_main") return b(o.bwd_programmatic_main);
   if (k == "varlen_stage_masks") return b(o.varlen_stage_masks);
   if (k == "varlen_dq_blocks") return b(o.varlen_dq_blocks);
-  if (k == "decode_page_prefetch") return b(o.decode_page_prefetch);
+  if (k == "paged_kv_in_place") return b(o.paged_kv_in_place);
   return "";
 }
 

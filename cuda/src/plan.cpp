@@ -203,8 +203,8 @@ struct FwdChoice {
 };
 
 // A paged cache's keys (params.h, has_paged_kv): the sm_90a varlen kernels' TMA loads only (FwdPlan::paged).
-const char* check_paged_call(const AttentionParams& p, const FwdPlan& plan) {
-  if (!plan.varlen || plan.arch_tag != 901 || plan.dropout) return kPagedKvDeclined;
+const char* check_paged_call(const AttentionParams& p, const FwdPlan& plan, const DevOptions& options) {
+  if (!plan.varlen || plan.arch_tag != 901 || plan.dropout || !options.paged_kv_in_place) return kPagedKvDeclined;
   if (p.page_size <= 0 || p.page_size % 16 != 0 || p.pages_per_sequence <= 0 || p.num_pages <= 0) {
     return "fa2: a paged key/value cache needs pages of a multiple of 16 keys and a block table";
   }
@@ -408,7 +408,7 @@ FwdPlan plan_fwd(const AttentionParams& p, const DeviceDesc& device, const DevOp
   const bool sm80_path = (plan.dropout && !(sm90_dropout && sm90a)) || (plan.varlen && !(sm90_varlen && sm90a));
   if (plan.varlen && (plan.error = check_varlen_call("forward", p, !sm80_path, notes))) return plan;
   plan.arch_tag = kernel_arch_tag(inst, sm80_path), plan.headdim = inst.headdim, plan.bias = p.bias_type;
-  if ((plan.paged = has_paged_kv(p)) && (plan.error = check_paged_call(p, plan))) {
+  if ((plan.paged = has_paged_kv(p)) && (plan.error = check_paged_call(p, plan, options))) {
     plan.paged_declined = plan.error == kPagedKvDeclined;
     return plan;
   }

@@ -61,10 +61,10 @@ struct DevOptions {
   bool varlen_stage_masks = true;
   // a d 256 varlen backward's dq_accum in whole blocks a sequence, which the headdim-split ws kernel adds in its
   // fragment order (params.h, varlen_dq_head_rows; bwd_launch.h, varlen_dq_block_rows); off: row-major red.v2
-  bool varlen_dq_blocks = false;
-  // the decode kernel over a paged cache reads the block-table entries of the next tile before it waits for the
-  // current one (their latency behind that wait); off: right before the copies that use them
-  bool decode_page_prefetch = false;
+  bool varlen_dq_blocks = true;
+  // a paged KV cache's chunked prefill read in place by the sm_90a varlen forward (params.h, block_table; FwdPlan::
+  // paged); off: the plan declines (kPagedKvDeclined) and the KV-cache op gathers the pages first
+  bool paged_kv_in_place = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).

@@ -82,7 +82,7 @@ struct FwdPlan {
 // falls back on this decline alone, any other error stays an error).
 inline constexpr const char* kPagedKvDeclined =
     "fa2: a paged key/value cache is read by the sm_90a varlen forward kernels only (compute capability 9.0 with the "
-    "TMA loads and option sm90_varlen, no dropout)";
+    "TMA loads and options sm90_varlen and paged_kv_in_place, no dropout)";
 
 // The backward's tile configs (bwd_tile_config.h): the sm80 ones, sm_90a's wgmma ones (the score-mod path keeps the
 // sm80 ones), or the sm80 small-shared-memory ones.

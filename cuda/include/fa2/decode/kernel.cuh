@@ -71,12 +71,11 @@ struct CacheRows {
   int64_t cache_row;       // contiguous: the cache row (in units of k_batch_stride)
   int block_size;
 
-  // Element offsets of key `key` in K and in V. fetched: (paged, prefetch_pages) its block-table entry, read ahead.
-  __device__ __forceinline__ void offsets(const DecodeParams& p, int key, int64_t& k_off, int64_t& v_off,
-                                          const int* fetched = nullptr) const {
+  // Element offsets of key `key` in K and in V.
+  __device__ __forceinline__ void offsets(const DecodeParams& p, int key, int64_t& k_off, int64_t& v_off) const {
     int64_t block = cache_row, row = key;
     if (block_table != nullptr) {
-      block = min(max(fetched != nullptr ? *fetched : block_table[key / block_size], 0), p.cache_entries - 1);
+      block = min(max(block_table[key / block_size], 0), p.cache_entries - 1);
       row = key % block_size;
     }
     k_off = block * p.k_batch_stride + row * p.k_row_stride;
@@ -84,25 +83,11 @@ struct CacheRows {
   }
 };
 
-// The block-table entries of this thread's keys of tile `tile` (a paged cache, DecodeParams::prefetch_pages): read
-// before the wait for the tile being computed, so that their latency passes behind it instead of holding up the copies
-// of load_kv_tile (the same keys, the same clamp there). Keys >= seqlen_k read nothing.
-template <class Traits, typename T>
-__device__ __forceinline__ void fetch_tile_blocks(const CacheRows<T>& rows, int tile, int seqlen_k, int tid,
-                                                  int (&blocks)[Traits::kLoadsPerThread]) {
-#pragma unroll
-  for (int it = 0; it < Traits::kLoadsPerThread; ++it) {
-    const int key = tile * Traits::kBlockN + (tid + it * kThreads) / Traits::kChunks;
-    blocks[it] = key < seqlen_k ? __ldg(rows.block_table + key / rows.block_size) : 0;
-  }
-}
-
 // Starts the cp.async copies of key tile `tile` (kBlockN keys) into K and V at s_k / s_v; keys >= seqlen_k and
-// columns >= headdim become zeros (0 * V never meets stale bytes). fetched: the tile's fetch_tile_blocks, or nullptr.
+// columns >= headdim become zeros (0 * V never meets stale bytes).
 template <class Traits, typename T>
 __device__ __forceinline__ void load_kv_tile(const DecodeParams& p, const CacheRows<T>& rows, int tile, int seqlen_k,
-                                             uint32_t s_k, uint32_t s_v, int tid,
-                                             const int (*fetched)[Traits::kLoadsPerThread] = nullptr) {
+                                             uint32_t s_k, uint32_t s_v, int tid) {
   using KVTile = typename Traits::KVTile;
 #pragma unroll
   for (int it = 0; it < Traits::kLoadsPerThread; ++it) {
@@ -111,7 +96,7 @@ __device__ __forceinline__ void load_kv_tile(const DecodeParams& p, const CacheR
     const int key = tile * Traits::kBlockN + r;
     const bool pred = key < seqlen_k && c * 8 < p.headdim;
     int64_t k_off = 0, v_off = 0;
-    if (pred) rows.offsets(p, key, k_off, v_off, fetched != nullptr ? &(*fetched)[it] : nullptr);
+    if (pred) rows.offsets(p, key, k_off, v_off);
     const uint32_t dst = KVTile::offset(r, c) * 2;
     ptx::cp_async_16(s_k + dst, rows.k + (pred ? k_off + c * 8 : 0), pred);
     ptx::cp_async_16(s_v + dst, rows.v + (pred ? v_off + c * 8 : 0), pred);
@@ -318,19 +303,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
   float acc_o[1][kDTiles][4];  // O (16 rows, d) of this warp's rows over its keys, unnormalized
   ptx::zero(acc_o);
 
-  const bool prefetch_pages = p.prefetch_pages && cache.block_table != nullptr;
   for (int t = t_begin, it = 0; t < t_end; ++t, ++it) {
-    // (paged, prefetch_pages: the next copies' block-table entries, read before the wait below)
-    const bool next_tile = t + kStages - 1 < t_end;
-    int blocks[Traits::kLoadsPerThread];
-    if (prefetch_pages && next_tile) fetch_tile_blocks<Traits>(cache, t + kStages - 1, seqlen_k, tid, blocks);
     // -- tile t landed (this thread's copies, then the barrier); every warp is done with the stage refilled next
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();
-    if (next_tile) {
+    if (t + kStages - 1 < t_end) {
       const uint32_t s_k = s_ring + ((it + kStages - 1) % kStages) * Traits::kStageBytes;
-      load_kv_tile<Traits>(p, cache, t + kStages - 1, seqlen_k, s_k, s_k + KVTile::kBytes, tid,
-                           prefetch_pages ? &blocks : nullptr);
+      load_kv_tile<Traits>(p, cache, t + kStages - 1, seqlen_k, s_k, s_k + KVTile::kBytes, tid);
     }
     ptx::cp_async_commit();
     const uint32_t s_k = s_ring + (it % kStages) * Traits::kStageBytes, s_v = s_k + KVTile::kBytes;

@@ -19,9 +19,7 @@ const char* launch_decode(const DecodePlan& plan, const DecodeParams& params, cu
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   const dim3 grid(plan.num_splits * plan.row_blocks, params.nheads_k, params.batch);
-  DecodeParams kernel_params = params;
-  kernel_params.prefetch_pages = plan.prefetch_pages;
-  kernel<<<grid, kThreads, kSmem, stream>>>(kernel_params, plan.num_splits);
+  kernel<<<grid, kThreads, kSmem, stream>>>(params, plan.num_splits);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (plan.num_splits > 1) {

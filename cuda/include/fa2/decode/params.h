@@ -22,7 +22,6 @@ struct DecodeParams {
   const int* block_table = nullptr;      // paged: (batch, max_blocks) device, row stride block_table_batch_stride
   int64_t block_table_batch_stride = 0;
   int block_size = 0;                    // paged: keys per block
-  bool prefetch_pages = false;           // paged: read the next tile's block-table entries early (DecodePlan's)
   const int* cache_batch_idx = nullptr;  // contiguous: (batch,) cache row of batch element b; nullptr = b
   // a key mask (fa2.attention's bool key-row bias): key j of element b is seen iff key_mask[b * stride + j] != 0
   // (on top of seqlens_k / causal / windows); nullptr = none

@@ -20,8 +20,6 @@ struct DecodePlan {
   // the combine kernel launched as a programmatic dependent (sm90): it starts while the split CTAs finish their
   // merge and waits for their memory in-kernel, instead of a full launch gap after the last of them
   bool programmatic_combine = false;
-  // a paged cache's block-table entries read a tile ahead (DecodeParams::prefetch_pages; option decode_page_prefetch)
-  bool prefetch_pages = false;
 };
 
 // requested_splits: 0 = chosen here from the SM count and the cache's capacity, 1 = no split, n = n (clamped to the
