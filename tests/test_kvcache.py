@@ -351,7 +351,7 @@ def _reads_pages_in_place(case) -> bool:
             all(fa2.dev.options()[o] for o in ("sm90_varlen", "arch_specific_kernels", "paged_kv_in_place")))
 
 
-def _gathers(case, args, kwargs) -> bool:
+def _gathers(args, kwargs) -> bool:
     """Whether the KV-cache call gathers the pages (aten::index_select in a profile of it)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fa2.attention_with_kvcache(*args, **kwargs)
@@ -368,7 +368,7 @@ def test_cuda_paged_prefill_reads_the_pages_in_place(name):
     case = next(c for c in CASES if c.name == name)
     args, kwargs = make_inputs(case, torch.bfloat16, "cuda")
     in_place = _reads_pages_in_place(case)
-    assert _gathers(case, args, kwargs) != in_place, f"{name}: expected the pages {'in place' if in_place else 'gathered'}"
+    assert _gathers(args, kwargs) != in_place, f"{name}: expected the pages {'in place' if in_place else 'gathered'}"
 
 
 @pytest.mark.parametrize("headdim", [64, 128])
@@ -381,7 +381,7 @@ def test_cuda_paged_prefill_with_bad_pages_stays_inside(headdim):
     case = KvcacheCase("bad-pages", batch=2, seqlen_q=80, seqlen_new=0, nheads=8, nheads_k=2, headdim=headdim,
                        block=16, cache=96, causal=True)
     (q, k_cache, v_cache, _, _), kwargs = make_inputs(case, torch.bfloat16, "cuda")
-    assert _gathers(case, (q, k_cache, v_cache), kwargs) != _reads_pages_in_place(case)
+    assert _gathers((q, k_cache, v_cache), kwargs) != _reads_pages_in_place(case)
     good = fa2.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
     before_k, before_v = k_cache.clone(), v_cache.clone()
     table = kwargs["block_table"].clone()

@@ -233,13 +233,11 @@ FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options,
   // (varlen: no forced schedule, the ones its kernels are built for: fwd_launch_template.cuh)
   const bool forced = tma && !dropout && !is_varlen(p) && options.sm90_schedule != Sm90Schedule::kAuto;
   const int schedule_keys = schedule_key_length(p);
+  const Sm90Schedule for_keys = sm90_schedule_for_keys(headdim, !equal_blocks, schedule_keys);
   // a paged cache: the windowed default's warp-specialized twin (fwd_kernel.cuh, kPagedKV), else the pipelined kernel
-  const bool paged_off_default = has_paged_kv(p) && sm90_schedule_for_keys(headdim, !equal_blocks, schedule_keys) !=
-                                                        built_default;
+  const bool paged_off_default = has_paged_kv(p) && for_keys != built_default;
   if (tma) {
-    schedule = dropout || paged_off_default ? Sm90Schedule::kPipelined
-               : forced                     ? options.sm90_schedule
-                                            : sm90_schedule_for_keys(headdim, !equal_blocks, schedule_keys);
+    schedule = dropout || paged_off_default ? Sm90Schedule::kPipelined : forced ? options.sm90_schedule : for_keys;
   }
   if (tma) {
     note(notes, [&] {

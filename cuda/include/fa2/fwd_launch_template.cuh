@@ -317,7 +317,8 @@ FwdLaunch fwd_launch_of(const FwdPlan& plan) {
 // of 16, which also keeps each box's shared-memory rows on the swizzle's period).
 constexpr int paged_box_rows(int page_size, int block_n) { return std::gcd(page_size, block_n); }
 
-// The TMA's view of q, k, v (and a key-row bias) for the sm_90a instances that load with it.
+// The TMA's view of q, k, v (and a key-row bias) for the sm_90a instances that load with it (p: the kernel's params,
+// page_box_rows set where the plan is paged).
 template <typename T, int kHeadDim, int kArch>
 const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, sm90::FwdTensorMaps* maps) {
   if (plan.arch_tag != 901) return nullptr;  // (the sm80 path's kernels: cp.async loads)
@@ -329,7 +330,7 @@ const char* make_fwd_tensor_maps(const FwdPlan& plan, const AttentionParams& p, 
     const int64_t batch = plan.varlen ? 1 : p.batch;
     const int64_t rows_q = plan.varlen ? p.total_q : p.seqlen_q, rows_k = plan.varlen ? p.total_k : p.seqlen_k;
     const int64_t kv_batch = plan.paged ? p.num_pages : batch, kv_rows = plan.paged ? p.page_size : rows_k;
-    const int kv_box_rows = plan.paged ? paged_box_rows(p.page_size, Cfg::kBlockN) : Cfg::kBlockN;
+    const int kv_box_rows = plan.paged ? p.page_box_rows : Cfg::kBlockN;
     const char* e = sm90::make_bshd_tensor_map(&maps->q, p.q, bf16, batch, rows_q, p.nheads, p.headdim,
                                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, plan.block_m,
                                                Cfg::kSmemBlockCols);
@@ -384,8 +385,6 @@ const char* run_fwd_instance(const FwdPlan& plan, const AttentionParams& p, cuda
     use_cluster = pairs > 0;
     if (use_cluster && plan.persistent_grid) grid.x = std::min(grid.x & ~1u, 2u * unsigned(pairs));
   }
-  sm90::FwdTensorMaps maps{};
-  if (const char* e = make_fwd_tensor_maps<T, kHeadDim, kArch>(plan, p, &maps)) return e;
   AttentionParams kernel_params = p;  // with the values derived for the kernel (params.h)
   kernel_params.workspace = plan.tile_counter ? p.workspace : nullptr;
   kernel_params.inv_scale = 1.f / p.scale;
@@ -395,6 +394,8 @@ const char* run_fwd_instance(const FwdPlan& plan, const AttentionParams& p, cuda
   if constexpr (kArch == 901) {
     if (plan.paged) kernel_params.page_box_rows = paged_box_rows(p.page_size, FwdTileConfig<kHeadDim, true>::kBlockN);
   }
+  sm90::FwdTensorMaps maps{};  // (from kernel_params: a paged cache's boxes are page_box_rows keys)
+  if (const char* e = make_fwd_tensor_maps<T, kHeadDim, kArch>(plan, kernel_params, &maps)) return e;
   if (use_cluster) {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = cluster_of_two_config(grid, launch.threads, launch.smem, stream, &cluster);
