@@ -197,6 +197,44 @@ def test_kvcache_matches_reference(device, dtype, case):
     check_against_reference(case, dtype, device)
 
 
+def _poison_past_lengths(case, k_cache, v_cache, kwargs):
+    """Copies of the caches with NaN in every row past each sequence's keys after the call's append (cache_seqlens +
+    seqlen_new): the rest of its cache row or of its last page, unused cache rows and pages whole."""
+    k_bad, v_bad = k_cache.clone(), v_cache.clone()
+    ends = (kwargs["cache_seqlens"] + case.seqlen_new).tolist()
+    keep = torch.zeros(k_bad.shape[:2], dtype=torch.bool, device=k_bad.device)  # (cache row or page, position)
+    for b, end in enumerate(ends):
+        if case.block is None:
+            keep[kwargs["cache_batch_idx"][b] if case.batch_idx else b, :end] = True
+        else:
+            positions = torch.arange(end, device=k_bad.device)
+            keep[kwargs["block_table"][b].long()[positions // case.block], positions % case.block] = True
+    k_bad[~keep], v_bad[~keep] = math.nan, math.nan
+    return k_bad, v_bad
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in (
+    "decode-paged16-gqa4", "batch-idx-window", "prefill-paged16-gqa4", "prefill-paged48-noncausal-d128",
+    "prefill-paged48-causal-d256", "prefill-paged64-noncausal-d192", "prefill-contiguous-gqa4")] + [
+    KvcacheCase("prefill-contiguous-d128", seqlen_q=80, seqlen_new=30, nheads=8, nheads_k=2, headdim=128, cache=300),
+    KvcacheCase("prefill-contiguous-causal-d256", seqlen_q=70, seqlen_new=70, nheads=4, nheads_k=2, headdim=256,
+                cache=250, causal=True)], ids=lambda c: c.name)
+def test_unwritten_cache_rows_never_reach_the_output(device, case):
+    """A cache holds whatever its owner left past each sequence's keys (torch.empty's bytes, NaN among them), as
+    flash-attn's flash_attn_with_kvcache allows: the output is the one computed with finite values there, bitwise.
+    (P is 0 for those keys, but 0 * NaN is NaN: the sm_90a varlen kernels' TMA loads a key tile's rows past the
+    sequence as they are and zero them first; the decode kernel's and the sm80 loads write zeros.)"""
+    _needs(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    (q, k_cache, v_cache, k, v), kwargs = make_inputs(case, dtype, device)
+    k_bad, v_bad = _poison_past_lengths(case, k_cache, v_cache, kwargs)
+    out, lse = fa2.attention_with_kvcache(q, k_cache, v_cache, k, v, return_lse=True, **kwargs)
+    out_bad, lse_bad = fa2.attention_with_kvcache(q, k_bad, v_bad, k, v, return_lse=True, **kwargs)
+    assert torch.isfinite(out_bad).all(), f"{case.name}: NaN from the cache rows past the sequences"
+    assert torch.equal(out_bad, out) and torch.equal(lse_bad, lse), case.name
+
+
 # ---- bad input: a clear error naming the argument, the caches unchanged ------------------------------------------
 
 def _decode_inputs(device="cpu", dtype=torch.float32, paged=False):

@@ -487,6 +487,44 @@ def test_varlen_equals_padded_attention_per_sequence(device):
                     assert (got.float() - want.float()).abs().max() <= bound, (name, b, flags)
 
 
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_varlen_rows_past_a_sequence_never_reach_its_results(device, headdim):
+    """What lies past a sequence's keys never reaches its results: NaN in the keys and values past seqused_k (a KV
+    cache's unwritten rows, torch.empty's bytes) and an inf in the next sequence's first value. P is 0 there, but
+    0 * NaN is NaN: the sm_90a kernels' TMA loads a key tile's rows past the sequence as they are, and zero them first
+    (the cp.async loads write zeros, the CPU never reads them). Sequences 0 and 2 get the results they get with finite
+    values there, bitwise (out, lse; dq, dk, dv in the deterministic mode, which fixes dq's summation order)."""
+    _needs(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lengths_q, lengths_k, used = [70, 33, 150], [100, 60, 200], [65, 60, 131]
+    for flags in ({}, {"causal": True}):
+        s = make_varlen(lengths_q, lengths_k, 4, 2, headdim, dtype=dtype, device=device, seqused=used, flags=flags)
+        ck, cq = s.cu_seqlens_k.tolist(), s.cu_seqlens_q.tolist()
+        k_bad, v_bad = s.k.clone(), s.v.clone()
+        for b in range(3):
+            k_bad[ck[b] + used[b]:ck[b + 1]] = math.nan
+            v_bad[ck[b] + used[b]:ck[b + 1]] = math.nan
+        v_bad[ck[1]] = math.inf  # (sequence 1's own: its results are not compared)
+        dout = torch.randn_like(s.q)
+        results = []
+        for k, v in ((s.k, s.v), (k_bad, v_bad)):
+            q, k, v = (t.detach().clone().requires_grad_() for t in (s.q, k, v))
+            with fa2.deterministic():
+                out, lse = torch.ops.fa2.varlen_fwd(q, k, v, *s.args()[3:], **s.kwargs)
+                grads = torch.autograd.grad(fa2.varlen_attention(q, k, v, *s.args()[3:], **s.kwargs), (q, k, v), dout)
+            results.append((out, lse, grads))
+        (out, lse, grads), (out_bad, lse_bad, grads_bad) = results
+        for b in (0, 2):
+            rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + used[b])
+            what = f"sequence {b}, {flags}"
+            assert torch.isfinite(out_bad[rows]).all(), f"out of {what}: NaN from rows past the sequence"
+            assert torch.equal(out_bad[rows], out[rows]) and torch.equal(lse_bad[:, rows], lse[:, rows]), what
+            for name, g, g_bad, r in zip(("dq", "dk", "dv"), grads, grads_bad, (rows, keys, keys)):
+                assert torch.isfinite(g_bad[r]).all(), f"{name} of {what}: NaN from rows past the sequence"
+                assert torch.equal(g_bad[r], g[r]), f"{name} of {what}"
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_varlen_deterministic_backward(device):
     _needs(device)

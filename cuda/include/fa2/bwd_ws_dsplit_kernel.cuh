@@ -106,7 +106,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
   const int64_t dq_block_row0 = kVarlen ? DqFragmentOrder::varlen_block_row0(blk.seq.q_row0, batch) : 0;
   const WsDsplitDq<T, Cfg, kVarlen> dq{shared, sK, wg, ctid, warp_in_wg, group, tig, col0, blk.seq, dq_block_row0};
 
-  if (steps > 0) sm90::mbarrier_wait_untimed(shared.kv_loaded(), /*phase=*/0);
+  if (steps > 0) {
+    sm90::mbarrier_wait_untimed(shared.kv_loaded(), /*phase=*/0);
+    ws_zero_keys_past_sequence<Cfg, kVarlen>(blk, shared, ctid);
+  }
   // this step's query block and (batch, head), and the previous step's (warpgroup 1 adds its dQ a step late)
   int m = m_lo, prev_m0 = 0;
   int64_t bh_q = bh, prev_bh = bh;

@@ -32,6 +32,7 @@
 #include "fa2/fwd/mainloop_sm90_overlap.cuh"
 #include "fa2/fwd/mainloop_sm90_pipelined.cuh"
 #include "fa2/fwd/mainloop_sm90_ws.cuh"
+#include "fa2/fwd/mainloop_steps.cuh"  // zero_v_past_sequence
 #include "fa2/fwd/pipeline.cuh"
 #include "fa2/fwd/producer.cuh"
 #include "fa2/fwd/score_mod.cuh"  // ScoreMode (the launchers')
@@ -118,6 +119,7 @@ __device__ __forceinline__ void run_consumers(const AttentionParams& p, const Fw
     // -- prologue: Q and the first (highest) key tile in flight; the head's sink into L1 for the epilogue (a prefetch:
     //    its load after the key loop then hits, and no register is kept through the loop)
     Mainloop::prologue(tile);
+    zero_v_past_sequence(tile, use0);  // (varlen: rows past the sequence's keys are not the TMA's zeros)
     if (p.sinks != nullptr && lane == 0) {
       ptx::prefetch_l1(p.sinks + head);
       if constexpr (Traits::Cfg::kWgmma) *reinterpret_cast<int*>(shared.ptr(shared.tile_head(warp))) = head;

@@ -238,6 +238,7 @@ struct WsMainloop : WsConsumer<Cfg> {
   __device__ __forceinline__ void first_scores(float (&acc_s)[kBlockM / 2]) const {
     if (steps > 0) {
       sm90::mbarrier_wait_untimed(smem.kv_loaded(), /*phase=*/0);
+      ws_zero_keys_past_sequence<Cfg, kVarlen>(blk, smem, th.ctid);
       sm90::mbarrier_wait_untimed(smem.full(/*s=*/0), /*phase=*/0);
     }
     FA2_CTA_MARK(Base::kTraceLanded, th.ctid == 0);

@@ -93,6 +93,25 @@ __device__ __forceinline__ WsKeyBlock ws_start(const AttentionParams& p, const s
   return blk;
 }
 
+// kVarlen, once K and V have landed (steps > 0): their rows past the sequence's keys set to zero before any product
+// reads them. Those keys are masked (P = 0, dS = 0), but 0 * NaN is NaN in dS = P (dP - D) (dP from V) and in
+// dQ = dS K, and the TMA loads those rows as they are: the next sequence's, a cache's past seqused_k. Every consumer
+// thread shares the stores; the consumers' barrier 1 (the same count as their other uses of it) then orders them
+// before every warpgroup's products.
+template <class Cfg, bool kVarlen, class Smem>
+__device__ __forceinline__ void ws_zero_keys_past_sequence(const WsKeyBlock& blk, const Smem& smem, int ctid) {
+  if constexpr (kVarlen) {
+    const int keys_in_block = blk.seq.seqlen_k - blk.n0;
+    if (keys_in_block >= Cfg::kBlockN) return;  // (the same in every thread of the CTA)
+    sm90::zero_tile_rows_from<Cfg::kBlockN, Cfg::kHeadDim, Cfg::kBlockCols>(smem.k(), keys_in_block, ctid,
+                                                                           Cfg::kConsumerThreads);
+    sm90::zero_tile_rows_from<Cfg::kBlockN, Cfg::kHeadDim, Cfg::kBlockCols>(smem.v(), keys_in_block, ctid,
+                                                                           Cfg::kConsumerThreads);
+    sm90::fence_proxy_async();
+    ptx::named_barrier_sync<1, Cfg::kConsumerThreads>();
+  }
+}
+
 // A consumer thread's place: its index among the consumers, its warpgroup (wg), warp in it, and fragment row / column
 // (group = lane / 4, tig = lane % 4); and the consumers' loop steps (WsKeyBlock::steps).
 struct WsConsumerThread {

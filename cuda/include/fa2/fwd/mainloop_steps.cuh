@@ -9,6 +9,7 @@
 #include "fa2/fwd/score_mod.cuh"
 #include "fa2/fwd/tile_context.cuh"
 #include "fa2/softmax.cuh"
+#include "fa2/sm90/wgmma.cuh"
 
 namespace fa2 {
 namespace fwd {
@@ -54,6 +55,43 @@ __device__ __forceinline__ KeyTileKind wait_stage(const FwdTile<Traits>& tile, c
         smem.ptr(smem.bias(buf)), tile.lane, tile.p.seqlen_k - n * Traits::kBlockN);
   }
   return bias_kind;
+}
+
+// -- varlen (TMA): V's rows past the sequence's keys in the first key tile visited (the sequence's last), zeroed
+// before any P V reads them. P is 0 there, but 0 * NaN is NaN, and the TMA loads those rows as they are: a KV cache's
+// rows past seqused_k (torch.empty's bytes), the next sequence's values, the rest of a page. (The dense maps end at
+// seqlen_k, where the TMA writes zeros itself; the cp.async loads write zeros.) Each consumer warpgroup waits for the
+// stage, zeroes the rows (the same zeros as the others), fences them for the tensor cores and syncs on its own named
+// barrier; the key loop's wait for that stage then returns at once. Called before the key loop.
+constexpr int kZeroTailBarrier = 5;  // 5 + w for warpgroup w (1: the epilogue's, 2..4: ping-pong's)
+template <class Traits>
+__device__ __forceinline__ void zero_v_past_sequence(const FwdTile<Traits>& tile, int use0) {
+  if constexpr (Traits::kVarlen && Traits::kTma) {
+    constexpr int kBlockN = Traits::kBlockN;
+    const int keys_in_tile = tile.seq.seqlen_k - (tile.range.hi - 1) * kBlockN;
+    if (keys_in_tile >= kBlockN) return;
+    const int buf = use0 % Traits::kRing, warpgroup = tile.tid >> 7;
+    if constexpr (Traits::kSplitKV) {
+      tile.pipe.wait_v(buf, use0);
+    } else {
+      tile.pipe.wait_loaded(tile.smem.bar_kv(buf), (use0 / Traits::kRing) & 1);
+    }
+    sm90::zero_tile_rows_from<kBlockN, Traits::kHeadDim, Traits::kBlockCols>(tile.smem.v(buf), keys_in_tile,
+                                                                            tile.tid & 127, 128);
+    sm90::fence_proxy_async();
+    if constexpr (!Traits::kWs) {
+      __syncthreads();
+    } else {
+      static_assert(Traits::kNThreads / 128 <= 3, "named barriers 5..7");
+      if (warpgroup == 0) {
+        ptx::named_barrier_sync<kZeroTailBarrier, 128>();
+      } else if (warpgroup == 1) {
+        ptx::named_barrier_sync<kZeroTailBarrier + 1, 128>();
+      } else {
+        ptx::named_barrier_sync<kZeroTailBarrier + 2, 128>();
+      }
+    }
+  }
 }
 
 // Whether stage buf's key block may need the mask: with params.varlen_stage_masks (the warp-specialized varlen

@@ -43,14 +43,34 @@ struct FwdTmaLoads {
   __device__ __forceinline__ static bool paged(const AttentionParams& params) {
     return Traits::kPagedKV && params.block_table != nullptr;
   }
+  // (32-bit indices: the producer runs on kWsProducerRegs registers; the table's entries fit int, plan.h)
+  __device__ __forceinline__ static int page_of(const AttentionParams& params, int batch, int slot) {
+    return slot < params.pages_per_sequence
+               ? __ldg(params.block_table + (batch * int(params.block_table_batch_stride) + slot))
+               : params.num_pages;
+  }
+  // Key tile n's first box: its table slot, row in the page, and page. The warp-specialized producer looks it up
+  // before it waits for the tile's stage, so that the table load's latency overlaps the wait instead of standing
+  // between a stage's release and its copies (first_box below; the pipelined kernel's thread 0 passes none).
+  struct PageBox {
+    int slot, row, page;
+  };
+  __device__ __forceinline__ static PageBox first_page_box(const AttentionParams& params, int n, int batch) {
+    const int first = n * kBlockN, slot = first / params.page_size;
+    return {slot, first - slot * params.page_size, page_of(params, batch, slot)};
+  }
   template <class Load>
   __device__ __forceinline__ static void for_each_page_box(const AttentionParams& params, int n, int batch,
-                                                           Load&& load) {
-    // (32-bit indices: the producer runs on kWsProducerRegs registers; the table's entries fit int, plan.h)
-    const int first = n * kBlockN, table_row = batch * int(params.block_table_batch_stride);
-    int slot = first / params.page_size, row = first - slot * params.page_size;  // (one division a tile)
+                                                           const PageBox* first_box, Load&& load) {
+    int slot, row;
+    if (first_box != nullptr) {
+      slot = first_box->slot, row = first_box->row;
+    } else {
+      const int first = n * kBlockN;
+      slot = first / params.page_size, row = first - slot * params.page_size;  // (one division a tile)
+    }
     for (int r = 0; r < kBlockN; r += params.page_box_rows) {
-      load(r, row, slot < params.pages_per_sequence ? __ldg(params.block_table + (table_row + slot)) : params.num_pages);
+      load(r, row, first_box != nullptr && r == 0 ? first_box->page : page_of(params, batch, slot));
       row += params.page_box_rows;
       if (row == params.page_size) row = 0, ++slot;
     }
@@ -63,11 +83,13 @@ struct FwdTmaLoads {
   }
   // kSplitKV: K, or V, of key tile n into dst on its own barrier (batch: the call's batch element, varlen the
   // sequence; row0: k_row0's)
+  // (first_box: a paged tile's first box looked up by the caller, else looked up here)
   __device__ __forceinline__ void k_or_v(const AttentionParams& params, const CUtensorMap* map, uint32_t dst,
-                                         uint32_t bar, int n, int head_k, int batch, int row0 = 0) const {
+                                         uint32_t bar, int n, int head_k, int batch, int row0 = 0,
+                                         const PageBox* first_box = nullptr) const {
     sm90::mbarrier_arrive_expect_tx(bar, kKVBytes);
     if (paged(params)) {
-      for_each_page_box(params, n, batch, [&](int r, int row, int page) {
+      for_each_page_box(params, n, batch, first_box, [&](int r, int row, int page) {
 #pragma unroll
         for (int blk = 0; blk < kColBlocks; ++blk) {
           const uint32_t offset = (blk * kBlockN + r) * kBlockCols * 2;
@@ -86,7 +108,8 @@ struct FwdTmaLoads {
   // whole tile lands here too, half of it from the peer's producer (each multicasts half the column blocks into both
   // CTAs' stage).
   __device__ __forceinline__ void kv(const AttentionParams& params, int n, int buf, int head_k, int batch,
-                                     int bias_head, int bias_batch, int row0 = 0) const {
+                                     int bias_head, int bias_batch, int row0 = 0,
+                                     const PageBox* first_box = nullptr) const {
     const uint32_t bar = smem.bar_kv(buf);
     sm90::mbarrier_arrive_expect_tx(bar, 2 * kKVBytes + (Traits::kStagedBias ? Traits::kBiasTileBytes : 0));
     if constexpr (Traits::kCluster) {
@@ -101,7 +124,7 @@ struct FwdTmaLoads {
                                     head_k, batch, /*cta_mask=*/0b11);
       }
     } else if (paged(params)) {
-      for_each_page_box(params, n, batch, [&](int r, int row, int page) {
+      for_each_page_box(params, n, batch, first_box, [&](int r, int row, int page) {
 #pragma unroll
         for (int blk = 0; blk < kColBlocks; ++blk) {
           const uint32_t offset = (blk * kBlockN + r) * kBlockCols * 2;
@@ -166,6 +189,11 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
       load.k_or_v(p, &load.maps.v, smem.v(v_use % kRing), smem.bar_v(v_use % kRing), n, head_k, tile.batch, row0);
     };
     for (int n = range.hi - 1; n >= range.lo; --n, ++use) {
+      // (a paged cache: the tile's first page looked up before the wait, FwdTmaLoads::first_page_box)
+      typename FwdTmaLoads<Traits>::PageBox first_box{};
+      if constexpr (Traits::kPagedKV) {
+        if (load.paged(p)) first_box = load.first_page_box(p, n, tile.batch);
+      }
       // the stage's previous tile (use - kRing) must have been read by every consumer warp
       if (use >= kRing) sm90::mbarrier_wait(smem.bar_empty(use % kRing), ((use / kRing) - 1) & 1);
       if constexpr (Traits::kVarlen && Traits::kWs) {
@@ -179,10 +207,11 @@ __device__ __forceinline__ void run_producer(const AttentionParams& p, const Fwd
         }
       }
       if constexpr (Traits::kSplitKV) {
-        load.k_or_v(p, &load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, tile.batch, row0);
+        load.k_or_v(p, &load.maps.k, smem.k(use % kRing), smem.bar_kv(use % kRing), n, head_k, tile.batch, row0,
+                    &first_box);
         if (n != range.hi - 1) load_v_of(n + 1, use - 1);
       } else {
-        load.kv(p, n, use % kRing, head_k, tile.batch, bias_head, bias_batch, row0);
+        load.kv(p, n, use % kRing, head_k, tile.batch, bias_head, bias_batch, row0, &first_box);
       }
       if (n == range.hi - 1) {
         // Q once every consumer warp is done with the previous tile's (its key loop), after this tile's first K/V,

@@ -240,6 +240,20 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
     tma_load_4d(dst + blk * kRows * kBlockCols * 2, map, bar, blk * kBlockCols, row, head, batch);
   }
 }
+// Rows first_row .. kRows - 1 of such a tile set to zero, threads `threads` of them (thread: this one's index) sharing
+// the stores (the column blocks' rows lie one after another: a row's swizzled chunks stay within its own bytes).
+// Generic-proxy stores: a fence_proxy_async and a barrier before the tensor cores read them.
+template <int kRows, int kCols, int kBlockCols>
+__device__ __forceinline__ void zero_tile_rows_from(uint32_t tile, int first_row, int thread, int threads) {
+  constexpr int kRowBytes = kBlockCols * 2;
+#pragma unroll
+  for (int blk = 0; blk < kCols / kBlockCols; ++blk) {
+    const uint32_t end = tile + (blk + 1) * kRows * kRowBytes;
+    for (uint32_t a = tile + (blk * kRows + first_row) * kRowBytes + thread * 16; a < end; a += threads * 16) {
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
+    }
+  }
+}
 // (1 x 1 x cols) box at (col, head, batch) of a 3-D tensor map into shared memory `dst` (16-byte aligned),
 // completing its bytes on `bar`.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int head,
