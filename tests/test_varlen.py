@@ -3,6 +3,7 @@ reference computed per sequence (fp32 / fp64) with the numerics rule, CPU and CU
 seqused_k; opcheck, torch.compile without graph breaks or recompiles, hypothesis, bad input."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -488,14 +489,19 @@ def test_varlen_equals_padded_attention_per_sequence(device):
 
 
 @pytest.mark.parametrize("headdim", [64, 128, 256])
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_varlen_rows_past_a_sequence_never_reach_its_results(device, headdim):
+@pytest.mark.parametrize("device,route", [("cpu", None), ("cuda", "sm90a"), ("cuda", "sm80")])
+def test_varlen_rows_past_a_sequence_never_reach_its_results(device, route, headdim):
     """What lies past a sequence's keys never reaches its results: NaN in the keys and values past seqused_k (a KV
     cache's unwritten rows, torch.empty's bytes) and an inf in the next sequence's first value. P is 0 there, but
     0 * NaN is NaN: the sm_90a kernels' TMA loads a key tile's rows past the sequence as they are, and zero them first
     (the cp.async loads write zeros, the CPU never reads them). Sequences 0 and 2 get the results they get with finite
-    values there, bitwise (out, lse; dq, dk, dv in the deterministic mode, which fixes dq's summation order)."""
+    values there, bitwise (out, lse; dq, dk, dv in the deterministic mode, which fixes dq's summation order). On
+    compute capability 9.0 both varlen routes (development option sm90_varlen)."""
     _needs(device)
+    if route == "sm80" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm80 route is every other GPU's: taken by the sm90a case there")
+    def options():  # (a context manager each time: they are single-use)
+        return fa2.dev.options_override(sm90_varlen=(route == "sm90a")) if route else contextlib.nullcontext()
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     lengths_q, lengths_k, used = [70, 33, 150], [100, 60, 200], [65, 60, 131]
     for flags in ({}, {"causal": True}):
@@ -510,7 +516,7 @@ def test_varlen_rows_past_a_sequence_never_reach_its_results(device, headdim):
         results = []
         for k, v in ((s.k, s.v), (k_bad, v_bad)):
             q, k, v = (t.detach().clone().requires_grad_() for t in (s.q, k, v))
-            with fa2.deterministic():
+            with fa2.deterministic(), options():
                 out, lse = torch.ops.fa2.varlen_fwd(q, k, v, *s.args()[3:], **s.kwargs)
                 grads = torch.autograd.grad(fa2.varlen_attention(q, k, v, *s.args()[3:], **s.kwargs), (q, k, v), dout)
             results.append((out, lse, grads))
