@@ -136,7 +136,8 @@ def plot_attention_memory(result: dict, out_dir: str, stem: str) -> list[str]:
 
 E2E_LABELS = {"train": ("training step", "Training tokens/s (label: MFU)"),
               "prefill": ("prefill", "Prefill tokens/s (label: MFU)"),
-              "generate": ("generation (batch 1, decode)", "Generated tokens/s")}
+              "generate": ("generation (batch 1, decode)", "Generated tokens/s"),
+              "packed": ("padding-free training step (mixed documents)", "Training tokens/s (label: MFU)")}
 
 
 def plot_e2e(result: dict, out_dir: str, stem: str) -> list[str]:
@@ -150,7 +151,7 @@ def plot_e2e(result: dict, out_dir: str, stem: str) -> list[str]:
         env = result["env"]
         shapes = list(dict.fromkeys(r["shape"] for r in rows))
         ways = list(dict.fromkeys(r["way"] for r in rows))
-        fig, ax = plt.subplots(figsize=(2.0 + 2.2 * len(shapes), 4.0))
+        fig, ax = plt.subplots(figsize=(max(6.0, 2.0 + 2.2 * len(shapes)), 4.0))
         width = 0.8 / len(ways)
         colors = {"eager+inductor": "#7f7f7f", "eager+fa2": "#d62728", "sdpa+inductor": "#1f77b4",
                   "hf-fa2+inductor": "#2ca02c", "sdpa+inductor+fa2-sdpa": "#9467bd"}
@@ -394,6 +395,8 @@ def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
         return plot_dropout(result, out_dir, stem or "dropout")
     if result.get("kind") == "varlen_peers":
         return plot_varlen_peers(result, out_dir, stem or f"varlen_peers_{result['tag']}")
+    if result.get("kind") == "padded_paths":
+        return plot_padded_paths(result, out_dir, stem or "padded_paths")
     if result.get("kind") in ("decode", "varlen"):
         plot = plot_decode if result["kind"] == "decode" else plot_varlen
         return plot(result, out_dir, stem or result["kind"])
@@ -402,6 +405,31 @@ def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
         return plot(result, out_dir, stem or result["kind"])
     stem = stem or f"attention_{result['tag']}"
     return plot_attention_speed(result, out_dir, stem) + plot_attention_memory(result, out_dir, stem)
+
+
+def plot_padded_paths(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/padded_paths.py: one panel per (shape, pass), the varlen path's speed against the key-row mask's
+    (key_mask ms / varlen ms: > 1, varlen faster) per padding fraction, one bar per (head dim, padding side)."""
+    rows, env = result["rows"], result["env"]
+    panels = list(dict.fromkeys((f"{r['seqlen']}x{r['batch']}", r["pass_"]) for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (shape, pass_) in zip(axes[0], panels):
+        here = [r for r in rows if f"{r['seqlen']}x{r['batch']}" == shape and r["pass_"] == pass_]
+        pads = sorted({r["pad"] for r in here})
+        series = list(dict.fromkeys((r["headdim"], r["side"]) for r in here))
+        width = 0.8 / max(1, len(series))
+        for si, (d, side) in enumerate(series):
+            for pi, pad in enumerate(pads):
+                r = next((x for x in here if x["headdim"] == d and x["side"] == side and x["pad"] == pad), None)
+                if r:
+                    ax.bar(pi - 0.4 + width * (si + 0.5), r["varlen_speedup"], width, color=f"C{si}",
+                           label=f"D {d}, {side}" if pi == 0 else None)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(pads)), [f"pad {p:.0%}" for p in pads])
+        ax.set_title(f"{shape}, {pass_}", fontsize=9)
+    return _save_row(fig, axes, "key_mask ms / varlen ms (> 1: varlen faster)",
+                     f"Padded batches: fa2.hf's two paths, {_hw(env)}, {env.get('date', '')[:10]}",
+                     os.path.join(out_dir, f"{stem}.png"))
 
 
 def plot_varlen_peers(result: dict, out_dir: str, stem: str) -> list[str]:
