@@ -495,16 +495,25 @@ def test_varlen_rows_past_a_sequence_never_reach_its_results(device, route, head
     cache's unwritten rows, torch.empty's bytes) and an inf in the next sequence's first value. P is 0 there, but
     0 * NaN is NaN: the sm_90a kernels' TMA loads a key tile's rows past the sequence as they are, and zero them first
     (the cp.async loads write zeros, the CPU never reads them). Sequences 0 and 2 get the results they get with finite
-    values there, bitwise (out, lse; dq, dk, dv in the deterministic mode, which fixes dq's summation order). On
-    compute capability 9.0 both varlen routes (development option sm90_varlen)."""
+    values there: out and lse bitwise; the gradients bitwise in the deterministic mode (the backward with a fixed dQ
+    order), and within a few roundings of the largest value in the default mode, which on Hopper takes the
+    warp-specialized backward (dQ's atomic adds vary in order). On compute capability 9.0 both varlen routes
+    (development option sm90_varlen)."""
     _needs(device)
     if route == "sm80" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm80 route is every other GPU's: taken by the sm90a case there")
-    def options():  # (a context manager each time: they are single-use)
-        return fa2.dev.options_override(sm90_varlen=(route == "sm90a")) if route else contextlib.nullcontext()
+
+    def options(deterministic):  # (context managers each time: they are single-use)
+        stack = contextlib.ExitStack()
+        if deterministic:
+            stack.enter_context(fa2.deterministic())
+        if route:
+            stack.enter_context(fa2.dev.options_override(sm90_varlen=(route == "sm90a")))
+        return stack
+
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     lengths_q, lengths_k, used = [70, 33, 150], [100, 60, 200], [65, 60, 131]
-    for flags in ({}, {"causal": True}):
+    for flags, deterministic in itertools.product(({}, {"causal": True}), (True, False)):
         s = make_varlen(lengths_q, lengths_k, 4, 2, headdim, dtype=dtype, device=device, seqused=used, flags=flags)
         ck, cq = s.cu_seqlens_k.tolist(), s.cu_seqlens_q.tolist()
         k_bad, v_bad = s.k.clone(), s.v.clone()
@@ -516,19 +525,28 @@ def test_varlen_rows_past_a_sequence_never_reach_its_results(device, route, head
         results = []
         for k, v in ((s.k, s.v), (k_bad, v_bad)):
             q, k, v = (t.detach().clone().requires_grad_() for t in (s.q, k, v))
-            with fa2.deterministic(), options():
+            with options(deterministic):
                 out, lse = torch.ops.fa2.varlen_fwd(q, k, v, *s.args()[3:], **s.kwargs)
                 grads = torch.autograd.grad(fa2.varlen_attention(q, k, v, *s.args()[3:], **s.kwargs), (q, k, v), dout)
+                if route == "sm90a" and not deterministic and torch.cuda.get_device_capability() == (9, 0):
+                    # (the warp-specialized backward is the one that zeroes K / V past the sequence itself)
+                    plan = fa2.dev.plan("bwd", varlen=True, batch=3, nheads=4, nheads_k=2, seqlen_q=150,
+                                        headdim=headdim, **flags)
+                    assert plan["kernel"].startswith("bwd_ws_"), plan
             results.append((out, lse, grads))
         (out, lse, grads), (out_bad, lse_bad, grads_bad) = results
         for b in (0, 2):
             rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + used[b])
-            what = f"sequence {b}, {flags}"
+            what = f"sequence {b}, {flags}, deterministic {deterministic}"
             assert torch.isfinite(out_bad[rows]).all(), f"out of {what}: NaN from rows past the sequence"
             assert torch.equal(out_bad[rows], out[rows]) and torch.equal(lse_bad[:, rows], lse[:, rows]), what
             for name, g, g_bad, r in zip(("dq", "dk", "dv"), grads, grads_bad, (rows, keys, keys)):
                 assert torch.isfinite(g_bad[r]).all(), f"{name} of {what}: NaN from rows past the sequence"
-                assert torch.equal(g_bad[r], g[r]), f"{name} of {what}"
+                if deterministic:
+                    assert torch.equal(g_bad[r], g[r]), f"{name} of {what}"
+                else:
+                    bound = 2e-2 * max(1.0, g[r].float().abs().max().item())
+                    assert (g_bad[r].float() - g[r].float()).abs().max() <= bound, f"{name} of {what}"
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
