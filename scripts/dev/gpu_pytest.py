@@ -13,4 +13,6 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     if importlib.util.find_spec("pytest_timeout") is not None:
         args = ["--timeout", "300"] + args
-    sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-rfE"] + args))
+    # (-q unless the caller gives a verbosity: -q twice prints no summary line, not even the pass count)
+    quiet = [] if any(a in ("-q", "-qq", "-v", "-vv") for a in args) else ["-q"]
+    sys.exit(pytest.main(quiet + ["-p", "no:cacheprovider", "-rfE"] + args))
