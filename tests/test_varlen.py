@@ -685,11 +685,17 @@ def varlen_problems(draw, device):
 def test_varlen_hypothesis_forward_and_backward(device):
     _needs(device)
 
-    @given(varlen_problems(device), st.booleans())
-    def run(problem, grads):
+    @given(varlen_problems(device), st.booleans(), st.booleans())
+    def run(problem, grads, poison):
         dtype, lengths_q, lengths_k, seqused, h, hk, d, flags, layout = problem
         s = make_varlen(lengths_q, lengths_k, h, hk, d, dtype=dtype, device=device, seqused=seqused, flags=flags,
                         layout=layout, requires_grad=grads)
+        if poison and seqused is not None:  # (the keys past seqused_k hold NaN: they must not reach any result)
+            cu_k = s.cu_seqlens_k.tolist()
+            with torch.no_grad():
+                for b, used in enumerate(seqused):
+                    s.k[cu_k[b] + used:cu_k[b + 1]] = math.nan
+                    s.v[cu_k[b] + used:cu_k[b + 1]] = math.nan
         out = _check_forward(s)
         if grads:
             dout = torch.randn_like(out)
