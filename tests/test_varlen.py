@@ -488,6 +488,15 @@ def test_varlen_equals_padded_attention_per_sequence(device):
                     assert (got.float() - want.float()).abs().max() <= bound, (name, b, flags)
 
 
+def _nan_past_used(keys_and_values, cu_seqlens_k, used):
+    """NaN in place in each sequence's key rows past its first used[b] (k and v alike; no autograd record)."""
+    cu_k = cu_seqlens_k.tolist()
+    with torch.no_grad():
+        for t in keys_and_values:
+            for b, n in enumerate(used):
+                t[cu_k[b] + n:cu_k[b + 1]] = math.nan
+
+
 @pytest.mark.parametrize("headdim", [64, 128, 256])
 @pytest.mark.parametrize("device,route", [("cpu", None), ("cuda", "sm90a"), ("cuda", "sm80")])
 def test_varlen_rows_past_a_sequence_never_reach_its_results(device, route, headdim):
@@ -517,10 +526,14 @@ def test_varlen_rows_past_a_sequence_never_reach_its_results(device, route, head
         s = make_varlen(lengths_q, lengths_k, 4, 2, headdim, dtype=dtype, device=device, seqused=used, flags=flags)
         ck, cq = s.cu_seqlens_k.tolist(), s.cu_seqlens_q.tolist()
         k_bad, v_bad = s.k.clone(), s.v.clone()
-        for b in range(3):
-            k_bad[ck[b] + used[b]:ck[b + 1]] = math.nan
-            v_bad[ck[b] + used[b]:ck[b + 1]] = math.nan
+        _nan_past_used((k_bad, v_bad), s.cu_seqlens_k, used)
         v_bad[ck[1]] = math.inf  # (sequence 1's own: its results are not compared)
+        if route == "sm90a" and not deterministic and torch.cuda.get_device_capability() == (9, 0):
+            # (the warp-specialized backward is the one that zeroes K / V past the sequence itself)
+            with options(deterministic):
+                plan = fa2.dev.plan("bwd", varlen=True, batch=3, nheads=4, nheads_k=2, seqlen_q=150, headdim=headdim,
+                                    **flags)
+            assert plan["kernel"].startswith("bwd_ws_"), plan
         dout = torch.randn_like(s.q)
         results = []
         for k, v in ((s.k, s.v), (k_bad, v_bad)):
@@ -528,11 +541,6 @@ def test_varlen_rows_past_a_sequence_never_reach_its_results(device, route, head
             with options(deterministic):
                 out, lse = torch.ops.fa2.varlen_fwd(q, k, v, *s.args()[3:], **s.kwargs)
                 grads = torch.autograd.grad(fa2.varlen_attention(q, k, v, *s.args()[3:], **s.kwargs), (q, k, v), dout)
-                if route == "sm90a" and not deterministic and torch.cuda.get_device_capability() == (9, 0):
-                    # (the warp-specialized backward is the one that zeroes K / V past the sequence itself)
-                    plan = fa2.dev.plan("bwd", varlen=True, batch=3, nheads=4, nheads_k=2, seqlen_q=150,
-                                        headdim=headdim, **flags)
-                    assert plan["kernel"].startswith("bwd_ws_"), plan
             results.append((out, lse, grads))
         (out, lse, grads), (out_bad, lse_bad, grads_bad) = results
         for b in (0, 2):
@@ -691,11 +699,7 @@ def test_varlen_hypothesis_forward_and_backward(device):
         s = make_varlen(lengths_q, lengths_k, h, hk, d, dtype=dtype, device=device, seqused=seqused, flags=flags,
                         layout=layout, requires_grad=grads)
         if poison and seqused is not None:  # (the keys past seqused_k hold NaN: they must not reach any result)
-            cu_k = s.cu_seqlens_k.tolist()
-            with torch.no_grad():
-                for b, used in enumerate(seqused):
-                    s.k[cu_k[b] + used:cu_k[b + 1]] = math.nan
-                    s.v[cu_k[b] + used:cu_k[b + 1]] = math.nan
+            _nan_past_used((s.k, s.v), s.cu_seqlens_k, seqused)
         out = _check_forward(s)
         if grads:
             dout = torch.randn_like(out)
