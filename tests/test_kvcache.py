@@ -386,12 +386,18 @@ def test_compiled_decode_step_has_no_graph_break():
 
 # ---- CUDA: the device-side guard, CUDA graphs ------------------------------------------------------------------------
 
+def _sm90a_varlen(headdim: int) -> bool:
+    """Whether the KV-cache op's varlen fallback runs the sm_90a kernels at this head dim (bf16), which compute each
+    sequence's bounds themselves; the sm80 path's kernels read index tensors the glue builds."""
+    info = fa2.build_info()
+    return (torch.cuda.get_device_capability() == (9, 0) and headdim % 8 == 0 and
+            f"fwd_bf16_hdim{headdim}_sm90a" in info["kernels"].split(",") and
+            all(fa2.dev.options()[o] for o in ("sm90_varlen", "arch_specific_kernels")))
+
+
 def _reads_pages_in_place(case) -> bool:
     """Whether the sm_90a varlen kernels take this case's paged prefill (kPagedKvDeclined otherwise: a gather)."""
-    info = fa2.build_info()
-    return (torch.cuda.get_device_capability() == (9, 0) and case.headdim % 8 == 0 and
-            f"fwd_bf16_hdim{case.headdim}_sm90a" in info["kernels"].split(",") and
-            all(fa2.dev.options()[o] for o in ("sm90_varlen", "arch_specific_kernels", "paged_kv_in_place")))
+    return _sm90a_varlen(case.headdim) and fa2.dev.options()["paged_kv_in_place"]
 
 
 def _gathers(args, kwargs) -> bool:
@@ -399,6 +405,31 @@ def _gathers(args, kwargs) -> bool:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fa2.attention_with_kvcache(*args, **kwargs)
     return any(event.name == "aten::index_select" for event in prof.events())
+
+
+_TENSOR_OPS = {"aten::arange", "aten::clamp", "aten::clamp_", "aten::add", "aten::add_", "aten::cat", "aten::full",
+               "aten::fill_", "aten::copy_", "aten::index_select", "aten::zeros", "aten::mul"}
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("seqlen_new", [0, 16])
+def test_cuda_prefill_chunk_launches_only_its_kernels(paged, seqlen_new):
+    """A chunk of prefill (batch 1, more query rows a kv head than the decode kernel takes) runs no tensor op around
+    its kernels (the append's, the attention's): the sm_90a varlen kernels compute each sequence's rows and key count
+    (cache_seqlens + seqlen_new, clamped) themselves, so no index tensor is built (each would be a launch of a few
+    microseconds before a chunk's attention of tens). A paged cache is read in place there. (The sm80 path's kernels
+    read index tensors: skipped where they run.)"""
+    _needs("cuda")
+    case = KvcacheCase("chunk", batch=1, seqlen_q=160, seqlen_new=seqlen_new, nheads=8, nheads_k=2, headdim=128,
+                       block=64 if paged else None, cache=512, causal=True)
+    if not (_reads_pages_in_place(case) if paged else _sm90a_varlen(case.headdim)):
+        pytest.skip("the sm80 path's varlen kernels on this GPU or build: they read index tensors")
+    args, kwargs = make_inputs(case, torch.bfloat16, "cuda")
+    fa2.attention_with_kvcache(*args, **kwargs)  # (first call: anything lazily set up)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fa2.attention_with_kvcache(*args, **kwargs)
+    ops = {event.name for event in prof.events()}
+    assert not ops & _TENSOR_OPS, f"tensor ops around the attention: {sorted(ops & _TENSOR_OPS)}"
 
 
 @pytest.mark.parametrize("name", ["prefill-paged16-gqa4", "prefill-paged256-softcap-mha", "prefill-paged32-odd-headdim",
@@ -472,18 +503,45 @@ def test_cuda_bad_indices_never_touch_memory_outside_the_cache(paged):
         assert torch.equal(k_cache[1], before_k[2, 4:36]), "row 1 belongs to no batch element"
 
 
-def test_cuda_cache_seqlens_out_of_range_clamp_to_the_capacity():
+@pytest.mark.parametrize("layout", ["contiguous", "paged", "batch-idx"])
+@pytest.mark.parametrize("seqlen_q,route", [(1, None), (130, "sm90a"), (130, "sm80")],
+                         ids=["decode", "varlen-sm90a", "varlen-sm80"])
+def test_cuda_cache_seqlens_out_of_range_clamp_to_the_capacity(seqlen_q, route, layout):
     """cache_seqlens + the appended rows is clamped to [0, capacity] on the device (in 64 bits: a value near INT32_MAX
-    does not wrap): a sequence pushed below 0 sees no key (out 0), one past the end sees the whole cache."""
+    does not wrap): a sequence pushed below 0 sees no key (out 0), one past the end sees the whole cache. Both
+    attention routes: the decode kernel (one query) and the varlen kernels (130 queries: 260 rows a kv head, more than
+    the decode kernel takes), which compute each sequence's bounds from cache_seqlens themselves; on compute
+    capability 9.0 both varlen routes (development option sm90_varlen)."""
     _needs("cuda")
+    if route == "sm80" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm80 route is every other GPU's: taken by the sm90a case there")
+    if route == "sm90a" and not _sm90a_varlen(64) and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("no sm_90a varlen kernels at head dim 64 in this build or options: the sm80 case covers it")
     g = torch.Generator().manual_seed(3)
     dtype, device = torch.bfloat16, "cuda"
     k_cache, v_cache = (torch.randn(4, 64, 2, 64, generator=g).to(dtype).to(device) for _ in range(2))
-    q = torch.randn(4, 1, 4, 64, generator=g).to(dtype).to(device)
+    q = torch.randn(4, seqlen_q, 4, 64, generator=g).to(dtype).to(device)
     k, v = (torch.randn(4, 1, 2, 64, generator=g).to(dtype).to(device) for _ in range(2))
     seqlens = torch.tensor([-5, 63, 100, 2**31 - 1], dtype=torch.int32, device=device)
-    out = fa2.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens)
-    assert torch.equal(k_cache[1, 63], k[1, 0]), "row 63 of sequence 1 is appended"
+    # sequence b's keys are k_cache[b]; paged: 16 blocks of 16 keys, its 4 blocks in reverse order; batch-idx: the
+    # cache's rows permuted
+    if layout == "paged":
+        place = lambda cache: cache.reshape(4, 4, 16, 2, 64).flip(1).reshape(16, 16, 2, 64).clone()
+        table = (torch.arange(16, dtype=torch.int32, device=device).reshape(4, 4) // 4 * 4 + 3
+                 - torch.arange(4, dtype=torch.int32, device=device))
+        extra, appended_row = dict(block_table=table), lambda c: c[table[1, 3], 15]
+    elif layout == "batch-idx":
+        perm = torch.tensor([2, 0, 3, 1], device=device)
+        place = lambda cache: cache[perm].clone()
+        idx = torch.argsort(perm).to(torch.int32)
+        extra, appended_row = dict(cache_batch_idx=idx), lambda c: c[idx[1], 63]
+    else:
+        place, extra, appended_row = torch.clone, {}, lambda c: c[1, 63]
+    k_in, v_in = place(k_cache), place(v_cache)
+    with fa2.dev.options_override(sm90_varlen=(route == "sm90a")) if route else contextlib.nullcontext():
+        out = fa2.attention_with_kvcache(q, k_in, v_in, k, v, cache_seqlens=seqlens, **extra)
+    assert torch.equal(appended_row(k_in), k[1, 0]), "row 63 of sequence 1 is appended"
+    k_cache[1, 63], v_cache[1, 63] = k[1, 0], v[1, 0]
     for b, keys in enumerate([0, 64, 64, 64]):
         if keys == 0:
             assert (out[b] == 0).all(), "a sequence with no key outputs 0"

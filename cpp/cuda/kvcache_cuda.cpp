@@ -112,24 +112,42 @@ std::pair<Tensor, int64_t> packed_cache(const Tensor& cache) {
           rows_apart};
 }
 
-// The attention through the varlen kernels: sequence b is q's rows of batch element b and the first seqlens_k[b]
-// keys from row cu_seqlens_k[b] of the packed cache. Returns out (batch, seqlen_q, nheads, headdim_v) and fills lse
-// (batch 1: returns it as a view of the kernel's, whose (nheads, seqlen_q) rows are already in its order). A chunk of
-// prefill is a few microseconds of attention: each small tensor op here is a launch that adds to it, hence the fewest.
-Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, const Tensor& k_cache,
-                                   const Tensor& v_cache, const Tensor& seqlens_k, Tensor& lse) {
+// The attention through the varlen kernels with cache_batch_idx (each sequence's entry from a tensor): sequence b is
+// q's rows of batch element b and the first seqlens_k[b] keys of cache entry cache_batch_idx[b]. Returns out and lse
+// as the kernels write them ((batch * seqlen_q, nheads, headdim_v); (nheads, batch * seqlen_q)).
+std::tuple<Tensor, Tensor> varlen_over_indexed_entries(const KvcacheProblem& kp, const Tensor& q,
+                                                       const Tensor& keys, const Tensor& values,
+                                                       int64_t rows_apart, const Tensor& seqlens_k) {
   const AttentionProblem& p = kp.problem;
   const auto i32 = q.options().dtype(at::kInt);
   const Tensor cu_seqlens_q = at::arange(0, (p.batch + 1) * p.seqlen_q, p.seqlen_q, i32);
-  Tensor keys, values, starts, cu_seqlens_k;
-  std::optional<std::tuple<Tensor, Tensor>> paged_result;
+  // (entry b at row cache_batch_idx[b] * rows_apart; the last entry, past the sequences, is not read: seqused_k gives
+  // every length, block_info.cuh's sequence_bounds)
+  const Tensor starts = kp.cache_batch_idx->clamp(0, kp.batch_cache - 1) * static_cast<int32_t>(rows_apart);
+  const Tensor cu_seqlens_k = at::cat({starts.to(at::kInt), at::full({1}, keys.size(0), i32)});
+  return varlen_fwd_on_cuda({
+      {"q", q.flatten(0, 1)}, {"k", keys}, {"v", values}, {"cu_seqlens_q", cu_seqlens_q},
+      {"cu_seqlens_k", cu_seqlens_k}, {"max_seqlen_q", c10::SymInt(p.seqlen_q)},
+      {"max_seqlen_k", c10::SymInt(kp.capacity)}, {"seqused_k", seqlens_k}, {"scale", p.scale},
+      {"causal", p.causal}, {"window_left", p.window_left}, {"window_right", p.window_right},
+      {"softcap", p.softcap}});
+}
+
+// The attention through the varlen kernels: sequence b is q's rows of batch element b and its first
+// clamp(cache_seqlens[b] + seqlen_new, 0, capacity) keys (all the capacity without cache_seqlens), from its cache entry
+// or its pages. Returns out (batch, seqlen_q, nheads, headdim_v) and fills lse (batch 1: returns it as a view of the
+// kernel's, whose (nheads, seqlen_q) rows are already in its order). A chunk of prefill is a few microseconds of
+// attention: each small tensor op here would be a launch that adds to it, so the kernels compute every sequence's
+// bounds themselves (cuda_glue::EvenlySpacedKeys) and cache_batch_idx alone builds index tensors.
+Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, const Tensor& k_cache,
+                                   const Tensor& v_cache, Tensor& lse) {
+  const AttentionProblem& p = kp.problem;
+  cuda_glue::EvenlySpacedKeys even{kp.capacity, kp.cache_seqlens, kp.seqlen_new};
+  std::optional<std::tuple<Tensor, Tensor>> result;
+  Tensor keys, values;
   if (kp.paged) {
-    // (sequence b at rows [b * capacity, (b + 1) * capacity) of the gathered copy; not read by the paged kernels)
-    cu_seqlens_k = at::arange(0, p.batch * kp.capacity + 1, kp.capacity, i32);
-    paged_result = cuda_glue::paged_varlen_fwd(q.flatten(0, 1), k_cache, v_cache, *kp.block_table, cu_seqlens_q,
-                                               cu_seqlens_k, seqlens_k, p.seqlen_q, kp.capacity, p.scale, p.causal,
-                                               p.window_left, p.window_right, p.softcap);
-    if (!paged_result) {  // each sequence's blocks in table order
+    result = cuda_glue::paged_varlen_fwd(p, q.flatten(0, 1), k_cache, v_cache, *kp.block_table, even);
+    if (!result) {  // each sequence's blocks in table order: sequence b at rows [b * capacity, (b + 1) * capacity)
       const Tensor ids = kp.block_table->clamp(0, kp.batch_cache - 1).flatten();
       keys = k_cache.index_select(0, ids).flatten(0, 1);
       values = v_cache.index_select(0, ids).flatten(0, 1);
@@ -137,29 +155,19 @@ Tensor varlen_attention_over_cache(const KvcacheProblem& kp, const Tensor& q, co
   } else {
     auto [packed_keys, rows_apart] = packed_cache(k_cache);
     auto [packed_values, value_rows_apart] = packed_cache(v_cache);
-    if (value_rows_apart != rows_apart) {  // (one cu_seqlens_k serves both: their entries must start alike)
+    if (value_rows_apart != rows_apart) {  // (one row spacing serves both: their entries must start alike)
       packed_keys = k_cache.contiguous().flatten(0, 1);
       packed_values = v_cache.contiguous().flatten(0, 1);
       rows_apart = kp.capacity;
     }
-    keys = packed_keys, values = packed_values;
-    // (entry b at row b * rows_apart, one arange; its last entry, past the sequences, is not read: seqused_k gives
-    // every length, block_info.cuh's sequence_bounds)
-    if (!kp.cache_batch_idx && p.batch * rows_apart <= std::numeric_limits<int32_t>::max()) {
-      cu_seqlens_k = at::arange(0, p.batch * rows_apart + 1, rows_apart, i32);
-    } else {
-      const Tensor entries = kp.cache_batch_idx ? kp.cache_batch_idx->clamp(0, kp.batch_cache - 1)
-                                                : at::arange(0, p.batch, i32);
-      starts = entries * static_cast<int32_t>(rows_apart);
+    keys = packed_keys, values = packed_values, even.rows_apart = rows_apart;
+    if (kp.cache_batch_idx) {
+      const Tensor seqlens_k = cuda_glue::key_counts(even, p.batch, kp.capacity, q.options().dtype(at::kInt));
+      result = varlen_over_indexed_entries(kp, q, keys, values, rows_apart, seqlens_k);
     }
   }
-  if (!cu_seqlens_k.defined()) cu_seqlens_k = at::cat({starts.to(at::kInt), at::full({1}, keys.size(0), i32)});
-  const auto [out, packed_lse] = paged_result ? *paged_result : varlen_fwd_on_cuda({
-      {"q", q.flatten(0, 1)}, {"k", keys}, {"v", values}, {"cu_seqlens_q", cu_seqlens_q},
-      {"cu_seqlens_k", cu_seqlens_k}, {"max_seqlen_q", c10::SymInt(p.seqlen_q)},
-      {"max_seqlen_k", c10::SymInt(kp.capacity)}, {"seqused_k", seqlens_k}, {"scale", p.scale},
-      {"causal", p.causal}, {"window_left", p.window_left}, {"window_right", p.window_right},
-      {"softcap", p.softcap}});
+  if (!result) result = cuda_glue::evenly_spaced_varlen_fwd(p, q.flatten(0, 1), keys, values, even);
+  const auto& [out, packed_lse] = *result;
   // lse (nheads, batch * seqlen_q) -> (batch, nheads, seqlen_q)
   if (p.batch == 1) {
     lse = packed_lse.view({1, p.nheads, p.seqlen_q});
@@ -204,18 +212,13 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cuda(
     return {out, lse};
   }
   // the keys each sequence has after the append: cache_seqlens + seqlen_new clamped to the capacity (the device-side
-  // guard for bad cache_seqlens), done in the decode kernel; as a tensor only for the fallback
+  // guard for bad cache_seqlens), done in the kernels
   const bool decoded = cuda_glue::try_decode_attention(
       q_attn, k_cache, v_cache,
       cuda_glue::DecodeKeys{kp.cache_seqlens, kp.block_table, kp.cache_batch_idx, std::nullopt, kp.seqlen_new},
       static_cast<float>(p.scale), p.causal, static_cast<int>(p.window_left), static_cast<int>(p.window_right),
       static_cast<float>(p.softcap), static_cast<int>(num_splits), out, lse);
-  if (!decoded) {
-    const Tensor seqlens_k = !kp.cache_seqlens      ? whole_capacity()
-                             : kp.seqlen_new == 0 ? first_positions.clamp(0, kp.capacity)
-                                                  : first_positions.add(kp.seqlen_new).clamp_(0, kp.capacity);
-    out = varlen_attention_over_cache(kp, q_attn, k_cache, v_cache, seqlens_k, lse);
-  }
+  if (!decoded) out = varlen_attention_over_cache(kp, q_attn, k_cache, v_cache, lse);
   return {out, lse};
 }
 

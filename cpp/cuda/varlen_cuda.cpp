@@ -53,10 +53,12 @@ void point_at(const Tensor& t, Ptr& ptr, int64_t& batch_stride, int64_t& row_str
 struct VarlenInputs {
   Tensor q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k;  // (kept alive for the launch)
 };
+// even: the sequences evenly spaced instead (cu_seqlens_q / _k then undefined; params.h, varlen_q_rows_each).
 AttentionParams varlen_params(const VarlenProblem& vp, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                               const std::optional<Tensor>& seqused_k, int (*rounded_headdim)(int),
-                              const char* direction, VarlenInputs* inputs) {
+                              const char* direction, VarlenInputs* inputs,
+                              const cuda_glue::EvenlySpacedKeys* even = nullptr) {
   // (the kernels index rows with int: a sequence's first row plus a block stays below 2^31)
   constexpr int64_t kMaxTotal = std::numeric_limits<int32_t>::max() / 2;
   TORCH_CHECK_VALUE(vp.total_q <= kMaxTotal && vp.total_k <= kMaxTotal, "fa2.varlen (CUDA): total_q and total_k must "
@@ -68,18 +70,44 @@ AttentionParams varlen_params(const VarlenProblem& vp, const Tensor& q, const Te
   inputs->q = packed_kernel_input(q, headdim_padded);
   inputs->k = packed_kernel_input(k, headdim_padded);
   inputs->v = packed_kernel_input(v, headdim_padded);
-  inputs->cu_seqlens_q = cu_seqlens_q.contiguous();
-  inputs->cu_seqlens_k = cu_seqlens_k.contiguous();
   if (seqused_k.has_value()) inputs->seqused_k = seqused_k->contiguous();
   AttentionParams params;
   cuda_glue::set_common_params(params, vp.problem, inputs->q, inputs->k, inputs->v);  // (headdim: the padded one)
   params.headdim_rounded = headdim_rounded;
-  params.cu_seqlens_q = inputs->cu_seqlens_q.data_ptr<int>();
-  params.cu_seqlens_k = inputs->cu_seqlens_k.data_ptr<int>();
+  if (even == nullptr) {
+    inputs->cu_seqlens_q = cu_seqlens_q.contiguous();
+    inputs->cu_seqlens_k = cu_seqlens_k.contiguous();
+    params.cu_seqlens_q = inputs->cu_seqlens_q.data_ptr<int>();
+    params.cu_seqlens_k = inputs->cu_seqlens_k.data_ptr<int>();
+  } else {  // (b * rows stays below total_q / total_k, which are ints: checked above and by the caller)
+    TORCH_CHECK_VALUE(even->seqused_k_added >= 0 && even->seqused_k_added <= std::numeric_limits<int32_t>::max(),
+                      "fa2.varlen (CUDA): ", even->seqused_k_added, " keys added to seqused_k: out of int32's range");
+    params.varlen_q_rows_each = static_cast<int>(vp.problem.seqlen_q);
+    params.varlen_k_rows_apart = static_cast<int>(even->rows_apart);
+    params.seqused_k_added = static_cast<int>(even->seqused_k_added);
+  }
   params.seqused_k = seqused_k.has_value() ? inputs->seqused_k.data_ptr<int>() : nullptr;
   params.total_q = static_cast<int>(vp.total_q);
   params.total_k = static_cast<int>(vp.total_k);
   return params;
+}
+
+// Evenly spaced sequences (params.h, varlen_q_rows_each) as the index tensors the sm80 path's kernels read (only the
+// sm_90a ones compute the bounds: block_info.cuh, sequence_bounds): cu_seqlens_q / _k and the clamped key counts.
+void index_evenly_spaced(const VarlenProblem& vp, const cuda_glue::EvenlySpacedKeys& even, AttentionParams& params,
+                         VarlenInputs& inputs) {
+  const AttentionProblem& p = vp.problem;
+  const auto i32 = inputs.q.options().dtype(at::kInt);
+  inputs.cu_seqlens_q = at::arange(0, (p.batch + 1) * p.seqlen_q, p.seqlen_q, i32);
+  // (rows_apart > 0: a paged cache, the only layout without, is read by the sm_90a kernels alone; the last entry, past
+  // the sequences, is not read: seqused_k gives every length)
+  TORCH_INTERNAL_ASSERT(even.rows_apart > 0, "fa2: a paged cache on the sm80 path's varlen kernels");
+  inputs.cu_seqlens_k = at::arange(0, p.batch * even.rows_apart + 1, even.rows_apart, i32);
+  inputs.seqused_k = cuda_glue::key_counts(even, p.batch, p.seqlen_k, i32);
+  params.varlen_q_rows_each = params.varlen_k_rows_apart = params.seqused_k_added = 0;
+  params.cu_seqlens_q = inputs.cu_seqlens_q.data_ptr<int>();
+  params.cu_seqlens_k = inputs.cu_seqlens_k.data_ptr<int>();
+  params.seqused_k = inputs.seqused_k.data_ptr<int>();
 }
 
 // Whether no query sees any key: no sequences, no heads, no queries or no keys at all (also where max_seqlen_* say
@@ -130,7 +158,8 @@ std::optional<std::tuple<Tensor, Tensor>> launch_varlen_fwd(const VarlenProblem&
                                                             const Tensor& k, const Tensor& v,
                                                             const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                                             const std::optional<Tensor>& seqused_k,
-                                                            const PagedKeys* paged = nullptr) {
+                                                            const PagedKeys* paged = nullptr,
+                                                            const cuda_glue::EvenlySpacedKeys* even = nullptr) {
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t nheads = vp.problem.nheads, headdim = vp.problem.headdim;
   if (nothing_attends(vp)) {
@@ -140,7 +169,7 @@ std::optional<std::tuple<Tensor, Tensor>> launch_varlen_fwd(const VarlenProblem&
   }
   VarlenInputs inputs;
   AttentionParams params =
-      varlen_params(vp, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, &fwd_headdim_rounded, "forward", &inputs);
+      varlen_params(vp, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, &fwd_headdim_rounded, "forward", &inputs, even);
   if (paged != nullptr) {
     params.block_table = paged->block_table.data_ptr<int>();
     params.block_table_batch_stride = paged->block_table.stride(0);
@@ -154,6 +183,7 @@ std::optional<std::tuple<Tensor, Tensor>> launch_varlen_fwd(const VarlenProblem&
   const FwdPlan plan = plan_fwd_call(params);
   if (paged != nullptr && plan.paged_declined) return std::nullopt;
   TORCH_CHECK(plan.error == nullptr, "fa2 varlen forward (CUDA) failed: ", plan.error);
+  if (even != nullptr && plan.arch_tag != 901) index_evenly_spaced(vp, *even, params, inputs);
   Tensor out = at::empty({vp.total_q, nheads, headdim}, q.options());
   Tensor lse = at::empty({nheads, vp.total_q}, q.options().dtype(at::kFloat));
   const int64_t headdim_padded = params.headdim;
@@ -345,13 +375,43 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_bwd_cuda(
 
 namespace cuda_glue {
 
-std::optional<std::tuple<Tensor, Tensor>> paged_varlen_fwd(const Tensor& q, const Tensor& k_cache,
-                                                           const Tensor& v_cache, const Tensor& block_table,
-                                                           const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
-                                                           const Tensor& seqused_k, int64_t max_seqlen_q,
-                                                           int64_t max_seqlen_k, double scale, bool causal,
-                                                           int64_t window_left, int64_t window_right,
-                                                           double softcap) {
+namespace {
+
+// The KV-cache op's sequences as a varlen problem: its checked sizes and flags (batch, seqlen_q, seqlen_k = the
+// capacity) over q's rows and the packed keys.
+VarlenProblem evenly_spaced_problem(const AttentionProblem& problem, const Tensor& q, const Tensor& keys) {
+  VarlenProblem vp;
+  vp.problem = problem;
+  vp.total_q = q.size(0);
+  vp.total_k = keys.size(0);
+  TORCH_CHECK(vp.total_q == problem.batch * problem.seqlen_q, "fa2: evenly spaced varlen: q has ", vp.total_q,
+              " rows, not batch x seqlen_q = ", problem.batch * problem.seqlen_q);
+  check_same_value_headdim(vp);
+  return vp;
+}
+
+}  // namespace
+
+Tensor key_counts(const EvenlySpacedKeys& even, int64_t batch, int64_t max_keys, const at::TensorOptions& i32) {
+  if (!even.seqused_k) return at::full({batch}, max_keys, i32);
+  // (clamped before the sum, as the kernels do: it cannot wrap)
+  return even.seqused_k->clamp(-even.seqused_k_added, max_keys - even.seqused_k_added).add_(even.seqused_k_added);
+}
+
+std::tuple<Tensor, Tensor> evenly_spaced_varlen_fwd(const AttentionProblem& problem, const Tensor& q,
+                                                    const Tensor& keys, const Tensor& values,
+                                                    const EvenlySpacedKeys& even) {
+  const VarlenProblem vp = evenly_spaced_problem(problem, q, keys);
+  // (then b * rows_apart, a sequence's first key row, is below total_k, which varlen_params bounds)
+  TORCH_INTERNAL_ASSERT(problem.batch == 0 || (problem.batch - 1) * even.rows_apart < std::max<int64_t>(vp.total_k, 1),
+                        "fa2: evenly spaced varlen: sequence ", problem.batch - 1, " starts past the keys");
+  return *launch_varlen_fwd(vp, q, keys, values, Tensor(), Tensor(), even.seqused_k, nullptr, &even);
+}
+
+std::optional<std::tuple<Tensor, Tensor>> paged_varlen_fwd(const AttentionProblem& problem, const Tensor& q,
+                                                           const Tensor& k_cache, const Tensor& v_cache,
+                                                           const Tensor& block_table,
+                                                           const EvenlySpacedKeys& even) {
   // The pages as packed rows must be a view the TMA reads as it is: a copy of the pool (kernel_input's padding or
   // alignment) can be far larger than the pages in use, and the caller's gather copies only those.
   for (const Tensor* cache : {&k_cache, &v_cache}) {
@@ -362,12 +422,10 @@ std::optional<std::tuple<Tensor, Tensor>> paged_varlen_fwd(const Tensor& q, cons
       !rows_16b_aligned(values.unsqueeze(0), true)) {
     return std::nullopt;
   }
-  const VarlenProblem vp =
-      check_varlen_fwd_inputs(q, keys, values, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                              scale, causal, window_left, window_right, softcap, /*dropout_p=*/0.0,
-                              /*sinks=*/std::nullopt, /*rng_state=*/std::nullopt);
+  const VarlenProblem vp = evenly_spaced_problem(problem, q, keys);
   const PagedKeys paged{block_table.contiguous(), k_cache.size(1), k_cache.size(0)};
-  return launch_varlen_fwd(vp, q, keys, values, cu_seqlens_q, cu_seqlens_k, seqused_k, &paged);
+  const EvenlySpacedKeys in_pages{0, even.seqused_k, even.seqused_k_added};  // (rows come from the table)
+  return launch_varlen_fwd(vp, q, keys, values, Tensor(), Tensor(), even.seqused_k, &paged, &in_pages);
 }
 
 }  // namespace cuda_glue

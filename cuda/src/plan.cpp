@@ -126,6 +126,9 @@ const char* check_varlen_call(const char* direction, const AttentionParams& p, b
   if (p.bias_type != BiasType::kNone || p.dbias != nullptr) {
     return message(std::string("fa2: the CUDA varlen ") + direction + " takes no bias");
   }
+  if (p.varlen_q_rows_each > 0 && direction[0] != 'f') {  // (the KV-cache op's layout is forward only)
+    return "fa2: evenly spaced varlen sequences (params.h, varlen_q_rows_each) have no backward";
+  }
   note(notes, [&] {
     const bool forward = direction[0] == 'f';
     return std::string("varlen: ") +
@@ -213,9 +216,11 @@ const char* check_paged_call(const AttentionParams& p, const FwdPlan& plan, cons
 
 // The key-loop length a forward's schedule is chosen by (sm90_schedule_for_keys): seqlen_k; varlen, the keys per
 // sequence on average (total_k / batch, known without a sync; max_seqlen_k would take the long-loop schedule for a
-// batch of mostly short sequences). A paged cache: max_seqlen_k (total_k counts every page of the pool, used or not).
+// batch of mostly short sequences). A paged cache: max_seqlen_k (total_k counts every page of the pool, used or not);
+// evenly spaced sequences (a KV cache) too (total_k counts the rows between entries, e.g. the other heads').
 int schedule_key_length(const AttentionParams& p) {
-  return is_varlen(p) && !has_paged_kv(p) ? (p.batch > 0 ? p.total_k / p.batch : 0) : p.seqlen_k;
+  const bool average = is_varlen(p) && !has_paged_kv(p) && p.varlen_q_rows_each == 0;
+  return average ? (p.batch > 0 ? p.total_k / p.batch : 0) : p.seqlen_k;
 }
 
 FwdChoice choose_fwd_kernel(const AttentionParams& p, const DevOptions& options, int arch_tag, int headdim,

@@ -16,14 +16,29 @@ struct SequenceBounds {
   int q_row0, k_row0, seqlen_q, seqlen_k;
 };
 
-// The bounds of sequence `batch` (kVarlen: read from cu_seqlens / seqused_k; else the call's lengths, no loads).
-template <bool kVarlen>
+// The bounds of sequence `batch` of a call with cu_seqlens (params.h): the backward's only varlen layout.
+__device__ __forceinline__ SequenceBounds indexed_sequence_bounds(const AttentionParams& p, int batch) {
+  const int q0 = __ldg(p.cu_seqlens_q + batch), q1 = __ldg(p.cu_seqlens_q + batch + 1);
+  const int k0 = __ldg(p.cu_seqlens_k + batch);
+  const int seqlen_k = p.seqused_k != nullptr ? __ldg(p.seqused_k + batch) : __ldg(p.cu_seqlens_k + batch + 1) - k0;
+  return {q0, k0, q1 - q0, seqlen_k};
+}
+
+// The bounds of sequence `batch` in a forward call (kVarlen: from cu_seqlens / seqused_k, or, with kEvenlySpaced,
+// evenly spaced; else the call's lengths, no loads). kEvenlySpaced: the sm_90a kernels (on the sm80 path's, near 255
+// registers, the branch cost 24-108 B of spills: the glue gives those kernels index tensors, varlen_cuda.cpp).
+template <bool kVarlen, bool kEvenlySpaced = false>
 __device__ __forceinline__ SequenceBounds sequence_bounds(const AttentionParams& p, int batch) {
   if constexpr (kVarlen) {
-    const int q0 = __ldg(p.cu_seqlens_q + batch), q1 = __ldg(p.cu_seqlens_q + batch + 1);
-    const int k0 = __ldg(p.cu_seqlens_k + batch);
-    const int seqlen_k = p.seqused_k != nullptr ? __ldg(p.seqused_k + batch) : __ldg(p.cu_seqlens_k + batch + 1) - k0;
-    return {q0, k0, q1 - q0, seqlen_k};
+    if (kEvenlySpaced && p.varlen_q_rows_each > 0) {  // evenly spaced (params.h)
+      int seqlen_k = p.seqlen_k;
+      if (p.seqused_k != nullptr) {  // clamp(used + added, 0, seqlen_k), clamped before the sum: it cannot wrap
+        seqlen_k = min(max(__ldg(p.seqused_k + batch), -p.seqused_k_added), p.seqlen_k - p.seqused_k_added) +
+                   p.seqused_k_added;
+      }
+      return {batch * p.varlen_q_rows_each, batch * p.varlen_k_rows_apart, p.varlen_q_rows_each, seqlen_k};
+    }
+    return indexed_sequence_bounds(p, batch);
   } else {
     return {0, 0, p.seqlen_q, p.seqlen_k};
   }
@@ -159,9 +174,9 @@ constexpr bool masked_key_blocks_match() {
 static_assert(masked_key_blocks_match(), "masked_key_blocks: the key blocks needs_mask masks");
 
 // Sequence `batch`'s BlockInfo (varlen: its lengths, bottom-right aligned over them; dense: the call's).
-template <bool kVarlen>
+template <bool kVarlen, bool kEvenlySpaced = false>
 __device__ __forceinline__ BlockInfo sequence_block_info(const AttentionParams& p, int batch) {
-  const SequenceBounds seq = sequence_bounds<kVarlen>(p, batch);
+  const SequenceBounds seq = sequence_bounds<kVarlen, kEvenlySpaced>(p, batch);
   return BlockInfo{seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right};
 }
 

@@ -170,13 +170,21 @@ struct AttentionParams {
   const int* block_table = nullptr;
   int64_t block_table_batch_stride = 0;
   int page_size = 0, pages_per_sequence = 0, num_pages = 0, page_box_rows = 0;
+  // ---- evenly spaced sequences (the KV-cache op's: cpp/cuda/kvcache_cuda.cpp) ---------------------------------
+  // Set (varlen_q_rows_each > 0) instead of cu_seqlens_q / cu_seqlens_k, with the other varlen fields: sequence b is
+  // q's rows [b * varlen_q_rows_each, (b + 1) * varlen_q_rows_each) and k's from row b * varlen_k_rows_apart on (not
+  // read when paged), with clamp(seqused_k[b] + seqused_k_added, 0, seqlen_k) keys (seqlen_k of them without
+  // seqused_k; seqused_k_added >= 0). The sm_90a forward kernels compute what index tensors would hold, so a chunk of
+  // prefill needs no tensor op before its attention; the sm80 path's kernels and the backward read cu_seqlens (the glue
+  // builds them: cpp/cuda/varlen_cuda.cpp).
+  int varlen_q_rows_each = 0, varlen_k_rows_apart = 0, seqused_k_added = 0;
 };
 
 inline bool has_paged_kv(const AttentionParams& p) { return p.block_table != nullptr; }
 
 inline bool has_dropout(const AttentionParams& p) { return p.rng_state != nullptr; }
 
-inline bool is_varlen(const AttentionParams& p) { return p.cu_seqlens_q != nullptr; }
+inline bool is_varlen(const AttentionParams& p) { return p.cu_seqlens_q != nullptr || p.varlen_q_rows_each > 0; }
 
 // A varlen call's rows as the dense layout of one batch element over total_q queries (and total_k keys): what the
 // backward's row-wise kernels (D = rowsum(dO * O), the dQ conversion) read and write, unchanged.
@@ -186,6 +194,7 @@ inline AttentionParams varlen_rows_view(const AttentionParams& p) {
   rows.seqlen_q = p.total_q;
   rows.seqlen_k = p.total_k;
   rows.cu_seqlens_q = rows.cu_seqlens_k = rows.seqused_k = nullptr;
+  rows.varlen_q_rows_each = 0;
   return rows;
 }
 

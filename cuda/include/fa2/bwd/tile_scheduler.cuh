@@ -49,7 +49,7 @@ struct BwdTileSequence {
   int batch;
 
   __device__ __forceinline__ BwdTileSequence(const AttentionParams& p, int batch_) : batch(batch_) {
-    if constexpr (kVarlen) seq = sequence_bounds<true>(p, batch_);
+    if constexpr (kVarlen) seq = indexed_sequence_bounds(p, batch_);
   }
   __device__ __forceinline__ int seqlen_q(const AttentionParams& p) const {
     return kVarlen ? seq.seqlen_q : p.seqlen_q;
@@ -163,7 +163,7 @@ __device__ __forceinline__ WsKeyBlock ws_schedule(const AttentionParams& p) {
   }
   blk.n0 = blk.n_block * kBlockN;
   if constexpr (kVarlen) {
-    blk.seq = sequence_bounds<true>(p, blk.batch);
+    blk.seq = indexed_sequence_bounds(p, blk.batch);
     const int num_m_blocks = (blk.seq.seqlen_q + kBlockM - 1) / kBlockM;
     const QueryBlockRange range{blk.seq.seqlen_q, blk.seq.seqlen_k, p.window_left, p.window_right,
                                 kBlockM,          kBlockN,          num_m_blocks};

@@ -120,7 +120,7 @@ __device__ __forceinline__ void mod_and_mask_scores(float (&acc_s)[kMTiles][kNTi
     // the consumers spills in it; loaded for every key block they drew ~6% of the d 128 kernel's stall samples (ncu),
     // hence the producer's stage marks where params.varlen_stage_masks is set
     if (may_need_mask) {
-      const BlockInfo info = sequence_block_info<true>(tile.p, tile.coord.batch);
+      const BlockInfo info = sequence_block_info<true, Traits::kWgmma>(tile.p, tile.coord.batch);
       if (info.needs_mask(n, Traits::kBlockN, tile.m0, Traits::kBlockM)) info.apply_mask(acc_s, rows.row0, col0);
     }
   } else {

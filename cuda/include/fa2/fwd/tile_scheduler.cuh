@@ -110,7 +110,7 @@ struct FwdTileScheduler {
   // Where tile (.., batch)'s rows lie and how long its sequence is (block_info.cuh): a dense call's batch element, or
   // a varlen call's sequence, whose blocks past its end have nothing to do (the grid is sized by max_seqlen_q).
   __device__ __forceinline__ SequenceBounds sequence(int batch) const {
-    return sequence_bounds<Traits::kVarlen>(p, batch);
+    return sequence_bounds<Traits::kVarlen, Traits::kWgmma>(p, batch);
   }
   // Whether query block m_block of a sequence of seqlen_q queries runs: its queries start inside the sequence (dense:
   // always). The producer and the consumers skip the others alike, before any barrier: no Q load, no stage, no
