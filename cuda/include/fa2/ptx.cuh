@@ -12,6 +12,7 @@
 // holding (row = group, cols 2tig..+1); with .trans it holds (rows 2tig..+1, col = group) instead.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -106,6 +107,26 @@ template <int kId, int kThreads>
 __device__ __forceinline__ void named_barrier_arrive() {
   static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "barrier 1..15, whole warps");
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+// Named barrier kFirst + w of a warpgroup-indexed set of kCount (2 or 3; w a runtime index < kCount) synced on, or
+// arrived on with kArrive: the compile-time id of each case, selected by branches.
+template <int kFirst, int kCount, int kThreads, bool kArrive = false>
+__device__ __forceinline__ void named_barrier_of(int w) {
+  static_assert(kCount == 2 || kCount == 3, "two or three barriers");
+  auto at = [](auto id) {
+    if constexpr (kArrive) {
+      named_barrier_arrive<decltype(id)::value, kThreads>();
+    } else {
+      named_barrier_sync<decltype(id)::value, kThreads>();
+    }
+  };
+  if (w == 0) {
+    at(std::integral_constant<int, kFirst>{});
+  } else if (kCount == 2 || w == 1) {
+    at(std::integral_constant<int, kFirst + 1>{});
+  } else {
+    at(std::integral_constant<int, kFirst + 2>{});
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // A volatile 32-bit load from a shared address (no generic-to-shared conversion of a pointer first).

@@ -117,13 +117,7 @@ __device__ __forceinline__ void ws_zero_keys_past_sequence(const WsKeyBlock& blk
 struct WsConsumerThread {
   int lane, steps, ctid, wg, warp_in_wg, group, tig;
   // this warpgroup's own named barrier (2 + wg: bwd_ws_kernel's dQ staging and dK / dV staging)
-  __device__ __forceinline__ void warpgroup_sync() const {
-    if (wg == 0) {
-      ptx::named_barrier_sync<2, 128>();
-    } else {
-      ptx::named_barrier_sync<3, 128>();
-    }
-  }
+  __device__ __forceinline__ void warpgroup_sync() const { ptx::named_barrier_of<2, 2, 128>(wg); }
 };
 __device__ __forceinline__ WsConsumerThread ws_consumer_thread(const WsKeyBlock& blk) {
   WsConsumerThread th;

@@ -83,13 +83,7 @@ __device__ __forceinline__ void zero_v_past_sequence(const FwdTile<Traits>& tile
       __syncthreads();
     } else {
       static_assert(Traits::kNThreads / 128 <= 3, "named barriers 5..7");
-      if (warpgroup == 0) {
-        ptx::named_barrier_sync<kZeroTailBarrier, 128>();
-      } else if (warpgroup == 1) {
-        ptx::named_barrier_sync<kZeroTailBarrier + 1, 128>();
-      } else {
-        ptx::named_barrier_sync<kZeroTailBarrier + 2, 128>();
-      }
+      ptx::named_barrier_of<kZeroTailBarrier, 3, 128>(warpgroup);
     }
   }
 }

@@ -1,7 +1,6 @@
 // Ping-pong between the consumer warpgroups (two, or a ring of three) of a warp-specialized sm_90a forward (named
 // barriers).
 #pragma once
-#include <type_traits>
 
 #include "fa2/ptx.cuh"
 
@@ -28,20 +27,7 @@ constexpr int kPingpongBarrier = 2;
 template <int kWarpgroups, bool kArrive>
 __device__ __forceinline__ void pingpong_barrier(int w) {
   static_assert(kWarpgroups == 2 || kWarpgroups == 3, "a ring of two or three consumer warpgroups");
-  auto at = [](auto id) {
-    if constexpr (kArrive) {
-      ptx::named_barrier_arrive<decltype(id)::value, 256>();
-    } else {
-      ptx::named_barrier_sync<decltype(id)::value, 256>();
-    }
-  };
-  if (w == 0) {
-    at(std::integral_constant<int, kPingpongBarrier>{});
-  } else if (kWarpgroups == 2 || w == 1) {
-    at(std::integral_constant<int, kPingpongBarrier + 1>{});
-  } else {
-    at(std::integral_constant<int, kPingpongBarrier + 2>{});
-  }
+  ptx::named_barrier_of<kPingpongBarrier, kWarpgroups, 256, kArrive>(w);
 }
 
 // Warpgroup wg of the kWarpgroups consumer warpgroups waits for its turn / gives the turn to the next in the ring.
