@@ -1,5 +1,6 @@
 // The op schemas, declared once. Backends register implementations elsewhere (cpu/, cuda/); fake kernels,
-// autograd and the CompositeImplicitAutograd body of `attention` are registered from Python (fa2/_ops_impl.py).
+// autograd and the CompositeImplicitAutograd body of `attention` are registered from Python (fa2/_ops_impl.py; the
+// forward-only kvcache_fwd's Autograd kernel in C++: cpp/forward_only.cpp).
 #include <torch/library.h>
 
 TORCH_LIBRARY(fa2, m) {

@@ -1,5 +1,6 @@
 """Attention over a KV cache (inference): the public ``fa2.attention_with_kvcache``, and the Python-side registrations
-of ``fa2::kvcache_fwd`` (declared in cpp/ops.cpp): its fake kernel and its Autograd kernel (forward only).
+of ``fa2::kvcache_fwd`` (declared in cpp/ops.cpp): its fake kernel (its Autograd kernel, forward only, is C++'s:
+cpp/forward_only.cpp).
 
 Semantics (docs/design.md, KV cache), as flash-attn's ``flash_attn_with_kvcache``: the new keys / values are written
 into the caches in place at ``cache_seqlens[b]``, then attention runs over each sequence's first
@@ -11,7 +12,6 @@ import torch
 
 from ._ops_impl import _check_devices
 
-_KVCACHE_FWD = torch.ops.fa2.kvcache_fwd.default
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -90,18 +90,5 @@ def _kvcache_fwd_fake(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
     return out, lse
 
 
-# ---- Autograd: forward only --------------------------------------------------------------------------------------
-
-_lib = torch.library.Library("fa2", "FRAGMENT")  # (kept with the module: its registrations live as long as it does)
-
-
-def _kvcache_fwd_autograd(keyset, *args, **kwargs):
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args, *kwargs.values()):
-        raise RuntimeError("fa2.attention_with_kvcache is forward only (inference): it has no gradient. Call it under "
-                           "torch.no_grad() / torch.inference_mode(), or pass tensors that do not require grad "
-                           "(.detach()); for training use fa2.attention or fa2.varlen_attention")
-    with torch._C._AutoDispatchBelowAutograd():
-        return _KVCACHE_FWD.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
-
-
-_lib.impl("kvcache_fwd", _kvcache_fwd_autograd, "Autograd", with_keyset=True)
+# (Autograd: forward only, an error where an input requires grad under grad mode: registered in C++,
+# cpp/forward_only.cpp, for its host time in every decode step)
