@@ -324,14 +324,18 @@ def test_an_int_cache_seqlens_is_checked_on_every_device(device, paged):
     fa2.attention_with_kvcache(*args, **dict(kwargs, cache_seqlens=30))  # (the last two positions: fine)
 
 
-def test_forward_only_refuses_inputs_that_require_grad():
-    (q, k_cache, v_cache, k, v), kwargs = _decode_inputs()
-    before = k_cache.clone()
+@pytest.mark.parametrize("which", [0, 3], ids=["q", "k"])
+def test_forward_only_refuses_inputs_that_require_grad(which):
+    """Any tensor input (positional or optional) that requires grad under grad mode is an error, raised before the
+    caches are touched (cpp/forward_only.cpp); under no_grad the same call runs."""
+    args, kwargs = _decode_inputs()
+    args[which].requires_grad_()
+    before = args[1].clone()
     with pytest.raises(RuntimeError, match="forward only"):
-        fa2.attention_with_kvcache(q.requires_grad_(), k_cache, v_cache, k, v, **kwargs)
-    assert torch.equal(k_cache, before)
+        fa2.attention_with_kvcache(*args, **kwargs)
+    assert torch.equal(args[1], before)
     with torch.no_grad():
-        out = fa2.attention_with_kvcache(q, k_cache, v_cache, k, v, **kwargs)
+        out = fa2.attention_with_kvcache(*args, **kwargs)
     assert not out.requires_grad
 
 
