@@ -152,6 +152,58 @@ def _rising_scores_qkv(device, dtype, d, sk, gen):
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
+CPU_DECODE_CASES = [
+    # (batch, nheads_k, group, seqlen_k, headdim, headdim_v, flags)
+    (2, 2, 4, 1100, 64, 64, dict(causal=True)),
+    (1, 2, 40, 700, 32, 48, dict(softcap=3.0, window_left=300, window_right=0)),  # 40 heads: two tiles of rows
+    (3, 1, 8, 530, 64, 64, dict(bias="float", sinks=True)),
+    (2, 2, 2, 600, 16, 16, dict(bias="bool", causal=True, sinks=True)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("case", CPU_DECODE_CASES, ids=lambda c: f"b{c[0]}-hk{c[1]}-g{c[2]}-sk{c[3]}")
+def test_cpu_decode_step_heads_of_a_kv_head_as_one_tile(dtype, case):
+    """A decode step (one query row) under GQA on the CPU: the query heads of a kv head go through the kernel as one
+    tile's rows (each K / V tile read once for the group; 40 heads: two tiles), each row with its own head's bias,
+    sink, output and lse. Within the rule against the fp64 / fp32 reference, lse within 1e-3; and the per-head path
+    (two query rows, whose second is aligned as the single one) agrees with it."""
+    b, hk, group, sk, d, dv, flags = case
+    flags = dict(flags)
+    gen = torch.Generator().manual_seed(sk)
+    h = hk * group
+    q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+               for shape in ((b, 1, h, d), (b, sk, hk, d), (b, sk, hk, dv)))
+    bias = flags.pop("bias", None)
+    if bias == "float":
+        bias = torch.randn(b, h, 1, sk, generator=gen, dtype=torch.float64).to(dtype)
+    elif bias == "bool":
+        bias = torch.rand(b, h, 1, sk, generator=gen) > 0.3
+    sinks = torch.randn(h, generator=gen, dtype=torch.float64).to(torch.float32) if flags.pop("sinks", False) else None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(threads, b * hk))  # (the group tiles need a task per thread: fwd_kernel.h)
+    try:
+        out, lse = torch.ops.fa2.fwd(q, k, v, bias, None, sinks=sinks, **flags)
+        q2 = q.expand(b, 2, h, d)  # (two query rows: one tile per head)
+        out2, _ = torch.ops.fa2.fwd(q2, k, v, None if bias is None else bias.expand(b, h, 2, sk), None, sinks=sinks,
+                                    **flags)
+    finally:
+        torch.set_num_threads(threads)
+    hi = hi_dtype(dtype)
+    up = lambda t: None if t is None else (t.to(hi) if t.dtype != torch.bool else t)  # noqa: E731
+    out_hi, lse_hi = attention_ref(q.to(hi), k.to(hi), v.to(hi), up(bias), sinks=up(sinks), return_lse=True,
+                                   **flags)
+    out_naive = attention_ref(q, k, v, bias, sinks=sinks, upcast=False, **flags)
+    assert_close_rule(f"out {case}", out, out_hi, out_naive, factor=2)
+    # (the second query row: bottom-right aligned as the single one; a few ulps apart in half precision)
+    tol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
+    torch.testing.assert_close(out2[:, 1:], out, rtol=tol, atol=tol)
+    finite = torch.isfinite(lse_hi)
+    assert torch.equal(torch.isfinite(lse), finite), case
+    assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=1e-3, rtol=1e-3), case
+
+
 @pytest.mark.parametrize("device,dtype", [(d, t) for d, t in DEVICE_DTYPES if t != torch.float64],
                          ids=[i for i, (_, t) in zip(IDS, DEVICE_DTYPES) if t != torch.float64])
 @pytest.mark.parametrize("d", [64, 128, 256])

@@ -108,7 +108,16 @@ void online_softmax_row(acc_t* s_row, int64_t cols, acc_t& m, acc_t& l, acc_t* o
   m = m_new;
 }
 
-// One thread's forward: its tiles, and the steps of one query block.
+// The query rows of one tile: `rows` queries of head h from q_begin, or (heads) query q_begin of heads h .. h + rows - 1,
+// which share a kv head: a decode step's group packing, each K / V tile read once for the whole group.
+struct TileRows {
+  int64_t b, h, q_begin, rows;
+  bool heads;
+  int64_t head(int64_t r) const { return heads ? h + r : h; }
+  int64_t query(int64_t r) const { return heads ? q_begin : q_begin + r; }
+};
+
+// One thread's forward: its tiles, and the steps of one tile of query rows (a query block, or a decode step's heads).
 template <typename scalar_t>
 class FwdWorker {
   using acc_t = acc_type<scalar_t>;
@@ -141,9 +150,17 @@ class FwdWorker {
 
   // O and lse of query rows [q_begin, q_begin + block_q) of head (b, h).
   void query_block(int64_t b, int64_t h, int64_t q_begin) {
-    const int64_t rows = std::min(block_q_, fp_.seqlen_q - q_begin);
-    const ProductTile<acc_t> q_tile = product_tile(fp_.q_rows.row(b, q_begin, h), fp_.q_rows.stride_s, rows,
-                                                   headdim_, fp_.bf16_products, q_pack_.data(), q_bits_pack_.data());
+    tile_rows(TileRows{b, h, q_begin, std::min(block_q_, fp_.seqlen_q - q_begin), /*heads=*/false});
+  }
+  // O and lse of query q of heads [h, h + n) (n <= block_q, one kv head's), as one tile (no dropout).
+  void head_rows(int64_t b, int64_t h, int64_t q, int64_t n) { tile_rows(TileRows{b, h, q, n, /*heads=*/true}); }
+
+ private:
+  void tile_rows(const TileRows& t) {
+    const int64_t b = t.b, h = t.h, q_begin = t.q_begin, rows = t.rows;
+    const ProductTile<acc_t> q_tile =
+        product_tile(fp_.q_rows.row(b, q_begin, h), t.heads ? fp_.q_rows.stride_h : fp_.q_rows.stride_s, rows,
+                     headdim_, fp_.bf16_products, q_pack_.data(), q_bits_pack_.data());
     acc_t* s = scores_.data();
     acc_t* o = o_acc_.data();
     std::fill(o, o + rows * headdim_v_, acc_t(0));
@@ -153,7 +170,7 @@ class FwdWorker {
     // Keys outside [k_first, k_last] are masked for every row of the block: never loaded.
     const WindowMask& window = fp_.mods.window;
     const int64_t h_k = h / fp_.group;
-    const int64_t k_first = window.first_key(q_begin), k_last = window.last_key(q_begin + rows - 1);
+    const int64_t k_first = window.first_key(t.query(0)), k_last = window.last_key(t.query(rows - 1));
     for (int64_t k_begin = k_first; k_begin <= k_last; k_begin += block_k_) {
       const int64_t cols = std::min(block_k_, k_last + 1 - k_begin);
       const ProductTile<acc_t> k_tile = product_tile(fp_.k_rows.row(b, k_begin, h_k), fp_.k_rows.stride_s, cols,
@@ -164,7 +181,13 @@ class FwdWorker {
       // S rows [r0, r0 + n) = scale · Q Kᵀ, then softcap, bias, mask           (n, cols), row stride block_k
       auto scores = [&](int64_t r0, int64_t n) {
         product_abt(n, cols, headdim_, fp_.scale, q_tile, r0, k_tile, s + r0 * block_k_, block_k_);
-        fp_.mods.apply(s + r0 * block_k_, block_k_, b, h, q_begin + r0, n, k_begin, cols, /*dtanh=*/nullptr);
+        if (!t.heads) {
+          fp_.mods.apply(s + r0 * block_k_, block_k_, b, h, q_begin + r0, n, k_begin, cols, /*dtanh=*/nullptr);
+          return;
+        }
+        for (int64_t r = r0; r < r0 + n; ++r) {  // (each row its own head)
+          fp_.mods.apply(s + r * block_k_, block_k_, b, t.head(r), q_begin, 1, k_begin, cols, /*dtanh=*/nullptr);
+        }
       };
 
       // -- S                                                                  (rows, cols)
@@ -175,14 +198,13 @@ class FwdWorker {
                            [&] { scores(r, 1); });
       }
       // -- dropout: P ∘ Z / (1 - p), after l took P's sum and before P V
-      if (dropout_.enabled) drop_weights(b, h, q_begin, rows, k_begin, cols);
+      if (dropout_.enabled) drop_weights(b, h, q_begin, rows, k_begin, cols);  // (never with t.heads: fwd_kernel)
       // -- O += P V                                                           (rows, headdim_v)
       add_pv(rows, cols, v_tile);
     }
-    store_o_and_lse(b, h, q_begin, rows);
+    store_o_and_lse(t);
   }
 
- private:
   // O (rows, headdim_v) += P (rows, cols) V (cols, headdim_v); P rounded to bf16 for the bf16 product, as the GPU
   // kernels do.
   void add_pv(int64_t rows, int64_t cols, const ProductTile<acc_t>& v_tile) {
@@ -211,9 +233,10 @@ class FwdWorker {
 
   // -- O /= l once; lse = m + log l. A row that saw no key (l == 0): O = 0, lse = +inf. NaN stays NaN. A sink adds
   // exp(sink - m) to l (a key with a zero value), taken relative to the sink where it exceeds m (no overflow).
-  void store_o_and_lse(int64_t b, int64_t h, int64_t q_begin, int64_t rows) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = q_begin + r;
+  void store_o_and_lse(const TileRows& t) {
+    const int64_t b = t.b;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const int64_t i = t.query(r), h = t.head(r);
       scalar_t* out_row = fp_.out_rows.row(b, i, h);
       float& lse_value = fp_.lse_data[(b * fp_.nheads + h) * fp_.seqlen_q + i];
       if (l_[r] != acc_t(0)) {
@@ -265,6 +288,22 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
                           : at::Tensor();
   const FwdProblem<scalar_t> problem(p, q, k, v, out, lse, sinks_acc);
   const CpuDropout dropout = CpuDropout::from(p, dropout_batch0);
+  // A decode step (one query row) under GQA: the query heads of a kv head as one tile's rows (up to block_q of them),
+  // so that each K / V tile is read once for them rather than once per head, where the kv heads alone give every
+  // thread a task. (Not with dropout, whose mask tiles take consecutive queries of one head.)
+  const int64_t group = problem.group, block_q = problem.tiles.block_q;
+  if (p.seqlen_q == 1 && group > 1 && !dropout.enabled && p.batch * p.nheads_k >= at::get_num_threads()) {
+    const int64_t chunks = ceil_div(group, block_q);  // (of one kv head's query heads)
+    parallel_for(0, p.batch * p.nheads_k * chunks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
+      FwdWorker<scalar_t> worker(problem, dropout);
+      for (int64_t task = task_begin; task < task_end; ++task) {
+        const int64_t b = task / (p.nheads_k * chunks), h0 = (task % (p.nheads_k * chunks)) / chunks * group;
+        const int64_t first = (task % chunks) * block_q;
+        worker.head_rows(b, h0 + first, 0, std::min(block_q, group - first));
+      }
+    });
+    return;
+  }
   const int64_t num_q_blocks = ceil_div(p.seqlen_q, problem.tiles.block_q);
   parallel_for(0, p.batch * p.nheads * num_q_blocks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
     FwdWorker<scalar_t> worker(problem, dropout);
