@@ -152,42 +152,45 @@ def _rising_scores_qkv(device, dtype, d, sk, gen):
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
-CPU_DECODE_CASES = [
-    # (batch, nheads_k, group, seqlen_k, headdim, headdim_v, flags)
-    (2, 2, 4, 1100, 64, 64, dict(causal=True)),
-    (1, 2, 40, 700, 32, 48, dict(softcap=3.0, window_left=300, window_right=0)),  # 40 heads: two tiles of rows
-    (3, 1, 8, 530, 64, 64, dict(bias="float", sinks=True)),
-    (2, 2, 2, 600, 16, 16, dict(bias="bool", causal=True, sinks=True)),
+CPU_HEAD_TILE_CASES = [
+    # (batch, nheads_k, group, seqlen_q, seqlen_k, headdim, headdim_v, flags)
+    (2, 2, 4, 1, 1100, 64, 64, dict(causal=True)),
+    (1, 2, 40, 1, 700, 32, 48, dict(softcap=3.0, window_left=300, window_right=0)),  # 40 heads: two tiles' rows
+    (3, 1, 8, 1, 530, 64, 64, dict(bias="float", sinks=True)),
+    (2, 2, 2, 1, 600, 16, 16, dict(bias="bool", causal=True, sinks=True)),
+    (2, 2, 4, 5, 900, 64, 64, dict(causal=True, bias="float")),  # speculative decoding: 5 queries x 4 heads a tile
+    (1, 2, 40, 7, 800, 32, 32, dict(window_left=100, window_right=2, sinks=True)),  # 3 queries x 40 heads a tile
+    (1, 1, 6, 23, 1300, 48, 64, dict(causal=True, softcap=2.0)),  # 23 queries: rows of several tiles
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=lambda t: str(t).split(".")[-1])
-@pytest.mark.parametrize("case", CPU_DECODE_CASES, ids=lambda c: f"b{c[0]}-hk{c[1]}-g{c[2]}-sk{c[3]}")
-def test_cpu_decode_step_heads_of_a_kv_head_as_one_tile(dtype, case):
-    """A decode step (one query row) under GQA on the CPU: the query heads of a kv head go through the kernel as one
-    tile's rows (each K / V tile read once for the group; 40 heads: two tiles), each row with its own head's bias,
-    sink, output and lse. Within the rule against the fp64 / fp32 reference, lse within 1e-3; and the per-head path
-    (two query rows, whose second is aligned as the single one) agrees with it."""
-    b, hk, group, sk, d, dv, flags = case
+@pytest.mark.parametrize("case", CPU_HEAD_TILE_CASES, ids=lambda c: f"b{c[0]}-hk{c[1]}-g{c[2]}-sq{c[3]}-sk{c[4]}")
+def test_cpu_short_query_runs_tile_a_kv_heads_query_heads(dtype, case):
+    """Short query runs under GQA on the CPU (decode steps, speculative decoding: fewer queries than a tile's rows):
+    the kernel's tiles take queries of all the query heads of a kv head (each K / V tile read once for them; row r:
+    query r / heads of head r % heads), each row with its own head's bias and sink, its own query's causal / window
+    mask, output and lse. Within the rule against the fp64 / fp32 reference, lse within 1e-3, and beside a tile a
+    head (development option cpu_head_tiles off)."""
+    b, hk, group, sq, sk, d, dv, flags = case
     flags = dict(flags)
     gen = torch.Generator().manual_seed(sk)
     h = hk * group
     q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-               for shape in ((b, 1, h, d), (b, sk, hk, d), (b, sk, hk, dv)))
+               for shape in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv)))
     bias = flags.pop("bias", None)
     if bias == "float":
-        bias = torch.randn(b, h, 1, sk, generator=gen, dtype=torch.float64).to(dtype)
+        bias = torch.randn(b, h, sq, sk, generator=gen, dtype=torch.float64).to(dtype)
     elif bias == "bool":
-        bias = torch.rand(b, h, 1, sk, generator=gen) > 0.3
+        bias = torch.rand(b, h, sq, sk, generator=gen) > 0.3
     sinks = torch.randn(h, generator=gen, dtype=torch.float64).to(torch.float32) if flags.pop("sinks", False) else None
     threads = torch.get_num_threads()
-    torch.set_num_threads(min(threads, b * hk))  # (the group tiles need a task per thread: fwd_kernel.h)
+    torch.set_num_threads(1)  # (the head tiles run where they give every thread a task: fwd_kernel.h)
     try:
         out, lse = torch.ops.fa2.fwd(q, k, v, bias, None, sinks=sinks, **flags)
-        q2 = q.expand(b, 2, h, d)  # (two query rows: one tile per head)
-        out2, _ = torch.ops.fa2.fwd(q2, k, v, None if bias is None else bias.expand(b, h, 2, sk), None, sinks=sinks,
-                                    **flags)
+        with fa2.dev.options_override(cpu_head_tiles=False):
+            out_heads, lse_heads = torch.ops.fa2.fwd(q, k, v, bias, None, sinks=sinks, **flags)
     finally:
         torch.set_num_threads(threads)
     hi = hi_dtype(dtype)
@@ -196,12 +199,12 @@ def test_cpu_decode_step_heads_of_a_kv_head_as_one_tile(dtype, case):
                                    **flags)
     out_naive = attention_ref(q, k, v, bias, sinks=sinks, upcast=False, **flags)
     assert_close_rule(f"out {case}", out, out_hi, out_naive, factor=2)
-    # (the second query row: bottom-right aligned as the single one; a few ulps apart in half precision)
-    tol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
-    torch.testing.assert_close(out2[:, 1:], out, rtol=tol, atol=tol)
     finite = torch.isfinite(lse_hi)
     assert torch.equal(torch.isfinite(lse), finite), case
     assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=1e-3, rtol=1e-3), case
+    tol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5  # (a few ulps apart in half precision)
+    torch.testing.assert_close(out, out_heads, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse, lse_heads, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("device,dtype", [(d, t) for d, t in DEVICE_DTYPES if t != torch.float64],

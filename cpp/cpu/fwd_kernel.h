@@ -108,13 +108,13 @@ void online_softmax_row(acc_t* s_row, int64_t cols, acc_t& m, acc_t& l, acc_t* o
   m = m_new;
 }
 
-// The query rows of one tile: `rows` queries of head h from q_begin, or (heads) query q_begin of heads h .. h + rows - 1,
-// which share a kv head: a decode step's group packing, each K / V tile read once for the whole group.
+// The query rows of one tile: `rows` queries of head h from q_begin (heads == 0), or, for short query runs under GQA,
+// queries from q_begin each in heads h .. h + heads - 1, which share a kv head (row r: query q_begin + r / heads of
+// head h + r % heads), so that each K / V tile is read once for them all.
 struct TileRows {
-  int64_t b, h, q_begin, rows;
-  bool heads;
-  int64_t head(int64_t r) const { return heads ? h + r : h; }
-  int64_t query(int64_t r) const { return heads ? q_begin : q_begin + r; }
+  int64_t b, h, q_begin, rows, heads;
+  int64_t head(int64_t r) const { return heads > 0 ? h + r % heads : h; }
+  int64_t query(int64_t r) const { return heads > 0 ? q_begin + r / heads : q_begin + r; }
 };
 
 // One thread's forward: its tiles, and the steps of one tile of query rows (a query block, or a decode step's heads).
@@ -150,17 +150,26 @@ class FwdWorker {
 
   // O and lse of query rows [q_begin, q_begin + block_q) of head (b, h).
   void query_block(int64_t b, int64_t h, int64_t q_begin) {
-    tile_rows(TileRows{b, h, q_begin, std::min(block_q_, fp_.seqlen_q - q_begin), /*heads=*/false});
+    tile_rows(TileRows{b, h, q_begin, std::min(block_q_, fp_.seqlen_q - q_begin), /*heads=*/0});
   }
-  // O and lse of query q of heads [h, h + n) (n <= block_q, one kv head's), as one tile (no dropout).
-  void head_rows(int64_t b, int64_t h, int64_t q, int64_t n) { tile_rows(TileRows{b, h, q, n, /*heads=*/true}); }
+  // O and lse of queries [q_begin, q_begin + queries) of heads [h, h + heads) (one kv head's; queries x heads <=
+  // block_q), as one tile (no dropout).
+  void head_rows(int64_t b, int64_t h, int64_t heads, int64_t q_begin, int64_t queries) {
+    tile_rows(TileRows{b, h, q_begin, queries * heads, heads});
+  }
 
  private:
   void tile_rows(const TileRows& t) {
     const int64_t b = t.b, h = t.h, q_begin = t.q_begin, rows = t.rows;
+    // (one stride reaches the rows but where several queries of several heads are packed)
+    const bool gathered = t.heads > 0 && rows > t.heads;
+    auto q_row = [&](int64_t r) { return fp_.q_rows.row(b, t.query(r), t.head(r)); };
+    const int64_t q_stride = t.heads > 0 ? fp_.q_rows.stride_h : fp_.q_rows.stride_s;
     const ProductTile<acc_t> q_tile =
-        product_tile(fp_.q_rows.row(b, q_begin, h), t.heads ? fp_.q_rows.stride_h : fp_.q_rows.stride_s, rows,
-                     headdim_, fp_.bf16_products, q_pack_.data(), q_bits_pack_.data());
+        gathered ? gathered_tile<scalar_t>(q_row, rows, headdim_, fp_.bf16_products, q_pack_.data(),
+                                           q_bits_pack_.data())
+                 : product_tile(q_row(0), q_stride, rows, headdim_, fp_.bf16_products, q_pack_.data(),
+                                q_bits_pack_.data());
     acc_t* s = scores_.data();
     acc_t* o = o_acc_.data();
     std::fill(o, o + rows * headdim_v_, acc_t(0));
@@ -181,12 +190,12 @@ class FwdWorker {
       // S rows [r0, r0 + n) = scale · Q Kᵀ, then softcap, bias, mask           (n, cols), row stride block_k
       auto scores = [&](int64_t r0, int64_t n) {
         product_abt(n, cols, headdim_, fp_.scale, q_tile, r0, k_tile, s + r0 * block_k_, block_k_);
-        if (!t.heads) {
+        if (t.heads == 0) {
           fp_.mods.apply(s + r0 * block_k_, block_k_, b, h, q_begin + r0, n, k_begin, cols, /*dtanh=*/nullptr);
           return;
         }
-        for (int64_t r = r0; r < r0 + n; ++r) {  // (each row its own head)
-          fp_.mods.apply(s + r * block_k_, block_k_, b, t.head(r), q_begin, 1, k_begin, cols, /*dtanh=*/nullptr);
+        for (int64_t r = r0; r < r0 + n; ++r) {  // (each row its own head and query)
+          fp_.mods.apply(s + r * block_k_, block_k_, b, t.head(r), t.query(r), 1, k_begin, cols, /*dtanh=*/nullptr);
         }
       };
 
@@ -288,18 +297,26 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
                           : at::Tensor();
   const FwdProblem<scalar_t> problem(p, q, k, v, out, lse, sinks_acc);
   const CpuDropout dropout = CpuDropout::from(p, dropout_batch0);
-  // A decode step (one query row) under GQA: the query heads of a kv head as one tile's rows (up to block_q of them),
-  // so that each K / V tile is read once for them rather than once per head, where the kv heads alone give every
-  // thread a task. (Not with dropout, whose mask tiles take consecutive queries of one head.)
+  // Short query runs under GQA (decode steps, speculative decoding, small chunks: fewer queries than a tile's rows):
+  // a tile's rows are queries of all the query heads of a kv head (up to block_q rows), so that each K / V tile is
+  // read once for them rather than once per head, where those tiles give every thread a task. (Not with dropout,
+  // whose mask tiles take consecutive queries of one head.)
   const int64_t group = problem.group, block_q = problem.tiles.block_q;
-  if (p.seqlen_q == 1 && group > 1 && !dropout.enabled && p.batch * p.nheads_k >= at::get_num_threads()) {
-    const int64_t chunks = ceil_div(group, block_q);  // (of one kv head's query heads)
-    parallel_for(0, p.batch * p.nheads_k * chunks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
+  const int64_t heads = std::min(group, block_q), queries = std::max<int64_t>(1, block_q / group);  // a tile's
+  const int64_t head_chunks = ceil_div(group, heads), query_chunks = ceil_div(p.seqlen_q, queries);
+  const int64_t group_tasks = p.batch * p.nheads_k * query_chunks * head_chunks;
+  DevOptions options;
+  dev_options(&options);  // (option cpu_head_tiles; an error in FA2_DEV_OPTIONS is reported by the CUDA calls' plans)
+  if (options.cpu_head_tiles && p.seqlen_q < block_q && group > 1 && !dropout.enabled &&
+      group_tasks >= at::get_num_threads()) {
+    parallel_for(0, group_tasks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
       FwdWorker<scalar_t> worker(problem, dropout);
       for (int64_t task = task_begin; task < task_end; ++task) {
-        const int64_t b = task / (p.nheads_k * chunks), h0 = (task % (p.nheads_k * chunks)) / chunks * group;
-        const int64_t first = (task % chunks) * block_q;
-        worker.head_rows(b, h0 + first, 0, std::min(block_q, group - first));
+        const int64_t head_chunk = task % head_chunks, query_chunk = task / head_chunks % query_chunks;
+        const int64_t bk = task / (head_chunks * query_chunks), b = bk / p.nheads_k, h_k = bk % p.nheads_k;
+        const int64_t h = h_k * group + head_chunk * heads, q_begin = query_chunk * queries;
+        worker.head_rows(b, h, std::min(heads, group - head_chunk * heads), q_begin,
+                         std::min(queries, p.seqlen_q - q_begin));
       }
     });
     return;

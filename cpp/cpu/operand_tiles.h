@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -82,6 +83,30 @@ ProductTile<acc_t> product_tile(const scalar_t* first, int64_t row_stride, int64
     }
   }
   tile.values = rows_for_blas(first, row_stride, rows, headdim, scratch, tile.ld);
+  return tile;
+}
+
+// Rows at their own addresses (row_of(r), r < rows) as a product tile, copied (bf16 bits for bf16_products) or
+// converted (acc_t) into the scratch: a tile whose rows no single stride reaches (a decode step's query heads at
+// several positions).
+template <typename scalar_t, typename acc_t, typename RowOf>
+ProductTile<acc_t> gathered_tile(const RowOf& row_of, int64_t rows, int64_t headdim, bool bf16_products,
+                                 acc_t* scratch, at::BFloat16* bits_scratch) {
+  ProductTile<acc_t> tile;
+  tile.ld = headdim;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (bf16_products) {
+      for (int64_t r = 0; r < rows; ++r) std::copy(row_of(r), row_of(r) + headdim, bits_scratch + r * headdim);
+      tile.bits = reinterpret_cast<const uint16_t*>(bits_scratch);
+      return tile;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t ld;  // (one row: rows_for_blas converts it, or returns it in place when it is already acc_t)
+    const acc_t* row = rows_for_blas(row_of(r), headdim, 1, headdim, scratch + r * headdim, ld);
+    if (row != scratch + r * headdim) std::copy(row, row + headdim, scratch + r * headdim);
+  }
+  tile.values = scratch;
   return tile;
 }
 

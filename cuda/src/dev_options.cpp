@@ -14,7 +14,7 @@ const char* const kDevOptionNames[] = {
     "bwd_small_tiles",       "bwd_gqa_grouping", "bwd_gqa_accumulate",      "bwd_tail_split",
     "cpu_bf16_gemm",         "sm90_varlen",      "sm90_dropout",            "sm90_ws_dropout",
     "dense_decode",          "bwd_programmatic_main", "varlen_stage_masks", "varlen_dq_blocks",
-    "paged_kv_in_place"};
+    "paged_kv_in_place",     "cpu_head_tiles"};
 const int kNumDevOptions = int(sizeof(kDevOptionNames) / sizeof(kDevOptionNames[0]));
 
 namespace {
@@ -148,6 +148,7 @@ const char* set_dev_option(DevOptions* o, const char* key, const char* value) {
   else if (k == "bwd_programmatic_main") ok = parse_bool(value, &o->bwd_programmatic_main);
   else if (k == "varlen_stage_masks") ok = parse_bool(value, &o->varlen_stage_masks);
   else if (k == "varlen_dq_blocks") ok = parse_bool(value, &o->varlen_dq_blocks);
+  else if (k == "cpu_head_tiles") ok = parse_bool(value, &o->cpu_head_tiles);
   else if (k == "paged_kv_in_place") ok = parse_bool(value, &o->paged_kv_in_place);
   else if (k == "persistent_forward_ctas") ok = parse_int(value, -1, 1 << 30, &o->persistent_forward_ctas);
   else if (k == "bwd_gqa_grouping") ok = parse_int(value, -1, 1, &o->bwd_gqa_grouping);
@@ -213,6 +214,7 @@ std::string dev_option_value(const DevOptions& o, const char* key) {
   if (k == "varlen_stage_masks") return b(o.varlen_stage_masks);
   if (k == "varlen_dq_blocks") return b(o.varlen_dq_blocks);
   if (k == "paged_kv_in_place") return b(o.paged_kv_in_place);
+  if (k == "cpu_head_tiles") return b(o.cpu_head_tiles);
   return "";
 }
 

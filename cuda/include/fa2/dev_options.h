@@ -65,6 +65,9 @@ struct DevOptions {
   // a paged KV cache's chunked prefill read in place by the sm_90a varlen forward (params.h, block_table; FwdPlan::
   // paged); off: the plan declines (kPagedKvDeclined) and the KV-cache op gathers the pages first
   bool paged_kv_in_place = true;
+  // the CPU forward's short query runs under GQA (fewer queries than a tile's rows, no dropout) as tiles of a kv
+  // head's query heads, each K / V tile read once for them (cpu/fwd_kernel.h, TileRows); off: a tile a head
+  bool cpu_head_tiles = true;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).
