@@ -13,7 +13,6 @@ import torch
 from ._ops_impl import _check_devices
 
 
-
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
                            cache_seqlens: torch.Tensor | int | None = None, block_table: torch.Tensor | None = None,
