@@ -23,6 +23,14 @@
 namespace fa2::cpu {
 namespace {
 
+// A paged key / value cache read in place (the KV-cache op's block_table): k and v are the block pools (blocks,
+// block_size, nheads_k, headdim), and key j of batch element b lies in row j % block_size of block
+// table[b * max_blocks + j / block_size]. table nullptr: k and v are (batch, seqlen_k, nheads_k, headdim).
+struct PagedKeys {
+  const int32_t* table = nullptr;
+  int64_t max_blocks = 0, block_size = 0;
+};
+
 // The forward's inputs, outputs and tile sizes, as every task reads them.
 template <typename scalar_t>
 struct FwdProblem {
@@ -32,6 +40,7 @@ struct FwdProblem {
   ScoreMods<acc_t> mods;
   acc_t scale;
   HeadRows<const scalar_t> q_rows, k_rows, v_rows;
+  PagedKeys paged;              // k_rows / v_rows: the block pools where paged.table is set
   HeadRows<scalar_t> out_rows;  // (batch, seqlen_q, nheads, headdim_v)
   float* lse_data;              // (batch, nheads, seqlen_q), contiguous
   const acc_t* sinks;           // (nheads,) each head's extra logit in the softmax denominator; nullptr: none
@@ -41,7 +50,7 @@ struct FwdProblem {
   bool bf16_products;
 
   FwdProblem(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-             at::Tensor& out, at::Tensor& lse, const at::Tensor& sinks_acc)
+             at::Tensor& out, at::Tensor& lse, const at::Tensor& sinks_acc, const PagedKeys& paged_keys)
       : seqlen_q(p.seqlen_q),
         nheads(p.nheads),
         headdim(p.headdim),
@@ -53,6 +62,7 @@ struct FwdProblem {
         q_rows(q),
         k_rows(k),
         v_rows(v),
+        paged(paged_keys),
         out_rows(out),
         lse_data(lse.data_ptr<float>()),
         sinks(sinks_acc.defined() ? sinks_acc.const_data_ptr<acc_t>() : nullptr),
@@ -182,11 +192,10 @@ class FwdWorker {
     const int64_t k_first = window.first_key(t.query(0)), k_last = window.last_key(t.query(rows - 1));
     for (int64_t k_begin = k_first; k_begin <= k_last; k_begin += block_k_) {
       const int64_t cols = std::min(block_k_, k_last + 1 - k_begin);
-      const ProductTile<acc_t> k_tile = product_tile(fp_.k_rows.row(b, k_begin, h_k), fp_.k_rows.stride_s, cols,
-                                                     headdim_, fp_.bf16_products, k_pack_.data(), k_bits_pack_.data());
-      const ProductTile<acc_t> v_tile = product_tile(fp_.v_rows.row(b, k_begin, h_k), fp_.v_rows.stride_s, cols,
-                                                     headdim_v_, fp_.bf16_products, v_pack_.data(),
-                                                     v_bits_pack_.data());
+      const ProductTile<acc_t> k_tile =
+          key_tile(fp_.k_rows, b, k_begin, cols, h_k, headdim_, k_pack_.data(), k_bits_pack_.data());
+      const ProductTile<acc_t> v_tile =
+          key_tile(fp_.v_rows, b, k_begin, cols, h_k, headdim_v_, v_pack_.data(), v_bits_pack_.data());
       // S rows [r0, r0 + n) = scale · Q Kᵀ, then softcap, bias, mask           (n, cols), row stride block_k
       auto scores = [&](int64_t r0, int64_t n) {
         product_abt(n, cols, headdim_, fp_.scale, q_tile, r0, k_tile, s + r0 * block_k_, block_k_);
@@ -212,6 +221,26 @@ class FwdWorker {
       add_pv(rows, cols, v_tile);
     }
     store_o_and_lse(t);
+  }
+
+  // Keys [k_begin, + cols) of kv head h_k of batch element b in k or v (rows) as a product tile: read through the
+  // stride, or, in a paged cache where they span several blocks, each row from its block (copied into the scratch).
+  ProductTile<acc_t> key_tile(const HeadRows<const scalar_t>& rows, int64_t b, int64_t k_begin, int64_t cols,
+                              int64_t h_k, int64_t width, acc_t* scratch, at::BFloat16* bits_scratch) const {
+    const PagedKeys& paged = fp_.paged;
+    if (paged.table == nullptr) {
+      return product_tile(rows.row(b, k_begin, h_k), rows.stride_s, cols, width, fp_.bf16_products, scratch,
+                          bits_scratch);
+    }
+    const int32_t* blocks = paged.table + b * paged.max_blocks;
+    auto row_of = [&](int64_t r) {
+      const int64_t key = k_begin + r;
+      return rows.row(blocks[key / paged.block_size], key % paged.block_size, h_k);
+    };
+    if (k_begin / paged.block_size == (k_begin + cols - 1) / paged.block_size) {  // one block's rows
+      return product_tile(row_of(0), rows.stride_s, cols, width, fp_.bf16_products, scratch, bits_scratch);
+    }
+    return gathered_tile<scalar_t>(row_of, cols, width, fp_.bf16_products, scratch, bits_scratch);
   }
 
   // O (rows, headdim_v) += P (rows, cols) V (cols, headdim_v); P rounded to bf16 for the bf16 product, as the GPU
@@ -286,16 +315,17 @@ class FwdWorker {
 // blocks keeps the threads' shares equal.
 int64_t balanced_block_order(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
 
-// dropout_batch0: the dropout mask's batch coordinate of batch element 0 (a varlen run's first sequence).
+// dropout_batch0: the dropout mask's batch coordinate of batch element 0 (a varlen run's first sequence). paged: k and
+// v are block pools (PagedKeys).
 template <typename scalar_t>
 void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                at::Tensor& out, at::Tensor& lse, int64_t dropout_batch0 = 0) {
+                at::Tensor& out, at::Tensor& lse, int64_t dropout_batch0 = 0, const PagedKeys& paged = {}) {
   if (p.batch * p.nheads * p.seqlen_q == 0) return;  // nothing to write
   // (the sinks in the accumulation dtype, which the epilogue reads)
   const at::Tensor sinks_acc =
       p.sinks.has_value() ? p.sinks->to(c10::CppTypeToScalarType<acc_type<scalar_t>>::value).contiguous()
                           : at::Tensor();
-  const FwdProblem<scalar_t> problem(p, q, k, v, out, lse, sinks_acc);
+  const FwdProblem<scalar_t> problem(p, q, k, v, out, lse, sinks_acc, paged);
   const CpuDropout dropout = CpuDropout::from(p, dropout_batch0);
   // Short query runs under GQA (decode steps, speculative decoding, small chunks: fewer queries than a tile's rows):
   // a tile's rows are queries of all the query heads of a kv head (up to block_q rows), so that each K / V tile is

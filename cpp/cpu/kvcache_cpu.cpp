@@ -1,9 +1,9 @@
 // CPU implementation of fa2::kvcache_fwd (flash-attn's flash_attn_with_kvcache): the new keys are rotated (rotary_cos
 // / rotary_sin) and written into the cache in place, q is rotated at the same positions, then each sequence's first
 // cache_seqlens[b] + seqlen_new keys go through the padded forward kernel (cpu/fwd_kernel.h) as a problem of their own
-// length, so causal and windows align bottom-right per sequence. Consecutive batch elements of a contiguous cache
-// with the same length and consecutive cache rows make one call (a decode step over a full batch is one call); a
-// paged sequence's blocks are gathered into a contiguous copy of its keys first (the kernel reads rows by strides).
+// length, so causal and windows align bottom-right per sequence. Consecutive batch elements with the same length (and,
+// in a contiguous cache, consecutive cache rows) make one call (a decode step over a full batch is one call); the
+// kernel reads a paged cache's blocks in place through the block table (PagedKeys).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
@@ -78,17 +78,8 @@ void append_rows(const Tensor& cache, const Tensor& rows, const KvcacheProblem& 
   }
 }
 
-// The first `keys` keys of batch element b as a (1, keys, nheads_k, headdim) tensor: a view of a contiguous cache, a
-// gathered copy of a paged one's blocks.
-Tensor sequence_keys(const Tensor& cache, const KvcacheProblem& kp, int64_t b, int64_t keys) {
-  if (!kp.paged) return cache.select(0, cache_row(kp, b)).narrow(0, 0, keys).unsqueeze(0);
-  const int64_t blocks = (keys + kp.block_size - 1) / kp.block_size;
-  const Tensor ids = kp.block_table->select(0, b).narrow(0, 0, blocks);
-  return cache.index_select(0, ids).flatten(0, 1).narrow(0, 0, keys).unsqueeze(0);
-}
-
 // count consecutive batch elements from b0 with `keys` keys each, in consecutive rows of a contiguous cache from
-// row0: one call of the padded kernel.
+// row0 (paged: -1, each element's blocks from the block table): one call of the padded kernel.
 struct CacheRun {
   int64_t b0, count, keys, row0;
 };
@@ -98,9 +89,9 @@ std::vector<CacheRun> cache_runs(const KvcacheProblem& kp) {
   for (int64_t b = 0; b < kp.problem.batch; ++b) {
     const int64_t keys = cached_keys(kp, b) + kp.seqlen_new;
     const int64_t row = kp.paged ? -1 : cache_row(kp, b);
-    if (!runs.empty() && !kp.paged) {
+    if (!runs.empty()) {
       CacheRun& run = runs.back();
-      if (run.keys == keys && run.row0 + run.count == row) {
+      if (run.keys == keys && (kp.paged || run.row0 + run.count == row)) {
         ++run.count;
         continue;
       }
@@ -141,12 +132,16 @@ std::tuple<Tensor, Tensor> kvcache_fwd_cpu(
       AttentionProblem p = shared;
       p.batch = run.count;
       p.seqlen_k = run.keys;
-      const Tensor keys = kp.paged ? sequence_keys(k_cache, kp, run.b0, run.keys)
-                                   : k_cache.narrow(0, run.row0, run.count).narrow(1, 0, run.keys);
-      const Tensor values = kp.paged ? sequence_keys(v_cache, kp, run.b0, run.keys)
-                                     : v_cache.narrow(0, run.row0, run.count).narrow(1, 0, run.keys);
       Tensor run_out = out.narrow(0, run.b0, run.count), run_lse = lse.narrow(0, run.b0, run.count);
-      fwd_kernel<scalar_t>(p, q_rot.narrow(0, run.b0, run.count), keys, values, run_out, run_lse);
+      const Tensor run_q = q_rot.narrow(0, run.b0, run.count);
+      if (kp.paged) {
+        const PagedKeys paged{kp.block_table->const_data_ptr<int32_t>() + run.b0 * kp.max_blocks, kp.max_blocks,
+                              kp.block_size};
+        fwd_kernel<scalar_t>(p, run_q, k_cache, v_cache, run_out, run_lse, /*dropout_batch0=*/0, paged);
+        continue;
+      }
+      fwd_kernel<scalar_t>(p, run_q, k_cache.narrow(0, run.row0, run.count).narrow(1, 0, run.keys),
+                           v_cache.narrow(0, run.row0, run.count).narrow(1, 0, run.keys), run_out, run_lse);
     }
   });
   return {out, lse};
