@@ -39,7 +39,8 @@ py::dict options_dict(const fa2::DevOptions& o) {
     const std::string k = key;
     if (k == "sm90_schedule") {
       d[key] = v;
-    } else if (k == "persistent_forward_ctas" || k == "bwd_gqa_grouping" || k == "bwd_tail_split") {
+    } else if (k == "persistent_forward_ctas" || k == "bwd_gqa_grouping" || k == "bwd_tail_split" ||
+               k == "cpu_key_splits") {
       d[key] = std::stoi(v);
     } else {
       d[key] = v == "1";

@@ -207,6 +207,76 @@ def test_cpu_short_query_runs_tile_a_kv_heads_query_heads(dtype, case):
     torch.testing.assert_close(lse, lse_heads, rtol=1e-4, atol=1e-4)
 
 
+CPU_KEY_SPLIT_CASES = [
+    # (batch, nheads_k, group, seqlen_q, seqlen_k, headdim, headdim_v, flags)
+    (1, 1, 32, 1, 2100, 64, 64, dict(causal=True)),  # MQA decode step: 5 key blocks
+    (1, 2, 4, 3, 1300, 32, 48, dict(softcap=3.0, window_left=100, window_right=0)),  # the first splits see no key
+    (2, 1, 1, 1, 1500, 64, 64, dict(bias="float", sinks=True)),  # MHA: a tile a head
+    (1, 2, 40, 2, 1100, 16, 16, dict(bias="bool", causal=True, sinks=True)),  # 40 heads: two tiles' rows
+    (1, 1, 6, 23, 1024, 48, 64, dict(causal=True)),  # 23 queries: rows of several tiles, whole blocks
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("case", CPU_KEY_SPLIT_CASES, ids=lambda c: f"b{c[0]}-hk{c[1]}-g{c[2]}-sq{c[3]}-sk{c[4]}")
+def test_cpu_short_query_runs_split_their_keys(dtype, case):
+    """Short query runs whose tiles give fewer tasks than threads (one sequence's decode step on a many-core machine)
+    split each tile's keys into runs of whole key blocks and merge the splits' partial softmax states (development
+    option cpu_key_splits: n splits, at most one a block). Two, three and more splits than blocks: out within the
+    rule against the fp64 / fp32 reference, lse within 1e-3, beside the unsplit call; and with the machine's threads
+    set to two, the automatic choice (-1) splits a single tile's keys as two does. A NaN key reaches the rows that
+    see it alike split or not."""
+    b, hk, group, sq, sk, d, dv, flags = case
+    flags = dict(flags)
+    gen = torch.Generator().manual_seed(sk + group)
+    h = hk * group
+    q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+               for shape in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv)))
+    bias = flags.pop("bias", None)
+    if bias == "float":
+        bias = torch.randn(b, h, sq, sk, generator=gen, dtype=torch.float64).to(dtype)
+    elif bias == "bool":
+        bias = torch.rand(b, h, sq, sk, generator=gen) > 0.3
+    sinks = torch.randn(h, generator=gen, dtype=torch.float64).to(torch.float32) if flags.pop("sinks", False) else None
+    call = lambda k_=k: torch.ops.fa2.fwd(q, k_, v, bias, None, sinks=sinks, **flags)  # noqa: E731
+    with fa2.dev.options_override(cpu_key_splits=0):
+        out_whole, lse_whole = call()
+    hi = hi_dtype(dtype)
+    up = lambda t: None if t is None else (t.to(hi) if t.dtype != torch.bool else t)  # noqa: E731
+    out_hi, lse_hi = attention_ref(q.to(hi), k.to(hi), v.to(hi), up(bias), sinks=up(sinks), return_lse=True,
+                                   **flags)
+    out_naive = attention_ref(q, k, v, bias, sinks=sinks, upcast=False, **flags)
+    finite = torch.isfinite(lse_hi)
+    tol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5  # (a few ulps apart in half precision)
+    for splits in (2, 3, 64):
+        with fa2.dev.options_override(cpu_key_splits=splits):
+            out, lse = call()
+        assert_close_rule(f"out {case} splits {splits}", out, out_hi, out_naive, factor=2)
+        assert torch.equal(torch.isfinite(lse), finite), (case, splits)
+        assert torch.allclose(lse[finite], lse_hi[finite].float(), atol=1e-3, rtol=1e-3), (case, splits)
+        torch.testing.assert_close(out, out_whole, rtol=tol, atol=tol)
+        torch.testing.assert_close(lse, lse_whole, rtol=1e-4, atol=1e-4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with fa2.dev.options_override(cpu_key_splits=2):
+            out_two, lse_two = call()
+        out_auto, lse_auto = call()  # (the default, -1)
+        k_nan = k.clone()
+        k_nan[0, sk - 5, 0, 0] = float("nan")
+        with fa2.dev.options_override(cpu_key_splits=3):
+            out_nan, _ = call(k_nan)
+        with fa2.dev.options_override(cpu_key_splits=0):
+            out_nan_whole, _ = call(k_nan)
+    finally:
+        torch.set_num_threads(threads)
+    if b * hk * math.ceil(group * sq / 128) == 1:  # (one tile: the automatic choice splits it for the second thread)
+        assert torch.equal(out_auto, out_two) and torch.equal(lse_auto, lse_two), case
+    assert torch.equal(torch.isnan(out_nan), torch.isnan(out_nan_whole)), case
+    assert torch.isnan(out_nan).any(), case
+
+
 @pytest.mark.parametrize("device,dtype", [(d, t) for d, t in DEVICE_DTYPES if t != torch.float64],
                          ids=[i for i, (_, t) in zip(IDS, DEVICE_DTYPES) if t != torch.float64])
 @pytest.mark.parametrize("d", [64, 128, 256])

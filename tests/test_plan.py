@@ -241,7 +241,7 @@ def test_options_namespace():
                         "sm90_varlen": True, "sm90_dropout": True, "sm90_ws_dropout": True,
                         "dense_decode": True, "bwd_programmatic_main": True,
                         "varlen_stage_masks": True, "varlen_dq_blocks": True, "paged_kv_in_place": True,
-                        "cpu_head_tiles": True}
+                        "cpu_head_tiles": True, "cpu_key_splits": -1}
     before = dev.options()
     with dev.options_override(sm90_schedule="ws", bwd_tail_split=1):
         assert dev.options()["sm90_schedule"] == "ws" and dev.options()["bwd_tail_split"] == 1

@@ -1,6 +1,7 @@
-// The CPU forward: tasks (batch, head, query block); each loops over the key blocks its window reaches with the
-// online softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one pass
-// over each score tile) and stores O / l and lse = m + log l (l with the head's sink term exp(sink - m), if any).
+// The CPU forward: tasks (batch, head, query block), or for short query runs a kv head's query heads, over a split of
+// the keys where that gives the threads tasks (fwd_short_runs); each loops over the key blocks its window reaches with
+// the online softmax (running max m, running sum l, unnormalized O in fp32/fp64; after a row's first key block, one
+// pass over each score tile) and stores O / l and lse = m + log l (l with the head's sink term exp(sink - m), if any).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -35,7 +36,7 @@ struct PagedKeys {
 template <typename scalar_t>
 struct FwdProblem {
   using acc_t = acc_type<scalar_t>;
-  int64_t seqlen_q, nheads, headdim, headdim_v, group;  // headdim: q's and k's; headdim_v: v's and out's
+  int64_t seqlen_q, seqlen_k, nheads, headdim, headdim_v, group;  // headdim: q's and k's; headdim_v: v's and out's
   CpuTiles tiles;
   ScoreMods<acc_t> mods;
   acc_t scale;
@@ -52,6 +53,7 @@ struct FwdProblem {
   FwdProblem(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              at::Tensor& out, at::Tensor& lse, const at::Tensor& sinks_acc, const PagedKeys& paged_keys)
       : seqlen_q(p.seqlen_q),
+        seqlen_k(p.seqlen_k),
         nheads(p.nheads),
         headdim(p.headdim),
         headdim_v(p.headdim_v),
@@ -127,6 +129,11 @@ struct TileRows {
   int64_t query(int64_t r) const { return heads > 0 ? q_begin + r / heads : q_begin + r; }
 };
 
+// Keys [lo, hi) of a key split (fwd_key_splits): a tile's rows see only those.
+struct KeySpan {
+  int64_t lo = 0, hi = std::numeric_limits<int64_t>::max();
+};
+
 // One thread's forward: its tiles, and the steps of one tile of query rows (a query block, or a decode step's heads).
 template <typename scalar_t>
 class FwdWorker {
@@ -162,14 +169,10 @@ class FwdWorker {
   void query_block(int64_t b, int64_t h, int64_t q_begin) {
     tile_rows(TileRows{b, h, q_begin, std::min(block_q_, fp_.seqlen_q - q_begin), /*heads=*/0});
   }
-  // O and lse of queries [q_begin, q_begin + queries) of heads [h, h + heads) (one kv head's; queries x heads <=
-  // block_q), as one tile (no dropout).
-  void head_rows(int64_t b, int64_t h, int64_t heads, int64_t q_begin, int64_t queries) {
-    tile_rows(TileRows{b, h, q_begin, queries * heads, heads});
-  }
-
- private:
-  void tile_rows(const TileRows& t) {
+  // O and lse of a tile's rows (t.rows <= block_q; no dropout where t.heads > 0) over the keys they see; or, given
+  // `partial`, over keys.lo .. keys.hi - 1 only, left unnormalized there for merge_splits: (t.rows, headdim_v + 2),
+  // a row's O, then its m and l.
+  void tile_rows(const TileRows& t, KeySpan keys = {}, acc_t* partial = nullptr) {
     const int64_t b = t.b, h = t.h, q_begin = t.q_begin, rows = t.rows;
     // (one stride reaches the rows but where several queries of several heads are packed)
     const bool gathered = t.heads > 0 && rows > t.heads;
@@ -189,7 +192,8 @@ class FwdWorker {
     // Keys outside [k_first, k_last] are masked for every row of the block: never loaded.
     const WindowMask& window = fp_.mods.window;
     const int64_t h_k = h / fp_.group;
-    const int64_t k_first = window.first_key(t.query(0)), k_last = window.last_key(t.query(rows - 1));
+    const int64_t k_first = std::max(window.first_key(t.query(0)), keys.lo);
+    const int64_t k_last = std::min(window.last_key(t.query(rows - 1)), keys.hi - 1);
     for (int64_t k_begin = k_first; k_begin <= k_last; k_begin += block_k_) {
       const int64_t cols = std::min(block_k_, k_last + 1 - k_begin);
       const ProductTile<acc_t> k_tile =
@@ -220,9 +224,49 @@ class FwdWorker {
       // -- O += P V                                                           (rows, headdim_v)
       add_pv(rows, cols, v_tile);
     }
+    if (partial == nullptr) {
+      store_o_and_lse(t);
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      acc_t* row = partial + r * (headdim_v_ + 2);
+      std::copy(o + r * headdim_v_, o + (r + 1) * headdim_v_, row);
+      row[headdim_v_] = m_[r];
+      row[headdim_v_ + 1] = l_[r];
+    }
+  }
+
+  // O and lse of a tile's rows from its key splits' partials (tile_rows; `splits` of them, split_stride apart): the
+  // largest m of the splits with keys (l != 0; NaN if any is NaN), l and O the splits' rescaled to it, then stored as
+  // a tile's are.
+  void merge_splits(const TileRows& t, const acc_t* partials, int64_t splits, int64_t split_stride) {
+    const int64_t width = headdim_v_ + 2;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      acc_t m = -std::numeric_limits<acc_t>::infinity(), l = 0;
+      bool nan = false;
+      for (int64_t s = 0; s < splits; ++s) {
+        const acc_t* row = partials + s * split_stride + r * width;
+        if (row[headdim_v_ + 1] == acc_t(0)) continue;  // (no key of this split)
+        nan = nan || std::isnan(row[headdim_v_]);
+        m = std::max(m, row[headdim_v_]);
+      }
+      if (nan) m = std::numeric_limits<acc_t>::quiet_NaN();
+      acc_t* o_row = o_acc_.data() + r * headdim_v_;
+      std::fill(o_row, o_row + headdim_v_, acc_t(0));
+      for (int64_t s = 0; s < splits; ++s) {
+        const acc_t* row = partials + s * split_stride + r * width;
+        if (row[headdim_v_ + 1] == acc_t(0)) continue;
+        const acc_t factor = std::exp(row[headdim_v_] - m);
+        l += row[headdim_v_ + 1] * factor;
+        for (int64_t d = 0; d < headdim_v_; ++d) o_row[d] += row[d] * factor;
+      }
+      m_[r] = m;
+      l_[r] = l;
+    }
     store_o_and_lse(t);
   }
 
+ private:
   // Keys [k_begin, + cols) of kv head h_k of batch element b in k or v (rows) as a product tile: read through the
   // stride, or, in a paged cache where they span several blocks, each row from its block (copied into the scratch).
   ProductTile<acc_t> key_tile(const HeadRows<const scalar_t>& rows, int64_t b, int64_t k_begin, int64_t cols,
@@ -315,6 +359,53 @@ class FwdWorker {
 // blocks keeps the threads' shares equal.
 int64_t balanced_block_order(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
 
+// The short query runs' tiles (fwd_kernel): `tasks` tiles of up to tile_heads query heads of one kv head (a query
+// head's queries where 1) and as many queries as block_q rows hold, each over `splits` runs of whole key blocks, a
+// task each, then merged.
+template <typename scalar_t>
+void fwd_short_runs(const FwdProblem<scalar_t>& problem, const CpuDropout& dropout, int64_t tile_heads, int64_t tasks,
+                    int64_t splits) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t group = problem.group, queries = problem.tiles.block_q / tile_heads;
+  const int64_t head_chunks = ceil_div(group, tile_heads), query_chunks = ceil_div(problem.seqlen_q, queries);
+  const int64_t nheads_k = problem.nheads / group;
+  auto tile_of = [&](int64_t task) {
+    const int64_t head_chunk = task % head_chunks, query_chunk = task / head_chunks % query_chunks;
+    const int64_t bk = task / (head_chunks * query_chunks), b = bk / nheads_k, h_k = bk % nheads_k;
+    const int64_t h = h_k * group + head_chunk * tile_heads, q_begin = query_chunk * queries;
+    const int64_t n_heads = std::min(tile_heads, group - head_chunk * tile_heads);
+    const int64_t n_queries = std::min(queries, problem.seqlen_q - q_begin);
+    return tile_heads > 1 ? TileRows{b, h, q_begin, n_queries * n_heads, n_heads}
+                          : TileRows{b, h, q_begin, n_queries, /*heads=*/0};
+  };
+  if (splits == 1) {
+    parallel_for(0, tasks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
+      FwdWorker<scalar_t> worker(problem, dropout);
+      for (int64_t task = task_begin; task < task_end; ++task) worker.tile_rows(tile_of(task));
+    });
+    return;
+  }
+  // split s: keys [s * span, (s + 1) * span), whole key blocks (the last split's may be fewer)
+  const int64_t block_k = problem.tiles.block_k, blocks = ceil_div(problem.seqlen_k, block_k);
+  const int64_t span = ceil_div(blocks, splits) * block_k;
+  splits = ceil_div(blocks * block_k, span);
+  const int64_t split_stride = problem.tiles.block_q * (problem.headdim_v + 2);
+  std::vector<acc_t> partials(tasks * splits * split_stride);
+  parallel_for(0, tasks * splits, /*grain_size=*/1, [&](int64_t begin, int64_t end) {
+    FwdWorker<scalar_t> worker(problem, dropout);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t s = i % splits;
+      worker.tile_rows(tile_of(i / splits), KeySpan{s * span, (s + 1) * span}, partials.data() + i * split_stride);
+    }
+  });
+  parallel_for(0, tasks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
+    FwdWorker<scalar_t> worker(problem, dropout);
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      worker.merge_splits(tile_of(task), partials.data() + task * splits * split_stride, splits, split_stride);
+    }
+  });
+}
+
 // dropout_batch0: the dropout mask's batch coordinate of batch element 0 (a varlen run's first sequence). paged: k and
 // v are block pools (PagedKeys).
 template <typename scalar_t>
@@ -327,29 +418,28 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
                           : at::Tensor();
   const FwdProblem<scalar_t> problem(p, q, k, v, out, lse, sinks_acc, paged);
   const CpuDropout dropout = CpuDropout::from(p, dropout_batch0);
-  // Short query runs under GQA (decode steps, speculative decoding, small chunks: fewer queries than a tile's rows):
-  // a tile's rows are queries of all the query heads of a kv head (up to block_q rows), so that each K / V tile is
-  // read once for them rather than once per head, where those tiles give every thread a task. (Not with dropout,
-  // whose mask tiles take consecutive queries of one head.)
-  const int64_t group = problem.group, block_q = problem.tiles.block_q;
-  const int64_t heads = std::min(group, block_q), queries = std::max<int64_t>(1, block_q / group);  // a tile's
-  const int64_t head_chunks = ceil_div(group, heads), query_chunks = ceil_div(p.seqlen_q, queries);
-  const int64_t group_tasks = p.batch * p.nheads_k * query_chunks * head_chunks;
+  // Short query runs (decode steps, speculative decoding, small chunks: fewer queries than a tile's rows; no dropout,
+  // whose mask tiles take consecutive queries of one head): under GQA a tile's rows are queries of all the query heads
+  // of a kv head (up to block_q rows), so that each K / V tile is read once for them rather than once per head; and
+  // where the tiles give fewer tasks than threads, each tile's keys are split (fwd_key_splits) and merged after.
+  // Without a split that fills the threads (a short cache), a tile a head gives more tasks instead.
   DevOptions options;
-  dev_options(&options);  // (option cpu_head_tiles; an error in FA2_DEV_OPTIONS is reported by the CUDA calls' plans)
-  if (options.cpu_head_tiles && p.seqlen_q < block_q && group > 1 && !dropout.enabled &&
-      group_tasks >= at::get_num_threads()) {
-    parallel_for(0, group_tasks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
-      FwdWorker<scalar_t> worker(problem, dropout);
-      for (int64_t task = task_begin; task < task_end; ++task) {
-        const int64_t head_chunk = task % head_chunks, query_chunk = task / head_chunks % query_chunks;
-        const int64_t bk = task / (head_chunks * query_chunks), b = bk / p.nheads_k, h_k = bk % p.nheads_k;
-        const int64_t h = h_k * group + head_chunk * heads, q_begin = query_chunk * queries;
-        worker.head_rows(b, h, std::min(heads, group - head_chunk * heads), q_begin,
-                         std::min(queries, p.seqlen_q - q_begin));
-      }
-    });
-    return;
+  dev_options(&options);  // (an error in FA2_DEV_OPTIONS is reported by the CUDA calls' plans)
+  if (p.seqlen_q < problem.tiles.block_q && !dropout.enabled) {
+    const int64_t threads = at::get_num_threads(), block_q = problem.tiles.block_q, group = problem.group;
+    auto tasks_of = [&](int64_t tile_heads) {  // (batch, kv head, head chunk, query chunk)
+      return p.batch * p.nheads_k * ceil_div(group, tile_heads) * ceil_div(p.seqlen_q, block_q / tile_heads);
+    };
+    auto splits_of = [&](int64_t tile_heads) {
+      return fwd_key_splits(tasks_of(tile_heads), threads, p.seqlen_k, problem.tiles.block_k, options.cpu_key_splits);
+    };
+    int64_t tile_heads = options.cpu_head_tiles ? std::min(group, block_q) : 1;
+    if (tile_heads > 1 && tasks_of(tile_heads) < threads && splits_of(tile_heads) == 1) tile_heads = 1;
+    const int64_t splits = splits_of(tile_heads);
+    if (tile_heads > 1 || splits > 1) {
+      fwd_short_runs(problem, dropout, tile_heads, tasks_of(tile_heads), splits);
+      return;
+    }
   }
   const int64_t num_q_blocks = ceil_div(p.seqlen_q, problem.tiles.block_q);
   parallel_for(0, p.batch * p.nheads * num_q_blocks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {

@@ -14,7 +14,7 @@ const char* const kDevOptionNames[] = {
     "bwd_small_tiles",       "bwd_gqa_grouping", "bwd_gqa_accumulate",      "bwd_tail_split",
     "cpu_bf16_gemm",         "sm90_varlen",      "sm90_dropout",            "sm90_ws_dropout",
     "dense_decode",          "bwd_programmatic_main", "varlen_stage_masks", "varlen_dq_blocks",
-    "paged_kv_in_place",     "cpu_head_tiles"};
+    "paged_kv_in_place",     "cpu_head_tiles",   "cpu_key_splits"};
 const int kNumDevOptions = int(sizeof(kDevOptionNames) / sizeof(kDevOptionNames[0]));
 
 namespace {
@@ -153,6 +153,7 @@ const char* set_dev_option(DevOptions* o, const char* key, const char* value) {
   else if (k == "persistent_forward_ctas") ok = parse_int(value, -1, 1 << 30, &o->persistent_forward_ctas);
   else if (k == "bwd_gqa_grouping") ok = parse_int(value, -1, 1, &o->bwd_gqa_grouping);
   else if (k == "bwd_tail_split") ok = parse_int(value, -1, 1, &o->bwd_tail_split);
+  else if (k == "cpu_key_splits") ok = parse_int(value, -1, 1 << 20, &o->cpu_key_splits);
   else if (k == "sm90_schedule") {
     for (int i = 0; i < int(sizeof(kSm90ScheduleNames) / sizeof(kSm90ScheduleNames[0])); ++i) {
       if (std::strcmp(value, kSm90ScheduleNames[i]) == 0) o->sm90_schedule = Sm90Schedule(i), ok = true;
@@ -215,6 +216,7 @@ std::string dev_option_value(const DevOptions& o, const char* key) {
   if (k == "varlen_dq_blocks") return b(o.varlen_dq_blocks);
   if (k == "paged_kv_in_place") return b(o.paged_kv_in_place);
   if (k == "cpu_head_tiles") return b(o.cpu_head_tiles);
+  if (k == "cpu_key_splits") return std::to_string(o.cpu_key_splits);
   return "";
 }
 

@@ -68,6 +68,10 @@ struct DevOptions {
   // the CPU forward's short query runs under GQA (fewer queries than a tile's rows, no dropout) as tiles of a kv
   // head's query heads, each K / V tile read once for them (cpu/fwd_kernel.h, TileRows); off: a tile a head
   bool cpu_head_tiles = true;
+  // the CPU forward's short query runs (no dropout) whose tiles give fewer tasks than threads: each tile's keys split
+  // into whole key blocks, merged after (cpu/tile_config.h, fwd_key_splits); -1: as many as fill the threads, 0 / 1:
+  // none, n > 1: n (at most one a key block)
+  int cpu_key_splits = -1;
 };
 
 // The names of DevOptions' fields, in declaration order (the keys of set_dev_option and FA2_DEV_OPTIONS).
