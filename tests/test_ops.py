@@ -152,6 +152,24 @@ def _rising_scores_qkv(device, dtype, d, sk, gen):
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
+def _short_run_inputs(case, dtype, seed):
+    """q, k, v, bias, sinks and the remaining flags of a (batch, nheads_k, group, seqlen_q, seqlen_k, headdim,
+    headdim_v, flags) case; flags' "bias" ("float" / "bool") and "sinks" (True) become tensors."""
+    b, hk, group, sq, sk, d, dv, flags = case
+    flags = dict(flags)
+    gen = torch.Generator().manual_seed(seed)
+    h = hk * group
+    q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+               for shape in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv)))
+    bias = flags.pop("bias", None)
+    if bias == "float":
+        bias = torch.randn(b, h, sq, sk, generator=gen, dtype=torch.float64).to(dtype)
+    elif bias == "bool":
+        bias = torch.rand(b, h, sq, sk, generator=gen) > 0.3
+    sinks = torch.randn(h, generator=gen, dtype=torch.float64).to(torch.float32) if flags.pop("sinks", False) else None
+    return q, k, v, bias, sinks, flags
+
+
 CPU_HEAD_TILE_CASES = [
     # (batch, nheads_k, group, seqlen_q, seqlen_k, headdim, headdim_v, flags)
     (2, 2, 4, 1, 1100, 64, 64, dict(causal=True)),
@@ -174,17 +192,7 @@ def test_cpu_short_query_runs_tile_a_kv_heads_query_heads(dtype, case):
     mask, output and lse. Within the rule against the fp64 / fp32 reference, lse within 1e-3, and beside a tile a
     head (development option cpu_head_tiles off)."""
     b, hk, group, sq, sk, d, dv, flags = case
-    flags = dict(flags)
-    gen = torch.Generator().manual_seed(sk)
-    h = hk * group
-    q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-               for shape in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv)))
-    bias = flags.pop("bias", None)
-    if bias == "float":
-        bias = torch.randn(b, h, sq, sk, generator=gen, dtype=torch.float64).to(dtype)
-    elif bias == "bool":
-        bias = torch.rand(b, h, sq, sk, generator=gen) > 0.3
-    sinks = torch.randn(h, generator=gen, dtype=torch.float64).to(torch.float32) if flags.pop("sinks", False) else None
+    q, k, v, bias, sinks, flags = _short_run_inputs(case, dtype, seed=sk)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # (the head tiles run where they give every thread a task: fwd_kernel.h)
     try:
@@ -228,17 +236,7 @@ def test_cpu_short_query_runs_split_their_keys(dtype, case):
     set to two, the automatic choice (-1) splits a single tile's keys as two does. A NaN key reaches the rows that
     see it alike split or not."""
     b, hk, group, sq, sk, d, dv, flags = case
-    flags = dict(flags)
-    gen = torch.Generator().manual_seed(sk + group)
-    h = hk * group
-    q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-               for shape in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv)))
-    bias = flags.pop("bias", None)
-    if bias == "float":
-        bias = torch.randn(b, h, sq, sk, generator=gen, dtype=torch.float64).to(dtype)
-    elif bias == "bool":
-        bias = torch.rand(b, h, sq, sk, generator=gen) > 0.3
-    sinks = torch.randn(h, generator=gen, dtype=torch.float64).to(torch.float32) if flags.pop("sinks", False) else None
+    q, k, v, bias, sinks, flags = _short_run_inputs(case, dtype, seed=sk + group)
     call = lambda k_=k: torch.ops.fa2.fwd(q, k_, v, bias, None, sinks=sinks, **flags)  # noqa: E731
     with fa2.dev.options_override(cpu_key_splits=0):
         out_whole, lse_whole = call()
