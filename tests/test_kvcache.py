@@ -198,6 +198,20 @@ def test_kvcache_matches_reference(device, dtype, case):
     check_against_reference(case, dtype, device)
 
 
+@pytest.mark.parametrize("splits", [0, 3], ids=["unsplit", "splits3"])
+@pytest.mark.parametrize("case", [
+    KvcacheCase("decode-paged48-long", nheads=8, nheads_k=2, block=48, cache=1100, causal=True),
+    KvcacheCase("speculative-paged48-window", seqlen_q=3, seqlen_new=3, nheads=8, nheads_k=1, block=48, cache=1300,
+                window=(600, 0)),
+    KvcacheCase("decode-contiguous-long-softcap", nheads=4, nheads_k=1, cache=1500, softcap=4.0),
+], ids=lambda c: c.name)
+def test_cpu_long_caches_split_or_not_match_reference(case, splits):
+    """The CPU kernel over caches of several key blocks (paged: blocks of 48 keys, so key tiles span blocks), each
+    tile's keys whole or split into three runs (development option cpu_key_splits) and merged: within the rule."""
+    with fa2.dev.options_override(cpu_key_splits=splits):
+        check_against_reference(case, torch.float32, "cpu")
+
+
 def _poison_past_lengths(case, k_cache, v_cache, kwargs):
     """Copies of the caches with NaN in every row past each sequence's keys after the call's append (cache_seqlens +
     seqlen_new): the rest of its cache row or of its last page, unused cache rows and pages whole."""

@@ -360,11 +360,11 @@ class FwdWorker {
 int64_t balanced_block_order(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
 
 // The short query runs' tiles (fwd_kernel): `tasks` tiles of up to tile_heads query heads of one kv head (a query
-// head's queries where 1) and as many queries as block_q rows hold, each over `splits` runs of whole key blocks, a
-// task each, then merged.
+// head's queries where 1) and as many queries as block_q rows hold, each over `splits` runs of whole key blocks of
+// the visible keys, a task each, then merged.
 template <typename scalar_t>
 void fwd_short_runs(const FwdProblem<scalar_t>& problem, const CpuDropout& dropout, int64_t tile_heads, int64_t tasks,
-                    int64_t splits) {
+                    int64_t splits, KeySpan visible) {
   using acc_t = acc_type<scalar_t>;
   const int64_t group = problem.group, queries = problem.tiles.block_q / tile_heads;
   const int64_t head_chunks = ceil_div(group, tile_heads), query_chunks = ceil_div(problem.seqlen_q, queries);
@@ -385,8 +385,8 @@ void fwd_short_runs(const FwdProblem<scalar_t>& problem, const CpuDropout& dropo
     });
     return;
   }
-  // split s: keys [s * span, (s + 1) * span), whole key blocks (the last split's may be fewer)
-  const int64_t block_k = problem.tiles.block_k, blocks = ceil_div(problem.seqlen_k, block_k);
+  // split s: visible keys [lo + s * span, lo + (s + 1) * span), whole key blocks (the last split's may be fewer)
+  const int64_t block_k = problem.tiles.block_k, blocks = ceil_div(visible.hi - visible.lo, block_k);
   const int64_t span = ceil_div(blocks, splits) * block_k;
   splits = ceil_div(blocks * block_k, span);
   const int64_t tile_rows = std::min(queries, problem.seqlen_q) * tile_heads;  // (at most)
@@ -396,7 +396,8 @@ void fwd_short_runs(const FwdProblem<scalar_t>& problem, const CpuDropout& dropo
     FwdWorker<scalar_t> worker(problem, dropout);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t s = i % splits;
-      worker.tile_rows(tile_of(i / splits), KeySpan{s * span, (s + 1) * span}, partials.data() + i * split_stride);
+      const KeySpan keys{visible.lo + s * span, visible.lo + (s + 1) * span};
+      worker.tile_rows(tile_of(i / splits), keys, partials.data() + i * split_stride);
     }
   });
   parallel_for(0, tasks, /*grain_size=*/1, [&](int64_t task_begin, int64_t task_end) {
@@ -427,18 +428,24 @@ void fwd_kernel(const AttentionProblem& p, const at::Tensor& q, const at::Tensor
   DevOptions options;
   dev_options(&options);  // (an error in FA2_DEV_OPTIONS is reported by the CUDA calls' plans)
   if (p.seqlen_q < problem.tiles.block_q && !dropout.enabled) {
-    const int64_t threads = at::get_num_threads(), block_q = problem.tiles.block_q, group = problem.group;
+    // (inside a parallel region, e.g. a varlen run's, this call runs on its thread alone)
+    const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+    const int64_t block_q = problem.tiles.block_q, group = problem.group;
+    // the keys any query sees (windows end at the last query's, start at the first's)
+    const WindowMask& window = problem.mods.window;
+    const KeySpan visible{window.first_key(0), std::max(window.first_key(0), window.last_key(p.seqlen_q - 1) + 1)};
     auto tasks_of = [&](int64_t tile_heads) {  // (batch, kv head, head chunk, query chunk)
       return p.batch * p.nheads_k * ceil_div(group, tile_heads) * ceil_div(p.seqlen_q, block_q / tile_heads);
     };
     auto splits_of = [&](int64_t tile_heads) {
-      return fwd_key_splits(tasks_of(tile_heads), threads, p.seqlen_k, problem.tiles.block_k, options.cpu_key_splits);
+      return fwd_key_splits(tasks_of(tile_heads), threads, visible.hi - visible.lo, problem.tiles.block_k,
+                            options.cpu_key_splits);
     };
     int64_t tile_heads = options.cpu_head_tiles ? std::min(group, block_q) : 1;
     if (tile_heads > 1 && tasks_of(tile_heads) < threads && splits_of(tile_heads) == 1) tile_heads = 1;
     const int64_t splits = splits_of(tile_heads);
     if (tile_heads > 1 || splits > 1) {
-      fwd_short_runs(problem, dropout, tile_heads, tasks_of(tile_heads), splits);
+      fwd_short_runs(problem, dropout, tile_heads, tasks_of(tile_heads), splits, visible);
       return;
     }
   }

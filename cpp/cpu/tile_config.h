@@ -26,10 +26,11 @@ inline CpuTiles fwd_tiles(int64_t batch_heads, int64_t seqlen_q, int64_t num_thr
 
 // Key splits of the forward's short query runs (fewer queries than a tile's rows, no dropout) where their tiles give
 // fewer tasks than threads (a decode step of one sequence, few kv heads, on a many-core machine): each tile's keys in
-// `splits` runs of whole key blocks, a task each, merged after (cpu/fwd_kernel.h). requested: the option
-// cpu_key_splits (-1: enough to give every thread a task; 0 / 1: none; n: n). At most one a key block.
-inline int64_t fwd_key_splits(int64_t tasks, int64_t num_threads, int64_t seqlen_k, int64_t block_k, int requested) {
-  const int64_t blocks = (seqlen_k + block_k - 1) / block_k;
+// `splits` runs of whole key blocks of the `keys` its queries see, a task each, merged after (cpu/fwd_kernel.h).
+// requested: the option cpu_key_splits (-1: enough to give every thread a task; 0 / 1: none; n: n). At most one a key
+// block.
+inline int64_t fwd_key_splits(int64_t tasks, int64_t num_threads, int64_t keys, int64_t block_k, int requested) {
+  const int64_t blocks = (keys + block_k - 1) / block_k;
   const int64_t wanted = requested >= 0 ? requested : tasks >= num_threads ? 1 : (num_threads + tasks - 1) / tasks;
   return std::max<int64_t>(1, std::min(wanted, blocks));
 }
