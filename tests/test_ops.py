@@ -7,6 +7,8 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fa2
 from fa2.reference import attention_ref
@@ -279,6 +281,27 @@ def test_cpu_short_query_runs_split_their_keys(dtype, case):
         assert torch.equal(out_auto, out_two) and torch.equal(lse_auto, lse_two), case
     assert torch.equal(torch.isnan(out_nan), torch.isnan(out_nan_whole)), case
     assert torch.isnan(out_nan).any(), case
+
+
+@given(hk=st.integers(1, 3), group=st.sampled_from([1, 2, 5, 8]), sq=st.integers(1, 9), sk=st.integers(1, 2600),
+       window=st.sampled_from([(-1, -1), (-1, 0), (300, 0), (900, 40), (50, -1)]), softcap=st.sampled_from([0.0, 4.0]),
+       splits=st.integers(2, 6), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_cpu_key_splits_hypothesis(hk, group, sq, sk, window, softcap, splits, dtype):
+    """Random short query runs (GQA groups, windows bottom-right, softcap, caches of one to six key blocks), their
+    keys forced into 2..6 splits: out within the rule against the reference, beside the unsplit call, and lse alike."""
+    case = (1, hk, group, sq, sk, 32, 32, dict(window_left=window[0], window_right=window[1], softcap=softcap))
+    q, k, v, bias, sinks, flags = _short_run_inputs(case, dtype, seed=sk)
+    with fa2.dev.options_override(cpu_key_splits=splits):
+        out, lse = torch.ops.fa2.fwd(q, k, v, None, None, **flags)
+    with fa2.dev.options_override(cpu_key_splits=0):
+        out_whole, lse_whole = torch.ops.fa2.fwd(q, k, v, None, None, **flags)
+    hi = hi_dtype(dtype)
+    out_hi = attention_ref(q.to(hi), k.to(hi), v.to(hi), None, **flags)
+    assert_close_rule(f"out {case} splits {splits}", out, out_hi, attention_ref(q, k, v, None, upcast=False, **flags),
+                      factor=2)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out, out_whole, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse, lse_whole, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("device,dtype", [(d, t) for d, t in DEVICE_DTYPES if t != torch.float64],
