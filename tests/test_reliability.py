@@ -35,6 +35,26 @@ def test_nan_inputs_propagate_to_their_rows_only(device):
     assert torch.isfinite(out[mask]).all()
 
 
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+@pytest.mark.parametrize("device", devices())
+def test_nan_gradient_of_one_head_stays_in_that_head(device, headdim):
+    """A NaN in one head's dout (its D = rowsum(dO * O) NaN) leaves the other heads' gradients as they are: 100
+    queries, so that a kernel's last query block of head 0 reaches past its rows, where the flat (batch, heads,
+    queries) statistics hold head 1's (the warp-specialized backward zeroes D there: ws_zero_dsum_past_sequence)."""
+    q, k, v = make_qkv(1, 100, 100, 2, 2, headdim, dtype=_dtype(device), device=device)
+    dout = torch.randn_like(q)
+    dout_bad = dout.clone()
+    dout_bad[0, 5, 1, 0] = float("nan")  # head 1, query 5
+    grads = []
+    for d in (dout, dout_bad):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads.append(torch.autograd.grad(fa2.attention(*leaves), leaves, d))
+    for name, g, g_bad in zip(("dq", "dk", "dv"), *grads):
+        assert torch.isfinite(g_bad[:, :, 0]).all(), f"{name} of head 0: NaN from head 1"
+        torch.testing.assert_close(g_bad[:, :, 0], g[:, :, 0], atol=1e-2, rtol=1e-2)
+    assert torch.isnan(grads[1][0][:, :, 1]).any()  # (head 1's own dq)
+
+
 @pytest.mark.parametrize("device", devices())
 def test_neg_inf_bias_entries(device):
     dt = _dtype(device)

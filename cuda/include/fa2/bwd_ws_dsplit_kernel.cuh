@@ -130,8 +130,10 @@ __global__ void __launch_bounds__(Cfg::kNThreads, 1)
           acc_sdp, sK, 0, shared.q(s), 0);
       sm90::wait_hold<0>(acc_sdp);
       // -- P^T (ws_scores_to_p), rounded to T; masked (P = 0) on boundary blocks
-      if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > (kVarlen ? info.seqlen_q : p.seqlen_q)) {
+      const int seqlen_q = kVarlen ? info.seqlen_q : p.seqlen_q;
+      if (info.needs_mask(n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > seqlen_q) {
         ws_scores_to_p<kKeyBias, true, kVarlen>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
+        ws_zero_dsum_past_sequence<kSNTiles>(stats, seqlen_q - m0, tig);  // (read by warpgroup 1 after barrier 1)
       } else {
         ws_scores_to_p<kKeyBias, false, kVarlen>(sdp_frag, stats, p, info, m0, n0 + key0, tig, key_bias);
       }

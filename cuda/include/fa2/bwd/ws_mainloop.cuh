@@ -129,8 +129,10 @@ struct WsMainloop : WsConsumer<Cfg> {
   __device__ __forceinline__ void scores_to_p(const AttentionParams& p, float (&acc_s)[kBlockM / 2], const WsStats& stats, int m0,
                                               uint32_t (&p_frag)[kKSteps][4], const Keep& keep) const {
     auto& s_frag = reinterpret_cast<float(&)[kSNTiles][4]>(acc_s);  // (16 keys, kBlockM queries)
-    if (info.needs_mask(blk.n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > (kVarlen ? info.seqlen_q : p.seqlen_q)) {
+    const int seqlen_q = kVarlen ? info.seqlen_q : p.seqlen_q;
+    if (info.needs_mask(blk.n_block, kBlockN, m0, kBlockM) || m0 + kBlockM > seqlen_q) {
       ws_scores_to_p<kKeyBias, true, kVarlen>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
+      ws_zero_dsum_past_sequence<kSNTiles>(stats, seqlen_q - m0, th.tig);
     } else {
       ws_scores_to_p<kKeyBias, false, kVarlen>(s_frag, stats, p, info, m0, blk.n0 + key0, th.tig, key_bias);
     }

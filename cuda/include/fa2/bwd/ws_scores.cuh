@@ -63,6 +63,26 @@ __device__ __forceinline__ void ws_scores_to_p(float (&s_frag)[kSNTiles][4], con
   }
 }
 
+// D of the queries past the sequence set to 0 in the stage: their rows there hold another row's D (dense: the next
+// head's, varlen: the next sequence's), inf or NaN where that row's O or dO is, and dS = P (dP - D) with P = 0 is then
+// 0 (dP - 0), not NaN. This thread's rows (8 j + 2 tig + e, every j, as ws_scores_to_p's and dS's), which it reads
+// back itself later (the dsplit kernel's warpgroup 1 after its barrier: each warp of warpgroup 0 covers every row).
+// Only where the block reaches past the sequence (queries_left: its queries inside it). The stage's next TMA load
+// comes after the proxy fence each caller issues for its P^T / dS^T stores later in the step. (Q and dO past the
+// sequence still meet P = 0 and dS = 0 in the products: an inf or NaN there reaches dV / dK, docs/design.md.)
+template <int kSNTiles>
+__device__ __forceinline__ void ws_zero_dsum_past_sequence(const WsStats& stats, int queries_left, int tig) {
+  if (queries_left >= 8 * kSNTiles) return;
+  float* const dsum = const_cast<float*>(stats.dsum);  // (the stage's, written before any read of these rows)
+#pragma unroll
+  for (int j = 0; j < kSNTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 8 * j + 2 * tig + e;
+      if (r >= queries_left) dsum[r] = 0.f;
+    }
+}
+
 // One thread's register-A fragments of P^T or dS^T (k16 step kt: keys key_first + 8 half, queries 16 kt + 8 e +
 // 2 tig, + 1) into a (keys, queries) swizzled tile, for wgmma operands that read it from shared memory: one stmatrix
 // .x4 per k16 step (its four 8x8 matrices are exactly the fragment's four registers: keys +0 / +8, queries +0 / +8;
