@@ -11,7 +11,7 @@ namespace fa2 {
 namespace bwd {
 
 // One warp's dQ fragments (rows row_first + 8 half, columns 8 nt + 2 tig + e) into the TMA reduce-add's staging:
-// 32-column boxes (n8 tiles 4 box .. 4 box + 3), box b at box_at(b), rows of 128 bytes with the 128-byte swizzle
+// 32-column boxes (n8 tiles 4 box .. 4 box + 3) of 64 rows from box0, rows of 128 bytes with the 128-byte swizzle
 // (row r's 16-byte chunk c at c ^ r % 8).
 // Bank conflicts: a 64-bit store is served per half-warp (4 rows r % 8 = 4 h .. 4 h + 3, all four tig). Were every lane
 // to store tile nt, tig 0-1 (chunk 2 (nt % 4)) and tig 2-3 (chunk 2 (nt % 4) + 1) would land, after the swizzle, in
@@ -19,18 +19,25 @@ namespace bwd {
 // issue stalls were MIO throttle on these stores). So tig 2-3 store tile nt ^ 2 where tig 0-1 store nt: the two
 // halves of the half-warp fill different aligned groups of four chunks (the swizzle's r % 4 part stays inside one),
 // 128 bytes over 32 banks, one wavefront. (Two selects per store: the tile is a per-lane choice.)
-template <int kNTiles, class BoxAt>
-__device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], BoxAt box_at, int row_first, int tig) {
+// Addresses: lane nt's 16-byte chunk c = 2 (lane_nt % 4) + tig / 2 lands at chunk c ^ r % 8 of row r, and r % 8 is
+// row_first % 8 in both halves, so the byte offset in the row is lane_bits ^ ((nt % 4) << 5): bits 5-6
+// (swapped ? 2 : 0) ^ (r % 8) / 2 XOR nt % 4, bit 4 (tig / 2) ^ (r % 2), bit 3 tig % 2. A thread's stores are one base
+// XOR a constant, plus the box's and the half's offsets (box0 is 128-byte aligned, as the swizzle's boxes are: the OR
+// relies on it). (Written out per store, the addresses took ~35 instructions a call, recomputed in every step of the
+// backward's loop; this form ~20: sm_90a SASS, d 128.)
+template <int kNTiles>
+__device__ __forceinline__ void ws_stage_dq(const float (&dq_frag)[kNTiles][4], uint32_t box0, int row_first, int tig) {
   static_assert(kNTiles % 4 == 0, "the dQ staging pairs n8 tiles nt and nt ^ 2 of one 32-column box");
+  constexpr int kBoxBytes = 64 * 128;
   const bool swapped = tig >= 2;
+  const int r8 = row_first % 8;
+  const uint32_t lane_bits = (((swapped ? 2 : 0) ^ (r8 >> 1)) << 5) | ((((tig >> 1) ^ r8) & 1) << 4) | ((tig & 1) << 3);
+  const uint32_t row_base = (box0 + row_first * 128) | lane_bits;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = row_first + 8 * half;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      const int lane_nt = swapped ? nt ^ 2 : nt;
-      const int box = nt / 4, chunk = 2 * (lane_nt % 4) + tig / 2;
-      const uint32_t addr = box_at(box) + r * 128 + ((chunk ^ (r % 8)) << 4) + (tig % 2) * 8;
+      const uint32_t addr = (row_base ^ ((nt % 4) << 5)) + (nt / 4) * kBoxBytes + half * 8 * 128;
       const float x = swapped ? dq_frag[nt ^ 2][half * 2] : dq_frag[nt][half * 2];
       const float y = swapped ? dq_frag[nt ^ 2][half * 2 + 1] : dq_frag[nt][half * 2 + 1];
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");

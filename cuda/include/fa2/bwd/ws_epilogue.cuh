@@ -48,7 +48,6 @@ struct WsEpilogue : WsConsumer<Cfg> {
     ptx::named_barrier_sync<1, 128 * Cfg::kConsumerWarpgroups>();
     if (steps == 0) return;  // (uniform over the CTA)
     const uint32_t s_part = smem.q(th.wg);
-    auto box_at = [](uint32_t part) { return [part](int box) { return part + box * (64 * 128); }; };
     auto reduce_add = [&](const CUtensorMap* map, uint32_t part) {
 #pragma unroll
       for (int box = 0; box < kHeadDim / 32; ++box) {
@@ -60,8 +59,8 @@ struct WsEpilogue : WsConsumer<Cfg> {
 #pragma unroll
       for (int i = 0; i < 4; ++i) dk_frag[nt][i] *= dk_scale;
     }
-    ws_stage_dq(dk_frag, box_at(s_part), th.warp_in_wg * 16 + th.group, th.tig);
-    if constexpr (kBothAtOnce) ws_stage_dq(dv_frag, box_at(s_part + kPartBytes), th.warp_in_wg * 16 + th.group, th.tig);
+    ws_stage_dq(dk_frag, s_part, th.warp_in_wg * 16 + th.group, th.tig);
+    if constexpr (kBothAtOnce) ws_stage_dq(dv_frag, s_part + kPartBytes, th.warp_in_wg * 16 + th.group, th.tig);
     sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
     th.warpgroup_sync();
     if (dq_issuer) {
@@ -72,7 +71,7 @@ struct WsEpilogue : WsConsumer<Cfg> {
     if constexpr (!kBothAtOnce) {
       if (dq_issuer) sm90::bulk_wait_group<0, /*kRead=*/true>();
       th.warpgroup_sync();
-      ws_stage_dq(dv_frag, box_at(s_part), th.warp_in_wg * 16 + th.group, th.tig);
+      ws_stage_dq(dv_frag, s_part, th.warp_in_wg * 16 + th.group, th.tig);
       sm90::fence_proxy_async();
       th.warpgroup_sync();
       if (dq_issuer) {

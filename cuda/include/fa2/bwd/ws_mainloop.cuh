@@ -217,7 +217,8 @@ struct WsMainloop : WsConsumer<Cfg> {
   __device__ __forceinline__ void add_dq(const sm90::BwdTensorMaps& maps, float (&acc_dq)[kDqCols / 2], int row) const {
     auto& dq_frag = reinterpret_cast<float(&)[kDqNTiles][4]>(acc_dq);  // (16 queries, kDqCols)
     const uint32_t s_dq = smem.dq(th.wg);
-    ws_stage_dq(dq_frag, [&](int box) { return s_dq + box * (kDqRows * 128); }, th.warp_in_wg * 16 + th.group, th.tig);
+    static_assert(kDqRows == 64, "ws_stage_dq's boxes are 64 rows");
+    ws_stage_dq(dq_frag, s_dq, th.warp_in_wg * 16 + th.group, th.tig);
     sm90::fence_proxy_async();  // the staging, stored by threads, then read by the TMA
     th.warpgroup_sync();
     if (dq_issuer) {
