@@ -389,8 +389,8 @@ void fwd_short_runs(const FwdProblem<scalar_t>& problem, const CpuDropout& dropo
   const int64_t block_k = problem.tiles.block_k, blocks = ceil_div(visible.hi - visible.lo, block_k);
   const int64_t span = ceil_div(blocks, splits) * block_k;
   splits = ceil_div(blocks * block_k, span);
-  const int64_t tile_rows = std::min(queries, problem.seqlen_q) * tile_heads;  // (at most)
-  const int64_t split_stride = tile_rows * (problem.headdim_v + 2);
+  const int64_t rows_per_tile = std::min(queries, problem.seqlen_q) * tile_heads;  // (at most)
+  const int64_t split_stride = rows_per_tile * (problem.headdim_v + 2);
   std::vector<acc_t> partials(tasks * splits * split_stride);
   parallel_for(0, tasks * splits, /*grain_size=*/1, [&](int64_t begin, int64_t end) {
     FwdWorker<scalar_t> worker(problem, dropout);
