@@ -403,8 +403,36 @@ def plot_all(result: dict, out_dir: str, stem: str | None = None) -> list[str]:
     if result.get("kind") in ("sustained", "placement"):  # (their JSON names no tag: stem from the file name)
         plot = plot_sustained if result["kind"] == "sustained" else plot_placement
         return plot(result, out_dir, stem or result["kind"])
+    if "fa2_path" in result and "results" in result:  # benchmarks/bench_cpu.py (its JSON names no kind: the file's)
+        return plot_cpu(result, out_dir, stem or "cpu")
     stem = stem or f"attention_{result['tag']}"
     return plot_attention_speed(result, out_dir, stem) + plot_attention_memory(result, out_dir, stem)
+
+
+def plot_cpu(result: dict, out_dir: str, stem: str) -> list[str]:
+    """benchmarks/bench_cpu.py: one panel per pass, SDPA's time over fa2's (> 1: fa2 faster) per shape, a bar per
+    (dtype, causal)."""
+    rows = result["results"]
+    passes = list(dict.fromkeys(r["pass"] for r in rows))
+    fig, axes = plt.subplots(1, len(passes), figsize=(5.0 * len(passes), 3.6), squeeze=False)
+    for ax, pass_ in zip(axes[0], passes):
+        here = [r for r in rows if r["pass"] == pass_]
+        shapes = list(dict.fromkeys((r["batch"], r["nheads"], r["seqlen"], r["headdim"]) for r in here))
+        series = list(dict.fromkeys((r["dtype"], r["causal"]) for r in here))
+        width = 0.8 / max(1, len(series))
+        for si, (dtype, causal) in enumerate(series):
+            for xi, shape in enumerate(shapes):
+                r = next((x for x in here if (x["batch"], x["nheads"], x["seqlen"], x["headdim"]) == shape
+                          and x["dtype"] == dtype and x["causal"] == causal), None)
+                if r:
+                    ax.bar(xi - 0.4 + width * (si + 0.5), r["ratio_sdpa_over_fa2"], width, color=f"C{si}",
+                           label=f"{dtype}{', causal' if causal else ''}" if xi == 0 else None)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(shapes)), [f"{b}x{h}x{sq}\nD {d}" for b, h, sq, d in shapes], fontsize=8)
+        ax.set_title(pass_, fontsize=9)
+    return _save_row(fig, axes, "SDPA time / fa2 time (> 1: fa2 faster)",
+                     f"CPU, fa2 against SDPA, torch {result.get('torch', '?')}, {result.get('threads', '?')} threads",
+                     os.path.join(out_dir, f"{stem}.png"))
 
 
 def plot_padded_paths(result: dict, out_dir: str, stem: str) -> list[str]:

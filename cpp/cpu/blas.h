@@ -118,6 +118,19 @@ inline bool bf16_gemm_supported() {
   }();
   return supported;
 }
+// Whether bf16 tile products beat converting the tiles for sgemm on full tiles (the forward's query blocks, every
+// backward tile): with AMX (MKL's products), or ours on AMD cores, which run vdpbf16ps at twice the FMA's
+// multiply-adds. Intel cores without AMX run it (and MKL's bf16 product) at the FMA's rate, so there converting is
+// faster on full tiles, and bf16 products keep only the forward's short query runs, whose few rows make the
+// conversion the larger cost (docs/tuning.md, CPU kernel).
+inline bool bf16_products_for_full_tiles() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  static const bool full = !bf16_products_are_ours() || __builtin_cpu_is("amd");
+  return full;
+#else
+  return true;
+#endif
+}
 // (read once per kernel call: the options' mutex stays out of the tile loops)
 inline bool bf16_gemm_available() {
   if (!bf16_gemm_supported()) return false;

@@ -38,7 +38,7 @@ struct BwdProblem {
   const float* lse_data;
   int64_t lse_stride_b, lse_stride_h, lse_stride_q;
   acc_t* dbias_data;  // (batch, nheads, seqlen_q, seqlen_k), or null when dbias is not asked for
-  // bf16 with bf16_gemm_available(): the five tile products on bf16 operands, as the forward's (Q, K, V, dO as their
+  // bf16 with bf16_gemm_available() and bf16_products_for_full_tiles(): the five tile products on bf16 operands, as the forward's (Q, K, V, dO as their
   // bits; P and dS rounded to bf16 for the products that take them, as the GPU kernels do; fp32 accumulation,
   // softmax gradient and dQ / dK / dV as for the other dtypes). Else every tile converted to acc_t for sgemm / dgemm.
   bool bf16_products;
@@ -70,7 +70,8 @@ struct BwdProblem {
         lse_stride_h(lse.stride(1)),
         lse_stride_q(lse.stride(2)),
         dbias_data(dbias_full.defined() ? dbias_full.data_ptr<acc_t>() : nullptr),
-        bf16_products(std::is_same_v<scalar_t, at::BFloat16> && bf16_gemm_available()) {}
+        bf16_products(std::is_same_v<scalar_t, at::BFloat16> && bf16_gemm_available() &&
+                      bf16_products_for_full_tiles()) {}
 
   float lse(int64_t b, int64_t h, int64_t i) const {
     return lse_data[b * lse_stride_b + h * lse_stride_h + i * lse_stride_q];

@@ -45,9 +45,9 @@ struct FwdProblem {
   HeadRows<scalar_t> out_rows;  // (batch, seqlen_q, nheads, headdim_v)
   float* lse_data;              // (batch, nheads, seqlen_q), contiguous
   const acc_t* sinks;           // (nheads,) each head's extra logit in the softmax denominator; nullptr: none
-  // bf16 with bf16_gemm_available(): both products on bf16 operands (no conversion of Q, K, V; P rounded to bf16 for
-  // P V, as the GPU kernels do; fp32 accumulation, softmax and O as for the other dtypes). Else every tile converted
-  // to acc_t for sgemm / dgemm.
+  // bf16 with bf16_gemm_available() (full tiles: where bf16_products_for_full_tiles(); short query runs always): both
+  // products on bf16 operands (no conversion of Q, K, V; P rounded to bf16 for P V, as the GPU kernels do; fp32
+  // accumulation, softmax and O as for the other dtypes). Else every tile converted to acc_t for sgemm / dgemm.
   bool bf16_products;
 
   FwdProblem(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -68,7 +68,8 @@ struct FwdProblem {
         out_rows(out),
         lse_data(lse.data_ptr<float>()),
         sinks(sinks_acc.defined() ? sinks_acc.const_data_ptr<acc_t>() : nullptr),
-        bf16_products(std::is_same_v<scalar_t, at::BFloat16> && bf16_gemm_available()) {}
+        bf16_products(std::is_same_v<scalar_t, at::BFloat16> && bf16_gemm_available() &&
+                      (bf16_products_for_full_tiles() || p.seqlen_q < tiles.block_q)) {}
 };
 
 // One row's step of the online softmax over its next score tile row s_row (cols keys): s_row becomes P = exp(S - m),
