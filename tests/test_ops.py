@@ -172,6 +172,15 @@ def _short_run_inputs(case, dtype, seed):
     return q, k, v, bias, sinks, flags
 
 
+def _short_run_reference(q, k, v, bias, sinks, flags):
+    """The references a short-run case is held to: (out, lse) in fp64 / fp32 (hi_dtype) and out in q's dtype."""
+    hi = hi_dtype(q.dtype)
+    up = lambda t: None if t is None else (t.to(hi) if t.dtype != torch.bool else t)  # noqa: E731
+    out_hi, lse_hi = attention_ref(q.to(hi), k.to(hi), v.to(hi), up(bias), sinks=up(sinks), return_lse=True,
+                                   **flags)
+    return out_hi, lse_hi, attention_ref(q, k, v, bias, sinks=sinks, upcast=False, **flags)
+
+
 CPU_HEAD_TILE_CASES = [
     # (batch, nheads_k, group, seqlen_q, seqlen_k, headdim, headdim_v, flags)
     (2, 2, 4, 1, 1100, 64, 64, dict(causal=True)),
@@ -203,11 +212,7 @@ def test_cpu_short_query_runs_tile_a_kv_heads_query_heads(dtype, case):
             out_heads, lse_heads = torch.ops.fa2.fwd(q, k, v, bias, None, sinks=sinks, **flags)
     finally:
         torch.set_num_threads(threads)
-    hi = hi_dtype(dtype)
-    up = lambda t: None if t is None else (t.to(hi) if t.dtype != torch.bool else t)  # noqa: E731
-    out_hi, lse_hi = attention_ref(q.to(hi), k.to(hi), v.to(hi), up(bias), sinks=up(sinks), return_lse=True,
-                                   **flags)
-    out_naive = attention_ref(q, k, v, bias, sinks=sinks, upcast=False, **flags)
+    out_hi, lse_hi, out_naive = _short_run_reference(q, k, v, bias, sinks, flags)
     assert_close_rule(f"out {case}", out, out_hi, out_naive, factor=2)
     finite = torch.isfinite(lse_hi)
     assert torch.equal(torch.isfinite(lse), finite), case
@@ -243,11 +248,7 @@ def test_cpu_short_query_runs_split_their_keys(dtype, case):
     call = lambda k_=k: torch.ops.fa2.fwd(q, k_, v, bias, None, sinks=sinks, **flags)  # noqa: E731
     with fa2.dev.options_override(cpu_key_splits=0):
         out_whole, lse_whole = call()
-    hi = hi_dtype(dtype)
-    up = lambda t: None if t is None else (t.to(hi) if t.dtype != torch.bool else t)  # noqa: E731
-    out_hi, lse_hi = attention_ref(q.to(hi), k.to(hi), v.to(hi), up(bias), sinks=up(sinks), return_lse=True,
-                                   **flags)
-    out_naive = attention_ref(q, k, v, bias, sinks=sinks, upcast=False, **flags)
+    out_hi, lse_hi, out_naive = _short_run_reference(q, k, v, bias, sinks, flags)
     finite = torch.isfinite(lse_hi)
     tol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5  # (a few ulps apart in half precision)
     for splits in (2, 3, 64):
@@ -295,10 +296,8 @@ def test_cpu_key_splits_hypothesis(hk, group, sq, sk, window, softcap, splits, d
         out, lse = torch.ops.fa2.fwd(q, k, v, None, None, **flags)
     with fa2.dev.options_override(cpu_key_splits=0):
         out_whole, lse_whole = torch.ops.fa2.fwd(q, k, v, None, None, **flags)
-    hi = hi_dtype(dtype)
-    out_hi = attention_ref(q.to(hi), k.to(hi), v.to(hi), None, **flags)
-    assert_close_rule(f"out {case} splits {splits}", out, out_hi, attention_ref(q, k, v, None, upcast=False, **flags),
-                      factor=2)
+    out_hi, _, out_naive = _short_run_reference(q, k, v, bias, sinks, flags)
+    assert_close_rule(f"out {case} splits {splits}", out, out_hi, out_naive, factor=2)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(out, out_whole, rtol=tol, atol=tol)
     torch.testing.assert_close(lse, lse_whole, rtol=1e-4, atol=1e-4)

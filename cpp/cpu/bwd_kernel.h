@@ -38,9 +38,10 @@ struct BwdProblem {
   const float* lse_data;
   int64_t lse_stride_b, lse_stride_h, lse_stride_q;
   acc_t* dbias_data;  // (batch, nheads, seqlen_q, seqlen_k), or null when dbias is not asked for
-  // bf16 with bf16_gemm_available() and bf16_products_for_full_tiles(): the five tile products on bf16 operands, as the forward's (Q, K, V, dO as their
-  // bits; P and dS rounded to bf16 for the products that take them, as the GPU kernels do; fp32 accumulation,
-  // softmax gradient and dQ / dK / dV as for the other dtypes). Else every tile converted to acc_t for sgemm / dgemm.
+  // bf16 with bf16_gemm_available() and bf16_products_for_full_tiles(): the five tile products on bf16 operands, as
+  // the forward's (Q, K, V, dO as their bits; P and dS rounded to bf16 for the products that take them, as the GPU
+  // kernels do; fp32 accumulation, softmax gradient and dQ / dK / dV as for the other dtypes). Else every tile
+  // converted to acc_t for sgemm / dgemm.
   bool bf16_products;
 
   BwdProblem(const AttentionProblem& p, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,

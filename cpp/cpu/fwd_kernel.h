@@ -36,7 +36,7 @@ struct PagedKeys {
 template <typename scalar_t>
 struct FwdProblem {
   using acc_t = acc_type<scalar_t>;
-  int64_t seqlen_q, seqlen_k, nheads, headdim, headdim_v, group;  // headdim: q's and k's; headdim_v: v's and out's
+  int64_t seqlen_q, nheads, headdim, headdim_v, group;  // headdim: q's and k's; headdim_v: v's and out's
   CpuTiles tiles;
   ScoreMods<acc_t> mods;
   acc_t scale;
@@ -53,7 +53,6 @@ struct FwdProblem {
   FwdProblem(const AttentionProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              at::Tensor& out, at::Tensor& lse, const at::Tensor& sinks_acc, const PagedKeys& paged_keys)
       : seqlen_q(p.seqlen_q),
-        seqlen_k(p.seqlen_k),
         nheads(p.nheads),
         headdim(p.headdim),
         headdim_v(p.headdim_v),

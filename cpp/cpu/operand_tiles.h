@@ -96,7 +96,10 @@ ProductTile<acc_t> gathered_tile(const RowOf& row_of, int64_t rows, int64_t head
   tile.ld = headdim;
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     if (bf16_products) {
-      for (int64_t r = 0; r < rows; ++r) std::copy(row_of(r), row_of(r) + headdim, bits_scratch + r * headdim);
+      for (int64_t r = 0; r < rows; ++r) {
+        const scalar_t* row = row_of(r);
+        std::copy(row, row + headdim, bits_scratch + r * headdim);
+      }
       tile.bits = reinterpret_cast<const uint16_t*>(bits_scratch);
       return tile;
     }
